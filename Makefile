@@ -1,0 +1,41 @@
+# Two commands: `make run` (set up + serve) and `make test` (set up + run the tests).
+# Needs only Python 3.11 and access to the package registry.
+PY      ?= python3
+VENV    := .venv
+HVENV   := .hermes-venv
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench clean
+setup: $(VENV)/.installed $(HVENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+# The Hermes CLI lives in its own venv so its dependencies never clash with ours.
+$(HVENV)/.installed: requirements-hermes.txt
+	$(PY) -m venv $(HVENV)
+	$(HVENV)/bin/pip install -q --disable-pip-version-check -r requirements-hermes.txt
+	touch $@
+
+# Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
+# unset, a development key is generated once into data/dev-api-key and printed.
+run: setup
+	@mkdir -p data; \
+	if [ -z "$$HERMES_SERVICE_API_KEY" ]; then \
+	  [ -s data/dev-api-key ] || $(VENV)/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))' > data/dev-api-key; \
+	  HERMES_SERVICE_API_KEY=$$(cat data/dev-api-key); \
+	  echo "development API key (data/dev-api-key): $$HERMES_SERVICE_API_KEY"; \
+	fi; \
+	export HERMES_SERVICE_API_KEY; \
+	PATH="$(CURDIR)/$(HVENV)/bin:$$PATH" exec $(VENV)/bin/python main.py
+
+test: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
+
+bench: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+clean:
+	rm -rf $(VENV) $(HVENV)

@@ -1,0 +1,141 @@
+"""The v1 REST API (spec: shared/spec/hermes-service-api-v1.3.0.md §API 端点清单).
+
+Error body: ``{"detail": str, "code": str, "requestId": str}`` with the
+HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
+"""
+from __future__ import annotations
+
+import re
+
+from flask import Blueprint, jsonify, request
+
+from .app import json_body, services
+from .errors import BadRequest, Forbidden, check_id
+from .runner import classify_failure
+
+bp = Blueprint("api_v1", __name__)
+
+_USER_CONTEXT = {"type": "object", "properties": {"user_id": {"type": "string"}}}
+CREATE_SESSION = {"type": "object", "required": ["user_id"], "additionalProperties": False,
+                  "properties": {"user_id": {"type": "string"},
+                                 "initial_message": {"type": ["string", "null"]}}}
+SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties": False,
+                "properties": {"message": {"type": "string", "minLength": 1},
+                               "user_context": _USER_CONTEXT}}
+EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
+           "properties": {"command": {"type": "array", "minItems": 1,
+                                      "items": {"type": "string", "minLength": 1}},
+                          "user_context": _USER_CONTEXT,
+                          "timeout": {"type": "number", "exclusiveMinimum": 0}}}
+# Extra arguments after an allowed subcommand: plain words and --options only,
+# never a path (so e.g. `sessions export <file>` cannot write anywhere).
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
+
+
+def _public(rec: dict) -> dict:
+    """v1 session shape (spec §6) plus the mapping fields callers need."""
+    return {"user_id": rec["user_id"], "local_session_id": rec["session_id"],
+            "created_at": rec["created_at"], "status": rec["status"],
+            "updated_at": rec.get("updated_at"), "message_count": rec.get("message_count", 0),
+            "hermes_session_id": rec.get("hermes_session_id")}
+
+
+@bp.get("/health")
+def health():
+    """Spec §1. Exempt from the API key unless ``security.health_requires_api_key``."""
+    return jsonify(status="healthy", service="hermes-service", multi_user=True)
+
+
+@bp.get("/api/v1/status")
+def status():
+    """Spec §2: ``{"status": "running", "version": "<hermes --version first line>"}``."""
+    svc = services()
+    home = svc.homes.ensure_system()
+    env = svc.homes.cli_env(home, svc.runner.command_path())
+    return jsonify(status="running", version=svc.runner.version(env, str(home.root)))
+
+
+@bp.post("/api/v1/sessions")
+def create_session():
+    """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
+    body = json_body(CREATE_SESSION)
+    svc = services()
+    rec = svc.conversations.create(body["user_id"], kind="v1")
+    home = svc.homes.path(rec["user_id"])
+    return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
+                   hermes_path=str(home.hermes_home), status="created")
+
+
+@bp.get("/api/v1/sessions")
+def list_sessions():
+    """``?user_id=`` (required): ``{"user_id", "sessions": [<session>...]}``, oldest first."""
+    user_id = request.args.get("user_id")
+    if not user_id:
+        raise BadRequest("query parameter user_id is required", code="invalid_request")
+    recs = services().conversations.list(check_id(user_id, "user_id"))
+    return jsonify(user_id=user_id, sessions=[_public(r) for r in recs])
+
+
+@bp.get("/api/v1/sessions/<session_id>")
+def get_session(session_id):
+    """Spec §6: ``{user_id, local_session_id, created_at, status, ...}``; 404 if unknown."""
+    return jsonify(_public(services().conversations.get(session_id)))
+
+
+@bp.delete("/api/v1/sessions/<session_id>")
+def delete_session(session_id):
+    """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
+    rec = services().conversations.delete(session_id)
+    return jsonify(session_id=rec["session_id"], status="deleted")
+
+
+@bp.post("/api/v1/sessions/<session_id>/messages")
+def send_message(session_id):
+    """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
+    ``resumed`` and, when an unknown Hermes session had to be replaced, ``notice``.
+
+    Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502/503/504.
+    """
+    check_id(session_id, "session_id")
+    body = json_body(SEND_MESSAGE)
+    owner = (body.get("user_context") or {}).get("user_id")
+    rec, result = services().conversations.send(session_id, body["message"], owner=owner)
+    out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
+           "hermes_session_id": result.hermes_session_id, "resumed": result.resumed}
+    if result.notice:
+        out["notice"] = result.notice
+    return jsonify(out)
+
+
+def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
+    for prefix in allowlist:
+        if argv[:len(prefix)] == prefix and all(_SAFE_ARG.match(a) for a in argv[len(prefix):]):
+            return True
+    return False
+
+
+@bp.post("/api/v1/execute")
+def execute():
+    """Spec §4, restricted: only argv matching ``hermes.execute.allowed`` runs (no shell).
+
+    Response ``{"success", "stdout", "stderr", "returncode", "truncated"}`` (200 even when the
+    command exits non-zero — that is the command's result). 403 ``command_not_allowed``;
+    504 ``run_timeout``; timeout capped at ``hermes.execute.timeout_seconds``.
+    """
+    body = json_body(EXECUTE)
+    svc = services()
+    ex = svc.config["hermes"]["execute"]
+    argv = body["command"]
+    if not _allowed(argv, ex["allowed"]):
+        raise Forbidden(f"command not allowed: {' '.join(argv[:3])}", code="command_not_allowed")
+    user_id = (body.get("user_context") or {}).get("user_id")
+    home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
+    env = svc.homes.cli_env(home, svc.runner.command_path())
+    timeout = min(float(body.get("timeout") or ex["timeout_seconds"]), float(ex["timeout_seconds"]))
+    with svc.runner.slot():
+        outcome = svc.runner.spawn(argv, env, str(home.root), ex["max_output_bytes"]).wait(timeout)
+    if outcome.killed == "timeout":
+        raise classify_failure(outcome)
+    return jsonify(success=outcome.returncode == 0, stdout=outcome.stdout, stderr=outcome.stderr,
+                   returncode=outcome.returncode, truncated=outcome.truncated)
+

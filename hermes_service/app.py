@@ -1,0 +1,163 @@
+"""Flask app factory: wires the service objects, auth, request ids, access log and errors.
+
+Data flows one way: blueprint → service objects (``Services``) → runner/store.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+
+import jsonschema
+from flask import Flask, current_app, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from .config import Config
+from .conversations import Conversations
+from .errors import BadRequest, ServiceError, TooLarge
+from .runner import HermesRunner
+from .security import Guard
+from .session_store import SessionStore
+from .user_homes import UserHomes
+
+access_log = logging.getLogger("hermes_service.access")
+log = logging.getLogger("hermes_service")
+_REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+# Paths that authenticate themselves (a run-scoped token) instead of an API key.
+SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
+
+
+@dataclass
+class Services:
+    """The service objects shared by the blueprints (one set per app)."""
+    config: Config
+    guard: Guard
+    store: SessionStore
+    homes: UserHomes
+    runner: HermesRunner
+    conversations: Conversations
+    runs: object = None       # RunManager (mnote client blueprint)
+    tools: object = None      # mnote tool endpoint objects
+
+
+def services() -> Services:
+    return current_app.extensions["hermes_service"]
+
+
+def json_body(schema: dict | None = None) -> dict:
+    """The request's JSON object, validated with ``schema`` (jsonschema).
+
+    Raises BadRequest ``invalid_json`` (not JSON / not an object) or
+    ``invalid_request`` naming the offending field.
+    """
+    data = request.get_json(silent=True, force=True) if request.data else None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object", code="invalid_json")
+    if schema:
+        err = jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(schema).iter_errors(data))
+        if err is not None:
+            where = "/".join(str(p) for p in err.absolute_path)
+            raise BadRequest(f"{where}: {err.message}" if where else err.message,
+                             code="invalid_request")
+    return data
+
+
+def _v1_error(err: ServiceError):
+    body = {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
+    return body
+
+
+# Blueprints may register a renderer for their own error shape, by URL prefix.
+ERROR_RENDERERS: list[tuple[str, callable]] = []
+
+
+def render_error(err: ServiceError):
+    renderer = _v1_error
+    for prefix, fn in ERROR_RENDERERS:
+        if request.path.startswith(prefix):
+            renderer = fn
+    resp = jsonify(renderer(err))
+    resp.status_code = err.status
+    for k, v in err.headers.items():
+        resp.headers[k] = v
+    return resp
+
+
+def create_app(config: Config) -> Flask:
+    """Build the WSGI app for ``config``.
+
+    Raises :class:`~hermes_service.session_store.CorruptStore` if
+    ``sessions.json`` is unreadable (the service must not start).
+    """
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]
+    app.json.ensure_ascii = False
+    app.json.sort_keys = False
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = SessionStore(config.data_dir / "sessions.json")
+    homes = UserHomes(config)
+    runner = HermesRunner(config["hermes"])
+    svc = Services(config, Guard(config), store, homes, runner,
+                   Conversations(config, store, homes, runner))
+    app.extensions["hermes_service"] = svc
+
+    cors = config["cors"]
+    if cors["allow_origins"]:
+        from flask_cors import CORS
+        CORS(app, origins=cors["allow_origins"], supports_credentials=cors["allow_credentials"],
+             methods=cors["allow_methods"], allow_headers=cors["allow_headers"],
+             expose_headers=["X-Request-Id", "Retry-After"])
+
+    health_needs_key = config["security"]["health_requires_api_key"]
+
+    @app.before_request
+    def authenticate():
+        g.start = time.perf_counter()
+        incoming = request.headers.get("X-Request-Id", "")
+        g.request_id = incoming if _REQ_ID.match(incoming) else "req_" + secrets.token_hex(8)
+        g.client_ip = svc.guard.client_ip(request.remote_addr,
+                                          request.headers.get("X-Forwarded-For"))
+        if request.method == "OPTIONS":
+            return None    # CORS preflight carries no credentials
+        svc.guard.check_ip(g.client_ip)
+        if request.path.startswith(SELF_AUTH_PREFIXES):
+            return None
+        if request.path == "/health" and not health_needs_key:
+            return None
+        g.api_key = svc.guard.check_key(request.headers)
+        return None
+
+    @app.after_request
+    def access(resp):
+        resp.headers["X-Request-Id"] = g.get("request_id", "")
+        started = g.get("start")
+        access_log.info("rid=%s ip=%s %s %s %s %.1fms", g.get("request_id"), g.get("client_ip"),
+                        request.method, request.path, resp.status_code,
+                        (time.perf_counter() - started) * 1000 if started else 0.0)
+        return resp
+
+    @app.errorhandler(ServiceError)
+    def on_service_error(err):
+        return render_error(err)
+
+    @app.errorhandler(HTTPException)
+    def on_http_error(err):
+        if err.code == 413:
+            return render_error(TooLarge(f"request body exceeds {app.config['MAX_CONTENT_LENGTH']} "
+                                         "bytes", code="payload_too_large"))
+        codes = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request"}
+        return render_error(ServiceError(err.description or err.name,
+                                         code=codes.get(err.code, "http_error"), status=err.code))
+
+    @app.errorhandler(Exception)
+    def on_unexpected(err):
+        log.exception("unhandled error rid=%s", g.get("request_id"))
+        return render_error(ServiceError("internal error", code="internal_error"))
+
+    from .api_v1 import bp as v1
+    app.register_blueprint(v1)
+    return app

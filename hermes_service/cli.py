@@ -1,0 +1,96 @@
+"""Operator commands (click): serve (default), ``check-config``, ``keygen``.
+
+``python3 main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
+with waitress. A bad config or a corrupt ``sessions.json`` exits non-zero
+before anything listens.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import sys
+
+import click
+
+from .config import ENV_CONFIG, ConfigError, load_config
+from .session_store import CorruptStore
+
+
+def _load(path):
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        for line in exc.problems:
+            click.echo(line, err=True)
+        sys.exit(2)
+
+
+@click.group(invoke_without_command=True)
+@click.option("--config", "config_path", envvar=ENV_CONFIG, default="config.yaml", show_default=True,
+              help=f"Config file (env {ENV_CONFIG}).")
+@click.option("--host", default=None, help="Override service.host.")
+@click.option("--port", type=int, default=None, help="Override service.port.")
+@click.option("--threads", type=int, default=None, help="Override service.threads (waitress).")
+@click.pass_context
+def cli(ctx, config_path, host, port, threads):
+    """hermes-service: the Hermes Agent CLI as a REST API. Without a command: serve."""
+    ctx.ensure_object(dict)
+    ctx.obj["config_path"] = config_path
+    if ctx.invoked_subcommand is None:
+        serve(config_path, host, port, threads)
+
+
+def serve(config_path, host=None, port=None, threads=None):
+    config = _load(config_path)
+    svc_cfg = config["service"]
+    logging.basicConfig(level=svc_cfg["log_level"].upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from .app import create_app
+    try:
+        app = create_app(config)
+    except CorruptStore as exc:
+        click.echo(f"refusing to start: {exc}", err=True)
+        sys.exit(3)
+    from waitress import serve as waitress_serve
+    host = host or svc_cfg["host"]
+    port = svc_cfg["port"] if port is None else port
+    logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
+    waitress_serve(app, host=host, port=port, threads=threads or svc_cfg["threads"],
+                   ident="hermes-service", channel_timeout=3600)
+
+
+@cli.command("check-config")
+@click.pass_context
+def check_config(ctx):
+    """Validate the config; print ``file:key: problem`` lines and exit 2 if any."""
+    config = _load(ctx.obj["config_path"])
+    from .runner import HermesRunner
+    from .errors import Unconfigured
+    problems = []
+    try:
+        HermesRunner(config["hermes"]).command_path()
+    except Unconfigured as exc:
+        problems.append(f"{config.source}:hermes.command: {exc.detail}")
+    if not (config.users_template / "config.yaml").is_file():
+        problems.append(f"{config.source}:paths.users_template: {config.users_template}/config.yaml "
+                        "does not exist")
+    try:
+        from .session_store import SessionStore
+        if (config.data_dir / "sessions.json").exists():
+            SessionStore(config.data_dir / "sessions.json")
+    except CorruptStore as exc:
+        problems.append(str(exc))
+    for line in problems:
+        click.echo(line, err=True)
+    if problems:
+        sys.exit(2)
+    click.echo(f"{config.source}: OK")
+
+
+@cli.command()
+def keygen():
+    """Print a new random API key and its sha256 (put the digest in config.yaml as key_sha256)."""
+    key = secrets.token_urlsafe(32)
+    click.echo(f"key:        {key}")
+    click.echo(f"key_sha256: {hashlib.sha256(key.encode()).hexdigest()}")

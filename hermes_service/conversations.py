@@ -1,0 +1,132 @@
+"""Sessions and turns: the service object both blueprints call.
+
+A session record (in ``sessions.json``) maps our ``session_id`` to its
+owner (``user_id``) and to the Hermes session that continues it
+(``hermes_session_id``, replaced by the newest id after every turn, since
+Hermes may change it after context compression).
+
+Turns on one session are serialized by a lock that holds across threads and
+processes (``data/locks/session-<id>.lock``); a turn that cannot get it
+within ``hermes.timeout_seconds`` fails with 409 ``session_busy``.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from contextlib import contextmanager
+
+from filelock import FileLock, Timeout
+
+from .config import Config
+from .errors import Conflict, NotFound, TooLarge, check_id
+from .runner import ChatResult, HermesRunner
+from .session_store import SessionStore, now_iso
+from .user_homes import UserHomes
+
+
+class Conversations:
+    """Create, list, delete sessions and run turns on them."""
+
+    def __init__(self, config: Config, store: SessionStore, homes: UserHomes, runner: HermesRunner):
+        self.store = store
+        self.homes = homes
+        self.runner = runner
+        self.max_message_bytes = config["hermes"]["max_message_bytes"]
+        self.turn_wait = float(config["hermes"]["timeout_seconds"])
+        self.locks_dir = config.data_dir / "locks"
+        self._local_locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    # -- sessions --------------------------------------------------------
+    def create(self, user_id: str, session_id: str | None = None, **fields) -> dict:
+        """Create a session (and the user's home on first use). Returns the record.
+
+        Raises BadRequest (bad id), Conflict (``session_exists``), Unconfigured.
+        """
+        check_id(user_id, "user_id")
+        session_id = check_id(session_id, "session_id") if session_id else str(uuid.uuid4())
+        self.homes.ensure(user_id)
+        now = now_iso()
+        record = {"session_id": session_id, "user_id": user_id, "hermes_session_id": None,
+                  "created_at": now, "updated_at": now, "status": "active", "message_count": 0,
+                  **fields}
+        try:
+            return self.store.create(record)
+        except KeyError:
+            raise Conflict(f"session {session_id} already exists", code="session_exists") from None
+
+    def get(self, session_id: str, owner: str | None = None) -> dict:
+        """The record; NotFound (``session_not_found``) if absent or owned by someone else."""
+        check_id(session_id, "session_id")
+        rec = self.store.get(session_id)
+        if rec is None or (owner is not None and rec.get("user_id") != owner):
+            raise NotFound(f"session {session_id} not found", code="session_not_found")
+        return rec
+
+    def list(self, user_id: str | None = None, **match) -> list[dict]:
+        """Records of one user (or all), filtered by equal fields, oldest first."""
+        if user_id is not None:
+            check_id(user_id, "user_id")
+        return self.store.list(lambda r: (user_id is None or r.get("user_id") == user_id)
+                               and all(r.get(k) == v for k, v in match.items()))
+
+    def delete(self, session_id: str, owner: str | None = None) -> dict:
+        """Forget a session (the Hermes transcript stays in the user's state.db)."""
+        rec = self.get(session_id, owner)
+        with self.turn_lock(session_id, wait=self.turn_wait):
+            self.store.delete(session_id)
+        return rec
+
+    # -- turns -----------------------------------------------------------
+    def check_message(self, message: str) -> None:
+        """Raise TooLarge (413 ``message_too_large``) over ``hermes.max_message_bytes``."""
+        if len(message.encode("utf-8")) > self.max_message_bytes:
+            raise TooLarge(f"message exceeds {self.max_message_bytes} bytes",
+                           code="message_too_large")
+
+    @contextmanager
+    def turn_lock(self, session_id: str, wait: float):
+        """Hold the session's turn lock; Conflict (``session_busy``) after ``wait`` seconds."""
+        with self._guard:
+            local = self._local_locks.setdefault(session_id, threading.Lock())
+        if not (local.acquire(timeout=wait) if wait > 0 else local.acquire(blocking=False)):
+            raise Conflict("another turn is in progress on this session", code="session_busy")
+        try:
+            try:
+                flock = FileLock(str(self.locks_dir / f"session-{session_id}.lock"), timeout=wait)
+                flock.acquire()
+            except Timeout:
+                raise Conflict("another turn is in progress on this session",
+                               code="session_busy") from None
+            try:
+                yield
+            finally:
+                flock.release()
+        finally:
+            local.release()
+
+    def send(self, session_id: str, message: str, owner: str | None = None, *, prompt: str | None = None,
+             extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None
+             ) -> tuple[dict, ChatResult]:
+        """Run one turn: ``prompt`` (default ``message``) goes to Hermes.
+
+        Returns (updated record, result). Raises NotFound, TooLarge, Conflict
+        (``session_busy``), TooManyRuns, Unconfigured or a RunError.
+        """
+        self.check_message(message)
+        self.get(session_id, owner)
+        with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
+            rec = self.get(session_id, owner)     # re-read: a turn may have just finished
+            home = self.homes.ensure(rec["user_id"])
+            env = self.homes.cli_env(home, self.runner.command_path(), extra_env)
+            result = self.runner.run_chat(
+                prompt if prompt is not None else message, rec.get("hermes_session_id"), env,
+                str(home.root), on_spawn=on_spawn, cancel=cancel,
+                log_ctx={"user": rec["user_id"], "session": session_id})
+            updated = self.store.update(
+                session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
+                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
+        if updated is None:
+            raise NotFound(f"session {session_id} was deleted during the turn",
+                           code="session_not_found")
+        return updated, result

@@ -1,0 +1,87 @@
+"""Error classes with stable codes, and id validation shared by every route.
+
+Every failure the service reports is a :class:`ServiceError` carrying an
+HTTP status and a stable ``code``; the blueprints render it in their own
+contract's shape (v1: ``{"detail", "code", "requestId"}``; mnote client:
+``{"ok": false, "code", "message", "traceId", "requestId"}``).
+"""
+from __future__ import annotations
+
+import re
+
+
+class ServiceError(Exception):
+    """A failure with an HTTP ``status``, a stable ``code`` and a human ``detail``.
+
+    ``headers`` are added to the response (e.g. ``Retry-After``); ``extra``
+    is merged into the JSON body.
+    """
+    status = 500
+    code = "internal_error"
+
+    def __init__(self, detail: str, *, code: str | None = None, status: int | None = None,
+                 headers: dict | None = None, extra: dict | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if code:
+            self.code = code
+        if status:
+            self.status = status
+        self.headers = headers or {}
+        self.extra = extra or {}
+
+
+class BadRequest(ServiceError):
+    status, code = 400, "invalid_request"
+
+
+class Unauthorized(ServiceError):
+    status, code = 401, "invalid_api_key"
+
+
+class Forbidden(ServiceError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(ServiceError):
+    status, code = 404, "not_found"
+
+
+class Conflict(ServiceError):
+    status, code = 409, "conflict"
+
+
+class TooLarge(ServiceError):
+    status, code = 413, "payload_too_large"
+
+
+class TooManyRuns(ServiceError):
+    """All CLI slots busy for longer than ``hermes.queue_wait_seconds``."""
+    status, code = 429, "too_many_runs"
+
+
+class Unconfigured(ServiceError):
+    """The Hermes command or the model provider is not configured/usable."""
+    status, code = 503, "hermes_unconfigured"
+
+
+class RunError(ServiceError):
+    """A Hermes CLI run failed; ``code`` classifies why (see runner.classify_failure)."""
+    status, code = 502, "hermes_failed"
+
+
+# Ids end up in file names (user homes, lock files): one strict pattern for
+# all of them; no '/', NUL, whitespace, and never '..'.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+
+
+def check_id(value, field: str) -> str:
+    """Return ``value`` if it is a safe id, else raise :class:`BadRequest` (code ``invalid_id``).
+
+    Safe: 1–128 chars of ``A-Z a-z 0-9 _ . @ -``, starting with a letter or
+    digit, with no ``..``. Used for ``user_id``, session ids, run ids,
+    workspace/document ids and trace ids alike.
+    """
+    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
+        raise BadRequest(f"{field} must match {_ID.pattern} without '..'", code="invalid_id")
+    return value

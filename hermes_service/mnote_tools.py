@@ -1,0 +1,229 @@
+"""mnote Hermes tools: registry and executor (contract ``mnote-hermes-plugin-tool-contract-v1``).
+
+:data:`TOOLS` lists the six tools of contract §4.  :class:`ToolExecutor`
+turns a unified input envelope (§2) into a unified output envelope (§3):
+
+    {"ok", "toolName", "toolCallId", "traceId", "result",
+     "audit": {"effect", "commandId", "workspaceId", "documentId"}, "error"}
+
+``invoke`` never raises.  Failure codes: ``mnote_tool_bad_request`` (envelope
+or input fails the schema, oversized field; message starts with the JSON
+pointer, e.g. ``/args/content/0/type``), ``mnote_tool_unknown_tool``,
+``mnote_tool_permission_denied``, ``mnote_tool_conflict``,
+``mnote_tool_idempotency_conflict``, ``mnote_tool_unsupported_option`` and
+``mnote_tool_internal_error`` (unexpected failure; generic message).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from .mnote_schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
+from .page_store import (CMD_AI_NOTE, CMD_PAGE_SAVE, CMD_SUMMARY, CMD_UPDATE_OPTIONS, CMD_UPDATE_TITLE,
+                         BadToolInput, CommandContext, CommandResult, PageStore, PermissionDenied,
+                         ToolError, MSG_NO_ACTOR)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "mnote.hermes_tool.v1"
+DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
+BODY_SUMMARY_CHARS = 200
+CODE_UNKNOWN_TOOL = "mnote_tool_unknown_tool"
+CODE_INTERNAL = "mnote_tool_internal_error"
+
+
+class _UnknownTool(ToolError):
+    code = CODE_UNKNOWN_TOOL
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: contract name, function-safe ``wire_name``, required capability ``scope``,
+    kernel ``command_name`` (None for reads), contract input ``schema`` (envelope fields
+    merged with args) and ``model_parameters`` (the JSON schema of ``args``)."""
+    name: str
+    wire_name: str
+    scope: str
+    command_name: str | None
+    schema: dict
+    model_parameters: dict
+    description: str
+
+    @property
+    def writes(self) -> bool:
+        return self.command_name is not None
+
+    def function_definition(self) -> dict:
+        """OpenAI-style function tool definition for the model."""
+        return {"type": "function", "function": {
+            "name": self.wire_name, "description": self.description, "parameters": self.model_parameters}}
+
+
+def _spec(name: str, scope: str, command: str | None, description: str) -> ToolSpec:
+    return ToolSpec(name, name.replace(".", "_"), scope, command, TOOL_INPUT_SCHEMAS[name],
+                    MODEL_PARAMETERS[name], description)
+
+
+TOOLS: list[ToolSpec] = [
+    _spec("mnote.page.get", "page.read", None,
+          "Read the current mnote page: title, a short bodySummary, pageOptions, the blocks "
+          "({id, type, text}) and its revision."),
+    _spec("mnote.page.save", "page.write", CMD_PAGE_SAVE,
+          "Write page body blocks. mode 'append' (default) adds blocks at the end, 'replace' "
+          "replaces the whole body. Pass baseRevision from mnote.page.get to avoid overwriting "
+          "concurrent edits."),
+    _spec("mnote.page.update_title", "page.write", CMD_UPDATE_TITLE, "Set the page title."),
+    _spec("mnote.page.update_options", "page.write", CMD_UPDATE_OPTIONS,
+          "Change page layout options wideLayout, smallText, showToc. protectEditing cannot be "
+          "changed by AI."),
+    _spec("mnote.artifact.create_summary", "artifact.write", CMD_SUMMARY,
+          "Create or replace the page's single summary (a separate artifact linked to the page)."),
+    _spec("mnote.artifact.create_ai_note", "artifact.write", CMD_AI_NOTE,
+          "Attach a new AI note (a separate artifact linked to the page); each call adds one."),
+]
+TOOLS_BY_NAME = {t.name: t for t in TOOLS}
+TOOLS_BY_WIRE_NAME = {t.wire_name: t for t in TOOLS}
+
+_ENVELOPE_VALIDATOR = Draft202012Validator(ENVELOPE_SCHEMA)
+_ARGS_VALIDATORS = {t.name: Draft202012Validator(t.model_parameters) for t in TOOLS}
+_INPUT_VALIDATORS = {t.name: Draft202012Validator(t.schema) for t in TOOLS}
+
+
+def _pointer(path: list) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"
+
+
+def _first_error(validator: Draft202012Validator, instance: Any, prefix: Callable[[list], list]) -> None:
+    """Raise BadToolInput naming the JSON pointer of the most relevant schema error."""
+    err: ValidationError | None = best_match(validator.iter_errors(instance))
+    if err is None:
+        return
+    path, reason = list(err.absolute_path), err.message
+    if err.validator == "required":
+        path.append(next(p for p in err.validator_value if p not in err.instance))
+        reason = "is required"
+    elif err.validator == "additionalProperties":
+        allowed = err.schema.get("properties", {})
+        path.append(sorted(k for k in err.instance if k not in allowed)[0])
+        reason = "is not an allowed field"
+    if len(reason) > 200:
+        reason = reason[:200] + "…"
+    raise BadToolInput(f"{_pointer(prefix(path))}: {reason}")
+
+
+def body_summary(blocks: list[dict], limit: int = BODY_SUMMARY_CHARS) -> str:
+    """The blocks' text, whitespace-collapsed, cut to ``limit`` chars (+ "…")."""
+    text = re.sub(r"\s+", " ", " ".join(str(b.get("text", "")) for b in blocks)).strip()
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
+
+
+class ToolExecutor:
+    """Executes contract §4 tools against a :class:`PageStore`.
+
+    Checks, in order: envelope schema (§2) → known tool → field sizes → ``args``
+    schema (unknown fields rejected) → merged tool input schema (§4 ``required``) →
+    actor present → ``capabilityScope`` contains the tool scope → the store's
+    member / page read / page write / artifact write checks, idempotency and dryRun.
+    """
+
+    def __init__(self, store: PageStore, *, max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES):
+        self.store = store
+        self.max_content_bytes = max_content_bytes
+        self._handlers: dict[str, Callable[[CommandContext, dict], CommandResult]] = {
+            "mnote.page.get": lambda ctx, a: store.page_get(ctx),
+            "mnote.page.save": lambda ctx, a: store.page_save(
+                ctx, content=a["content"], mode=a.get("mode", "append"), base_revision=a.get("baseRevision")),
+            "mnote.page.update_title": lambda ctx, a: store.update_title(
+                ctx, title=a["title"], base_revision=a.get("baseRevision")),
+            "mnote.page.update_options": lambda ctx, a: store.update_options(
+                ctx, options=a["options"], base_revision=a.get("baseRevision")),
+            "mnote.artifact.create_summary": lambda ctx, a: store.create_summary(ctx, summary=a["summary"]),
+            "mnote.artifact.create_ai_note": lambda ctx, a: store.create_ai_note(ctx, content=a["content"]),
+        }
+
+    def invoke(self, envelope: dict) -> dict:
+        """Run one tool call (contract §2 in, §3 out). Never raises.
+
+        Success: ``ok: true``, ``result`` per tool, ``audit.effect`` read | write | dry_run and
+        ``audit.commandId`` (writes only).  A replayed idempotent call returns the stored
+        result and commandId of the first call.  Failure: ``ok: false``, ``result: null``,
+        ``audit.effect: "none"``, ``error: {code, message}``; messages never carry page
+        title, body or artifact text.
+        """
+        raw = envelope if isinstance(envelope, dict) else {}
+        echo = {k: v if isinstance(v, str) and len(v) <= 256 else None
+                for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
+                for v in [raw.get(k)]}
+        try:
+            spec, env, args = self._validate(envelope)
+            echo["toolName"] = spec.name
+            if not env.get("actorId"):
+                raise PermissionDenied(MSG_NO_ACTOR)
+            if spec.scope not in env.get("capabilityScope", ()):
+                raise PermissionDenied(f"capabilityScope 未授予 {spec.scope}")
+            ctx = CommandContext(
+                actor_id=env["actorId"], workspace_id=env["workspaceId"], document_id=env["documentId"],
+                tool_name=spec.name, session_id=env["sessionId"], run_id=env["runId"],
+                tool_call_id=env["toolCallId"], trace_id=env["traceId"],
+                idempotency_key=env.get("idempotencyKey"), dry_run=spec.writes and env.get("dryRun", False))
+            res = self._handlers[spec.name](ctx, args)
+        except ToolError as exc:
+            return self._envelope(echo, None, error={"code": exc.code, "message": exc.message})
+        except Exception:  # noqa: BLE001 - the contract wants an envelope, never a 500
+            log.exception("mnote tool %s failed", echo["toolName"])
+            return self._envelope(echo, None, error={"code": CODE_INTERNAL, "message": "工具执行失败（内部错误），请稍后重试"})
+        if spec.name == "mnote.page.get":
+            res = CommandResult(self._shape_page(res.result, args), res.effect)
+        return self._envelope(echo, res)
+
+    def _validate(self, envelope: Any) -> tuple[ToolSpec, dict, dict]:
+        if not isinstance(envelope, dict):
+            raise BadToolInput("/: envelope must be a JSON object")
+        env = {k: v for k, v in envelope.items() if v is not None}  # null ≡ absent
+        _first_error(_ENVELOPE_VALIDATOR, env, lambda p: p)
+        spec = TOOLS_BY_NAME.get(env["toolName"])
+        if spec is None:
+            raise _UnknownTool(f"未知工具 {env['toolName']!r}")
+        args = env.get("args", {})
+        for key, value in args.items():
+            size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode())
+            if size > self.max_content_bytes:
+                raise BadToolInput(f"{_pointer(['args', key])}: {size} bytes exceeds the limit of "
+                                   f"{self.max_content_bytes} bytes")
+        _first_error(_ARGS_VALIDATORS[spec.name], args, lambda p: ["args", *p])
+        merged = {**{k: env[k] for k in INPUT_ENVELOPE_FIELDS if k in env}, **args}
+        _first_error(_INPUT_VALIDATORS[spec.name], merged,
+                     lambda p: ["args", *p] if p and p[0] in args else p)
+        return spec, env, args
+
+    @staticmethod
+    def _shape_page(page: dict, args: dict) -> dict:
+        """contract §4 page.get result; includeBody/includeOptions/includeBlocks drop
+        bodySummary/pageOptions/blocks.  ``revision`` is added for ``baseRevision``."""
+        out = {k: page[k] for k in ("documentId", "workspaceId", "title", "revision")}
+        if args.get("includeBody", True):
+            out["bodySummary"] = body_summary(page["blocks"])
+        if args.get("includeOptions", True):
+            out["pageOptions"] = page["pageOptions"]
+        if args.get("includeBlocks", True):
+            out["blocks"] = page["blocks"]
+        return out
+
+    @staticmethod
+    def _envelope(echo: dict, res: CommandResult | None, error: dict | None = None) -> dict:
+        return {
+            "ok": res is not None,
+            "toolName": echo["toolName"],
+            "toolCallId": echo["toolCallId"],
+            "traceId": echo["traceId"],
+            "result": res.result if res else None,
+            "audit": {"effect": res.effect if res else "none", "commandId": res.command_id if res else None,
+                      "workspaceId": echo["workspaceId"], "documentId": echo["documentId"]},
+            "error": error,
+        }

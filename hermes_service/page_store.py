@@ -1,0 +1,592 @@
+"""Page store: the commands behind the mnote Hermes tools, and their SQLite adapter.
+
+:class:`PageStore` is the command interface (contract §4/§5): every tool
+command takes a :class:`CommandContext` (who, where, which Hermes run,
+idempotency key, dryRun) and returns a :class:`CommandResult`, or raises a
+:class:`ToolError` whose ``code`` is a contract error code.  The store owns
+permissions, idempotency, dryRun and the audit log, so another adapter
+(e.g. one forwarding to mnote's own kernel) can implement the same
+commands.  :class:`SQLitePageStore` is the only implementation.
+
+SQLite: WAL, ``busy_timeout``, one connection per call, and every write of
+one command in a single ``BEGIN IMMEDIATE`` transaction (permission check,
+idempotency lookup, page/artifact writes, audit row and idempotency record),
+so several threads and processes can share one database file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import sqlite3
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from .mnote_schemas import ID_PATTERN, PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
+
+ROLES = ("owner", "editor", "viewer")
+WRITER_ROLES = ("owner", "editor")
+DEFAULT_PAGE_OPTIONS = {k: False for k in PAGE_OPTION_KEYS}
+#: Per-option runtime support; only "wired" options may be changed by AI (contract §4 update_options).
+OPTION_RUNTIME_SUPPORT = {"wideLayout": "wired", "smallText": "wired", "showToc": "wired",
+                          "protectEditing": "not_wired"}
+
+# Command names (contract §4 names the page ones; the artifact ones are ours).
+CMD_PAGE_SAVE = "page.body.save"
+CMD_UPDATE_TITLE = "page.head.updateTitle"
+CMD_UPDATE_OPTIONS = "page.layout.updateOptions"
+CMD_SUMMARY = "artifact.summary.upsert"
+CMD_AI_NOTE = "artifact.aiNote.create"
+_ARG_NOUNS = {CMD_PAGE_SAVE: "正文内容", CMD_UPDATE_TITLE: "标题", CMD_UPDATE_OPTIONS: "页面选项",
+              CMD_SUMMARY: " summary 内容", CMD_AI_NOTE: " AI 笔记内容"}  # idempotency-conflict wording
+
+# Permission messages.  "Cannot read" is one message for a missing page, a
+# foreign workspace and a non-member, so an unknown page looks exactly like
+# an unreadable one (contract §5).
+MSG_NO_ACTOR = "未登录：缺少 actorId"
+MSG_NO_READ = "无页面读取权限"
+MSG_NO_WRITE = "无页面写权限"
+MSG_PROTECTED = "页面已开启编辑保护，AI 不可写入"
+MSG_NO_ARTIFACT_WRITE = "无 artifact 写权限"
+
+_ID_RE = re.compile(ID_PATTERN)
+
+
+# --------------------------------------------------------------------------- errors
+class ToolError(Exception):
+    """A tool failure with a stable contract ``code`` and a leak-free ``message``."""
+    code = "mnote_tool_error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class PermissionDenied(ToolError):
+    code = "mnote_tool_permission_denied"
+
+
+class Conflict(ToolError):
+    code = "mnote_tool_conflict"
+
+
+class IdempotencyConflict(ToolError):
+    code = "mnote_tool_idempotency_conflict"
+
+
+class UnsupportedOption(ToolError):
+    """A page option whose runtimeSupport is not "wired" (code added by this service)."""
+    code = "mnote_tool_unsupported_option"
+
+
+class BadToolInput(ToolError):
+    code = "mnote_tool_bad_request"
+
+
+class StoreInputError(ValueError):
+    """Invalid operator input (bad id, unknown role, page owned by another workspace…)."""
+
+
+class NotFoundError(StoreInputError, LookupError):
+    """Operator lookup of a workspace/page that does not exist."""
+
+
+# --------------------------------------------------------------------------- command types
+@dataclass(frozen=True)
+class CommandContext:
+    """Who runs a command, on which page, from which Hermes run (contract §2 envelope)."""
+    actor_id: str | None
+    workspace_id: str
+    document_id: str
+    tool_name: str = ""
+    session_id: str | None = None
+    run_id: str | None = None
+    tool_call_id: str | None = None
+    trace_id: str | None = None
+    idempotency_key: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """``result`` is the tool result object; ``effect`` is read | write | dry_run."""
+    result: dict
+    effect: str
+    command_id: str | None = None
+    replayed: bool = False
+
+
+@runtime_checkable
+class PageStore(Protocol):
+    """The commands of the mnote tools plus operator functions.
+
+    Tool commands raise :class:`ToolError` subclasses; operator functions raise
+    :class:`StoreInputError` / :class:`NotFoundError`.
+    """
+
+    def page_get(self, ctx: CommandContext) -> CommandResult:
+        """Read → result {documentId, workspaceId, title, revision, pageOptions, blocks}."""
+
+    def page_save(self, ctx: CommandContext, *, content: list[dict], mode: str = "append",
+                  base_revision: int | None = None) -> CommandResult:
+        """``page.body.save`` → {commandName, revision}; dryRun → {dryRun, diff}."""
+
+    def update_title(self, ctx: CommandContext, *, title: str,
+                     base_revision: int | None = None) -> CommandResult:
+        """``page.head.updateTitle`` → {commandName, revision}."""
+
+    def update_options(self, ctx: CommandContext, *, options: dict[str, bool],
+                       base_revision: int | None = None) -> CommandResult:
+        """``page.layout.updateOptions`` → {commandName, revision}; dryRun adds warnings."""
+
+    def create_summary(self, ctx: CommandContext, *, summary: str) -> CommandResult:
+        """Upsert the page's single summary artifact and its reference edge."""
+
+    def create_ai_note(self, ctx: CommandContext, *, content: str) -> CommandResult:
+        """Create a new ai_note artifact and its reference edge."""
+
+    def add_workspace(self, workspace_id: str, name: str | None = None) -> None: ...
+
+    def add_member(self, workspace_id: str, actor_id: str, role: str) -> None: ...
+
+    def import_page(self, page: dict) -> dict: ...
+
+    def export_page(self, document_id: str) -> dict: ...
+
+
+# --------------------------------------------------------------------------- helpers
+_SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS workspaces (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL DEFAULT '', created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS members (
+    workspace_id TEXT NOT NULL REFERENCES workspaces(id), actor_id TEXT NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('owner', 'editor', 'viewer')),
+    PRIMARY KEY (workspace_id, actor_id));
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+    title TEXT NOT NULL, body TEXT NOT NULL, options TEXT NOT NULL,
+    revision INTEGER NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS artifacts (
+    id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL, document_id TEXT NOT NULL REFERENCES documents(id),
+    kind TEXT NOT NULL CHECK (kind IN ('summary', 'ai_note')), content TEXT NOT NULL,
+    revision INTEGER NOT NULL, created_by TEXT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE UNIQUE INDEX IF NOT EXISTS artifacts_one_summary_per_page ON artifacts(document_id) WHERE kind = 'summary';
+CREATE TABLE IF NOT EXISTS edges (
+    page_id TEXT NOT NULL REFERENCES documents(id), artifact_id TEXT NOT NULL REFERENCES artifacts(id),
+    kind TEXT NOT NULL DEFAULT 'reference', created_at TEXT NOT NULL,
+    PRIMARY KEY (page_id, artifact_id, kind));
+CREATE TABLE IF NOT EXISTS audit_log (
+    command_id TEXT PRIMARY KEY, command_name TEXT NOT NULL, effect TEXT NOT NULL,
+    actor_id TEXT, workspace_id TEXT, document_id TEXT, session_id TEXT, run_id TEXT,
+    tool_call_id TEXT, trace_id TEXT, idempotency_key TEXT, revision INTEGER, artifact_id TEXT,
+    created_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS idempotency (
+    actor_id TEXT NOT NULL, idem_key TEXT NOT NULL, tool_name TEXT NOT NULL, args_hash TEXT NOT NULL,
+    response TEXT NOT NULL, command_id TEXT NOT NULL, created_at TEXT NOT NULL,
+    PRIMARY KEY (actor_id, idem_key));
+"""
+
+_AUDIT_COLUMNS = {"commandId": "command_id", "commandName": "command_name", "effect": "effect",
+                  "actorId": "actor_id", "workspaceId": "workspace_id", "documentId": "document_id",
+                  "sessionId": "session_id", "runId": "run_id", "toolCallId": "tool_call_id",
+                  "traceId": "trace_id", "idempotencyKey": "idempotency_key", "revision": "revision",
+                  "artifactId": "artifact_id", "createdAt": "created_at"}
+
+_IMPORT_VALIDATOR = Draft202012Validator(PAGE_IMPORT_SCHEMA)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_command_id(command_name: str) -> str:
+    """``page.head.updateTitle`` → ``page_head_update_title_<16 hex>``."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", command_name.replace(".", "_")).lower()
+    return f"{snake}_{secrets.token_hex(8)}"
+
+
+def _check_id(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not _ID_RE.match(value):
+        raise StoreInputError(f"invalid {kind} {value!r}: must match {ID_PATTERN}")
+    return value
+
+
+def normalize_blocks(content: list[dict], existing_ids: set[str] = frozenset()) -> list[dict]:
+    """Copy blocks as ``{id, type, text, …}``, generating missing ids; duplicate ids → BadToolInput."""
+    seen, out = set(existing_ids), []
+    for i, block in enumerate(content):
+        block = dict(block)
+        block_id = block.pop("id", None)
+        if block_id is None:
+            block_id = f"blk_{secrets.token_hex(6)}"
+        elif block_id in seen:
+            raise BadToolInput(f"/args/content/{i}/id: duplicate block id {block_id!r}")
+        seen.add(block_id)
+        out.append({"id": block_id, "type": block.pop("type"), "text": block.pop("text"), **block})
+    return out
+
+
+def _page_from_row(row: sqlite3.Row) -> dict:
+    return {"documentId": row["id"], "workspaceId": row["workspace_id"], "title": row["title"],
+            "revision": row["revision"], "updatedAt": row["updated_at"],
+            "pageOptions": {**DEFAULT_PAGE_OPTIONS, **json.loads(row["options"])},
+            "blocks": json.loads(row["body"])}
+
+
+# A plan inspects the current state and returns (diff, apply, extra); apply()
+# performs the writes and returns (result, revision, artifact_id).
+Apply = Callable[[], tuple[dict, int, "str | None"]]
+Plan = Callable[[sqlite3.Connection, dict, bool], tuple[list, Apply, dict]]
+
+
+# --------------------------------------------------------------------------- SQLite adapter
+class SQLitePageStore:
+    """SQLite implementation of :class:`PageStore` (default file ``data/mnote.db``)."""
+
+    def __init__(self, path: str | Path = "data/mnote.db", *, busy_timeout: float = 10.0):
+        if str(path) == ":memory:" or str(path).startswith("file:"):
+            raise StoreInputError("SQLitePageStore needs a file path (one connection per call)")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.busy_timeout = busy_timeout
+        with closing(self._connect()) as con:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA_SQL}COMMIT;")
+
+    # ---- connections
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                              check_same_thread=False)
+        con.row_factory = sqlite3.Row
+        con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        con.execute("PRAGMA foreign_keys=ON")
+        con.execute("PRAGMA synchronous=NORMAL")
+        return con
+
+    @contextmanager
+    def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to read."""
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield con
+            con.execute("COMMIT" if write else "ROLLBACK")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+
+    # ---- permissions (contract §5: actor, member, page read, page write, artifact write)
+    @staticmethod
+    def _authorize(con: sqlite3.Connection, ctx: CommandContext, need: str) -> dict:
+        if not ctx.actor_id:
+            raise PermissionDenied(MSG_NO_ACTOR)
+        row = con.execute(
+            "SELECT d.*, m.role FROM documents d JOIN members m"
+            " ON m.workspace_id = d.workspace_id AND m.actor_id = ?"
+            " WHERE d.id = ? AND d.workspace_id = ?",
+            (ctx.actor_id, ctx.document_id, ctx.workspace_id)).fetchone()
+        if row is None:
+            raise PermissionDenied(MSG_NO_READ)
+        page = _page_from_row(row)
+        if need == "page_write":
+            if row["role"] not in WRITER_ROLES:
+                raise PermissionDenied(MSG_NO_WRITE)
+            if page["pageOptions"]["protectEditing"]:
+                raise PermissionDenied(MSG_PROTECTED)
+        elif need == "artifact_write" and row["role"] not in WRITER_ROLES:
+            raise PermissionDenied(MSG_NO_ARTIFACT_WRITE)
+        return page
+
+    # ---- the write pipeline
+    def _write(self, ctx: CommandContext, command_name: str, need: str, args: dict,
+               plan: Plan) -> CommandResult:
+        """Authorize → (dryRun: plan only) → idempotency → apply → audit → idempotency record."""
+        with self._tx(write=not ctx.dry_run) as con:
+            page = self._authorize(con, ctx, need)
+            if ctx.dry_run:
+                diff, _, extra = plan(con, page, True)
+                return CommandResult({"dryRun": True, "diff": diff, **extra}, "dry_run")
+            tool = ctx.tool_name or command_name
+            key = ctx.idempotency_key
+            args_hash = hashlib.sha256(_canonical({
+                "toolName": tool, "workspaceId": ctx.workspace_id, "documentId": ctx.document_id,
+                "args": args}).encode()).hexdigest()
+            if key:
+                rec = con.execute("SELECT tool_name, args_hash, response FROM idempotency"
+                                  " WHERE actor_id = ? AND idem_key = ?", (ctx.actor_id, key)).fetchone()
+                if rec is not None:
+                    if rec["tool_name"] != tool:
+                        raise IdempotencyConflict("同一幂等键已用于其他工具调用")
+                    if rec["args_hash"] != args_hash:
+                        raise IdempotencyConflict(f"同一幂等键已用于不同{_ARG_NOUNS.get(command_name, '参数')}")
+                    stored = json.loads(rec["response"])
+                    return CommandResult(stored["result"], "write", stored["commandId"], replayed=True)
+            _, apply, _ = plan(con, page, False)
+            result, revision, artifact_id = apply()
+            command_id, now = new_command_id(command_name), _now()
+            con.execute(
+                "INSERT INTO audit_log VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (command_id, command_name, "write", ctx.actor_id, ctx.workspace_id, ctx.document_id,
+                 ctx.session_id, ctx.run_id, ctx.tool_call_id, ctx.trace_id, key, revision,
+                 artifact_id, now))
+            if key:
+                con.execute("INSERT INTO idempotency VALUES (?,?,?,?,?,?,?)",
+                            (ctx.actor_id, key, tool, args_hash,
+                             _canonical({"result": result, "commandId": command_id}), command_id, now))
+            return CommandResult(result, "write", command_id)
+
+    @staticmethod
+    def _check_base(page: dict, base_revision: int | None) -> None:
+        if base_revision is not None and base_revision != page["revision"]:
+            raise Conflict(f"页面版本冲突，需要刷新后重试（baseRevision {base_revision}，"
+                           f"当前 revision {page['revision']}）")
+
+    @staticmethod
+    def _bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
+        revision = page["revision"] + 1
+        sets = "".join(f"{col} = ?, " for col in columns)
+        con.execute(f"UPDATE documents SET {sets}revision = ?, updated_at = ? WHERE id = ?",
+                    (*columns.values(), revision, _now(), page["documentId"]))
+        return revision
+
+    # ---- tool commands (contract §4)
+    def page_get(self, ctx: CommandContext) -> CommandResult:
+        """contract §4 ``mnote.page.get``: any member may read; unknown page ≡ unreadable."""
+        with self._tx(write=False) as con:
+            page = self._authorize(con, ctx, "read")
+        page.pop("updatedAt")
+        return CommandResult(page, "read")
+
+    def page_save(self, ctx: CommandContext, *, content: list[dict], mode: str = "append",
+                  base_revision: int | None = None) -> CommandResult:
+        """contract §4 ``mnote.page.save`` (command ``page.body.save``).
+
+        ``mode`` append (default) adds blocks after the body, replace swaps the body.
+        Result {commandName, revision}; dryRun {dryRun, diff: [{op, blocks[, removedBlocks]}]}.
+        Errors: permission_denied, conflict (stale ``base_revision``), bad_request (duplicate block id).
+        """
+        def plan(con, page, dry):
+            self._check_base(page, base_revision)
+            old = page["blocks"]
+            blocks = normalize_blocks(content, {b["id"] for b in old} if mode == "append" else set())
+            step = {"op": mode, "blocks": len(blocks)}
+            if mode == "replace":
+                step["removedBlocks"] = len(old)
+            body = blocks if mode == "replace" else old + blocks
+
+            def apply():
+                revision = self._bump(con, page, body=_canonical(body))
+                return {"commandName": CMD_PAGE_SAVE, "revision": revision}, revision, None
+            return [step], apply, {}
+
+        return self._write(ctx, CMD_PAGE_SAVE, "page_write",
+                           {"content": content, "mode": mode, "baseRevision": base_revision}, plan)
+
+    def update_title(self, ctx: CommandContext, *, title: str,
+                     base_revision: int | None = None) -> CommandResult:
+        """contract §4 ``mnote.page.update_title`` (command ``page.head.updateTitle``).
+
+        Result {commandName, revision}; dryRun diff [{op: "set", field: "title"}].
+        """
+        def plan(con, page, dry):
+            self._check_base(page, base_revision)
+
+            def apply():
+                revision = self._bump(con, page, title=title)
+                return {"commandName": CMD_UPDATE_TITLE, "revision": revision}, revision, None
+            return [{"op": "set", "field": "title"}], apply, {}
+
+        return self._write(ctx, CMD_UPDATE_TITLE, "page_write",
+                           {"title": title, "baseRevision": base_revision}, plan)
+
+    def update_options(self, ctx: CommandContext, *, options: dict[str, bool],
+                       base_revision: int | None = None) -> CommandResult:
+        """contract §4 ``mnote.page.update_options`` (command ``page.layout.updateOptions``).
+
+        Options whose :data:`OPTION_RUNTIME_SUPPORT` is not "wired": dryRun → listed in
+        ``result.warnings`` and left out of the diff; otherwise ``mnote_tool_unsupported_option``
+        and nothing is written.  Result {commandName, revision};
+        dryRun {dryRun, diff: [{op: "set", option, from, to}], warnings?}.
+        """
+        def plan(con, page, dry):
+            self._check_base(page, base_revision)
+            unsupported = [k for k in options if OPTION_RUNTIME_SUPPORT.get(k) != "wired"]
+            if unsupported and not dry:
+                raise UnsupportedOption(f"页面选项 {', '.join(unsupported)} 的 runtimeSupport 不是 wired，"
+                                        "AI 不可修改")
+            current = page["pageOptions"]
+            wired = {k: v for k, v in options.items() if k not in unsupported}
+            diff = [{"op": "set", "option": k, "from": current[k], "to": v} for k, v in wired.items()]
+            extra = {"warnings": [
+                {"option": k, "code": UnsupportedOption.code,
+                 "runtimeSupport": OPTION_RUNTIME_SUPPORT.get(k, "unknown"),
+                 "message": f"页面选项 {k} 的 runtimeSupport 不是 wired，实际执行会失败"}
+                for k in unsupported]} if unsupported else {}
+
+            def apply():
+                revision = self._bump(con, page, options=_canonical({**current, **wired}))
+                return {"commandName": CMD_UPDATE_OPTIONS, "revision": revision}, revision, None
+            return diff, apply, extra
+
+        return self._write(ctx, CMD_UPDATE_OPTIONS, "page_write",
+                           {"options": options, "baseRevision": base_revision}, plan)
+
+    def create_summary(self, ctx: CommandContext, *, summary: str) -> CommandResult:
+        """contract §4 ``mnote.artifact.create_summary`` (command ``artifact.summary.upsert``).
+
+        Creates or updates the page's single summary artifact (unique index) and creates or
+        confirms the page→artifact reference edge.  Needs page read + artifact write
+        (owner/editor); ``protectEditing`` does not apply (the page itself is not modified).
+        Result {commandName, artifactId, artifactKind, revision, created, edgeCreated};
+        dryRun diff [{op: create|update, artifact: "summary"}, {op: create|confirm, edge: "reference"}].
+        """
+        def plan(con, page, dry):
+            row = con.execute("SELECT id, revision FROM artifacts WHERE document_id = ? AND kind = 'summary'",
+                              (page["documentId"],)).fetchone()
+            edge = row is not None and con.execute(
+                "SELECT 1 FROM edges WHERE page_id = ? AND artifact_id = ?",
+                (page["documentId"], row["id"])).fetchone() is not None
+            diff = [{"op": "update" if row else "create", "artifact": "summary"},
+                    {"op": "confirm" if edge else "create", "edge": "reference"}]
+
+            def apply():
+                now = _now()
+                if row:
+                    artifact_id, revision = row["id"], row["revision"] + 1
+                    con.execute("UPDATE artifacts SET content = ?, revision = ?, updated_at = ? WHERE id = ?",
+                                (summary, revision, now, artifact_id))
+                else:
+                    artifact_id, revision = self._insert_artifact(con, ctx, "summary", summary, now), 1
+                self._link(con, page["documentId"], artifact_id, now)
+                return ({"commandName": CMD_SUMMARY, "artifactId": artifact_id, "artifactKind": "summary",
+                         "revision": revision, "created": row is None, "edgeCreated": not edge},
+                        revision, artifact_id)
+            return diff, apply, {}
+
+        return self._write(ctx, CMD_SUMMARY, "artifact_write", {"summary": summary}, plan)
+
+    def create_ai_note(self, ctx: CommandContext, *, content: str) -> CommandResult:
+        """contract §4 ``mnote.artifact.create_ai_note`` (command ``artifact.aiNote.create``).
+
+        Every call creates a new ai_note artifact and its reference edge (permissions as
+        :meth:`create_summary`).  Result {commandName, artifactId, artifactKind, revision: 1,
+        created: true, edgeCreated: true}; dryRun diff [{op: create, artifact}, {op: create, edge}].
+        """
+        def plan(con, page, dry):
+            def apply():
+                now = _now()
+                artifact_id = self._insert_artifact(con, ctx, "ai_note", content, now)
+                self._link(con, page["documentId"], artifact_id, now)
+                return ({"commandName": CMD_AI_NOTE, "artifactId": artifact_id, "artifactKind": "ai_note",
+                         "revision": 1, "created": True, "edgeCreated": True}, 1, artifact_id)
+            return [{"op": "create", "artifact": "ai_note"}, {"op": "create", "edge": "reference"}], apply, {}
+
+        return self._write(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
+
+    @staticmethod
+    def _insert_artifact(con, ctx: CommandContext, kind: str, content: str, now: str) -> str:
+        artifact_id = f"art_{secrets.token_hex(8)}"
+        con.execute("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?)",
+                    (artifact_id, ctx.workspace_id, ctx.document_id, kind, content, 1, ctx.actor_id, now, now))
+        return artifact_id
+
+    @staticmethod
+    def _link(con, page_id: str, artifact_id: str, now: str) -> None:
+        con.execute("INSERT OR IGNORE INTO edges VALUES (?, ?, 'reference', ?)", (page_id, artifact_id, now))
+
+    # ---- operator functions
+    def add_workspace(self, workspace_id: str, name: str | None = None) -> None:
+        """Create a workspace (or rename it when ``name`` is given). Raises StoreInputError."""
+        _check_id("workspace id", workspace_id)
+        with self._tx(write=True) as con:
+            con.execute("INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, ?)"
+                        " ON CONFLICT (id) DO UPDATE SET name = coalesce(?, name)",
+                        (workspace_id, name or "", _now(), name))
+
+    def add_member(self, workspace_id: str, actor_id: str, role: str) -> None:
+        """Add ``actor_id`` to the workspace or change its role (owner|editor|viewer)."""
+        _check_id("workspace id", workspace_id)
+        _check_id("actor id", actor_id)
+        if role not in ROLES:
+            raise StoreInputError(f"invalid role {role!r}: must be one of {', '.join(ROLES)}")
+        with self._tx(write=True) as con:
+            self._require_workspace(con, workspace_id)
+            con.execute("INSERT INTO members VALUES (?, ?, ?)"
+                        " ON CONFLICT (workspace_id, actor_id) DO UPDATE SET role = excluded.role",
+                        (workspace_id, actor_id, role))
+
+    def import_page(self, page: dict) -> dict:
+        """Create or overwrite a page from ``{documentId, workspaceId, title, blocks?, pageOptions?}``
+        (the :meth:`export_page` shape; revision/updatedAt/artifacts are ignored).
+
+        Returns {documentId, workspaceId, revision, created}.  Blocks without id get one.
+        Raises StoreInputError (schema, duplicate block id, page owned by another workspace)
+        or NotFoundError (unknown workspace).
+        """
+        err = best_match(_IMPORT_VALIDATOR.iter_errors(page))
+        if err is not None:
+            where = "/" + "/".join(map(str, err.absolute_path))
+            raise StoreInputError(f"invalid page at {where}: {err.message[:200]}")
+        doc_id, ws_id = page["documentId"], page["workspaceId"]
+        try:
+            blocks = normalize_blocks(page.get("blocks", []))
+        except BadToolInput as exc:
+            raise StoreInputError(exc.message.replace("/args/content", "/blocks")) from None
+        options = _canonical({**DEFAULT_PAGE_OPTIONS, **page.get("pageOptions", {})})
+        with self._tx(write=True) as con:
+            self._require_workspace(con, ws_id)
+            row = con.execute("SELECT workspace_id, revision FROM documents WHERE id = ?", (doc_id,)).fetchone()
+            if row is not None and row["workspace_id"] != ws_id:
+                raise StoreInputError(f"document {doc_id!r} belongs to workspace {row['workspace_id']!r}")
+            revision = row["revision"] + 1 if row else 1
+            con.execute("INSERT INTO documents VALUES (?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET"
+                        " title = excluded.title, body = excluded.body, options = excluded.options,"
+                        " revision = excluded.revision, updated_at = excluded.updated_at",
+                        (doc_id, ws_id, page["title"], _canonical(blocks), options, revision, _now()))
+        return {"documentId": doc_id, "workspaceId": ws_id, "revision": revision, "created": row is None}
+
+    def export_page(self, document_id: str) -> dict:
+        """{documentId, workspaceId, title, blocks, pageOptions, revision, updatedAt,
+        artifacts: [{artifactId, kind, content, revision, createdAt, updatedAt}]}."""
+        _check_id("document id", document_id)
+        with self._tx(write=False) as con:
+            row = con.execute("SELECT * FROM documents WHERE id = ?", (document_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"document {document_id!r} not found")
+            artifacts = con.execute(
+                "SELECT a.id AS artifactId, a.kind, a.content, a.revision, a.created_at AS createdAt,"
+                " a.updated_at AS updatedAt FROM artifacts a JOIN edges e ON e.artifact_id = a.id"
+                " WHERE e.page_id = ? ORDER BY a.created_at, a.id", (document_id,)).fetchall()
+        return {**_page_from_row(row), "artifacts": [dict(a) for a in artifacts]}
+
+    @staticmethod
+    def _require_workspace(con: sqlite3.Connection, workspace_id: str) -> None:
+        if con.execute("SELECT 1 FROM workspaces WHERE id = ?", (workspace_id,)).fetchone() is None:
+            raise NotFoundError(f"workspace {workspace_id!r} not found")
+
+    # ---- inspection (tests, operators)
+    def audit_rows(self, command_id: str | None = None) -> list[dict]:
+        """Audit rows (camelCase keys), optionally only the one with ``command_id``.
+
+        ``revision`` is the page revision after page commands, the artifact revision after
+        artifact commands (then ``artifactId`` is set).
+        """
+        cols = ", ".join(f"{col} AS {key}" for key, col in _AUDIT_COLUMNS.items())
+        where, params = (" WHERE command_id = ?", (command_id,)) if command_id is not None else ("", ())
+        with self._tx(write=False) as con:
+            rows = con.execute(f"SELECT {cols} FROM audit_log{where} ORDER BY created_at, rowid", params)
+            return [dict(r) for r in rows.fetchall()]

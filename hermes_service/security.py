@@ -1,0 +1,102 @@
+"""IP allowlist, trusted proxies and API keys (spec §认证机制, issue #2 item 8).
+
+* The client address is the TCP peer. ``X-Forwarded-For`` is honoured only
+  when ``nginx.enable_real_ip`` is on and the peer is a trusted proxy; then
+  the client is the rightmost address in the chain that is not itself a
+  trusted proxy (the leftmost entries are client-controlled and ignored).
+* Keys come as ``X-API-Key`` (``auth_method: header``, header name from
+  ``api_key_header``) or ``Authorization: Bearer`` (``auth_method: bearer``).
+  Only SHA-256 digests are kept; every configured digest is compared with
+  :func:`hmac.compare_digest` so timing reveals nothing.
+* 403 ``ip_not_allowed`` for a refused address; 401 ``missing_api_key``,
+  ``invalid_api_key`` or ``api_key_expired`` for key problems.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+from datetime import datetime, timezone
+
+from .config import ApiKey, Config
+from .errors import Forbidden, Unauthorized
+
+
+def _addr(text: str | None):
+    try:
+        return ipaddress.ip_address((text or "").strip().split("%")[0])
+    except ValueError:
+        return None
+
+
+def _in(addr, networks) -> bool:
+    if addr is None:
+        return False
+    if getattr(addr, "ipv4_mapped", None):
+        addr = addr.ipv4_mapped
+    return any(addr.version == net.version and addr in net for net in networks)
+
+
+class Guard:
+    """Decides whether a request may pass. Build once per app from the config."""
+
+    def __init__(self, config: Config):
+        sec = config["security"]
+        self.ip_check = sec["enable_ip_check"]
+        self.allowed = config.allowed_networks
+        self.trusted = config.trusted_proxies
+        self.real_ip = config["nginx"]["enable_real_ip"]
+        self.key_check = sec["enable_api_key"]
+        self.bearer = sec["auth_method"] == "bearer"
+        self.header = sec["api_key_header"]
+        self.keys = config.api_keys
+
+    def client_ip(self, peer: str | None, forwarded_for: str | None) -> str | None:
+        """The client address as text: the peer, or the X-Forwarded-For hop described above."""
+        peer_addr = _addr(peer)
+        if not (self.real_ip and forwarded_for and _in(peer_addr, self.trusted)):
+            return str(peer_addr) if peer_addr else peer
+        for hop in reversed([h.strip() for h in forwarded_for.split(",")]):
+            hop_addr = _addr(hop)
+            if hop_addr is None:
+                return None   # a garbled chain is not trusted
+            if not _in(hop_addr, self.trusted):
+                return str(hop_addr)
+        return str(peer_addr)
+
+    def check_ip(self, client_ip: str | None) -> None:
+        """Raise :class:`Forbidden` (``ip_not_allowed``) unless the address is allowed."""
+        if self.ip_check and not _in(_addr(client_ip), self.allowed):
+            raise Forbidden(f"client address {client_ip} is not allowed", code="ip_not_allowed")
+
+    def presented_key(self, headers) -> str | None:
+        if self.bearer:
+            auth = headers.get("Authorization", "")
+            scheme, _, token = auth.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        return headers.get(self.header) or None
+
+    def check_key(self, headers, now: datetime | None = None) -> ApiKey | None:
+        """Return the matching :class:`ApiKey` (None when keys are disabled).
+
+        Raises :class:`Unauthorized` with code ``missing_api_key``,
+        ``invalid_api_key`` or ``api_key_expired``.
+        """
+        if not self.key_check:
+            return None
+        how = ("Authorization: Bearer <key>" if self.bearer else f"{self.header}: <key>")
+        challenge = {"WWW-Authenticate": 'Bearer realm="hermes-service"'} if self.bearer else {}
+        key = self.presented_key(headers)
+        if not key:
+            raise Unauthorized(f"an API key is required ({how})", code="missing_api_key",
+                               headers=challenge)
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        found = None
+        for entry in self.keys:   # no early exit: compare against every key
+            if hmac.compare_digest(digest, entry.sha256):
+                found = entry
+        if found is None:
+            raise Unauthorized("invalid API key", code="invalid_api_key", headers=challenge)
+        if found.expires_at and (now or datetime.now(timezone.utc)) >= found.expires_at:
+            raise Unauthorized("API key expired", code="api_key_expired", headers=challenge)
+        return found

@@ -1,0 +1,200 @@
+"""Shared fixtures.
+
+* ``model`` — the scripted OpenAI-compatible model server (tests/model_server.py),
+  one per test process, on 127.0.0.1.
+* ``service`` / ``start_service`` — the REAL service: ``python3 main.py`` (waitress)
+  in a subprocess on a free port, with its own config file and data dir, running the
+  real ``hermes`` CLI against ``model``.
+* ``make_config`` / ``app_factory`` — in-process config and Flask app for unit tests.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from model_server import ScriptedModel
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+API_KEY = "test-key-0123456789abcdef"
+PROVIDER_KEY_ENV = "SCRIPTED_PROVIDER_KEY"
+
+
+def hermes_bin() -> str:
+    """The real hermes CLI: $HERMES_BIN, .hermes-venv/bin/hermes, or PATH."""
+    for cand in (os.environ.get("HERMES_BIN"), str(ROOT / ".hermes-venv" / "bin" / "hermes"),
+                 shutil.which("hermes")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    pytest.fail("the hermes CLI is not installed (make setup installs it into .hermes-venv)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
+    return {
+        "security": {"enable_ip_check": True, "allowed_ips": ["127.0.0.1", "::1"],
+                     "enable_api_key": True, "auth_method": "header",
+                     "api_keys": [{"key": API_KEY, "description": "tests"}]},
+        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 8},
+        "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
+                   "max_concurrent_runs": 2, "queue_wait_seconds": 60,
+                   "extra_env": {"HERMES_STREAM_RETRIES": "0"},
+                   "model": {"provider": "custom", "base_url": model_url,
+                             "default": "scripted-model", "api_key_env": PROVIDER_KEY_ENV}},
+        "paths": {"data_dir": str(tmp / "data"), "users_template": str(ROOT / "users_template")},
+    }
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.fixture(scope="session")
+def model():
+    server = ScriptedModel("scripted-model").start()
+    yield server
+    server.stop()
+
+
+class ServiceProcess:
+    """``python3 main.py --config <file> --port <free>`` as a subprocess."""
+
+    def __init__(self, tmp: Path, cfg: dict, env_extra: dict | None = None):
+        self.tmp = tmp
+        self.cfg = cfg
+        self.config_path = tmp / f"config-{time.monotonic_ns()}.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.data_dir = Path(cfg["paths"]["data_dir"])
+        self.env = {**os.environ, PROVIDER_KEY_ENV: "sk-scripted", **(env_extra or {})}
+        self.proc = None
+        self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
+
+    def start(self, timeout: float = 20.0) -> "ServiceProcess":
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "main.py"), "--config", str(self.config_path),
+             "--port", str(self.port)], cwd=str(ROOT), env=self.env,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited rc={self.proc.returncode}:\n{self.log()}")
+            try:
+                requests.get(self.url + "/health", timeout=1)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"service did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    # HTTP helpers (API key sent unless headers override it)
+    def request(self, method: str, path: str, key: str | None = API_KEY, **kw) -> requests.Response:
+        headers = kw.pop("headers", {})
+        if key is not None:
+            headers.setdefault("X-API-Key", key)
+        kw.setdefault("timeout", 180)
+        return requests.request(method, self.url + path, headers=headers, **kw)
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def post(self, path, **kw):
+        return self.request("POST", path, **kw)
+
+    def delete(self, path, **kw):
+        return self.request("DELETE", path, **kw)
+
+
+@pytest.fixture
+def start_service(tmp_path, model):
+    """Factory: ``start_service(overrides: dict = {}, env=None, tmp=None)`` → a started ServiceProcess."""
+    started = []
+
+    def start(overrides: dict | None = None, env: dict | None = None, tmp: Path | None = None):
+        cfg = deep_merge(base_config(tmp or tmp_path, model.base_url), overrides or {})
+        svc = ServiceProcess(tmp or tmp_path, cfg, env).start()
+        started.append(svc)
+        return svc
+
+    yield start
+    for svc in started:
+        svc.stop()
+
+
+@pytest.fixture
+def service(start_service):
+    return start_service()
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    """Factory: in-process :class:`Config` from ``base_config`` + overrides."""
+    from hermes_service.config import build_config
+
+    def make(overrides: dict | None = None):
+        return build_config(deep_merge(base_config(tmp_path), overrides or {}))
+    return make
+
+
+@pytest.fixture
+def app_factory(make_config):
+    """Factory: a Flask app (in-process; unit tests may swap the runner at its seam)."""
+    from hermes_service import create_app
+
+    def make(overrides: dict | None = None):
+        app = create_app(make_config(overrides))
+        app.testing = True
+        return app
+    return make
+
+
+def hermes_processes(marker: str) -> list[int]:
+    """PIDs of live processes whose command line or environment mentions ``marker``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmd or marker.encode() in env:
+            found.append(int(d.name))
+    return found

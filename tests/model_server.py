@@ -1,0 +1,727 @@
+"""Scripted OpenAI-compatible model server for end-to-end tests.
+
+Standard library only.  One server can be shared by many concurrent tests:
+the reply to each request is chosen by DIRECTIVES written in the text of the
+LAST user message of that request, so every test carries its own behaviour in
+its own message.
+
+Usage::
+
+    model = ScriptedModel("scripted-model").start()
+    write_hermes_config(home, model.base_url, model.model_id, "SCRIPTED_API_KEY")
+    env = hermes_env(home, "SCRIPTED_API_KEY")
+    ...                       # run `hermes chat --query=... -Q --source tool`
+    model.main_requests()     # main-turn request bodies seen so far
+    model.stop()
+
+Endpoints
+---------
+``GET /v1/models``, ``GET /v1/models/{id}`` (404 for another id),
+``POST /v1/chat/completions``: SSE ``chat.completion.chunk`` frames when the
+body has ``"stream": true`` (role chunk, content or tool-call chunks, finish
+chunk, a usage chunk when ``stream_options.include_usage`` is true, then
+``data: [DONE]``); a plain ``chat.completion`` JSON object otherwise.
+Anything else: 404 with an OpenAI-style JSON error body.
+
+Directives (in the last user message; first match in this order wins)
+-----------------------------------------------------------------------
+``[[status:CODE]]``
+    Answer HTTP CODE (any 400-599, e.g. 401, 429, 500) with an OpenAI-style
+    body ``{"error": {"message", "type", "param", "code"}}``.  429 also sends
+    ``Retry-After: 1``.
+``[[hang]]``
+    Accept the request and never answer.  The handler waits until
+    ``stop()`` is called or the client closes its connection, then drops the
+    connection without a response.
+``[[tools:NAME {json args} ; NAME2 {json args}]]``
+    A list of tool calls separated by ``;``.  NAME matches
+    ``[A-Za-z0-9_.:-]+``; the JSON object after it is optional (``{}`` when
+    omitted) and is parsed with a real JSON decoder, so ``;`` and ``]]`` are
+    allowed inside JSON strings.  Example::
+
+        [[tools:read_file {"path": "a;b.txt"} ; terminal {"command": "ls"}]]
+
+    Step k (k = number of ``role: tool`` messages after the last user
+    message) answers with tool call k (one call per assistant turn, streamed
+    in several argument fragments, ``finish_reason: tool_calls``, unique id
+    ``call_<hex>``).  When every call has a result, the reply is the text
+    ``tools done: <result1> || <result2> ...`` (each tool message's content
+    verbatim, in order).  If the tool to call next is not in the request's
+    ``tools`` array the reply is the text ``tool not offered: NAME``.
+``[[tools-offered]]``
+    Reply with the sorted names of the tools in the request's ``tools``
+    array, joined by ``,``; ``(none)`` when no tools are offered (an empty
+    reply would make Hermes retry and print "No reply" instead).
+``[[recall]]``
+    Reply with the text of every EARLIER user message joined by `` | ``
+    (proves the model saw the previous turns of a resumed session).
+``[[slow:S]]``
+    Modifier, combinable with the text replies above (echo, recall,
+    tools-offered, tools done): the text is streamed in ~5 pieces spread over
+    S seconds (float).  Stops early on ``stop()`` or a closed client.
+(no directive)
+    ``echo #N: <last user message text>`` where N is the number of
+    user-role messages in the request (1 on a new session, 2 on the first
+    ``--resume`` ...).  The text is the whole message, directives included.
+
+Auxiliary calls
+---------------
+Hermes 0.19.0 makes side calls besides the main turn (e.g. session-title
+generation after the first turn, run in a background thread with
+``stream: false`` and the system prompt "Generate a short, descriptive
+title ...", whose user message embeds the user's text, directives
+included).  A request is AUXILIARY when it is not streamed (``stream`` is
+not true) AND its first system message does not look like the Hermes agent
+system prompt (i.e. it does not contain ``AUX_MAIN_MARKER``); or when its
+system prompt starts with one of ``AUX_SYSTEM_PREFIXES``.  Auxiliary calls
+ignore all directives and get a short plain answer (``Scripted test
+conversation``) immediately, so a ``[[hang]]`` or ``[[status:500]]`` test
+never wedges or breaks a side call.  A hand-written ``stream: false``
+request without a system prompt is NOT auxiliary, so unit tests can use the
+JSON path with directives.  ``main_requests()`` returns only streamed,
+non-auxiliary requests.
+
+Hermes home
+-----------
+``write_hermes_config`` writes a ``config.yaml`` pointing Hermes at this
+server with the settings that keep failures fast; ``hermes_env`` builds a
+clean environment for running the CLI.  See their docstrings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import socket
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ScriptedModel",
+    "write_hermes_config",
+    "hermes_env",
+    "parse_tool_directive",
+    "AUX_REPLY",
+    "DEFAULT_HERMES_BIN",
+]
+
+DEFAULT_HERMES_BIN = "/work/main/.hermes-venv/bin/hermes"
+
+AUX_REPLY = "Scripted test conversation"
+
+# Start of system prompts used by Hermes auxiliary tasks.
+AUX_SYSTEM_PREFIXES = (
+    "Generate a short, descriptive title",  # agent/title_generator.py
+)
+# Substring of the Hermes main agent system prompt (agent/prompt_builder.py).
+AUX_MAIN_MARKER = "Hermes Agent"
+
+_STATUS_RE = re.compile(r"\[\[status:(\d{3})\]\]")
+_HANG_RE = re.compile(r"\[\[hang\]\]")
+_SLOW_RE = re.compile(r"\[\[slow:(\d+(?:\.\d+)?)\]\]")
+_RECALL_RE = re.compile(r"\[\[recall\]\]")
+_OFFERED_RE = re.compile(r"\[\[tools-offered\]\]")
+_TOOLS_START = "[[tools:"
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
+
+_ERROR_TYPES = {
+    400: ("invalid_request_error", "bad_request"),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", "forbidden"),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    500: ("server_error", "internal_error"),
+    502: ("server_error", "bad_gateway"),
+    503: ("server_error", "overloaded"),
+}
+
+
+# --------------------------------------------------------------------------
+# message helpers
+
+
+def content_text(content: Any) -> str:
+    """Text of an OpenAI message ``content`` (string or list of parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    out.append(part["text"])
+            elif isinstance(part, str):
+                out.append(part)
+        return "".join(out)
+    return str(content)
+
+
+def _messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    return [m for m in msgs if isinstance(m, dict)] if isinstance(msgs, list) else []
+
+
+def _last_user_index(msgs: list[dict]) -> int:
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].get("role") == "user":
+            return i
+    return -1
+
+
+def _system_text(msgs: list[dict]) -> str:
+    for m in msgs:
+        if m.get("role") in ("system", "developer"):
+            return content_text(m.get("content"))
+    return ""
+
+
+def is_auxiliary(body: dict) -> bool:
+    """True for Hermes side calls (title generation etc.); see module doc."""
+    system = _system_text(_messages(body)).lstrip()
+    if any(system.startswith(p) for p in AUX_SYSTEM_PREFIXES):
+        return True
+    if body.get("stream") is True:
+        return False
+    return bool(system) and AUX_MAIN_MARKER not in system
+
+
+def _offered_tools(body: dict) -> list[str]:
+    names = []
+    for t in body.get("tools") or []:
+        if isinstance(t, dict):
+            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            name = fn.get("name")
+            if isinstance(name, str):
+                names.append(name)
+    return names
+
+
+def parse_tool_directive(text: str) -> list[tuple[str, dict]] | None:
+    """Parse the first ``[[tools:...]]`` directive in *text*.
+
+    Returns a list of ``(name, args)`` or None when there is no (valid)
+    directive.
+    """
+    start = text.find(_TOOLS_START)
+    if start < 0:
+        return None
+    pos = start + len(_TOOLS_START)
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, dict]] = []
+    n = len(text)
+
+    def skip_ws(p: int) -> int:
+        while p < n and text[p].isspace():
+            p += 1
+        return p
+
+    while True:
+        pos = skip_ws(pos)
+        m = _NAME_RE.match(text, pos)
+        if not m:
+            return None
+        name = m.group(0)
+        pos = skip_ws(m.end())
+        args: Any = {}
+        if pos < n and text[pos] == "{":
+            try:
+                args, pos = decoder.raw_decode(text, pos)
+            except ValueError:
+                return None
+            if not isinstance(args, dict):
+                return None
+            pos = skip_ws(pos)
+        calls.append((name, args))
+        if text.startswith("]]", pos):
+            return calls
+        if pos < n and text[pos] == ";":
+            pos += 1
+            continue
+        return None
+
+
+def _approx_tokens(obj: Any) -> int:
+    return max(1, len(json.dumps(obj, ensure_ascii=False)) // 4)
+
+
+# --------------------------------------------------------------------------
+# reply planning
+
+
+class _Plan:
+    """What to answer: an HTTP error, a hang, text, or one tool call."""
+
+    def __init__(self, kind: str, **kw: Any) -> None:
+        self.kind = kind  # "error" | "hang" | "text" | "tool_call"
+        self.status: int = kw.get("status", 200)
+        self.text: str = kw.get("text", "")
+        self.tool_name: str = kw.get("tool_name", "")
+        self.tool_args: dict = kw.get("tool_args", {})
+        self.slow: float = kw.get("slow", 0.0)
+
+
+def plan_reply(body: dict) -> _Plan:
+    if is_auxiliary(body):
+        return _Plan("text", text=AUX_REPLY)
+    msgs = _messages(body)
+    li = _last_user_index(msgs)
+    user_text = content_text(msgs[li].get("content")) if li >= 0 else ""
+    slow_m = _SLOW_RE.search(user_text)
+    slow = float(slow_m.group(1)) if slow_m else 0.0
+
+    m = _STATUS_RE.search(user_text)
+    if m:
+        return _Plan("error", status=int(m.group(1)))
+    if _HANG_RE.search(user_text):
+        return _Plan("hang")
+    calls = parse_tool_directive(user_text)
+    if calls is not None:
+        after = msgs[li + 1 :] if li >= 0 else []
+        results = [content_text(x.get("content")) for x in after if x.get("role") == "tool"]
+        step = len(results)
+        if step < len(calls):
+            name, args = calls[step]
+            if name not in _offered_tools(body):
+                return _Plan("text", text=f"tool not offered: {name}", slow=slow)
+            return _Plan("tool_call", tool_name=name, tool_args=args)
+        return _Plan("text", text="tools done: " + " || ".join(results), slow=slow)
+    if _OFFERED_RE.search(user_text):
+        names = sorted(_offered_tools(body))
+        return _Plan("text", text=",".join(names) if names else "(none)", slow=slow)
+    user_msgs = [content_text(x.get("content")) for x in msgs if x.get("role") == "user"]
+    if _RECALL_RE.search(user_text):
+        return _Plan("text", text=" | ".join(user_msgs[:-1]), slow=slow)
+    return _Plan("text", text=f"echo #{len(user_msgs)}: {user_text}", slow=slow)
+
+
+# --------------------------------------------------------------------------
+# HTTP server
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    scripted: "ScriptedModel"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # keep test output quiet
+
+    # -- plumbing ---------------------------------------------------------
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.scripted._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.scripted._track(self.connection, False)
+
+    def _send_json(self, status: int, obj: Any, headers: dict | None = None) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _send_error_json(self, status: int, message: str, headers: dict | None = None) -> None:
+        etype, code = _ERROR_TYPES.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+        self._send_json(
+            status,
+            {"error": {"message": message, "type": etype, "param": None, "code": code}},
+            headers,
+        )
+
+    def _read_body(self) -> bytes:
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n > 0 else b""
+
+    def _client_gone_or_stopped(self, timeout: float) -> bool:
+        """Wait up to *timeout*; True if stop() was called or the peer closed."""
+        stop = self.server.scripted._stop_event
+        if stop.wait(0) :
+            return True
+        try:
+            r, _, _ = select.select([self.connection], [], [], timeout)
+        except (OSError, ValueError):
+            return True
+        if r:
+            try:
+                if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                    return True
+            except OSError:
+                return True
+            # unexpected pipelined data: just keep waiting without spinning
+            time.sleep(min(timeout, 0.05))
+        return stop.is_set()
+
+    # -- routes -----------------------------------------------------------
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        sm = self.server.scripted
+        if path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [sm._model_obj()]})
+        elif path.startswith("/v1/models/") and path[len("/v1/models/"):] == sm.model_id:
+            self._send_json(200, sm._model_obj())
+        else:
+            self._send_error_json(404, f"not found: GET {path}")
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/")
+        raw = self._read_body()
+        if path != "/v1/chat/completions":
+            self._send_error_json(404, f"not found: POST {path}")
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body is not an object")
+        except ValueError as e:
+            self._send_error_json(400, f"invalid JSON body: {e}")
+            return
+        sm = self.server.scripted
+        sm._record(body, dict(self.headers.items()))
+        plan = plan_reply(body)
+        try:
+            if plan.kind == "error":
+                headers = {"Retry-After": "1"} if plan.status == 429 else None
+                self._send_error_json(plan.status, f"scripted HTTP {plan.status} error", headers)
+            elif plan.kind == "hang":
+                self.close_connection = True
+                while not self._client_gone_or_stopped(0.2):
+                    pass
+            elif body.get("stream") is True:
+                self._stream(body, plan)
+            else:
+                self._complete(body, plan)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            self.close_connection = True
+
+    # -- replies ----------------------------------------------------------
+
+    def _usage(self, body: dict, completion: Any) -> dict:
+        p = _approx_tokens(body.get("messages"))
+        c = _approx_tokens(completion)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _complete(self, body: dict, plan: _Plan) -> None:
+        if plan.slow and self._client_gone_or_stopped(plan.slow):
+            self.close_connection = True
+            return
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        if plan.kind == "tool_call":
+            message["tool_calls"] = [
+                {
+                    "id": _call_id(),
+                    "type": "function",
+                    "function": {"name": plan.tool_name, "arguments": json.dumps(plan.tool_args)},
+                }
+            ]
+            finish = "tool_calls"
+        else:
+            message["content"] = plan.text
+            finish = "stop"
+        self._send_json(
+            200,
+            {
+                "id": "chatcmpl-" + uuid.uuid4().hex[:24],
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.server.scripted.model_id,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": self._usage(body, message),
+            },
+        )
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _stream(self, body: dict, plan: _Plan) -> None:
+        cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        model = self.server.scripted.model_id
+
+        def frame(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
+            obj: dict[str, Any] = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [] if delta is None else [
+                    {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+                ],
+            }
+            if usage is not None:
+                obj["usage"] = usage
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._write_chunk(frame({"role": "assistant", "content": ""}))
+
+        if plan.kind == "tool_call":
+            args = json.dumps(plan.tool_args)
+            self._write_chunk(frame({"tool_calls": [{
+                "index": 0, "id": _call_id(), "type": "function",
+                "function": {"name": plan.tool_name, "arguments": ""},
+            }]}))
+            step = max(1, (len(args) + 2) // 3)
+            for i in range(0, len(args), step):
+                self._write_chunk(frame({"tool_calls": [{
+                    "index": 0, "function": {"arguments": args[i:i + step]},
+                }]}))
+            self._write_chunk(frame({}, "tool_calls"))
+            completion: Any = {"tool": plan.tool_name, "arguments": args}
+        else:
+            pieces = _split(plan.text, 5 if plan.slow else 3)
+            delay = plan.slow / len(pieces) if plan.slow else 0.0
+            for piece in pieces:
+                if delay and self._client_gone_or_stopped(delay):
+                    self.close_connection = True
+                    return
+                self._write_chunk(frame({"content": piece}))
+            self._write_chunk(frame({}, "stop"))
+            completion = plan.text
+
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            self._write_chunk(frame(None, usage=self._usage(body, completion)))
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")  # terminating zero-length chunk
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _split(text: str, n: int) -> list[str]:
+    if not text:
+        return [""]
+    size = max(1, -(-len(text) // n))
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+class ScriptedModel:
+    """A scripted OpenAI-compatible chat-completions server (see module doc)."""
+
+    def __init__(self, model_id: str = "scripted-model") -> None:
+        self.model_id = model_id
+        self.base_url = ""
+        self.requests: list[dict] = []  # every chat-completions body, in arrival order
+        self.request_headers: list[dict] = []  # headers of each, same order
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._conns: set[socket.socket] = set()
+
+    # public ---------------------------------------------------------------
+
+    def start(self) -> "ScriptedModel":
+        if self._server is not None:
+            return self
+        self._stop_event.clear()
+        srv = _Server(("127.0.0.1", 0), _Handler)
+        srv.scripted = self
+        self._server = srv
+        port = srv.server_address[1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self._thread = threading.Thread(
+            target=srv.serve_forever, kwargs={"poll_interval": 0.1},
+            name=f"scripted-model-{port}", daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; hanging/slow requests are released (connection dropped)."""
+        srv = self._server
+        if srv is None:
+            return
+        self._stop_event.set()
+        srv.shutdown()
+        srv.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:  # idle keep-alive connections and anything still open
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None:
+            self._thread.join(5)
+        self._server = None
+        self._thread = None
+
+    def main_requests(self) -> list[dict]:
+        """Main-turn requests only: ``stream: true`` and not auxiliary."""
+        with self._lock:
+            reqs = list(self.requests)
+        return [r for r in reqs if r.get("stream") is True and not is_auxiliary(r)]
+
+    def aux_requests(self) -> list[dict]:
+        with self._lock:
+            reqs = list(self.requests)
+        return [r for r in reqs if is_auxiliary(r)]
+
+    def requests_with(self, marker: str) -> list[dict]:
+        """Main requests whose last user message contains *marker*."""
+        out = []
+        for r in self.main_requests():
+            msgs = _messages(r)
+            i = _last_user_index(msgs)
+            if i >= 0 and marker in content_text(msgs[i].get("content")):
+                out.append(r)
+        return out
+
+    def __enter__(self) -> "ScriptedModel":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # internal ---------------------------------------------------------------
+
+    def _record(self, body: dict, headers: dict) -> None:
+        with self._lock:
+            self.requests.append(body)
+            self.request_headers.append(headers)
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            (self._conns.add if add else self._conns.discard)(conn)
+
+    def _model_obj(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": 1700000000, "owned_by": "scripted"}
+
+
+# --------------------------------------------------------------------------
+# Hermes home helpers
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_merge(base[k], v)
+        else:
+            base[k] = v
+    return base
+
+
+def _yaml(obj: Any, indent: int = 0) -> str:
+    """Tiny YAML emitter: block mappings/lists, JSON-quoted scalars."""
+    pad = "  " * indent
+    lines = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            key = json.dumps(str(k))
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{key}:\n{_yaml(v, indent + 1)}")
+            else:
+                lines.append(f"{pad}{key}: {_scalar(v)}")
+    elif isinstance(obj, list):
+        for v in obj:
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}-\n{_yaml(v, indent + 1)}")
+            else:
+                lines.append(f"{pad}- {_scalar(v)}")
+    return "\n".join(lines)
+
+
+def _scalar(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{}"
+    if isinstance(v, list):
+        return "[]"
+    return json.dumps(v)  # strings double-quoted, true/false/null, numbers
+
+
+def hermes_config(base_url: str, model: str, api_key_env: str, extra: dict | None = None) -> dict:
+    """The config dict written by :func:`write_hermes_config`."""
+    cfg: dict[str, Any] = {
+        "model": {
+            "provider": "custom",
+            "base_url": base_url,
+            "default": model,
+            "api_key": "${%s}" % api_key_env,
+            "context_length": 128000,  # no context-size probing of the endpoint
+        },
+        "agent": {
+            "api_max_retries": 1,  # 1 = single attempt (min 1): 429/500 fail without retry loop
+        },
+        "providers": {
+            # read by hermes_cli/timeouts.py for provider id "custom": bounds
+            # connect/read of the main streaming call (default 1800 s locally)
+            "custom": {"request_timeout_seconds": 1800},
+        },
+        "security": {
+            "tirith_enabled": False,  # else downloads a scanner, warning on STDOUT
+            "allow_lazy_installs": False,  # else pip-installs extras at run time
+        },
+    }
+    if extra:
+        _deep_merge(cfg, extra)
+    return cfg
+
+
+def write_hermes_config(
+    home: Path | str,
+    base_url: str,
+    model: str,
+    api_key_env: str,
+    extra: dict | None = None,
+) -> Path:
+    """Write ``<home>/config.yaml`` pointing Hermes at *base_url*.
+
+    *extra* is deep-merged into the config (e.g. ``{"plugins": {"enabled":
+    ["x"]}}``).  Returns the path written.
+    """
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "config.yaml"
+    path.write_text(_yaml(hermes_config(base_url, model, api_key_env, extra)) + "\n", encoding="utf-8")
+    return path
+
+
+def hermes_env(
+    home: Path | str,
+    api_key_env: str,
+    api_key: str = "sk-scripted-test-key",
+    extra: dict | None = None,
+) -> dict[str, str]:
+    """A clean environment for running ``hermes`` against the scripted model."""
+    home = str(home)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": home,
+        "HERMES_HOME": home,
+        "LANG": "C.UTF-8",
+        api_key_env: api_key,
+        "HERMES_STREAM_RETRIES": "0",  # no mid-stream reconnect attempts
+    }
+    if extra:
+        env.update(extra)
+    return env
