@@ -53,6 +53,9 @@ class SessionStore:
         self._mutex = threading.Lock()
         self._cache: tuple[tuple, dict] | None = None
         self._read()   # fail fast on a corrupt file
+        with self._lock:   # no writer is mid-write now: drop temp files a kill -9 left behind
+            for stale in self.path.parent.glob(".sessions.*.tmp"):
+                stale.unlink(missing_ok=True)
 
     # -- reading ---------------------------------------------------------
     def _read(self) -> dict:

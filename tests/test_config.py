@@ -1,0 +1,132 @@
+"""Config loading, validation messages and the operator commands (issue #2 items 1-2)."""
+import hashlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, base_config, deep_merge
+from hermes_service.config import ConfigError, build_config, load_config
+
+
+def problems(cfg: dict) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        build_config(cfg, source="c.yaml")
+    return exc.value.problems
+
+
+def test_shipped_config_is_valid(monkeypatch):
+    monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
+    cfg = load_config(ROOT / "config.yaml")
+    assert cfg["service"]["port"] == 9123 and cfg["service"]["host"] == "127.0.0.1"
+    assert cfg["hermes"]["toolsets"] == []
+    assert cfg.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
+
+
+def test_spec_example_keys_are_all_accepted():
+    # the example config of the spec (§配置文件), verbatim but with a longer key
+    spec = yaml.safe_load("""
+security:
+  enable_ip_check: true
+  allowed_ips: ["127.0.0.1", "203.0.113.7"]
+  enable_api_key: true
+  auth_method: "header"
+  api_key_header: "X-API-Key"
+  api_keys:
+    - key: "your-api-key-0123456789"
+      description: "Production key"
+      expires_at: null
+nginx:
+  trusted_proxies: ["127.0.0.1"]
+  enable_real_ip: false
+service: {host: "127.0.0.1", port: 9123, log_level: "info"}
+cors: {allow_origins: ["https://mnote.example"], allow_credentials: true,
+       allow_methods: ["*"], allow_headers: ["*"]}
+""")
+    cfg = build_config(spec)
+    assert [str(n) for n in cfg.allowed_networks] == ["127.0.0.1/32", "203.0.113.7/32"]
+
+
+def test_unknown_key_names_the_key_and_hints():
+    out = problems({"security": {"enable_ip_chek": True}})
+    assert out == ["c.yaml:security: unknown key 'enable_ip_chek' (did you mean 'enable_ip_check'?)"]
+
+
+def test_every_problem_is_reported_as_file_key_problem():
+    out = problems(deep_merge(base_config(ROOT), {
+        "security": {"allowed_ips": ["10.0.0.0/33", "::1"],
+                     "api_keys": [{"key": "k" * 20, "expires_at": "soon"}]},
+        "cors": {"allow_origins": ["*"], "allow_credentials": True}}))
+    assert any(p.startswith("c.yaml:security.allowed_ips.0:") for p in out)
+    assert any(p.startswith("c.yaml:security.api_keys.0.expires_at:") for p in out)
+    assert any(p.startswith("c.yaml:cors.allow_origins:") for p in out)
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"service": {"port": "80"}}, "service.port"),
+    ({"security": {"auth_method": "cookie"}}, "security.auth_method"),
+    ({"security": {"api_keys": [{"key": "short"}]}}, "security.api_keys.0.key"),
+    ({"security": {"api_keys": [{"key": "k" * 20, "key_sha256": "0" * 64}]}}, "security.api_keys.0"),
+    ({"hermes": {"model": {"api_key_env": "NOT-A-NAME"}}}, "hermes.model.api_key_env"),
+    ({"hermes": {"execute": {"allowed": [["chat"]]}}}, "hermes.execute.allowed.0"),
+])
+def test_bad_values_are_named(bad, where):
+    out = problems(deep_merge(base_config(ROOT), bad))
+    assert any(p.startswith(f"c.yaml:{where}:") for p in out), out
+
+
+def test_key_env_and_sha256(monkeypatch):
+    digest = hashlib.sha256(b"a-key-from-a-digest!").hexdigest()
+    monkeypatch.setenv("K_ENV", "a-key-from-the-env!!")
+    cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
+        {"key_sha256": digest}, {"key_env": "K_ENV"}]}}))
+    assert [k.sha256 for k in cfg.api_keys] == [digest,
+                                                hashlib.sha256(b"a-key-from-the-env!!").hexdigest()]
+    monkeypatch.delenv("K_ENV")
+    assert problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [{"key_env": "K_ENV"}]}}))
+
+
+def run_main(*args, env=None):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=60)
+
+
+def test_check_config_exits_non_zero_with_file_key_lines(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("security:\n  enable_ip_chek: true\nservice:\n  port: 99999\n")
+    res = run_main("--config", str(bad), "check-config")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert f"{bad}:security: unknown key 'enable_ip_chek' (did you mean 'enable_ip_check'?)" in lines
+    assert any(line.startswith(f"{bad}:service.port:") for line in lines)
+
+
+def test_bad_config_never_starts_a_server(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("service: [not, a, mapping]\n")
+    res = run_main("--config", str(bad), "--port", "0")
+    assert res.returncode == 2 and "service" in res.stderr
+
+
+def test_yaml_syntax_error_has_a_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("service:\n  port: [1\n")
+    res = run_main("--config", str(bad), "check-config")
+    assert res.returncode == 2 and f"{bad}:" in res.stderr and "YAML syntax error" in res.stderr
+
+
+def test_check_config_ok(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(base_config(tmp_path)))
+    res = run_main("--config", str(good), "check-config")
+    assert res.returncode == 0, res.stderr
+    assert "OK" in res.stdout
+
+
+def test_keygen_prints_key_and_matching_digest():
+    res = run_main("keygen")
+    assert res.returncode == 0
+    fields = dict(line.split(":", 1) for line in res.stdout.strip().splitlines())
+    key, digest = fields["key"].strip(), fields["key_sha256"].strip()
+    assert len(key) >= 32 and hashlib.sha256(key.encode()).hexdigest() == digest
