@@ -52,7 +52,8 @@ ENVELOPE_SCHEMA = {
     "additionalProperties": False,
     "properties": {
         "toolName": {"type": "string", "minLength": 1, "maxLength": 128},
-        "workspaceId": _REF, "documentId": _REF, "actorId": _REF,
+        "workspaceId": _REF, "documentId": _REF,
+        "actorId": {"type": "string", "maxLength": 256},  # empty/absent → permission_denied (未登录)
         "sessionId": _REF, "runId": _REF, "toolCallId": _REF, "traceId": _REF,
         "idempotencyKey": _REF,
         "dryRun": _BOOL,

@@ -152,7 +152,9 @@ class ToolExecutor:
 
         Success: ``ok: true``, ``result`` per tool, ``audit.effect`` read | write | dry_run and
         ``audit.commandId`` (writes only).  A replayed idempotent call returns the stored
-        result and commandId of the first call.  Failure: ``ok: false``, ``result: null``,
+        result and audit (commandId) of the first call, with this call's toolCallId/traceId.
+        Envelope fields with value ``null`` count as absent; unknown envelope fields are
+        rejected.  Failure: ``ok: false``, ``result: null``,
         ``audit.effect: "none"``, ``error: {code, message}``; messages never carry page
         title, body or artifact text.
         """
@@ -173,13 +175,13 @@ class ToolExecutor:
                 tool_call_id=env["toolCallId"], trace_id=env["traceId"],
                 idempotency_key=env.get("idempotencyKey"), dry_run=spec.writes and env.get("dryRun", False))
             res = self._handlers[spec.name](ctx, args)
+            if spec.name == "mnote.page.get":
+                res = CommandResult(self._shape_page(res.result, args), res.effect)
         except ToolError as exc:
             return self._envelope(echo, None, error={"code": exc.code, "message": exc.message})
         except Exception:  # noqa: BLE001 - the contract wants an envelope, never a 500
             log.exception("mnote tool %s failed", echo["toolName"])
             return self._envelope(echo, None, error={"code": CODE_INTERNAL, "message": "工具执行失败（内部错误），请稍后重试"})
-        if spec.name == "mnote.page.get":
-            res = CommandResult(self._shape_page(res.result, args), res.effect)
         return self._envelope(echo, res)
 
     def _validate(self, envelope: Any) -> tuple[ToolSpec, dict, dict]:

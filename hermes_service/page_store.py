@@ -8,7 +8,7 @@ permissions, idempotency, dryRun and the audit log, so another adapter
 (e.g. one forwarding to mnote's own kernel) can implement the same
 commands.  :class:`SQLitePageStore` is the only implementation.
 
-SQLite: WAL, ``busy_timeout``, one connection per call, and every write of
+SQLite: WAL, ``busy_timeout``, one connection per thread, and every write of
 one command in a single ``BEGIN IMMEDIATE`` transaction (permission check,
 idempotency lookup, page/artifact writes, audit row and idempotency record),
 so several threads and processes can share one database file.
@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import secrets
 import sqlite3
-from contextlib import closing, contextmanager
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -256,38 +258,53 @@ class SQLitePageStore:
 
     def __init__(self, path: str | Path = "data/mnote.db", *, busy_timeout: float = 10.0):
         if str(path) == ":memory:" or str(path).startswith("file:"):
-            raise StoreInputError("SQLitePageStore needs a file path (one connection per call)")
+            raise StoreInputError("SQLitePageStore needs a file path (one connection per thread)")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.busy_timeout = busy_timeout
-        with closing(self._connect()) as con:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA_SQL}COMMIT;")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+        con = self._connection()
+        con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA_SQL}COMMIT;")
 
     # ---- connections
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
-                              check_same_thread=False)
-        con.row_factory = sqlite3.Row
-        con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-        con.execute("PRAGMA foreign_keys=ON")
-        con.execute("PRAGMA synchronous=NORMAL")
+    def _connection(self) -> sqlite3.Connection:
+        """This thread's connection (re-opened after a fork)."""
+        pid, con = getattr(self._local, "con", (None, None))
+        if pid != os.getpid():
+            con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                                  check_same_thread=False)
+            con.row_factory = sqlite3.Row
+            con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            con.execute("PRAGMA foreign_keys=ON")
+            con.execute("PRAGMA synchronous=NORMAL")
+            self._local.con = (os.getpid(), con)
+            with self._lock:
+                self._connections.append(con)
         return con
+
+    def close(self) -> None:
+        """Close every connection this store opened (call when no command is running)."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for con in connections:
+            con.close()
+        self._local = threading.local()
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
         """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to read."""
-        con = self._connect()
+        con = self._connection()
+        con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
-            con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             yield con
             con.execute("COMMIT" if write else "ROLLBACK")
         except BaseException:
             if con.in_transaction:
                 con.execute("ROLLBACK")
             raise
-        finally:
-            con.close()
 
     # ---- permissions (contract §5: actor, member, page read, page write, artifact write)
     @staticmethod

@@ -66,20 +66,35 @@ Directives (in the last user message; first match in this order wins)
 
 Auxiliary calls
 ---------------
-Hermes 0.19.0 makes side calls besides the main turn (e.g. session-title
-generation after the first turn, run in a background thread with
-``stream: false`` and the system prompt "Generate a short, descriptive
-title ...", whose user message embeds the user's text, directives
-included).  A request is AUXILIARY when it is not streamed (``stream`` is
-not true) AND its first system message does not look like the Hermes agent
-system prompt (i.e. it does not contain ``AUX_MAIN_MARKER``); or when its
-system prompt starts with one of ``AUX_SYSTEM_PREFIXES``.  Auxiliary calls
-ignore all directives and get a short plain answer (``Scripted test
-conversation``) immediately, so a ``[[hang]]`` or ``[[status:500]]`` test
-never wedges or breaks a side call.  A hand-written ``stream: false``
-request without a system prompt is NOT auxiliary, so unit tests can use the
-JSON path with directives.  ``main_requests()`` returns only streamed,
-non-auxiliary requests.
+Besides the main turn, Hermes 0.19.0 can make side calls that embed the
+user's text (directives included):
+
+* session-title generation (``agent/title_generator.py``): system prompt
+  "Generate a short, descriptive title ...", user "User: <text> ...",
+  ``stream`` not true.  NOT made by ``hermes chat -Q`` (only the interactive
+  CLI and the gateway call it) - measured: a ``-Q`` turn sends exactly one
+  request per model call, all ``stream: true``;
+* context compression (``agent/context_compressor.py``): a single user
+  message, no system prompt, not streamed (only near the context limit);
+* background memory/skill review (``agent/background_review.py``): a forked
+  agent that replays the conversation with the main system prompt and a last
+  user message "Review the conversation above ..." (every
+  ``memory.nudge_interval`` user turns / ``skills.creation_nudge_interval``
+  tool iterations, default 10; ``write_hermes_config`` sets both to 0).
+
+:func:`is_auxiliary` says a request is auxiliary when
+
+1. its first system message starts with one of ``AUX_SYSTEM_PREFIXES``, or
+2. its last user message starts with one of ``AUX_USER_PREFIXES``, or
+3. ``stream`` is not true, unless its first message is a system message
+   containing ``AUX_MAIN_MARKER`` ("Hermes Agent": Hermes' main prompt, in
+   case a main turn falls back to non-streaming) or the body carries
+   ``"scripted_main": true`` (for hand-written unit-test requests).
+
+Auxiliary calls ignore every directive and immediately get the short plain
+answer ``AUX_REPLY`` (``Scripted test conversation``), streamed or not, so a
+``[[hang]]`` or ``[[status:500]]`` test never wedges or breaks a side call.
+``main_requests()`` returns only streamed, non-auxiliary requests.
 
 Hermes home
 -----------
@@ -119,7 +134,11 @@ AUX_REPLY = "Scripted test conversation"
 AUX_SYSTEM_PREFIXES = (
     "Generate a short, descriptive title",  # agent/title_generator.py
 )
-# Substring of the Hermes main agent system prompt (agent/prompt_builder.py).
+# Start of the last user message of Hermes auxiliary agents.
+AUX_USER_PREFIXES = (
+    "Review the conversation above",  # agent/background_review.py
+)
+# Substring of the Hermes main agent system prompt (SOUL.md / prompt_builder).
 AUX_MAIN_MARKER = "Hermes Agent"
 
 _STATUS_RE = re.compile(r"\[\[status:(\d{3})\]\]")
@@ -185,12 +204,20 @@ def _system_text(msgs: list[dict]) -> str:
 
 def is_auxiliary(body: dict) -> bool:
     """True for Hermes side calls (title generation etc.); see module doc."""
-    system = _system_text(_messages(body)).lstrip()
+    msgs = _messages(body)
+    system = _system_text(msgs).lstrip()
     if any(system.startswith(p) for p in AUX_SYSTEM_PREFIXES):
         return True
-    if body.get("stream") is True:
+    li = _last_user_index(msgs)
+    if li >= 0:
+        last = content_text(msgs[li].get("content")).lstrip()
+        if any(last.startswith(p) for p in AUX_USER_PREFIXES):
+            return True
+    if body.get("stream") is True or body.get("scripted_main") is True:
         return False
-    return bool(system) and AUX_MAIN_MARKER not in system
+    first_is_main_system = bool(msgs) and msgs[0].get("role") in ("system", "developer") \
+        and AUX_MAIN_MARKER in system
+    return not first_is_main_system
 
 
 def _offered_tools(body: dict) -> list[str]:
@@ -357,7 +384,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _client_gone_or_stopped(self, timeout: float) -> bool:
         """Wait up to *timeout*; True if stop() was called or the peer closed."""
         stop = self.server.scripted._stop_event
-        if stop.wait(0) :
+        if stop.is_set():
             return True
         try:
             r, _, _ = select.select([self.connection], [], [], timeout)
@@ -631,13 +658,16 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return base
 
 
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
 def _yaml(obj: Any, indent: int = 0) -> str:
     """Tiny YAML emitter: block mappings/lists, JSON-quoted scalars."""
     pad = "  " * indent
     lines = []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            key = json.dumps(str(k))
+            key = str(k) if _PLAIN_KEY_RE.match(str(k)) else json.dumps(str(k))
             if isinstance(v, (dict, list)) and v:
                 lines.append(f"{pad}{key}:\n{_yaml(v, indent + 1)}")
             else:
@@ -660,27 +690,47 @@ def _scalar(v: Any) -> str:
 
 
 def hermes_config(base_url: str, model: str, api_key_env: str, extra: dict | None = None) -> dict:
-    """The config dict written by :func:`write_hermes_config`."""
+    """The config dict written by :func:`write_hermes_config` (*extra* deep-merged).
+
+    Key names as read by hermes-agent 0.19.0 (src paths in site-packages):
+
+    * ``model.provider: custom`` + ``base_url`` + ``default`` + ``api_key``
+      (``${VAR}`` expanded from the environment); ``model.context_length``
+      skips probing the endpoint for its context size.
+    * ``agent.api_max_retries`` (agent/agent_init.py; default 3, min 1 = a
+      single attempt): with 1, a 401/429/500 fails after one request, in the
+      time of a normal turn (~6-7 s) instead of ~15 s.
+    * ``security.tirith_enabled: false`` (else it tries to download a scanner
+      and warns on STDOUT), ``security.allow_lazy_installs: false``.
+    * ``memory.nudge_interval: 0`` and ``skills.creation_nudge_interval: 0``
+      (agent/agent_init.py): no background memory/skill review agent (an
+      extra model conversation every 10 user turns / 10 tool iterations).
+
+    Not set here, documented for callers (pass via *extra*):
+
+    * ``providers.custom.request_timeout_seconds: N`` (hermes_cli/timeouts.py,
+      provider id ``custom``): connect/read timeout of each model call.
+      Without it a local base_url gets 1800 s (``HERMES_API_TIMEOUT``) and the
+      stream stale detector 900 s (``agent.local_stream_stale_timeout`` /
+      ``HERMES_LOCAL_STREAM_STALE_TIMEOUT``), so a hung model keeps the CLI
+      waiting ~15 min - i.e. a hang stays a hang until you kill it.  With
+      N=3 a hung model failed after 17 s (timeout, one hard-coded "primary
+      recovery" retry ~4 s later, timeout again), rc 1.
+    * ``providers.custom.stale_timeout_seconds`` likewise for the stale
+      detector.
+    """
     cfg: dict[str, Any] = {
         "model": {
             "provider": "custom",
             "base_url": base_url,
             "default": model,
             "api_key": "${%s}" % api_key_env,
-            "context_length": 128000,  # no context-size probing of the endpoint
+            "context_length": 128000,
         },
-        "agent": {
-            "api_max_retries": 1,  # 1 = single attempt (min 1): 429/500 fail without retry loop
-        },
-        "providers": {
-            # read by hermes_cli/timeouts.py for provider id "custom": bounds
-            # connect/read of the main streaming call (default 1800 s locally)
-            "custom": {"request_timeout_seconds": 1800},
-        },
-        "security": {
-            "tirith_enabled": False,  # else downloads a scanner, warning on STDOUT
-            "allow_lazy_installs": False,  # else pip-installs extras at run time
-        },
+        "agent": {"api_max_retries": 1},
+        "memory": {"nudge_interval": 0},
+        "skills": {"creation_nudge_interval": 0},
+        "security": {"tirith_enabled": False, "allow_lazy_installs": False},
     }
     if extra:
         _deep_merge(cfg, extra)
@@ -712,7 +762,12 @@ def hermes_env(
     api_key: str = "sk-scripted-test-key",
     extra: dict | None = None,
 ) -> dict[str, str]:
-    """A clean environment for running ``hermes`` against the scripted model."""
+    """A clean environment for running ``hermes`` against the scripted model.
+
+    PATH, HOME=HERMES_HOME=*home*, LANG=C.UTF-8, the API key variable, and
+    ``HERMES_STREAM_RETRIES=0`` (agent/chat_completion_helpers.py, default 2:
+    mid-stream reconnect attempts).  *extra* is added last.
+    """
     home = str(home)
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
