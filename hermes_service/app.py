@@ -158,6 +158,13 @@ def create_app(config: Config) -> Flask:
         log.exception("unhandled error rid=%s", g.get("request_id"))
         return render_error(ServiceError("internal error", code="internal_error"))
 
+    from .runs import RunManager
+    from .mnote_client import bp as mnote_client, client_code, legacy_bp
+    hermes = config["hermes"]
+    svc.runs = RunManager(config["mnote"]["events_retention_seconds"],
+                          max_active=hermes["max_concurrent_runs"] * 4, code_for=client_code)
     from .api_v1 import bp as v1
     app.register_blueprint(v1)
+    app.register_blueprint(mnote_client)
+    app.register_blueprint(legacy_bp)
     return app

@@ -106,9 +106,13 @@ class Conversations:
             local.release()
 
     def send(self, session_id: str, message: str, owner: str | None = None, *, prompt: str | None = None,
-             extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None
+             extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None,
+             model: str | None = None, toolsets: list[str] | None = None
              ) -> tuple[dict, ChatResult]:
         """Run one turn: ``prompt`` (default ``message``) goes to Hermes.
+
+        ``extra_env`` is added to this run's CLI environment only; ``model`` is passed as
+        ``-m``; ``toolsets`` are offered in addition to ``hermes.toolsets``.
 
         Returns (updated record, result). Raises NotFound, TooLarge, Conflict
         (``session_busy``), TooManyRuns, Unconfigured or a RunError.
@@ -122,7 +126,8 @@ class Conversations:
             result = self.runner.run_chat(
                 prompt if prompt is not None else message, rec.get("hermes_session_id"), env,
                 str(home.root), on_spawn=on_spawn, cancel=cancel,
-                log_ctx={"user": rec["user_id"], "session": session_id})
+                log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
+                toolsets=toolsets)
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())

@@ -221,11 +221,18 @@ class HermesRunner:
         return found
 
     @contextmanager
-    def slot(self):
-        """Hold one CLI slot; raises :class:`TooManyRuns` after ``queue_wait_seconds``."""
-        if not self._slots.acquire(timeout=self.queue_wait):
-            raise TooManyRuns("too many Hermes runs in progress; retry later",
-                              headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+    def slot(self, cancel: threading.Event | None = None):
+        """Hold one CLI slot; raises :class:`TooManyRuns` after ``queue_wait_seconds``.
+
+        While waiting, a set ``cancel`` event ends the wait with ``run_cancelled``.
+        """
+        deadline = time.monotonic() + self.queue_wait
+        while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if cancel is not None and cancel.is_set():
+                raise RunError("the run was aborted", code="run_cancelled", status=409)
+            if time.monotonic() >= deadline:
+                raise TooManyRuns("too many Hermes runs in progress; retry later",
+                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
         try:
             yield
         finally:
@@ -236,17 +243,25 @@ class HermesRunner:
         """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot."""
         return CliProcess([self.command_path(), *args], env, cwd, max_output_bytes)
 
-    def chat_args(self, message: str, resume_id: str | None) -> list[str]:
-        """argv after the command for one turn (``--query=`` so a leading ``--`` stays text)."""
+    def chat_args(self, message: str, resume_id: str | None, model: str | None = None,
+                  toolsets: list[str] | None = None) -> list[str]:
+        """argv after the command for one turn (``--query=`` so a leading ``--`` stays text).
+
+        ``toolsets`` are added to ``hermes.toolsets`` (e.g. the mnote plugin's for mnote runs).
+        """
+        sets = [*self.toolsets, *(toolsets or [])]
         args = ["chat", f"--query={message}", "-Q", "--source", "tool",
-                "-t", ",".join(self.toolsets) if self.toolsets else NO_TOOLSETS]
+                "-t", ",".join(sets) if sets else NO_TOOLSETS]
+        if model:
+            args += ["-m", model]
         if resume_id:
             args += ["--resume", resume_id]
         return args
 
     def run_chat(self, message: str, resume_id: str | None, env: dict, cwd: str,
                  on_spawn=None, cancel: threading.Event | None = None,
-                 log_ctx: dict | None = None) -> ChatResult:
+                 log_ctx: dict | None = None, model: str | None = None,
+                 toolsets: list[str] | None = None) -> ChatResult:
         """Run one turn to the end and return its :class:`ChatResult`.
 
         ``on_spawn(proc)`` is called with each :class:`CliProcess` started (for
@@ -254,8 +269,12 @@ class HermesRunner:
         run (``resumed=False``, ``notice`` set). Raises a :class:`ServiceError`
         from :func:`classify_failure`, or :class:`TooManyRuns`/:class:`Unconfigured`.
         """
-        with self.slot():
-            outcome = self._turn(message, resume_id, env, cwd, on_spawn, cancel, log_ctx)
+        def turn(resume):
+            return self._turn(self.chat_args(message, resume, model, toolsets), env, cwd,
+                              on_spawn, cancel, log_ctx)
+
+        with self.slot(cancel):
+            outcome = turn(resume_id)
             notice = None
             if outcome.returncode != 0 and resume_id and outcome.killed is None:
                 err = classify_failure(outcome)
@@ -264,21 +283,24 @@ class HermesRunner:
                     notice = ("the earlier Hermes conversation could not be found; "
                               "a new conversation was started")
                     resume_id = None
-                    outcome = self._turn(message, None, env, cwd, on_spawn, cancel, log_ctx)
+                    outcome = turn(None)
         if outcome.returncode != 0 or outcome.killed:
             raise classify_failure(outcome)
         return ChatResult(outcome.stdout.strip("\n"), session_id_from_stderr(outcome.stderr),
                           outcome.returncode, outcome.duration, resumed=bool(resume_id),
                           notice=notice)
 
-    def _turn(self, message, resume_id, env, cwd, on_spawn, cancel, log_ctx) -> Outcome:
-        proc = self.spawn(self.chat_args(message, resume_id), env, cwd)
+    def _turn(self, args: list[str], env, cwd, on_spawn, cancel, log_ctx) -> Outcome:
+        """One CLI process to its end (the seam unit tests replace)."""
+        if cancel is not None and cancel.is_set():
+            return Outcome(-1, "", "", 0.0, killed="cancelled")
+        proc = self.spawn(args, env, cwd)
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.timeout, self.stall_timeout, cancel)
         log.info("hermes chat %s rc=%s killed=%s duration_ms=%d resume=%s",
                  " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items()), outcome.returncode,
-                 outcome.killed, outcome.duration * 1000, bool(resume_id))
+                 outcome.killed, outcome.duration * 1000, "--resume" in args)
         if outcome.returncode != 0:
             log.debug("hermes chat failed; stderr tail: %s", outcome.stderr[-2000:])
         return outcome

@@ -1,0 +1,439 @@
+"""mnote client-proxy routes ``/api/hermes/client/*`` (contract: hermes-client-proxy-contract-v1).
+
+Caller: mnote-web's server, with its API key (core auth). The end user is
+named by ``X-Mnote-Actor-Id``; it is the service's ``user_id`` and so picks
+the Hermes home. A key bound to an actor (``api_keys[].actor_id``) accepts
+that header only if it matches (or is absent).
+
+Every response carries ``traceId`` (body ``traceId``, query ``traceId``,
+header ``X-Trace-Id``, or generated). Errors are exactly
+``{"ok": false, "code", "message", "traceId", "requestId"}``; codes are the
+contract's six (§3) plus the documented additions in :data:`EXTRA_CODES`.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime
+
+from flask import Blueprint, Response, g, jsonify, request, stream_with_context
+
+from .app import ERROR_RENDERERS, json_body, services
+from .errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from .hermes_state import session_messages, session_summary
+
+PREFIX = "/api/hermes/client"
+bp = Blueprint("mnote_client", __name__, url_prefix=PREFIX)
+legacy_bp = Blueprint("mnote_legacy", __name__)
+
+ACTOR_HEADER = "X-Mnote-Actor-Id"
+MNOTE_TOOLSET = "mnote"
+PREVIEW_CHARS = 200
+
+# core code -> contract code (§3 stable codes first, then our documented additions)
+CODE_MAP = {
+    "missing_api_key": "hermes_client_unauthorized",
+    "invalid_api_key": "hermes_client_unauthorized",
+    "api_key_expired": "hermes_client_unauthorized",
+    "actor_mismatch": "hermes_client_unauthorized",
+    "missing_actor": "hermes_client_unauthorized",
+    "hermes_unavailable": "hermes_client_unconfigured",
+    "hermes_unconfigured": "hermes_client_unconfigured",
+    "invalid_json": "hermes_client_bad_request",
+    "invalid_request": "hermes_client_bad_request",
+    "invalid_id": "hermes_client_bad_request",
+    "message_too_large": "hermes_client_bad_request",
+    "payload_too_large": "hermes_client_bad_request",
+    "upstream_unauthorized": "hermes_client_upstream_unauthorized",
+    "upstream_rate_limited": "hermes_client_upstream_rate_limited",
+    "upstream_unavailable": "hermes_client_upstream_unavailable",
+}
+EXTRA_CODES = {   # cases the contract does not cover
+    "ip_not_allowed": "hermes_client_forbidden",              # 403
+    "session_not_found": "hermes_client_not_found",           # 404 (also another actor's)
+    "run_not_found": "hermes_client_not_found",               # 404
+    "not_found": "hermes_client_not_found",                   # 404 unknown route
+    "method_not_allowed": "hermes_client_bad_request",        # 405
+    "session_busy": "hermes_client_session_busy",             # 409 a run is active
+    "session_exists": "hermes_client_session_busy",           # 409
+    "too_many_runs": "hermes_client_busy",                    # 429 all run slots taken
+    "run_timeout": "hermes_client_run_timeout",               # run.failed: hard limit
+    "run_stalled": "hermes_client_run_stalled",               # run.failed: stall watchdog
+    "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
+    "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
+}
+
+
+def client_code(err: ServiceError) -> str:
+    """The contract code for a core error (``hermes_client_internal_error`` if unmapped)."""
+    return CODE_MAP.get(err.code) or EXTRA_CODES.get(err.code) or "hermes_client_internal_error"
+
+
+def _status(err: ServiceError) -> int:
+    return 429 if err.code == "upstream_rate_limited" else err.status
+
+
+def trace_id() -> str:
+    """traceId of this request (validated, generated if absent)."""
+    if "trace_id" not in g:
+        body = request.get_json(silent=True) if request.is_json else None
+        value = ((body or {}).get("traceId") if isinstance(body, dict) else None) \
+            or request.args.get("traceId") or request.headers.get("X-Trace-Id")
+        g.trace_id = "trace_" + secrets.token_hex(8)
+        if value is not None:
+            check_id(value, "traceId")
+            g.trace_id = value
+    return g.trace_id
+
+
+def _render(err: ServiceError) -> dict:
+    err.status = _status(err)
+    try:
+        tid = trace_id()
+    except ServiceError:
+        tid = g.get("trace_id") or "trace_" + secrets.token_hex(8)
+    return {"ok": False, "code": client_code(err), "message": err.detail, "traceId": tid,
+            "requestId": g.get("request_id")}
+
+
+ERROR_RENDERERS.append((PREFIX, _render))
+ERROR_RENDERERS.append(("/api/ai-agent", _render))
+
+
+def actor_id() -> str:
+    """The acting mnote user (``X-Mnote-Actor-Id``, or the key's bound actor). 401 if missing/invalid."""
+    header = request.headers.get(ACTOR_HEADER)
+    bound = getattr(g.get("api_key"), "actor_id", None)
+    if header is not None:
+        try:
+            check_id(header, ACTOR_HEADER)
+        except BadRequest:
+            raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id", code="missing_actor") from None
+        if bound and header != bound:
+            raise Unauthorized("this API key is bound to another actor", code="actor_mismatch")
+        return header
+    if bound:
+        return bound
+    raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
+
+
+def ok(**fields):
+    return jsonify({"ok": True, "traceId": trace_id(), **fields})
+
+
+def _own_session(session_id: str, actor: str) -> dict:
+    rec = services().conversations.get(session_id, owner=actor)
+    if rec.get("kind") != "mnote":
+        raise NotFound(f"session {session_id} not found", code="session_not_found")
+    return rec
+
+
+def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | None) -> None:
+    if workspace_id is not None and workspace_id != rec.get("workspace_id") or \
+            document_id is not None and document_id != rec.get("document_id"):
+        raise NotFound(f"session {rec['session_id']} not found", code="session_not_found")
+
+
+# -- sessions ------------------------------------------------------------
+@bp.get("/sessions")
+def list_sessions():
+    """§2 GET /sessions: the actor's sessions of one page, newest first (titles, counts from state.db)."""
+    actor = actor_id()
+    ws, doc = request.args.get("workspaceId"), request.args.get("documentId")
+    for name, value in (("workspaceId", ws), ("documentId", doc)):
+        if value is not None:
+            check_id(value, name)
+    try:
+        limit = int(request.args.get("limit", 20))
+    except ValueError:
+        raise BadRequest("limit must be an integer", code="invalid_request") from None
+    if not 1 <= limit <= 100:
+        raise BadRequest("limit must be between 1 and 100", code="invalid_request")
+    svc = services()
+    match = {"kind": "mnote", **({"workspace_id": ws} if ws else {}),
+             **({"document_id": doc} if doc else {})}
+    home = svc.homes.path(actor)
+    out = []
+    for rec in svc.conversations.list(actor, **match):
+        summary = session_summary(home.hermes_home, rec.get("hermes_session_id")) or {}
+        out.append({"sessionId": rec["session_id"],
+                    "title": summary.get("title") or rec.get("title"),
+                    "preview": (strip_context(summary.get("preview")) or "")[:PREVIEW_CHARS] or None,
+                    "messageCount": summary.get("messageCount", 0),
+                    "toolCallCount": summary.get("toolCallCount", 0),
+                    "updatedAt": summary.get("updatedAt") or _unix(rec["updated_at"]),
+                    "model": rec.get("model") or summary.get("model")})
+    out.sort(key=lambda s: s["updatedAt"], reverse=True)
+    return ok(sessions=out[:limit])
+
+
+def _unix(iso: str) -> int:
+    return int(datetime.fromisoformat(iso).timestamp())
+
+
+CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
+                  "additionalProperties": False,
+                  "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
+                                 "traceId": {"type": "string"},
+                                 "title": {"type": ["string", "null"], "maxLength": 200}}}
+
+
+@bp.post("/sessions")
+def create_session():
+    """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
+    same session (idempotent). Chat history is persisted by Hermes on the first run."""
+    actor = actor_id()
+    body = json_body(CREATE_SESSION)
+    tid = trace_id()
+    ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
+    sid = check_id(f"mnote_{doc}_{tid}", "sessionId")
+    _ensure_session(sid, actor, ws, doc, body.get("title"))
+    return ok(sessionId=sid, persistence="hermes_on_first_run")
+
+
+def _ensure_session(sid: str, actor: str, ws: str, doc: str, title: str | None = None) -> dict:
+    conv = services().conversations
+    rec = conv.store.get(sid)
+    if rec is None:
+        try:
+            return conv.create(actor, sid, kind="mnote", workspace_id=ws, document_id=doc,
+                               title=title, trace_id=g.get("trace_id"))
+        except ServiceError as err:
+            if err.code != "session_exists":
+                raise
+            rec = conv.store.get(sid)
+    if rec["user_id"] != actor or rec.get("kind") != "mnote":
+        raise NotFound(f"session {sid} not found", code="session_not_found")
+    _check_page_args(rec, ws, doc)
+    return rec
+
+
+@bp.get("/sessions/<session_id>")
+def get_session(session_id):
+    """§2 GET /sessions/{id}: messages and usage from Hermes's state.db; 404 for another actor."""
+    actor = actor_id()
+    rec = _own_session(session_id, actor)
+    _check_page_args(rec, request.args.get("workspaceId"), request.args.get("documentId"))
+    home = services().homes.path(actor).hermes_home
+    summary = session_summary(home, rec.get("hermes_session_id")) or {}
+    inp, outp = summary.get("inputTokens", 0), summary.get("outputTokens", 0)
+    messages = session_messages(home, rec.get("hermes_session_id"))
+    for m in messages:
+        if m["role"] == "user":
+            m["content"] = strip_context(m["content"])
+    return ok(sessionId=session_id, messages=messages,
+              usage={"inputTokens": inp, "outputTokens": outp, "totalTokens": inp + outp})
+
+
+# -- runs --------------------------------------------------------------------
+RUN = {
+    "type": "object", "required": ["workspaceId", "documentId", "sessionId", "message"],
+    "additionalProperties": False,
+    "properties": {
+        "workspaceId": {"type": "string"}, "documentId": {"type": "string"},
+        "sessionId": {"type": "string"}, "message": {"type": "string", "minLength": 1},
+        "model": {"type": ["string", "null"]}, "traceId": {"type": "string"},
+        "pageContext": {"type": ["object", "null"], "properties": {
+            "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"]},
+            "pageOptions": {"type": ["object", "null"]}}},
+        "selectedBlockId": {"type": ["string", "null"]},
+        "selectedText": {"type": ["string", "null"]},
+    },
+}
+CONTEXT_BUDGET = 8192   # bytes of page context put before the message (argv is capped at 128 KiB)
+CONTEXT_HEAD = ("[mnote page context for this message only; use the mnote tools to read or change "
+                "the page]")
+CONTEXT_END = "\n[end of mnote page context]\n\n"
+
+
+def build_prompt(body: dict) -> str:
+    """The text given to Hermes for this run: a delimited page-context block, then the message.
+
+    The context is for this run only (contract §1: pageContext is run input, not session
+    truth). It is capped at ``CONTEXT_BUDGET`` bytes; the outline is cut first.
+    """
+    ctx = {"workspaceId": body["workspaceId"], "documentId": body["documentId"]}
+    page = body.get("pageContext") or {}
+    for key in ("title", "pageOptions", "outline"):
+        if page.get(key) not in (None, [], {}):
+            ctx[key] = page[key]
+    for key in ("selectedBlockId", "selectedText"):
+        if body.get(key):
+            ctx[key] = body[key]
+    text = json.dumps(ctx, ensure_ascii=False)
+    while len(text.encode()) > CONTEXT_BUDGET and ctx.get("outline"):
+        ctx["outline"] = ctx["outline"][: len(ctx["outline"]) // 2]
+        text = json.dumps(ctx, ensure_ascii=False)
+    if len(text.encode()) > CONTEXT_BUDGET and "selectedText" in ctx:
+        ctx["selectedText"] = ctx["selectedText"][:2000] + "…"
+        text = json.dumps(ctx, ensure_ascii=False)
+    return f"{CONTEXT_HEAD}\n{text}\n{CONTEXT_END}{body['message']}"
+
+
+def strip_context(content: str | None) -> str | None:
+    """A stored user message without the run's page-context block (what the user typed)."""
+    if content and content.startswith(CONTEXT_HEAD) and CONTEXT_END in content:
+        return content.split(CONTEXT_END, 1)[1]
+    return content
+
+
+@bp.post("/runs")
+def start_run():
+    """§2 POST /runs: start a run in the background, return at once with ``runId``.
+
+    Unknown ``sessionId`` of this actor: the session is created on this first run
+    (``persistence: hermes_on_first_run``). 409 ``hermes_client_session_busy`` while a run
+    is active on the session; 429 ``hermes_client_busy`` when every run slot is queued.
+    """
+    actor = actor_id()
+    body = json_body(RUN)
+    tid = trace_id()
+    svc = services()
+    svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
+    if not svc.config["hermes"]["model"].get("base_url"):
+        raise ServiceError("no model provider is configured (hermes.model.base_url)",
+                           code="hermes_unconfigured", status=503)
+    mcfg = svc.config["mnote"]
+    model_id = body.get("model") or mcfg["default_model"]
+    models = {m["id"]: m for m in mcfg["models"]}
+    if model_id not in models:
+        raise BadRequest(f"model must be one of {', '.join(models)}", code="invalid_request")
+    ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
+    sid = check_id(body["sessionId"], "sessionId")
+    svc.conversations.check_message(body["message"])
+    prompt = build_prompt(body)
+    svc.conversations.check_message(prompt)
+    _ensure_session(sid, actor, ws, doc)
+    hermes_model = models[model_id].get("hermes_model")
+    scope = _capability_scope(svc)
+
+    def execute(run):
+        env, toolsets = {}, []
+        if svc.tools is not None:   # mnote tools: run-scoped token + loopback URL (issue #4)
+            env, toolsets = svc.tools.run_env(run, ws, doc, scope), [MNOTE_TOOLSET]
+        try:
+            run.emit("run.started")
+            before = session_summary(svc.homes.path(actor).hermes_home,
+                                     svc.conversations.get(sid).get("hermes_session_id")) or {}
+
+            def on_spawn(proc):
+                run.process = proc
+                run.status = "running"
+            rec, result = svc.conversations.send(
+                sid, body["message"], owner=actor, prompt=prompt, extra_env=env,
+                on_spawn=on_spawn, cancel=run.cancel, wait=0, model=hermes_model,
+                toolsets=toolsets)
+        finally:
+            if svc.tools is not None:
+                svc.tools.end_run(run)
+        if run.cancel.is_set():
+            run.emit("run.cancelled")
+            return
+        after = session_summary(svc.homes.path(actor).hermes_home, result.hermes_session_id) or {}
+        usage = _usage_delta(before, after)
+        run.emit("message.delta", delta=result.answer)
+        run.emit("run.completed", output=result.answer, usage=usage)
+
+    run = svc.runs.start(sid, actor, tid, execute)
+    return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
+
+
+def _usage_delta(before: dict, after: dict) -> dict:
+    """Tokens this run used: the growth of Hermes's own per-session counters."""
+    inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
+    out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
+    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
+
+
+def _capability_scope(svc) -> list[str]:
+    key_scope = getattr(g.get("api_key"), "capability_scope", None)
+    return list(key_scope) if key_scope is not None else list(svc.config["mnote"]["default_capability_scope"])
+
+
+@bp.get("/events/<run_id>")
+def events(run_id):
+    """§2 GET /events/{run_id}: Server-Sent Events.
+
+    Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
+    ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
+    replays every event after that id. The stream ends after the terminal event.
+    """
+    actor = actor_id()
+    check_id(run_id, "runId")
+    svc = services()
+    run = svc.runs.get(run_id, actor)
+    sid = request.args.get("sessionId")
+    if sid is not None and sid != run.session_id:
+        raise NotFound(f"run {run_id} not found", code="run_not_found")
+    last = request.headers.get("Last-Event-ID") or request.args.get("lastEventId") or "0"
+    try:
+        after = int(last)
+    except ValueError:
+        raise BadRequest("Last-Event-ID must be an event id (integer)", code="invalid_request") from None
+    keepalive = float(svc.config["mnote"]["keepalive_seconds"])
+
+    def stream():
+        yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
+        for item in run.follow(after, keepalive):
+            if item is None:
+                yield ": keepalive\n\n"
+            else:
+                seq, event = item
+                yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+    return Response(stream_with_context(stream()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                             "X-Trace-Id": trace_id()})
+
+
+ABORT = {"type": "object", "additionalProperties": False,
+         "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
+                        "sessionId": {"type": "string"}, "traceId": {"type": "string"}}}
+
+
+@bp.post("/runs/<run_id>/abort")
+def abort(run_id):
+    """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
+    run's process group and emits ``run.cancelled``. A finished run returns its final event."""
+    actor = actor_id()
+    body = json_body(ABORT) if request.data else {}
+    check_id(run_id, "runId")
+    svc = services()
+    run = svc.runs.get(run_id, actor)
+    if body.get("sessionId") not in (None, run.session_id):
+        raise NotFound(f"run {run_id} not found", code="run_not_found")
+    events_out = svc.runs.abort(run)
+    return ok(runId=run.run_id, sessionId=run.session_id, status=run.status, events=events_out)
+
+
+@bp.get("/models")
+def models():
+    """§2 GET /models: from ``mnote.models`` with ``defaultModel``."""
+    actor_id()
+    mcfg = services().config["mnote"]
+    return ok(defaultModel=mcfg["default_model"],
+              models=[{"id": m["id"], "label": m.get("label", m["id"]),
+                       "provider": m.get("provider", "hermes")} for m in mcfg["models"]])
+
+
+@bp.get("/tools")
+def tools():
+    """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion)."""
+    actor_id()
+    from .mnote_tools import SCHEMA_VERSION, TOOLS
+    return ok(tools=[{"name": t.name, "scope": t.scope, "schemaVersion": SCHEMA_VERSION}
+                     for t in TOOLS])
+
+
+@bp.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+def unknown(rest):
+    raise NotFound(f"no route {PREFIX}/{rest}", code="not_found")
+
+
+@legacy_bp.route("/api/ai-agent/run", methods=["GET", "POST"])
+def legacy_run():
+    """Contract §4: the legacy endpoint is gone; answers 410 pointing at the new routes."""
+    raise ServiceError("the legacy /api/ai-agent/run endpoint is retired; use "
+                       f"POST {PREFIX}/runs and GET {PREFIX}/events/{{run_id}}",
+                       code="legacy_endpoint_gone", status=410)
+

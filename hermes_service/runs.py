@@ -1,0 +1,188 @@
+"""Background runs and their event logs (client-proxy contract §2 POST /runs, GET /events).
+
+A :class:`Run` is one turn started in a worker thread. Everything the client
+sees of it is an ordered event log: each event gets a per-run sequence
+number (the Server-Sent Events ``id``), so a client that connects late or
+reconnects with ``Last-Event-ID`` receives exactly the events after that id,
+then the live ones. Event payloads follow the contract::
+
+    {"event": "run.started",   "run_id", "session_id"}
+    {"event": "message.delta", "run_id", "session_id", "delta"}
+    {"event": "tool.started",  "run_id", "session_id", "tool_call_id", "tool_name"}
+    {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "ok", "error_code"}
+    {"event": "run.completed", "run_id", "session_id", "output", "usage": {input_tokens, output_tokens, total_tokens}}
+    {"event": "run.failed",    "run_id", "session_id", "code", "error"}
+    {"event": "abort.started", "run_id"}
+    {"event": "run.cancelled", "run_id", "session_id"}
+
+Exactly one of run.completed / run.failed / run.cancelled ends every run.
+Finished runs stay replayable for ``mnote.events_retention_seconds``.
+
+The event path does not care where deltas come from: today Hermes ``-Q``
+prints the answer at the end, so one ``message.delta`` precedes
+``run.completed``; a streaming runner would call :meth:`Run.emit` per piece.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from .errors import Conflict, NotFound, ServiceError, TooManyRuns
+
+log = logging.getLogger("hermes_service.runs")
+
+TERMINAL = ("run.completed", "run.failed", "run.cancelled")
+
+
+@dataclass
+class Run:
+    """One run: identity, status and its event log (thread-safe)."""
+    run_id: str
+    session_id: str
+    actor_id: str
+    trace_id: str
+    status: str = "queued"         # queued | running | completed | failed | cancelled
+    created: float = field(default_factory=time.time)
+    finished: float | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    process: object = None          # the CliProcess while it runs
+    events: list = field(default_factory=list)
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def emit(self, event: str, **fields) -> int:
+        """Append an event; returns its sequence number (1-based). Ignored after a terminal event."""
+        with self._cond:
+            if self.done:
+                return len(self.events)
+            payload = {"event": event, "run_id": self.run_id, "session_id": self.session_id, **fields}
+            self.events.append(payload)
+            if event in TERMINAL:
+                self.status = {"run.completed": "completed", "run.failed": "failed",
+                               "run.cancelled": "cancelled"}[event]
+                self.finished = time.time()
+            self._cond.notify_all()
+            return len(self.events)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.events) and self.events[-1]["event"] in TERMINAL
+
+    def touch(self) -> None:
+        """Record activity (e.g. a tool call) for the stall watchdog."""
+        proc = self.process
+        if proc is not None:
+            proc.touch()
+
+    def follow(self, after: int, keepalive: float) -> Iterator[tuple[int, dict] | None]:
+        """Yield ``(seq, event)`` for every event with seq > ``after``, live, until the terminal
+        event; yields ``None`` when ``keepalive`` seconds pass without an event."""
+        seq = max(0, after)
+        while True:
+            with self._cond:
+                if seq >= len(self.events) and not self.done:
+                    self._cond.wait(keepalive)
+                pending = self.events[seq:]
+                finished = self.done
+            if not pending:
+                if finished:
+                    return
+                yield None
+                continue
+            for event in pending:
+                seq += 1
+                yield seq, event
+            if finished and seq >= len(self.events):
+                return
+
+
+class RunManager:
+    """Starts runs in worker threads and keeps them for replay.
+
+    ``execute(run)`` is the work of one run (supplied by the caller); it must
+    emit the terminal event or raise a :class:`ServiceError` (turned into
+    ``run.failed`` with ``code_for(error)``).
+    """
+
+    def __init__(self, retention_seconds: float, max_active: int,
+                 code_for: Callable[[ServiceError], str]):
+        self.retention = retention_seconds
+        self.max_active = max_active
+        self.code_for = code_for
+        self._runs: dict[str, Run] = {}
+        self._by_session: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _sweep(self) -> None:
+        cutoff = time.time() - self.retention
+        for run_id, run in list(self._runs.items()):
+            if run.finished and run.finished < cutoff:
+                del self._runs[run_id]
+
+    def start(self, session_id: str, actor_id: str, trace_id: str,
+              execute: Callable[[Run], None]) -> Run:
+        """Start a run on a session. Raises Conflict ``session_busy`` if the session has an
+        active run, TooManyRuns if ``max_active`` runs are already queued or running."""
+        with self._lock:
+            self._sweep()
+            current = self._runs.get(self._by_session.get(session_id, ""))
+            if current is not None and not current.done:
+                raise Conflict(f"session {session_id} already has an active run ({current.run_id})",
+                               code="session_busy", extra={"runId": current.run_id})
+            if sum(1 for r in self._runs.values() if not r.done) >= self.max_active:
+                raise TooManyRuns("too many runs in progress; retry later",
+                                  headers={"Retry-After": "5"})
+            run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
+            self._runs[run.run_id] = run
+            self._by_session[session_id] = run.run_id
+        threading.Thread(target=self._work, args=(run, execute), name=run.run_id, daemon=True).start()
+        return run
+
+    def _work(self, run: Run, execute) -> None:
+        try:
+            execute(run)
+        except ServiceError as err:
+            if run.cancel.is_set():
+                run.emit("run.cancelled")
+            else:
+                run.emit("run.failed", code=self.code_for(err), error=err.detail)
+        except Exception:   # never leave a run "running"
+            log.exception("run %s crashed", run.run_id)
+            run.emit("run.failed", code=self.code_for(ServiceError("internal error")),
+                     error="internal error")
+        finally:
+            if not run.done:
+                run.emit("run.failed", code=self.code_for(ServiceError("run ended without result")),
+                         error="the run ended without a result")
+            run.process = None
+
+    def get(self, run_id: str, actor_id: str) -> Run:
+        """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail leaked)."""
+        with self._lock:
+            self._sweep()
+            run = self._runs.get(run_id)
+        if run is None or run.actor_id != actor_id:
+            raise NotFound(f"run {run_id} not found", code="run_not_found")
+        return run
+
+    def abort(self, run: Run) -> list[dict]:
+        """Ask a run to stop; returns the events to report (``abort.started``, or the final
+        event of a run that already ended). The worker kills the process group and emits
+        ``run.cancelled``."""
+        with run._cond:
+            if run.done:
+                return [run.events[-1]]
+            if not run.cancel.is_set():
+                run.cancel.set()
+                run.emit("abort.started")
+        proc = run.process
+        if proc is not None:
+            threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()
+        return [{"event": "abort.started", "run_id": run.run_id}]
+
+    def active_count(self) -> int:
+        with self._lock:
+            return sum(1 for r in self._runs.values() if not r.done)
