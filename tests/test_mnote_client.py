@@ -1,0 +1,310 @@
+"""mnote client-proxy contract tests, in-process with a stub at the runner seam.
+
+Routes, auth, error shapes, run bookkeeping and SSE framing are the real
+code; only ``HermesRunner._turn`` (one CLI process) is scripted. The same
+flows through the real CLI are in test_e2e_mnote.py.
+"""
+import json
+import threading
+import time
+
+import pytest
+
+from conftest import API_KEY
+from hermes_service.runner import Outcome
+
+P = "/api/hermes/client"
+A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
+B = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_2"}
+ERROR_KEYS = {"ok", "code", "message", "traceId", "requestId"}
+RUN_BODY = {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_doc_1_trace_1",
+            "message": "概括当前页面标题和第一段", "model": "hermes-agent",
+            "pageContext": {"title": "项目计划", "outline": [], "pageOptions": {"wideLayout": True}},
+            "selectedBlockId": None, "selectedText": None, "traceId": "trace_1"}
+
+
+class Stub:
+    def __init__(self):
+        self.calls, self.outcomes, self.gate = [], [], None
+
+    def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
+        self.calls.append(args)
+        if self.gate is not None:
+            while not self.gate.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    return Outcome(130, "", "session_id: 20260101_000000_cccccc\n", 0.1,
+                                   killed="cancelled")
+        if self.outcomes:
+            return self.outcomes.pop(0)
+        return Outcome(0, "当前页标题是项目计划\n", "session_id: 20260101_000000_abcdef\n", 0.01)
+
+
+@pytest.fixture
+def stub():
+    return Stub()
+
+
+@pytest.fixture
+def make(app_factory, stub, monkeypatch):
+    def build(overrides=None):
+        app = app_factory(overrides)
+        svc = app.extensions["hermes_service"]
+        monkeypatch.setattr(svc.runner, "_turn", stub)
+        client = app.test_client()
+        client.svc = svc
+        return client
+    return build
+
+
+@pytest.fixture
+def c(make):
+    return make()
+
+
+def events_of(c, run_id, headers=A, last=None, query=""):
+    h = dict(headers)
+    if last is not None:
+        h["Last-Event-ID"] = str(last)
+    res = c.get(f"{P}/events/{run_id}{query}", headers=h)
+    assert res.status_code == 200, res.get_data(as_text=True)
+    frames, cur = [], {}
+    for line in res.get_data(as_text=True).split("\n"):
+        if line.startswith("id: "):
+            cur["id"] = int(line[4:])
+        elif line.startswith("data: "):
+            cur["data"] = json.loads(line[6:])
+        elif line == "" and cur:
+            frames.append(cur)
+            cur = {}
+    return res, frames
+
+
+def wait_done(c, run_id, headers=A):
+    run = c.svc.runs.get(run_id, headers["X-Mnote-Actor-Id"])
+    deadline = time.monotonic() + 10
+    while not run.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return run
+
+
+def start(c, body=None, headers=A):
+    res = c.post(f"{P}/runs", json=body or RUN_BODY, headers=headers)
+    assert res.status_code == 200, res.json
+    return res.json["runId"]
+
+
+# -- contract examples -------------------------------------------------------
+def test_create_session_example(c):
+    res = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                        "traceId": "trace_1", "title": "当前页问答"}, headers=A)
+    assert res.json == {"ok": True, "sessionId": "mnote_doc_1_trace_1", "traceId": "trace_1",
+                        "persistence": "hermes_on_first_run"}
+    again = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                          "traceId": "trace_1"}, headers=A)
+    assert again.json["sessionId"] == "mnote_doc_1_trace_1"        # idempotent
+    other = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                          "traceId": "trace_1"}, headers=B)
+    assert other.status_code == 404 and other.json["code"] == "hermes_client_not_found"
+
+
+def test_run_example_and_events_example(c, stub):
+    res = c.post(f"{P}/runs", json=RUN_BODY, headers=A)
+    assert res.json == {"ok": True, "sessionId": "mnote_doc_1_trace_1", "runId": res.json["runId"],
+                        "messageId": None, "events": [], "traceId": "trace_1"}
+    run_id = res.json["runId"]
+    wait_done(c, run_id)
+    resp, frames = events_of(c, run_id, query="?sessionId=mnote_doc_1_trace_1")
+    assert resp.mimetype == "text/event-stream"
+    assert resp.headers["Cache-Control"] == "no-cache" and resp.headers["X-Accel-Buffering"] == "no"
+    assert [f["id"] for f in frames] == [1, 2, 3]
+    assert [f["data"]["event"] for f in frames] == ["run.started", "message.delta", "run.completed"]
+    delta, done = frames[1]["data"], frames[2]["data"]
+    assert delta == {"event": "message.delta", "run_id": run_id, "session_id": "mnote_doc_1_trace_1",
+                     "delta": "当前页标题是项目计划"}
+    assert set(done) == {"event", "run_id", "session_id", "output", "usage"}
+    assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
+    # the page context went to Hermes for this run, before the user's message
+    query = next(a for a in stub.calls[0] if a.startswith("--query="))
+    assert "项目计划" in query and query.endswith("概括当前页面标题和第一段")
+
+
+def test_list_and_get_session_examples(c):
+    run_id = start(c)
+    wait_done(c, run_id)
+    res = c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1&limit=20", headers=A)
+    assert res.json["ok"] is True and res.json["traceId"]
+    [s] = res.json["sessions"]
+    assert set(s) == {"sessionId", "title", "preview", "messageCount", "toolCallCount", "updatedAt",
+                      "model"}
+    assert s["sessionId"] == "mnote_doc_1_trace_1" and isinstance(s["updatedAt"], int)
+    res = c.get(f"{P}/sessions/mnote_doc_1_trace_1?workspaceId=ws_1&documentId=doc_1", headers=A)
+    assert set(res.json) == {"ok", "sessionId", "traceId", "messages", "usage"}
+    assert set(res.json["usage"]) == {"inputTokens", "outputTokens", "totalTokens"}
+    # the stub wrote no state.db: Hermes has no messages, and the service stores none itself
+    assert res.json["messages"] == []
+    assert c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_2", headers=A).json["sessions"] == []
+
+
+def test_abort_example_and_abort_of_finished_run(c, stub):
+    stub.gate = threading.Event()
+    run_id = start(c)
+    while not stub.calls:
+        time.sleep(0.01)
+    res = c.post(f"{P}/runs/{run_id}/abort", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                                   "sessionId": "mnote_doc_1_trace_1",
+                                                   "traceId": "trace_1"}, headers=A)
+    assert {"ok": True, "runId": run_id, "sessionId": "mnote_doc_1_trace_1", "traceId": "trace_1",
+            "events": [{"event": "abort.started", "run_id": run_id}]}.items() <= res.json.items()
+    run = wait_done(c, run_id)
+    names = [e["event"] for e in run.events]
+    assert names == ["run.started", "abort.started", "run.cancelled"]
+    again = c.post(f"{P}/runs/{run_id}/abort", json={}, headers=A)
+    assert again.status_code == 200 and again.json["events"][0]["event"] == "run.cancelled"
+    assert again.json["status"] == "cancelled"
+
+
+def test_models_and_tools_examples(c):
+    res = c.get(f"{P}/models", headers=A)
+    assert res.json == {"ok": True, "traceId": res.json["traceId"], "defaultModel": "hermes-agent",
+                        "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}]}
+    tools = c.get(f"{P}/tools", headers=A).json["tools"]
+    assert {"name": "mnote.page.get", "scope": "page.read", "schemaVersion": "mnote.hermes_tool.v1"} in tools
+    assert len(tools) == 6
+
+
+def test_trace_id_sources(c):
+    assert c.get(f"{P}/models?traceId=t_q", headers=A).json["traceId"] == "t_q"
+    assert c.get(f"{P}/models", headers={**A, "X-Trace-Id": "t_h"}).json["traceId"] == "t_h"
+    assert c.get(f"{P}/models", headers=A).json["traceId"].startswith("trace_")
+    bad = c.get(f"{P}/models?traceId=../x", headers=A)
+    assert bad.status_code == 400 and bad.json["code"] == "hermes_client_bad_request"
+
+
+# -- errors ----------------------------------------------------------------------
+def test_error_body_is_exactly_the_contract_shape(c):
+    res = c.get(f"{P}/models", headers={"X-API-Key": API_KEY})
+    assert res.status_code == 401 and set(res.json) == ERROR_KEYS
+    assert res.json["ok"] is False and res.json["code"] == "hermes_client_unauthorized"
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-API-Key": "wrong-wrong-wrong-1"},
+                                     {"X-API-Key": API_KEY}, {"X-API-Key": API_KEY,
+                                                              "X-Mnote-Actor-Id": "../evil"}])
+def test_unauthorized(c, headers):
+    res = c.get(f"{P}/sessions", headers=headers)
+    assert res.status_code == 401 and res.json["code"] == "hermes_client_unauthorized"
+
+
+def test_key_bound_to_an_actor(make):
+    c = make({"security": {"api_keys": [{"key": API_KEY, "actor_id": "user_1"}]}})
+    assert c.get(f"{P}/models", headers={"X-API-Key": API_KEY}).status_code == 200
+    assert c.get(f"{P}/models", headers=A).status_code == 200
+    res = c.get(f"{P}/models", headers=B)
+    assert res.status_code == 401 and res.json["code"] == "hermes_client_unauthorized"
+
+
+@pytest.mark.parametrize("body", [b"{bad", b"[]", json.dumps({**RUN_BODY, "message": ""}).encode(),
+                                  json.dumps({**RUN_BODY, "model": "gpt-9"}).encode(),
+                                  json.dumps({**RUN_BODY, "sessionId": "../../x"}).encode(),
+                                  json.dumps({**RUN_BODY, "extra": 1}).encode(),
+                                  json.dumps({**RUN_BODY, "message": "x" * 130000}).encode()])
+def test_bad_request(c, body):
+    res = c.post(f"{P}/runs", data=body, headers={**A, "Content-Type": "application/json"})
+    assert res.status_code in (400, 413) and res.json["code"] == "hermes_client_bad_request"
+    assert set(res.json) == ERROR_KEYS
+
+
+def test_unconfigured(make):
+    c = make({"hermes": {"command": "/nonexistent/hermes"}})
+    res = c.post(f"{P}/runs", json=RUN_BODY, headers=A)
+    assert res.status_code == 503 and res.json["code"] == "hermes_client_unconfigured"
+    c = make({"hermes": {"model": {"base_url": None}}})
+    assert c.post(f"{P}/runs", json=RUN_BODY, headers=A).json["code"] == "hermes_client_unconfigured"
+
+
+@pytest.mark.parametrize("stdout, code", [
+    ("HTTP 401: bad key", "hermes_client_upstream_unauthorized"),
+    ("API call failed after 1 retries: HTTP 429: slow", "hermes_client_upstream_rate_limited"),
+    ("API call failed after 1 retries: HTTP 502: down", "hermes_client_upstream_unavailable"),
+])
+def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
+    stub.outcomes = [Outcome(1, stdout, "session_id: 20260101_000000_abcdef\n", 0.1)]
+    run = wait_done(c, start(c))
+    assert run.events[-1]["event"] == "run.failed" and run.events[-1]["code"] == code
+    assert "run.completed" not in [e["event"] for e in run.events]
+
+
+def test_busy_session_is_409_and_other_sessions_run(c, stub):
+    stub.gate = threading.Event()
+    start(c)
+    res = c.post(f"{P}/runs", json=RUN_BODY, headers=A)
+    assert res.status_code == 409 and res.json["code"] == "hermes_client_session_busy"
+    other = c.post(f"{P}/runs", json={**RUN_BODY, "sessionId": "mnote_doc_1_other"}, headers=A)
+    assert other.status_code == 200
+    stub.gate.set()
+
+
+def test_unknown_routes_and_legacy_endpoint(c):
+    res = c.get(f"{P}/nope", headers=A)
+    assert res.status_code == 404 and set(res.json) == ERROR_KEYS
+    legacy = c.post("/api/ai-agent/run", json={}, headers=A)
+    assert legacy.status_code == 410 and f"{P}/runs" in legacy.json["message"]
+
+
+# -- isolation ----------------------------------------------------------------------
+def test_actor_b_cannot_see_or_touch_actor_a(c, stub):
+    stub.gate = threading.Event()
+    run_id = start(c)
+    sid = RUN_BODY["sessionId"]
+    assert c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=B).json["sessions"] == []
+    for res in (c.get(f"{P}/sessions/{sid}", headers=B),
+                c.post(f"{P}/runs", json=RUN_BODY, headers=B),
+                c.get(f"{P}/events/{run_id}", headers=B),
+                c.post(f"{P}/runs/{run_id}/abort", json={}, headers=B)):
+        assert res.status_code == 404 and res.json["code"] == "hermes_client_not_found"
+        assert "user_1" not in json.dumps(res.json)
+    stub.gate.set()
+    assert wait_done(c, run_id).events[-1]["event"] == "run.completed"
+
+
+def test_session_of_other_page_is_not_found(c):
+    wait_done(c, start(c))
+    res = c.get(f"{P}/sessions/{RUN_BODY['sessionId']}?documentId=doc_9", headers=A)
+    assert res.status_code == 404
+
+
+# -- Server-Sent Events ---------------------------------------------------------------
+def test_last_event_id_replays_exactly_the_missing_events(c):
+    run_id = start(c)
+    wait_done(c, run_id)
+    _, all_frames = events_of(c, run_id)
+    for last in range(0, 4):
+        _, frames = events_of(c, run_id, last=last)
+        assert frames == all_frames[last:]
+    _, frames = events_of(c, run_id, query="?lastEventId=2")
+    assert frames == all_frames[2:]
+    bad = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": "x"})
+    assert bad.status_code == 400
+
+
+def test_keepalive_comments_while_waiting(make, stub):
+    c = make({"mnote": {"keepalive_seconds": 0.1}})
+    stub.gate = threading.Event()
+    run_id = start(c)
+    threading.Timer(0.5, stub.gate.set).start()
+    body = c.get(f"{P}/events/{run_id}", headers=A).get_data(as_text=True)
+    assert ": keepalive" in body and body.index(": keepalive") < body.index("run.completed")
+
+
+def test_page_context_is_not_stored_as_session_truth(c, tmp_path):
+    wait_done(c, start(c))
+    stored = (tmp_path / "data" / "sessions.json").read_text()
+    assert "项目计划" not in stored and "wideLayout" not in stored and "概括" not in stored
+
+
+def test_finished_runs_expire_after_retention(make):
+    c = make({"mnote": {"events_retention_seconds": 0.2}})
+    run_id = start(c)
+    wait_done(c, run_id)
+    time.sleep(0.3)
+    assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 404
