@@ -1,7 +1,12 @@
-"""A small Server-Sent Events client for the tests: parses ``id:``/``data:`` frames and comments."""
+"""A small Server-Sent Events client for the tests: parses ``id:``/``data:`` frames and comments.
+
+It reads the body as chunks arrive (``iter_content(chunk_size=None)``), so a frame is seen as soon
+as the server sends it; ``first_byte_at`` is the monotonic time the first bytes arrived.
+"""
 from __future__ import annotations
 
 import json
+import time
 
 import requests
 
@@ -13,8 +18,20 @@ class SSEStream:
         if last_event_id is not None:
             headers = {**headers, "Last-Event-ID": last_event_id}
         self.response = requests.get(url, headers=headers, stream=True, timeout=timeout)
+        self.response.raise_for_status()
         self.comments: list[str] = []
-        self._lines = self.response.iter_lines(decode_unicode=True)
+        self.first_byte_at: float | None = None
+        self._lines = self._iter_lines()
+
+    def _iter_lines(self):
+        buf = b""
+        for chunk in self.response.iter_content(chunk_size=None):
+            if self.first_byte_at is None:
+                self.first_byte_at = time.monotonic()
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                yield line.rstrip(b"\r").decode("utf-8")
 
     def __iter__(self):
         event_id, data = None, []
@@ -29,15 +46,6 @@ class SSEStream:
                 event_id = line[3:].strip()
             elif line.startswith("data:"):
                 data.append(line[5:].lstrip())
-
-    def until(self, name: str) -> list[tuple[str, dict]]:
-        """Read frames up to and including the first event named ``name``."""
-        out = []
-        for frame in self:
-            out.append(frame)
-            if frame[1]["event"] == name:
-                return out
-        raise AssertionError(f"stream ended before {name}: {out}")
 
     def close(self) -> None:
         self.response.close()

@@ -25,8 +25,11 @@ class StubTurns:
         self.outcomes = []
         self.block = None
 
-    def __call__(self, message, resume_id, env, cwd, on_spawn, cancel, log_ctx):
-        self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd})
+    def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
+        message = next(a for a in args if a.startswith("--query="))[len("--query="):]
+        resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
+        self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
+                           "args": args})
         if self.block:
             self.block()
         if self.outcomes:

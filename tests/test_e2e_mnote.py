@@ -1,0 +1,137 @@
+"""End to end: the mnote page AI panel flow over HTTP → real service → real hermes CLI."""
+import time
+
+import pytest
+
+from conftest import API_KEY, hermes_processes
+from sse_client import SSEStream, read_all
+
+pytestmark = pytest.mark.e2e
+
+P = "/api/hermes/client"
+A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_a"}
+B = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_b"}
+
+
+def run_body(sid, message, **kw):
+    return {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": sid, "message": message,
+            "model": "hermes-agent", "pageContext": {"title": "项目计划", "outline": [],
+                                                     "pageOptions": {"wideLayout": True}},
+            "selectedBlockId": None, "selectedText": None, **kw}
+
+
+def start_run(svc, sid, message, headers=A):
+    res = svc.post(f"{P}/runs", json=run_body(sid, message), headers=headers)
+    assert res.status_code == 200, res.text
+    return res.json()["runId"]
+
+
+def names(frames):
+    return [data["event"] for _, data in frames]
+
+
+def test_panel_flow_list_create_run_stream_reload(service):
+    res = service.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                              "traceId": "t1", "title": "当前页问答"}, headers=A)
+    sid = res.json()["sessionId"]
+    assert sid == "mnote_doc_1_t1"
+    t0 = time.monotonic()
+    run_id = start_run(service, sid, "第一个问题")
+    assert time.monotonic() - t0 < 2          # POST /runs returns at once
+    stream = SSEStream(service.url + f"{P}/events/{run_id}?sessionId={sid}", A)
+    frames = list(stream)
+    done_at = time.monotonic()
+    # waitress really streams: the opening comment arrived long before the turn ended
+    assert stream.comments[0] == "stream open" and done_at - stream.first_byte_at > 1.0
+    assert names(frames) == ["run.started", "message.delta", "run.completed"]
+    assert [f[0] for f in frames] == ["1", "2", "3"]
+    completed = frames[-1][1]
+    assert completed["output"].startswith("echo #1: ") and completed["output"].endswith("第一个问题")
+    assert completed["usage"]["total_tokens"] > 0
+
+    # second run continues the conversation
+    run2 = start_run(service, sid, "[[recall]]")
+    frames2 = read_all(service.url + f"{P}/events/{run2}", A)
+    assert frames2[-1][1]["event"] == "run.completed"
+    assert frames2[-1][1]["output"].endswith("第一个问题")     # the model saw turn 1
+
+    # reload: list + get come from Hermes's state.db
+    listed = service.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1&limit=20", headers=A).json()
+    [s] = listed["sessions"]
+    assert s["sessionId"] == sid and s["messageCount"] == 4 and s["toolCallCount"] == 0
+    assert s["preview"] == "第一个问题" and s["model"] == "scripted-model" and s["title"]
+    got = service.get(f"{P}/sessions/{sid}?workspaceId=ws_1&documentId=doc_1", headers=A).json()
+    assert [m["role"] for m in got["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert got["messages"][0]["content"] == "第一个问题"
+    assert got["usage"]["totalTokens"] == got["usage"]["inputTokens"] + got["usage"]["outputTokens"] > 0
+
+    # actor B sees nothing of it
+    assert service.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=B).json()["sessions"] == []
+    assert service.get(f"{P}/sessions/{sid}", headers=B).status_code == 404
+    assert service.post(f"{P}/runs/{run2}/abort", json={}, headers=B).status_code == 404
+
+
+def test_reconnect_with_last_event_id_gets_exactly_the_missing_events(service):
+    run_id = start_run(service, "mnote_doc_1_reconnect", "hello")
+    url = service.url + f"{P}/events/{run_id}"
+    stream = SSEStream(url, A)
+    first = next(iter(stream))
+    stream.close()                                  # disconnect mid-run
+    assert first == ("1", first[1]) and first[1]["event"] == "run.started"
+    rest = read_all(url, A, last_event_id="1")
+    assert names(rest) == ["message.delta", "run.completed"] and [f[0] for f in rest] == ["2", "3"]
+    late = read_all(url, A)                          # a late client gets everything
+    assert [first] + rest == late
+
+
+def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, tmp_path):
+    marker = "[[hang]] abort-me"
+    run_id = start_run(service, "mnote_doc_1_abort", marker)
+    stream = SSEStream(service.url + f"{P}/events/{run_id}", A)
+    deadline = time.monotonic() + 60
+    while not model.requests_with("abort-me"):       # hermes is now waiting on the model
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    home = str(tmp_path / "data" / "users" / "user_a")
+    assert hermes_processes(home)
+    res = service.post(f"{P}/runs/{run_id}/abort", json={"sessionId": "mnote_doc_1_abort"}, headers=A)
+    aborted_at = time.monotonic()
+    assert res.json()["events"] == [{"event": "abort.started", "run_id": run_id}]
+    frames = list(stream)
+    assert names(frames) == ["run.started", "abort.started", "run.cancelled"]
+    while hermes_processes(home) and time.monotonic() - aborted_at < 2.0:
+        time.sleep(0.05)
+    assert hermes_processes(home) == []             # gone within 2 s of the abort
+    again = service.post(f"{P}/runs/{run_id}/abort", json={}, headers=A).json()
+    assert again["status"] == "cancelled" and again["events"][0]["event"] == "run.cancelled"
+
+
+def test_hung_model_ends_in_run_failed_by_the_stall_watchdog(start_service, tmp_path):
+    svc = start_service({"hermes": {"stall_timeout_seconds": 14}})
+    run_id = start_run(svc, "mnote_doc_1_stall", "[[hang]] stall")
+    frames = read_all(svc.url + f"{P}/events/{run_id}", A)
+    assert names(frames) == ["run.started", "run.failed"]
+    assert frames[-1][1]["code"] == "hermes_client_run_stalled"
+    assert hermes_processes(str(tmp_path / "data" / "users" / "user_a")) == []
+
+
+@pytest.mark.parametrize("directive, code", [
+    ("[[status:401]]", "hermes_client_upstream_unauthorized"),
+    ("[[status:429]]", "hermes_client_upstream_rate_limited"),
+    ("[[status:503]]", "hermes_client_upstream_unavailable"),
+])
+def test_provider_errors_reach_the_panel_as_contract_codes(service, directive, code):
+    run_id = start_run(service, "mnote_doc_1_err", directive)
+    frames = read_all(service.url + f"{P}/events/{run_id}", A)
+    assert names(frames) == ["run.started", "run.failed"] and frames[-1][1]["code"] == code
+
+
+def test_request_level_error_codes_from_real_causes(start_service):
+    svc = start_service({"hermes": {"command": "/nonexistent/bin/hermes"}})
+    res = svc.post(f"{P}/runs", json=run_body("mnote_doc_1_x", "hi"), headers=A)
+    assert res.status_code == 503 and res.json()["code"] == "hermes_client_unconfigured"
+    res = svc.post(f"{P}/runs", data="{not json", headers={**A, "Content-Type": "application/json"})
+    assert res.status_code == 400 and res.json()["code"] == "hermes_client_bad_request"
+    res = svc.get(f"{P}/sessions", headers={"X-API-Key": API_KEY})
+    assert res.status_code == 401 and res.json()["code"] == "hermes_client_unauthorized"
+    assert svc.post("/api/ai-agent/run", json={}, headers=A).status_code == 410
