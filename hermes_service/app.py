@@ -4,6 +4,7 @@ Data flows one way: blueprint → service objects (``Services``) → runner/stor
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import secrets
@@ -16,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from .config import Config
 from .conversations import Conversations
-from .errors import BadRequest, ServiceError, TooLarge
+from .errors import BadRequest, Forbidden, ServiceError, TooLarge
 from .runner import HermesRunner
 from .security import Guard
 from .session_store import SessionStore
@@ -41,6 +42,13 @@ class Services:
     conversations: Conversations
     runs: object = None       # RunManager (mnote client blueprint)
     tools: object = None      # mnote tool endpoint objects
+
+
+def _is_loopback(addr: str | None) -> bool:
+    try:
+        return ipaddress.ip_address((addr or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def services() -> Services:
@@ -87,8 +95,11 @@ def render_error(err: ServiceError):
     return resp
 
 
-def create_app(config: Config) -> Flask:
+def create_app(config: Config, service_url: str | None = None) -> Flask:
     """Build the WSGI app for ``config``.
+
+    ``service_url`` is where the Hermes CLI reaches this service for tool calls
+    (default ``mnote.service_url`` or ``http://127.0.0.1:<service.port>``).
 
     Raises :class:`~hermes_service.session_store.CorruptStore` if
     ``sessions.json`` is unreadable (the service must not start).
@@ -121,11 +132,14 @@ def create_app(config: Config) -> Flask:
         g.request_id = incoming if _REQ_ID.match(incoming) else "req_" + secrets.token_hex(8)
         g.client_ip = svc.guard.client_ip(request.remote_addr,
                                           request.headers.get("X-Forwarded-For"))
+        if request.path.startswith(SELF_AUTH_PREFIXES):
+            # tool calls come from the local CLI with a run token: loopback peers only
+            if not _is_loopback(request.remote_addr):
+                raise Forbidden("tool calls are accepted from loopback only", code="ip_not_allowed")
+            return None
         if request.method == "OPTIONS":
             return None    # CORS preflight carries no credentials
         svc.guard.check_ip(g.client_ip)
-        if request.path.startswith(SELF_AUTH_PREFIXES):
-            return None
         if request.path == "/health" and not health_needs_key:
             return None
         g.api_key = svc.guard.check_key(request.headers)
@@ -163,8 +177,15 @@ def create_app(config: Config) -> Flask:
     hermes = config["hermes"]
     svc.runs = RunManager(config["mnote"]["events_retention_seconds"],
                           max_active=hermes["max_concurrent_runs"] * 4, code_for=client_code)
+    from .page_store import SQLitePageStore
+    from .tool_gateway import ToolGateway
+    url = service_url or config["mnote"]["service_url"] or \
+        f"http://127.0.0.1:{config['service']['port']}"
+    svc.tools = ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"), url)
     from .api_v1 import bp as v1
+    from .tool_endpoint import bp as tool_endpoint
     app.register_blueprint(v1)
     app.register_blueprint(mnote_client)
     app.register_blueprint(legacy_bp)
+    app.register_blueprint(tool_endpoint)
     return app

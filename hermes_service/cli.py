@@ -47,14 +47,16 @@ def serve(config_path, host=None, port=None, threads=None):
     logging.basicConfig(level=svc_cfg["log_level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from .app import create_app
+    host = host or svc_cfg["host"]
+    port = svc_cfg["port"] if port is None else port
+    loopback = "[::1]" if ":" in host else "127.0.0.1"
     try:
-        app = create_app(config)
+        app = create_app(config, service_url=config["mnote"]["service_url"]
+                         or f"http://{loopback}:{port}")
     except CorruptStore as exc:
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     from waitress import serve as waitress_serve
-    host = host or svc_cfg["host"]
-    port = svc_cfg["port"] if port is None else port
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
     waitress_serve(app, host=host, port=port, threads=threads or svc_cfg["threads"],
                    ident="hermes-service", channel_timeout=3600)
@@ -94,3 +96,69 @@ def keygen():
     key = secrets.token_urlsafe(32)
     click.echo(f"key:        {key}")
     click.echo(f"key_sha256: {hashlib.sha256(key.encode()).hexdigest()}")
+
+
+@cli.group()
+@click.pass_context
+def mnote(ctx):
+    """Operator commands for the embedded mnote page store (data/mnote.db)."""
+    config = _load(ctx.obj["config_path"])
+    from .page_store import SQLitePageStore
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")
+
+
+def _store_call(fn, *args):
+    from .page_store import StoreInputError
+    try:
+        return fn(*args)
+    except StoreInputError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@mnote.command("add-workspace")
+@click.argument("workspace_id")
+@click.option("--name", default=None, help="Display name.")
+@click.pass_context
+def add_workspace(ctx, workspace_id, name):
+    """Create (or rename) a workspace."""
+    _store_call(ctx.obj["store"].add_workspace, workspace_id, name)
+    click.echo(f"workspace {workspace_id} ready")
+
+
+@mnote.command("add-member")
+@click.argument("workspace_id")
+@click.argument("actor_id")
+@click.argument("role", type=click.Choice(["owner", "editor", "viewer"]))
+@click.pass_context
+def add_member(ctx, workspace_id, actor_id, role):
+    """Add ACTOR_ID (the X-Mnote-Actor-Id of mnote users) to a workspace with ROLE."""
+    _store_call(ctx.obj["store"].add_member, workspace_id, actor_id, role)
+    click.echo(f"{actor_id} is {role} of {workspace_id}")
+
+
+@mnote.command("import-page")
+@click.argument("file", type=click.File("r", encoding="utf-8"))
+@click.pass_context
+def import_page(ctx, file):
+    """Create or overwrite a page from FILE.json ({documentId, workspaceId, title, blocks?,
+    pageOptions?}; '-' reads standard input)."""
+    import json
+    try:
+        page = json.load(file)
+    except ValueError as exc:
+        click.echo(f"error: {file.name}: not JSON ({exc})", err=True)
+        sys.exit(2)
+    out = _store_call(ctx.obj["store"].import_page, page)
+    click.echo(json.dumps(out, ensure_ascii=False))
+
+
+@mnote.command("export-page")
+@click.argument("document_id")
+@click.pass_context
+def export_page(ctx, document_id):
+    """Print a page (with its artifacts) as JSON."""
+    import json
+    click.echo(json.dumps(_store_call(ctx.obj["store"].export_page, document_id),
+                          ensure_ascii=False, indent=2))

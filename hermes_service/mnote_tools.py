@@ -229,3 +229,37 @@ class ToolExecutor:
                       "workspaceId": echo["workspaceId"], "documentId": echo["documentId"]},
             "error": error,
         }
+
+
+#: Envelope fields the model may set itself (everything else comes from the run).
+_MODEL_ENVELOPE_FIELDS = {
+    "workspaceId": {"type": "string", "description": "Defaults to the page of this run."},
+    "documentId": {"type": "string", "description": "Defaults to the page of this run."},
+}
+_MODEL_WRITE_FIELDS = {
+    "dryRun": {"type": "boolean", "default": False,
+               "description": "Only plan: return the diff, change nothing."},
+    "idempotencyKey": {"type": "string", "maxLength": 256,
+                       "description": "Retrying with the same key never writes twice."},
+}
+
+
+def plugin_tool_definitions() -> list[dict]:
+    """The tools as the ``mnote`` Hermes plugin registers them (users_template/plugins/mnote/
+    tools.json): ``{name: <wire name>, contractName, toolset, description, parameters}`` where
+    ``parameters`` = the tool's args plus the envelope fields the model may set (contract §1:
+    the model never supplies actorId, sessionId, runId, toolCallId, traceId or capabilityScope).
+    """
+    out = []
+    for spec in TOOLS:
+        params = json.loads(json.dumps(spec.model_parameters))
+        params.pop("$schema", None)
+        params["properties"] = {**params["properties"], **_MODEL_ENVELOPE_FIELDS,
+                                **(_MODEL_WRITE_FIELDS if spec.writes else {})}
+        out.append({"name": spec.wire_name, "contractName": spec.name, "toolset": "mnote",
+                    "description": spec.description, "parameters": params})
+    return out
+
+
+if __name__ == "__main__":   # python3 -m hermes_service.mnote_tools > users_template/plugins/mnote/tools.json
+    print(json.dumps(plugin_tool_definitions(), indent=1, ensure_ascii=False))

@@ -1,0 +1,133 @@
+"""Run-scoped tool tokens and the path of one mnote tool call (issue #4; tool contract §1-§5).
+
+1. When a run starts, :meth:`ToolGateway.run_env` mints a random token bound
+   to the actor, workspace, document, session, run, trace and the run's
+   capability scope, and returns the CLI environment that carries it
+   (``MNOTE_TOOL_URL``, ``MNOTE_RUN_TOKEN``, ``MNOTE_*`` ids). Only a SHA-256
+   of the token is kept; it is revoked when the run ends (:meth:`end_run`).
+2. The ``mnote`` Hermes plugin (users_template/plugins/mnote) builds the
+   contract's input envelope and POSTs it with ``Authorization: Bearer <token>``.
+3. :meth:`ToolGateway.invoke` refuses an unknown/revoked token, an envelope
+   whose actor/session/run differ from the token's; it forces the token's
+   trace and capability scope into the envelope, emits ``tool.started`` /
+   ``tool.completed`` on the run's event stream, marks tool activity for the
+   stall watchdog, and hands the envelope to the
+   :class:`~hermes_service.mnote_tools.ToolExecutor` (schemas, permissions,
+   idempotency, dryRun, audit). Hermes never writes the store directly.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+from dataclasses import dataclass
+
+from .mnote_tools import ToolExecutor
+from .page_store import SQLitePageStore
+
+TOKEN_BYTES = 32
+
+
+@dataclass(frozen=True)
+class RunClaims:
+    """What a run token stands for."""
+    actor_id: str
+    workspace_id: str
+    document_id: str
+    session_id: str
+    run_id: str
+    trace_id: str
+    capability_scope: tuple[str, ...]
+
+
+class ToolRefused(Exception):
+    """The caller may not call tools: ``status`` 401 (token) or 403 (envelope not the token's)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class ToolGateway:
+    """Token registry + tool invocation for the runs of one service process."""
+
+    def __init__(self, store: SQLitePageStore, service_url: str | None = None):
+        self.store = store
+        self.executor = ToolExecutor(store)
+        self.service_url = service_url
+        self._tokens: dict[str, tuple[RunClaims, object]] = {}
+        self._by_run: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _digest(token: str) -> str:
+        return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def run_env(self, run, workspace_id: str, document_id: str, scope: list[str]) -> dict:
+        """Mint the run's token; return the env vars the mnote plugin reads."""
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        claims = RunClaims(run.actor_id, workspace_id, document_id, run.session_id, run.run_id,
+                           run.trace_id, tuple(scope))
+        with self._lock:
+            self._tokens[self._digest(token)] = (claims, run)
+            self._by_run[run.run_id] = self._digest(token)
+        if not self.service_url:
+            raise RuntimeError("ToolGateway.service_url is not set")
+        return {
+            "MNOTE_TOOL_URL": self.service_url.rstrip("/") + "/api/hermes/tools/invoke",
+            "MNOTE_RUN_TOKEN": token,
+            "MNOTE_ACTOR_ID": claims.actor_id, "MNOTE_WORKSPACE_ID": workspace_id,
+            "MNOTE_DOCUMENT_ID": document_id, "MNOTE_SESSION_ID": claims.session_id,
+            "MNOTE_RUN_ID": claims.run_id, "MNOTE_TRACE_ID": claims.trace_id,
+            "MNOTE_CAPABILITY_SCOPE": ",".join(scope),
+        }
+
+    def end_run(self, run) -> None:
+        """Revoke the run's token (the run ended)."""
+        with self._lock:
+            digest = self._by_run.pop(run.run_id, None)
+            if digest:
+                self._tokens.pop(digest, None)
+
+    def claims_for(self, authorization: str | None):
+        """(claims, run) for a ``Bearer`` token; ToolRefused 401 ``mnote_tool_unauthorized`` otherwise."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ToolRefused(401, "mnote_tool_unauthorized", "a run token is required")
+        digest = self._digest(token.strip())
+        with self._lock:
+            for known, entry in self._tokens.items():
+                if hmac.compare_digest(known, digest):
+                    return entry
+        raise ToolRefused(401, "mnote_tool_unauthorized", "unknown or expired run token")
+
+    def invoke(self, authorization: str | None, envelope) -> dict:
+        """Check the token against the envelope, run the tool, return the output envelope.
+
+        Raises :class:`ToolRefused` for token problems and for an envelope naming another
+        actor, session or run. Everything else (schemas, permissions, ...) comes back as an
+        ``ok: false`` envelope from the executor.
+        """
+        claims, run = self.claims_for(authorization)
+        if not isinstance(envelope, dict):
+            raise ToolRefused(400, "mnote_tool_bad_request", "the body must be a JSON object")
+        for field, expected in (("actorId", claims.actor_id), ("sessionId", claims.session_id),
+                                ("runId", claims.run_id)):
+            if envelope.get(field, expected) != expected:
+                raise ToolRefused(403, "mnote_tool_permission_denied",
+                                  f"{field} does not match the run token")
+        envelope = {**envelope, "actorId": claims.actor_id, "sessionId": claims.session_id,
+                    "runId": claims.run_id, "traceId": claims.trace_id,
+                    "capabilityScope": list(claims.capability_scope)}
+        envelope.setdefault("workspaceId", claims.workspace_id)
+        envelope.setdefault("documentId", claims.document_id)
+        tool = envelope.get("toolName")
+        call_id = envelope.get("toolCallId")
+        run.touch()
+        run.emit("tool.started", tool_call_id=call_id, tool_name=tool)
+        result = self.executor.invoke(envelope)
+        run.touch()
+        run.emit("tool.completed", tool_call_id=call_id, tool_name=tool, ok=result.get("ok"),
+                 error_code=(result.get("error") or {}).get("code"))
+        return result

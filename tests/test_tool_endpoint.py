@@ -1,0 +1,128 @@
+"""The run-scoped tool endpoint (issue #4): tokens, envelope binding, events, plugin definitions."""
+import json
+import threading
+
+import pytest
+
+from conftest import ROOT
+from hermes_service.mnote_tools import plugin_tool_definitions
+
+URL = "/api/hermes/tools/invoke"
+
+
+@pytest.fixture
+def env(app_factory):
+    """An app with a seeded page store and one live run holding a token."""
+    app = app_factory()
+    svc = app.extensions["hermes_service"]
+    store = svc.tools.store
+    store.add_workspace("ws_1")
+    store.add_member("ws_1", "user_a", "editor")
+    store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
+                       "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]})
+    release = threading.Event()
+    run = svc.runs.start("mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
+                         r.emit("run.completed", output="", usage={}))
+    run_env = svc.tools.run_env(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
+    yield app, svc, run, run_env
+    release.set()
+
+
+def envelope(run_env, tool="mnote.page.get", **kw):
+    env = {"toolName": tool, "workspaceId": "ws_1", "documentId": "doc_1",
+           "actorId": run_env["MNOTE_ACTOR_ID"], "sessionId": run_env["MNOTE_SESSION_ID"],
+           "runId": run_env["MNOTE_RUN_ID"], "toolCallId": "call_1", "traceId": "trace_1",
+           "capabilityScope": ["page.read"], "args": {}}
+    env.update(kw)
+    return env
+
+
+def post(app, body, token=None, ip="127.0.0.1"):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return app.test_client().post(URL, json=body, headers=headers, environ_base={"REMOTE_ADDR": ip})
+
+
+def test_run_env_carries_url_token_and_ids(env):
+    _, _, run, run_env = env
+    assert run_env["MNOTE_TOOL_URL"].startswith("http://127.0.0.1:") and run_env["MNOTE_TOOL_URL"].endswith(URL)
+    assert len(run_env["MNOTE_RUN_TOKEN"]) >= 40
+    assert (run_env["MNOTE_RUN_ID"], run_env["MNOTE_SESSION_ID"]) == (run.run_id, run.session_id)
+
+
+def test_valid_call_runs_the_tool_and_emits_tool_events(env):
+    app, _, run, run_env = env
+    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    assert res.status_code == 200 and res.json["ok"] is True
+    assert res.json["result"]["title"] == "项目计划" and res.json["audit"]["effect"] == "read"
+    names = [e["event"] for e in run.events]
+    assert names == ["tool.started", "tool.completed"]
+    assert run.events[1]["tool_name"] == "mnote.page.get" and run.events[1]["ok"] is True
+
+
+def test_scope_and_trace_come_from_the_token_not_the_envelope(env):
+    app, svc, run, run_env = env
+    body = envelope(run_env, "mnote.page.save", traceId="forged", capabilityScope=[],
+                    idempotencyKey="k1", dryRun=False,
+                    args={"content": [{"type": "paragraph", "text": "新段落"}]})
+    res = post(app, body, run_env["MNOTE_RUN_TOKEN"])
+    assert res.json["ok"] is True and res.json["traceId"] == "trace_1"
+    [row] = svc.tools.store.audit_rows(res.json["audit"]["commandId"])
+    assert (row["runId"], row["sessionId"], row["traceId"]) == (run.run_id, run.session_id, "trace_1")
+
+
+@pytest.mark.parametrize("token", [None, "forged-token", "Basic abc"])
+def test_missing_or_forged_token_is_401(env, token):
+    app, svc, _, run_env = env
+    res = post(app, envelope(run_env), token)
+    assert res.status_code == 401 and res.json["error"]["code"] == "mnote_tool_unauthorized"
+    assert res.json["ok"] is False and res.json["result"] is None
+
+
+def test_token_expires_when_the_run_ends(env):
+    app, svc, run, run_env = env
+    svc.tools.end_run(run)
+    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    assert res.status_code == 401
+
+
+@pytest.mark.parametrize("field, value", [("actorId", "user_b"), ("sessionId", "mnote_other"),
+                                          ("runId", "run_other")])
+def test_envelope_naming_another_actor_session_or_run_is_refused(env, field, value):
+    app, svc, run, run_env = env
+    res = post(app, envelope(run_env, **{field: value}), run_env["MNOTE_RUN_TOKEN"])
+    assert res.status_code == 403 and res.json["error"]["code"] == "mnote_tool_permission_denied"
+    assert "项目计划" not in res.get_data(as_text=True) and run.events == []
+
+
+def test_only_loopback_peers(env):
+    app, _, _, run_env = env
+    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"], ip="10.0.0.5")
+    assert res.status_code == 403
+
+
+def test_bad_body_is_a_tool_error_not_a_500(env):
+    app, _, _, run_env = env
+    res = app.test_client().post(URL, data=b"{nope", headers={
+        "Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}", "Content-Type": "application/json"},
+        environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
+
+
+def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
+    from conftest import API_KEY
+    app = app_factory({"security": {"api_keys": [{"key": API_KEY, "capability_scope": ["page.read"]}]}})
+    with app.test_request_context(headers={"X-API-Key": API_KEY}):
+        from flask import g
+        from hermes_service.mnote_client import _capability_scope
+        g.api_key = app.extensions["hermes_service"].guard.check_key({"X-API-Key": API_KEY})
+        assert _capability_scope(app.extensions["hermes_service"]) == ["page.read"]
+
+
+def test_plugin_tools_json_is_generated_from_the_registry():
+    shipped = json.loads((ROOT / "users_template/plugins/mnote/tools.json").read_text("utf-8"))
+    assert shipped == plugin_tool_definitions(), \
+        "regenerate: python3 -m hermes_service.mnote_tools > users_template/plugins/mnote/tools.json"
+    for d in shipped:
+        assert d["name"].replace("_", "").isalnum() and len(d["name"]) <= 64   # provider-safe
+        forbidden = {"actorId", "sessionId", "runId", "toolCallId", "traceId", "capabilityScope"}
+        assert not forbidden & set(d["parameters"]["properties"])
