@@ -23,7 +23,7 @@ def _connect(hermes_home: Path) -> sqlite3.Connection | None:
     db = Path(hermes_home) / "state.db"
     if not db.is_file():
         return None
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
     conn.row_factory = sqlite3.Row
     return conn
 
