@@ -5,7 +5,7 @@ VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench check-config clean
 setup: $(VENV)/.installed $(HVENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -21,15 +21,20 @@ $(HVENV)/.installed: requirements-hermes.txt
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into data/dev-api-key and printed.
-run: setup
-	@mkdir -p data; \
+DEV_ENV = mkdir -p data; \
 	if [ -z "$$HERMES_SERVICE_API_KEY" ]; then \
-	  [ -s data/dev-api-key ] || $(VENV)/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))' > data/dev-api-key; \
+	  [ -s data/dev-api-key ] || (umask 077; $(VENV)/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))' > data/dev-api-key); \
 	  HERMES_SERVICE_API_KEY=$$(cat data/dev-api-key); \
 	  echo "development API key (data/dev-api-key): $$HERMES_SERVICE_API_KEY"; \
 	fi; \
-	export HERMES_SERVICE_API_KEY; \
-	PATH="$(CURDIR)/$(HVENV)/bin:$$PATH" exec $(VENV)/bin/python main.py
+	export HERMES_SERVICE_API_KEY; export PATH="$(CURDIR)/$(HVENV)/bin:$$PATH"
+
+run: setup
+	@$(DEV_ENV); exec $(VENV)/bin/python main.py
+
+# Validate config.yaml with the same environment `make run` uses.
+check-config: setup
+	@$(DEV_ENV); $(VENV)/bin/python main.py check-config
 
 test: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)

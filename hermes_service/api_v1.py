@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from flask import Blueprint, jsonify, request
+from flask import Blueprint, g, jsonify, request
 
 from .app import json_body, services
-from .errors import BadRequest, Forbidden, check_id
+from .errors import BadRequest, Forbidden, NotFound, check_id
 from .runner import classify_failure
 
 bp = Blueprint("api_v1", __name__)
@@ -30,6 +30,15 @@ EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": Fa
 # Extra arguments after an allowed subcommand: plain words and --options only,
 # never a path (so e.g. `sessions export <file>` cannot write anywhere).
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
+
+
+def _user(user_id: str | None) -> str | None:
+    """The user a request may act for. A key bound to an actor (``api_keys[].actor_id``)
+    acts only for that user: another ``user_id`` is 403 ``actor_mismatch``."""
+    bound = getattr(g.get("api_key"), "actor_id", None)
+    if bound and user_id not in (None, bound):
+        raise Forbidden("this API key is bound to another user", code="actor_mismatch")
+    return check_id(user_id, "user_id") if user_id else bound
 
 
 def _public(rec: dict) -> dict:
@@ -60,7 +69,7 @@ def create_session():
     """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
     body = json_body(CREATE_SESSION)
     svc = services()
-    rec = svc.conversations.create(body["user_id"], kind="v1")
+    rec = svc.conversations.create(_user(body["user_id"]), kind="v1")
     home = svc.homes.path(rec["user_id"])
     return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
                    hermes_path=str(home.hermes_home), status="created")
@@ -72,20 +81,20 @@ def list_sessions():
     user_id = request.args.get("user_id")
     if not user_id:
         raise BadRequest("query parameter user_id is required", code="invalid_request")
-    recs = services().conversations.list(check_id(user_id, "user_id"))
+    recs = services().conversations.list(_user(user_id))
     return jsonify(user_id=user_id, sessions=[_public(r) for r in recs])
 
 
 @bp.get("/api/v1/sessions/<session_id>")
 def get_session(session_id):
     """Spec §6: ``{user_id, local_session_id, created_at, status, ...}``; 404 if unknown."""
-    return jsonify(_public(services().conversations.get(session_id)))
+    return jsonify(_public(services().conversations.get(session_id, owner=_user(None))))
 
 
 @bp.delete("/api/v1/sessions/<session_id>")
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
-    rec = services().conversations.delete(session_id)
+    rec = services().conversations.delete(session_id, owner=_user(None))
     return jsonify(session_id=rec["session_id"], status="deleted")
 
 
@@ -98,8 +107,12 @@ def send_message(session_id):
     """
     check_id(session_id, "session_id")
     body = json_body(SEND_MESSAGE)
-    owner = (body.get("user_context") or {}).get("user_id")
-    rec, result = services().conversations.send(session_id, body["message"], owner=owner)
+    ctx_user = (body.get("user_context") or {}).get("user_id")
+    bound = _user(None)
+    if bound and ctx_user not in (None, bound):
+        raise NotFound(f"session {session_id} not found", code="session_not_found")
+    rec, result = services().conversations.send(session_id, body["message"],
+                                                 owner=ctx_user or bound)
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": result.hermes_session_id, "resumed": result.resumed}
     if result.notice:
@@ -128,7 +141,7 @@ def execute():
     argv = body["command"]
     if not _allowed(argv, ex["allowed"]):
         raise Forbidden(f"command not allowed: {' '.join(argv[:3])}", code="command_not_allowed")
-    user_id = (body.get("user_context") or {}).get("user_id")
+    user_id = _user((body.get("user_context") or {}).get("user_id"))
     home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
     env = svc.homes.cli_env(home, svc.runner.command_path())
     timeout = min(float(body.get("timeout") or ex["timeout_seconds"]), float(ex["timeout_seconds"]))

@@ -5,10 +5,12 @@ Data flows one way: blueprint → service objects (``Services``) → runner/stor
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import re
 import secrets
 import time
+from urllib.parse import quote
 from dataclasses import dataclass
 
 import jsonschema
@@ -29,6 +31,7 @@ _REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 # Paths that authenticate themselves (a run-scoped token) instead of an API key.
 SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
+PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host")
 
 
 @dataclass
@@ -55,13 +58,31 @@ def services() -> Services:
     return current_app.extensions["hermes_service"]
 
 
+def _no_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes):
+    """Strict JSON: UTF-8, no NaN/Infinity, no lone surrogates, bounded nesting.
+
+    Raises BadRequest ``invalid_json``.
+    """
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")   # rejects lone surrogates
+    except (ValueError, RecursionError, UnicodeError):
+        raise BadRequest("the request body is not valid JSON (UTF-8, no NaN, no lone "
+                         "surrogates)", code="invalid_json") from None
+    return data
+
+
 def json_body(schema: dict | None = None) -> dict:
     """The request's JSON object, validated with ``schema`` (jsonschema).
 
-    Raises BadRequest ``invalid_json`` (not JSON / not an object) or
+    Raises BadRequest ``invalid_json`` (not strict JSON / not an object) or
     ``invalid_request`` naming the offending field.
     """
-    data = request.get_json(silent=True, force=True) if request.data else None
+    data = parse_json(request.get_data()) if request.content_length or request.data else None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
     if schema:
@@ -111,7 +132,10 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = SessionStore(config.data_dir / "sessions.json")
     homes = UserHomes(config)
-    runner = HermesRunner(config["hermes"])
+    runner = HermesRunner(config["hermes"], pid_dir=config.data_dir / "pids")
+    reaped = runner.reap_orphans()
+    if reaped:
+        log.warning("killed %d Hermes CLI process group(s) left by a service that died", reaped)
     svc = Services(config, Guard(config), store, homes, runner,
                    Conversations(config, store, homes, runner))
     app.extensions["hermes_service"] = svc
@@ -133,13 +157,16 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         g.client_ip = svc.guard.client_ip(request.remote_addr,
                                           request.headers.get("X-Forwarded-For"))
         if request.path.startswith(SELF_AUTH_PREFIXES):
-            # tool calls come from the local CLI with a run token: loopback peers only
-            if not _is_loopback(request.remote_addr):
-                raise Forbidden("tool calls are accepted from loopback only", code="ip_not_allowed")
+            # tool calls come from the local CLI with a run token: loopback peers only, and
+            # never through a (same-host) reverse proxy, whose requests also come from loopback
+            proxied = any(h in request.headers for h in PROXY_HEADERS)
+            if proxied or not _is_loopback(request.remote_addr):
+                raise Forbidden("tool calls are accepted from the local CLI only",
+                                code="ip_not_allowed")
             return None
-        if request.method == "OPTIONS":
-            return None    # CORS preflight carries no credentials
         svc.guard.check_ip(g.client_ip)
+        if request.method == "OPTIONS" and cors["allow_origins"]:
+            return None    # CORS preflight carries no credentials
         if request.path == "/health" and not health_needs_key:
             return None
         g.api_key = svc.guard.check_key(request.headers)
@@ -150,7 +177,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         resp.headers["X-Request-Id"] = g.get("request_id", "")
         started = g.get("start")
         access_log.info("rid=%s ip=%s %s %s %s %.1fms", g.get("request_id"), g.get("client_ip"),
-                        request.method, request.path, resp.status_code,
+                        request.method, quote(request.path, safe="/@:+,;=-._~!$&'()*"),
+                        resp.status_code,
                         (time.perf_counter() - started) * 1000 if started else 0.0)
         return resp
 
@@ -176,7 +204,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     from .mnote_client import bp as mnote_client, client_code, legacy_bp
     hermes = config["hermes"]
     svc.runs = RunManager(config["mnote"]["events_retention_seconds"],
-                          max_active=hermes["max_concurrent_runs"] * 4, code_for=client_code)
+                          max_active=hermes["max_concurrent_runs"] * 4, code_for=client_code,
+                          max_streams=config["mnote"]["max_event_streams"])
     from .page_store import SQLitePageStore
     from .tool_gateway import ToolGateway
     url = service_url or config["mnote"]["service_url"] or \

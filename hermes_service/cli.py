@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import signal
 import sys
 
 import click
@@ -57,9 +58,22 @@ def serve(config_path, host=None, port=None, threads=None):
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     from waitress import serve as waitress_serve
+    runner = app.extensions["hermes_service"].runner
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, stop)
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
-    waitress_serve(app, host=host, port=port, threads=threads or svc_cfg["threads"],
-                   ident="hermes-service", channel_timeout=3600)
+    # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress must
+    # pass it through instead of dropping it.
+    try:
+        waitress_serve(app, host=host, port=port, threads=threads or svc_cfg["threads"],
+                       ident="hermes-service", channel_timeout=3600,
+                       clear_untrusted_proxy_headers=False)
+    finally:   # SIGTERM, Ctrl-C: no CLI run outlives the service
+        killed = runner.kill_all()
+        logging.getLogger("hermes_service").info("stopped; killed %d running CLI process(es)",
+                                                 killed)
 
 
 @cli.command("check-config")

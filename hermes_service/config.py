@@ -34,14 +34,14 @@ DEFAULTS: dict[str, Any] = {
         "health_requires_api_key": False,
     },
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
-    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "threads": 16,
+    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "threads": 32,
                 "max_body_bytes": 1048576},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
         "command": "hermes",
         "timeout_seconds": 300,
-        "stall_timeout_seconds": 180,
+        "stall_timeout_seconds": 240,
         "max_concurrent_runs": 2,
         "queue_wait_seconds": 30,
         "max_message_bytes": 122880,
@@ -62,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
         "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}],
         "events_retention_seconds": 3600,
         "keepalive_seconds": 15,
+        "max_event_streams": 12,
         "default_capability_scope": ["page.read", "page.write", "artifact.write"],
         "service_url": None,
     },
@@ -135,6 +136,7 @@ SCHEMA = _obj({
         }, required=["id"])},
         "events_retention_seconds": _POS_NUM,
         "keepalive_seconds": _POS_NUM,
+        "max_event_streams": _POS_INT,
         "default_capability_scope": _STR_LIST,
         "service_url": {"type": ["string", "null"]},
     }),
@@ -275,6 +277,11 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     if raw["mnote"]["default_model"] not in model_ids:
         problems.append(f"{source}:mnote.default_model: '{raw['mnote']['default_model']}' "
                         f"is not one of mnote.models ({', '.join(model_ids)})")
+    needed = raw["mnote"]["max_event_streams"] + 2 * raw["hermes"]["max_concurrent_runs"] + 4
+    if raw["service"]["threads"] < needed:
+        problems.append(f"{source}:service.threads: {raw['service']['threads']} is too few; event "
+                        f"streams, CLI runs and tool calls each hold a thread (need >= {needed} = "
+                        "mnote.max_event_streams + 2 * hermes.max_concurrent_runs + 4)")
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
         if argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from filelock import FileLock, Timeout
 
 from .config import Config
-from .errors import Conflict, NotFound, TooLarge, check_id
+from .errors import BadRequest, Conflict, NotFound, TooLarge, check_id
 from .runner import ChatResult, HermesRunner
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHomes
@@ -79,8 +79,11 @@ class Conversations:
 
     # -- turns -----------------------------------------------------------
     def check_message(self, message: str) -> None:
-        """Raise TooLarge (413 ``message_too_large``) over ``hermes.max_message_bytes``."""
-        if len(message.encode("utf-8")) > self.max_message_bytes:
+        """Raise BadRequest (NUL: a CLI argument cannot carry it) or TooLarge (413
+        ``message_too_large``) over ``hermes.max_message_bytes``."""
+        if "\x00" in message:
+            raise BadRequest("message must not contain NUL characters", code="invalid_request")
+        if len(message.encode("utf-8", "surrogatepass")) > self.max_message_bytes:
             raise TooLarge(f"message exceeds {self.max_message_bytes} bytes",
                            code="message_too_large")
 
@@ -107,12 +110,13 @@ class Conversations:
 
     def send(self, session_id: str, message: str, owner: str | None = None, *, prompt: str | None = None,
              extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None,
-             model: str | None = None, toolsets: list[str] | None = None
-             ) -> tuple[dict, ChatResult]:
+             model: str | None = None, toolsets: list[str] | None = None,
+             record: dict | None = None) -> tuple[dict, ChatResult]:
         """Run one turn: ``prompt`` (default ``message``) goes to Hermes.
 
         ``extra_env`` is added to this run's CLI environment only; ``model`` is passed as
-        ``-m``; ``toolsets`` are offered in addition to ``hermes.toolsets``.
+        ``-m``; ``toolsets`` are offered in addition to ``hermes.toolsets``; ``record`` fields
+        are stored on the session after a successful turn.
 
         Returns (updated record, result). Raises NotFound, TooLarge, Conflict
         (``session_busy``), TooManyRuns, Unconfigured or a RunError.
@@ -130,7 +134,8 @@ class Conversations:
                 toolsets=toolsets)
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
-                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
+                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso(),
+                **(record or {}))
         if updated is None:
             raise NotFound(f"session {session_id} was deleted during the turn",
                            code="session_not_found")

@@ -70,18 +70,20 @@ class RunError(ServiceError):
     status, code = 502, "hermes_failed"
 
 
-# Ids end up in file names (user homes, lock files): one strict pattern for
-# all of them; no '/', NUL, whitespace, and never '..'.
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+# Ids end up in file names (user homes, lock files) and in the page store: one
+# strict pattern for all of them; no '/', NUL, whitespace, and never '..'.
+ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$"
+_ID = re.compile(ID_PATTERN)
 
 
 def check_id(value, field: str) -> str:
     """Return ``value`` if it is a safe id, else raise :class:`BadRequest` (code ``invalid_id``).
 
-    Safe: 1–128 chars of ``A-Z a-z 0-9 _ . @ -``, starting with a letter or
-    digit, with no ``..``. Used for ``user_id``, session ids, run ids,
+    Safe: 1–128 chars of ``A-Z a-z 0-9 _ . @ : -``, starting with a letter or
+    digit, with no ``..`` (:data:`ID_PATTERN`). Used for ``user_id``, session ids, run ids,
     workspace/document ids and trace ids alike.
     """
-    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
-        raise BadRequest(f"{field} must match {_ID.pattern} without '..'", code="invalid_id")
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise BadRequest(f"{field} must be 1-128 characters of A-Z a-z 0-9 _ . @ : - starting "
+                         "with a letter or digit, without '..'", code="invalid_id")
     return value

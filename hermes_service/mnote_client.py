@@ -12,14 +12,15 @@ contract's six (§3) plus the documented additions in :data:`EXTRA_CODES`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from .app import ERROR_RENDERERS, json_body, services
-from .errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from .app import ERROR_RENDERERS, json_body, parse_json, services
+from .errors import BadRequest, NotFound, ServiceError, TooManyRuns, Unauthorized, check_id
 from .hermes_state import session_messages, session_summary
 
 PREFIX = "/api/hermes/client"
@@ -57,6 +58,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "session_busy": "hermes_client_session_busy",             # 409 a run is active
     "session_exists": "hermes_client_session_busy",           # 409
     "too_many_runs": "hermes_client_busy",                    # 429 all run slots taken
+    "too_many_streams": "hermes_client_busy",                 # 429 mnote.max_event_streams open
     "run_timeout": "hermes_client_run_timeout",               # run.failed: hard limit
     "run_stalled": "hermes_client_run_stalled",               # run.failed: stall watchdog
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
@@ -76,7 +78,10 @@ def _status(err: ServiceError) -> int:
 def trace_id() -> str:
     """traceId of this request (validated, generated if absent)."""
     if "trace_id" not in g:
-        body = request.get_json(silent=True) if request.is_json else None
+        try:
+            body = parse_json(request.get_data()) if request.is_json else None
+        except Exception:   # oversized or malformed: the route reports that itself
+            body = None
         value = ((body or {}).get("traceId") if isinstance(body, dict) else None) \
             or request.args.get("traceId") or request.headers.get("X-Trace-Id")
         g.trace_id = "trace_" + secrets.token_hex(8)
@@ -121,9 +126,26 @@ def ok(**fields):
     return jsonify({"ok": True, "traceId": trace_id(), **fields})
 
 
+MAX_SESSION_ID = 115    # + "." + 12 hex of the actor = a 128-char store key
+
+
+def session_key(actor: str, session_id: str) -> str:
+    """The ``sessions.json`` key of an actor's mnote session.
+
+    Session ids are chosen by clients (``mnote_<documentId>_<traceId>``), so two actors may
+    use the same one; the key adds a digest of the actor so neither can take or see the
+    other's. Raises BadRequest for an unsafe or too long id.
+    """
+    check_id(session_id, "sessionId")
+    if len(session_id) > MAX_SESSION_ID:
+        raise BadRequest(f"sessionId must be at most {MAX_SESSION_ID} characters",
+                         code="invalid_id")
+    return f"{session_id}.{hashlib.sha256(actor.encode()).hexdigest()[:12]}"
+
+
 def _own_session(session_id: str, actor: str) -> dict:
-    rec = services().conversations.get(session_id, owner=actor)
-    if rec.get("kind") != "mnote":
+    rec = services().conversations.store.get(session_key(actor, session_id))
+    if rec is None or rec.get("kind") != "mnote" or rec.get("user_id") != actor:
         raise NotFound(f"session {session_id} not found", code="session_not_found")
     return rec
 
@@ -131,7 +153,7 @@ def _own_session(session_id: str, actor: str) -> dict:
 def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | None) -> None:
     if workspace_id is not None and workspace_id != rec.get("workspace_id") or \
             document_id is not None and document_id != rec.get("document_id"):
-        raise NotFound(f"session {rec['session_id']} not found", code="session_not_found")
+        raise NotFound(f"session {rec['mnote_session_id']} not found", code="session_not_found")
 
 
 # -- sessions ------------------------------------------------------------
@@ -156,7 +178,7 @@ def list_sessions():
     out = []
     for rec in svc.conversations.list(actor, **match):
         summary = session_summary(home.hermes_home, rec.get("hermes_session_id")) or {}
-        out.append({"sessionId": rec["session_id"],
+        out.append({"sessionId": rec["mnote_session_id"],
                     "title": summary.get("title") or rec.get("title"),
                     "preview": (strip_context(summary.get("preview")) or "")[:PREVIEW_CHARS] or None,
                     "messageCount": summary.get("messageCount", 0),
@@ -186,24 +208,24 @@ def create_session():
     body = json_body(CREATE_SESSION)
     tid = trace_id()
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
-    sid = check_id(f"mnote_{doc}_{tid}", "sessionId")
+    sid = f"mnote_{doc}_{tid}"
     _ensure_session(sid, actor, ws, doc, body.get("title"))
     return ok(sessionId=sid, persistence="hermes_on_first_run")
 
 
 def _ensure_session(sid: str, actor: str, ws: str, doc: str, title: str | None = None) -> dict:
+    """The actor's session ``sid`` on page ws/doc, created if new (idempotent)."""
     conv = services().conversations
-    rec = conv.store.get(sid)
+    key = session_key(actor, sid)
+    rec = conv.store.get(key)
     if rec is None:
         try:
-            return conv.create(actor, sid, kind="mnote", workspace_id=ws, document_id=doc,
-                               title=title, trace_id=g.get("trace_id"))
+            return conv.create(actor, key, kind="mnote", mnote_session_id=sid, workspace_id=ws,
+                               document_id=doc, title=title, trace_id=g.get("trace_id"))
         except ServiceError as err:
             if err.code != "session_exists":
                 raise
-            rec = conv.store.get(sid)
-    if rec["user_id"] != actor or rec.get("kind") != "mnote":
-        raise NotFound(f"session {sid} not found", code="session_not_found")
+            rec = conv.store.get(key)
     _check_page_args(rec, ws, doc)
     return rec
 
@@ -299,11 +321,11 @@ def start_run():
     if model_id not in models:
         raise BadRequest(f"model must be one of {', '.join(models)}", code="invalid_request")
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
-    sid = check_id(body["sessionId"], "sessionId")
+    sid = body["sessionId"]
     svc.conversations.check_message(body["message"])
     prompt = build_prompt(body)
     svc.conversations.check_message(prompt)
-    _ensure_session(sid, actor, ws, doc)
+    key = _ensure_session(sid, actor, ws, doc)["session_id"]
     hermes_model = models[model_id].get("hermes_model")
     scope = _capability_scope(svc)
 
@@ -314,27 +336,24 @@ def start_run():
         try:
             run.emit("run.started")
             before = session_summary(svc.homes.path(actor).hermes_home,
-                                     svc.conversations.get(sid).get("hermes_session_id")) or {}
+                                     svc.conversations.get(key).get("hermes_session_id")) or {}
 
             def on_spawn(proc):
                 run.process = proc
                 run.status = "running"
             rec, result = svc.conversations.send(
-                sid, body["message"], owner=actor, prompt=prompt, extra_env=env,
+                key, body["message"], owner=actor, prompt=prompt, extra_env=env,
                 on_spawn=on_spawn, cancel=run.cancel, wait=0, model=hermes_model,
-                toolsets=toolsets)
+                toolsets=toolsets, record={"model": model_id})
         finally:
             if svc.tools is not None:
                 svc.tools.end_run(run)
-        if run.cancel.is_set():
-            run.emit("run.cancelled")
-            return
         after = session_summary(svc.homes.path(actor).hermes_home, result.hermes_session_id) or {}
-        usage = _usage_delta(before, after)
-        run.emit("message.delta", delta=result.answer)
-        run.emit("run.completed", output=result.answer, usage=usage)
+        run.finish([("message.delta", {"delta": result.answer}),
+                    ("run.completed", {"output": result.answer,
+                                       "usage": _usage_delta(before, after)})])
 
-    run = svc.runs.start(sid, actor, tid, execute)
+    run = svc.runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
 
 
@@ -371,19 +390,25 @@ def events(run_id):
     except ValueError:
         raise BadRequest("Last-Event-ID must be an event id (integer)", code="invalid_request") from None
     keepalive = float(svc.config["mnote"]["keepalive_seconds"])
+    if not svc.runs.streams.acquire(blocking=False):
+        raise TooManyRuns("too many open event streams; retry later", code="too_many_streams",
+                          headers={"Retry-After": "5"})
 
     def stream():
-        yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
-        for item in run.follow(after, keepalive):
-            if item is None:
-                yield ": keepalive\n\n"
-            else:
-                seq, event = item
-                yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+        try:
+            yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
+            for item in run.follow(after, keepalive):
+                if item is None:
+                    yield ": keepalive\n\n"
+                else:
+                    seq, event = item
+                    yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+        finally:
+            svc.runs.streams.release()
 
     return Response(stream_with_context(stream()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                             "X-Trace-Id": trace_id()})
+                             "X-Trace-Id": run.trace_id})
 
 
 ABORT = {"type": "object", "additionalProperties": False,
@@ -424,10 +449,6 @@ def tools():
     return ok(tools=[{"name": t.name, "scope": t.scope, "schemaVersion": SCHEMA_VERSION}
                      for t in TOOLS])
 
-
-@bp.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-def unknown(rest):
-    raise NotFound(f"no route {PREFIX}/{rest}", code="not_found")
 
 
 @legacy_bp.route("/api/ai-agent/run", methods=["GET", "POST"])

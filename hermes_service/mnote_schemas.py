@@ -18,7 +18,8 @@ least one key, ``summary``/ai-note ``content`` must be non-empty.
 """
 from __future__ import annotations
 
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+from .errors import ID_PATTERN  # one id pattern for the whole service
+
 PAGE_OPTION_KEYS = ("wideLayout", "smallText", "showToc", "protectEditing")
 
 _DRAFT = "https://json-schema.org/draft/2020-12/schema"

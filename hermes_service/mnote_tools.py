@@ -158,10 +158,7 @@ class ToolExecutor:
         ``audit.effect: "none"``, ``error: {code, message}``; messages never carry page
         title, body or artifact text.
         """
-        raw = envelope if isinstance(envelope, dict) else {}
-        echo = {k: v if isinstance(v, str) and len(v) <= 256 else None
-                for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
-                for v in [raw.get(k)]}
+        echo = self._echo(envelope)
         try:
             spec, env, args = self._validate(envelope)
             echo["toolName"] = spec.name
@@ -216,6 +213,18 @@ class ToolExecutor:
         if args.get("includeBlocks", True):
             out["blocks"] = page["blocks"]
         return out
+
+    def denied(self, envelope: dict, message: str) -> dict:
+        """A ``mnote_tool_permission_denied`` envelope for a call refused before the store."""
+        return self._envelope(self._echo(envelope), None,
+                              error={"code": PermissionDenied.code, "message": message})
+
+    @staticmethod
+    def _echo(envelope) -> dict:
+        raw = envelope if isinstance(envelope, dict) else {}
+        return {k: v if isinstance(v, str) and len(v) <= 256 else None
+                for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
+                for v in [raw.get(k)]}
 
     @staticmethod
     def _envelope(echo: dict, res: CommandResult | None, error: dict | None = None) -> dict:

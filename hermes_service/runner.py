@@ -13,6 +13,7 @@ slot, then gets :class:`~hermes_service.errors.TooManyRuns` (429).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -22,7 +23,8 @@ import subprocess
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
 
@@ -65,8 +67,10 @@ class CliProcess:
     (SIGTERM, then SIGKILL after ``KILL_GRACE_SECONDS``) and is idempotent.
     """
 
-    def __init__(self, argv: list[str], env: dict, cwd: str, max_output_bytes: int | None = None):
+    def __init__(self, argv: list[str], env: dict, cwd: str, max_output_bytes: int | None = None,
+                 on_exit=None):
         self.argv = argv
+        self._on_exit = on_exit
         self.started = time.monotonic()
         self.last_activity = self.started
         self.killed: str | None = None
@@ -138,9 +142,21 @@ class CliProcess:
                 self.kill("stall")
         for t in self._readers:
             t.join(5)
+        if self._on_exit:
+            self._on_exit(self)
         text = {k: v.decode("utf-8", "replace") for k, v in self._out.items()}
         return Outcome(self.proc.returncode, text["stdout"], text["stderr"],
                        time.monotonic() - self.started, self.killed, self._truncated)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
 
 
 def session_id_from_stderr(stderr: str) -> str | None:
@@ -203,8 +219,13 @@ class HermesRunner:
     ``command`` is ``hermes.command`` (a name looked up on PATH, or a path).
     """
 
-    def __init__(self, hermes_cfg: dict):
+    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None):
         self.command = hermes_cfg["command"]
+        self.pid_dir = pid_dir
+        self._live: set[CliProcess] = set()
+        self._live_lock = threading.Lock()
+        if pid_dir is not None:
+            pid_dir.mkdir(parents=True, exist_ok=True)
         self.timeout = float(hermes_cfg["timeout_seconds"])
         self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
         self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
@@ -240,8 +261,68 @@ class HermesRunner:
 
     def spawn(self, args: list[str], env: dict, cwd: str, max_output_bytes: int | None = None
               ) -> CliProcess:
-        """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot."""
-        return CliProcess([self.command_path(), *args], env, cwd, max_output_bytes)
+        """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot.
+
+        The process group is recorded (``<pid_dir>/<pgid>.json``) until it is waited for,
+        so :meth:`kill_all` at shutdown and :meth:`reap_orphans` after a crash can end it.
+        """
+        proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
+                          on_exit=self._forget)
+        with self._live_lock:
+            self._live.add(proc)
+        if self.pid_dir is not None:
+            (self.pid_dir / f"{proc.pgid}.json").write_text(
+                json.dumps({"service_pid": os.getpid(), "home": env.get("HERMES_HOME")}))
+        return proc
+
+    def _forget(self, proc: CliProcess) -> None:
+        with self._live_lock:
+            self._live.discard(proc)
+        if self.pid_dir is not None:
+            (self.pid_dir / f"{proc.pgid}.json").unlink(missing_ok=True)
+
+    def kill_all(self) -> int:
+        """Kill every live CLI process group (service shutdown). Returns how many."""
+        with self._live_lock:
+            live = list(self._live)
+        threads = [threading.Thread(target=p.kill, args=("shutdown",)) for p in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return len(live)
+
+    def reap_orphans(self) -> int:
+        """Kill CLI process groups left by a service process that died (kill -9, crash).
+
+        A record is acted on only if its service process is gone and the group leader is
+        still a CLI run of this data dir (its HERMES_HOME matches), so a reused pid is safe.
+        """
+        if self.pid_dir is None:
+            return 0
+        reaped = 0
+        for record in self.pid_dir.glob("*.json"):
+            try:
+                info = json.loads(record.read_text())
+                pgid = int(record.stem)
+            except (OSError, ValueError):
+                record.unlink(missing_ok=True)
+                continue
+            if _alive(info.get("service_pid")):
+                continue
+            home = (info.get("home") or "").encode()
+            try:
+                environ = Path(f"/proc/{pgid}/environ").read_bytes()
+            except OSError:
+                environ = b""
+            if home and b"HERMES_HOME=" + home + b"\0" in environ:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                    reaped += 1
+                except ProcessLookupError:
+                    pass
+            record.unlink(missing_ok=True)
+        return reaped
 
     def chat_args(self, message: str, resume_id: str | None, model: str | None = None,
                   toolsets: list[str] | None = None) -> list[str]:

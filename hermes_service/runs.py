@@ -67,6 +67,17 @@ class Run:
             self._cond.notify_all()
             return len(self.events)
 
+    def finish(self, events: list[tuple[str, dict]]) -> None:
+        """Emit the closing events of a successful run — unless an abort came first, in which
+        case ``run.cancelled`` is emitted instead. Atomic with :meth:`RunManager.abort`, so
+        ``run.completed`` never follows ``abort.started``."""
+        with self._cond:
+            if self.cancel.is_set():
+                self.emit("run.cancelled")
+                return
+            for name, fields in events:
+                self.emit(name, **fields)
+
     @property
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
@@ -108,8 +119,9 @@ class RunManager:
     """
 
     def __init__(self, retention_seconds: float, max_active: int,
-                 code_for: Callable[[ServiceError], str]):
+                 code_for: Callable[[ServiceError], str], max_streams: int = 12):
         self.retention = retention_seconds
+        self.streams = threading.BoundedSemaphore(max_streams)   # open event streams (threads)
         self.max_active = max_active
         self.code_for = code_for
         self._runs: dict[str, Run] = {}
@@ -122,13 +134,14 @@ class RunManager:
             if run.finished and run.finished < cutoff:
                 del self._runs[run_id]
 
-    def start(self, session_id: str, actor_id: str, trace_id: str,
+    def start(self, session_key: str, session_id: str, actor_id: str, trace_id: str,
               execute: Callable[[Run], None]) -> Run:
-        """Start a run on a session. Raises Conflict ``session_busy`` if the session has an
+        """Start a run on a session (``session_key``: its store key; ``session_id``: the id the
+        client knows, used in events). Raises Conflict ``session_busy`` if the session has an
         active run, TooManyRuns if ``max_active`` runs are already queued or running."""
         with self._lock:
             self._sweep()
-            current = self._runs.get(self._by_session.get(session_id, ""))
+            current = self._runs.get(self._by_session.get(session_key, ""))
             if current is not None and not current.done:
                 raise Conflict(f"session {session_id} already has an active run ({current.run_id})",
                                code="session_busy", extra={"runId": current.run_id})
@@ -137,7 +150,7 @@ class RunManager:
                                   headers={"Retry-After": "5"})
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
             self._runs[run.run_id] = run
-            self._by_session[session_id] = run.run_id
+            self._by_session[session_key] = run.run_id
         threading.Thread(target=self._work, args=(run, execute), name=run.run_id, daemon=True).start()
         return run
 

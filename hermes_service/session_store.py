@@ -77,6 +77,11 @@ class SessionStore:
             raise CorruptStore(f"{self.path}: expected {{\"version\": {FORMAT_VERSION}, "
                                "\"sessions\": {...}}; fix or move it away")
         sessions = data["sessions"]
+        bad = [k for k, r in sessions.items() if not isinstance(r, dict)
+               or r.get("session_id") != k or not isinstance(r.get("user_id"), str)]
+        if bad:
+            raise CorruptStore(f"{self.path}: invalid session record(s) {bad[:3]}; fix or move "
+                               "the file away")
         with self._mutex:
             self._cache = (stamp, sessions)
         return sessions

@@ -1,7 +1,8 @@
 """``POST /api/hermes/tools/invoke``: where the mnote Hermes plugin sends tool calls (issue #4).
 
 Authenticated by the run-scoped bearer token (not the API key) and reachable
-only from loopback (the CLI runs on this machine). Body: the tool contract's
+only from loopback (the CLI runs on this machine) without proxy headers (a
+request relayed by a same-host reverse proxy is refused). Body: the tool contract's
 input envelope (§2); response: its output envelope (§3), HTTP 200 for every
 executed call (``ok`` tells success), 401 ``mnote_tool_unauthorized`` for a
 missing/unknown/expired token, 403 ``mnote_tool_permission_denied`` for an
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from .app import services
+from .app import parse_json, services
+from .errors import ServiceError
 from .tool_gateway import ToolRefused
 
 bp = Blueprint("mnote_tools", __name__)
@@ -20,7 +22,10 @@ bp = Blueprint("mnote_tools", __name__)
 @bp.post("/api/hermes/tools/invoke")
 def invoke():
     gateway = services().tools
-    envelope = request.get_json(silent=True, force=True)
+    try:
+        envelope = parse_json(request.get_data())
+    except ServiceError:
+        envelope = None
     try:
         return jsonify(gateway.invoke(request.headers.get("Authorization"), envelope))
     except ToolRefused as exc:

@@ -8,7 +8,9 @@
 2. The ``mnote`` Hermes plugin (users_template/plugins/mnote) builds the
    contract's input envelope and POSTs it with ``Authorization: Bearer <token>``.
 3. :meth:`ToolGateway.invoke` refuses an unknown/revoked token, an envelope
-   whose actor/session/run differ from the token's; it forces the token's
+   whose actor/session/run differ from the token's; a call outside the run's
+   workspace, or a write to another page than the run's, gets
+   ``mnote_tool_permission_denied`` (nothing leaked); it forces the token's
    trace and capability scope into the envelope, emits ``tool.started`` /
    ``tool.completed`` on the run's event stream, marks tool activity for the
    stall watchdog, and hands the envelope to the
@@ -23,7 +25,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from .mnote_tools import ToolExecutor
+from .mnote_tools import TOOLS_BY_NAME, ToolExecutor
 from .page_store import SQLitePageStore
 
 TOKEN_BYTES = 32
@@ -102,6 +104,20 @@ class ToolGateway:
                     return entry
         raise ToolRefused(401, "mnote_tool_unauthorized", "unknown or expired run token")
 
+    @staticmethod
+    def _outside_binding(claims: RunClaims, envelope: dict) -> str | None:
+        """Why the envelope leaves the run's page binding, or None.
+
+        A run works in its own workspace; it may read other pages there (the store still
+        checks the actor's rights) but writes only to its own page.
+        """
+        if envelope.get("workspaceId") != claims.workspace_id:
+            return "无页面读取权限"
+        spec = TOOLS_BY_NAME.get(envelope.get("toolName"))
+        if spec is not None and spec.writes and envelope.get("documentId") != claims.document_id:
+            return "无页面写权限"
+        return None
+
     def invoke(self, authorization: str | None, envelope) -> dict:
         """Check the token against the envelope, run the tool, return the output envelope.
 
@@ -126,7 +142,9 @@ class ToolGateway:
         call_id = envelope.get("toolCallId")
         run.touch()
         run.emit("tool.started", tool_call_id=call_id, tool_name=tool)
-        result = self.executor.invoke(envelope)
+        outside = self._outside_binding(claims, envelope)
+        result = self.executor.invoke(envelope) if outside is None else \
+            self.executor.denied(envelope, outside)
         run.touch()
         run.emit("tool.completed", tool_call_id=call_id, tool_name=tool, ok=result.get("ok"),
                  error_code=(result.get("error") or {}).get("code"))

@@ -52,7 +52,7 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
         "security": {"enable_ip_check": True, "allowed_ips": ["127.0.0.1", "::1"],
                      "enable_api_key": True, "auth_method": "header",
                      "api_keys": [{"key": API_KEY, "description": "tests"}]},
-        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 8},
+        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24},
         "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
                    "max_concurrent_runs": 2, "queue_wait_seconds": 60,
                    "extra_env": {"HERMES_STREAM_RETRIES": "0"},

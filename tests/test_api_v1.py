@@ -345,3 +345,24 @@ def test_model_settings_change_updates_existing_homes(app_factory, monkeypatch, 
     app2.extensions["hermes_service"].homes.ensure("alice")
     assert "other-model" in cfg_path.read_text()
     assert (cfg_path.parent / "state.db").read_text() == "user state"
+
+
+@pytest.mark.parametrize("body", [
+    b'{"message": "a\\u0000b"}',                 # NUL cannot travel in argv
+    b'{"message": "\\ud800"}',                   # lone surrogate
+    b'{"message": NaN}', b'{"message": "x", "user_context": {"user_id": Infinity}}',
+    b'{"message": ' + b"[" * 5000 + b"]" * 5000 + b"}",   # deep nesting
+    b'\xff\xfe{"message": "x"}',                  # not UTF-8
+])
+def test_hostile_bodies_are_400_not_500(client, body):
+    c = client()
+    sid = new_session(c)
+    res = c.post(f"/api/v1/sessions/{sid}/messages", data=body,
+                 headers={**H, "Content-Type": "application/json"})
+    assert res.status_code == 400 and res.json["code"] in ("invalid_json", "invalid_request")
+
+
+def test_nan_timeout_cannot_lift_the_execute_limit(client):
+    res = client().post("/api/v1/execute", data=b'{"command": ["version"], "timeout": NaN}',
+                        headers={**H, "Content-Type": "application/json"})
+    assert res.status_code == 400

@@ -135,3 +135,31 @@ def test_request_level_error_codes_from_real_causes(start_service):
     res = svc.get(f"{P}/sessions", headers={"X-API-Key": API_KEY})
     assert res.status_code == 401 and res.json()["code"] == "hermes_client_unauthorized"
     assert svc.post("/api/ai-agent/run", json={}, headers=A).status_code == 410
+
+
+def test_no_cli_process_outlives_the_service(start_service, model, tmp_path):
+    """SIGTERM kills running CLI groups; after kill -9 the next start reaps them."""
+    import signal
+    home = str(tmp_path / "data" / "users" / "user_a")
+
+    def hang_until_model_sees(svc, marker):
+        start_run(svc, f"mnote_doc_1_{marker}", f"[[hang]] {marker}")
+        deadline = time.monotonic() + 60
+        while not model.requests_with(marker):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert hermes_processes(home)
+
+    svc = start_service(tmp=tmp_path)
+    hang_until_model_sees(svc, "term1")
+    svc.stop(signal.SIGTERM)
+    assert hermes_processes(home) == []
+    assert "killed 1 running CLI" in svc.log()
+
+    svc = start_service(tmp=tmp_path)
+    hang_until_model_sees(svc, "kill9")
+    svc.stop(signal.SIGKILL)
+    assert hermes_processes(home)                  # orphaned by the crash...
+    svc = start_service(tmp=tmp_path)              # ...and reaped by the next start
+    assert hermes_processes(home) == []
+    assert "left by a service that died" in svc.log()

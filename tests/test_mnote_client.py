@@ -102,9 +102,12 @@ def test_create_session_example(c):
     again = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                           "traceId": "trace_1"}, headers=A)
     assert again.json["sessionId"] == "mnote_doc_1_trace_1"        # idempotent
+    # client-chosen ids may collide across actors: each actor gets their own session
     other = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                           "traceId": "trace_1"}, headers=B)
-    assert other.status_code == 404 and other.json["code"] == "hermes_client_not_found"
+    assert other.status_code == 200 and other.json["sessionId"] == "mnote_doc_1_trace_1"
+    owners = {r["user_id"] for r in c.svc.store.list()}
+    assert owners == {"user_1", "user_2"}
 
 
 def test_run_example_and_events_example(c, stub):
@@ -258,13 +261,17 @@ def test_actor_b_cannot_see_or_touch_actor_a(c, stub):
     sid = RUN_BODY["sessionId"]
     assert c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=B).json["sessions"] == []
     for res in (c.get(f"{P}/sessions/{sid}", headers=B),
-                c.post(f"{P}/runs", json=RUN_BODY, headers=B),
                 c.get(f"{P}/events/{run_id}", headers=B),
                 c.post(f"{P}/runs/{run_id}/abort", json={}, headers=B)):
         assert res.status_code == 404 and res.json["code"] == "hermes_client_not_found"
         assert "user_1" not in json.dumps(res.json)
+    # B using the same session id runs in B's own session, not A's (A's run is still active)
+    b_run = c.post(f"{P}/runs", json=RUN_BODY, headers=B)
+    assert b_run.status_code == 200 and b_run.json["runId"] != run_id
     stub.gate.set()
     assert wait_done(c, run_id).events[-1]["event"] == "run.completed"
+    assert wait_done(c, b_run.json["runId"], B).events[-1]["event"] == "run.completed"
+    assert sum(1 for r in c.svc.store.list() if r.get("mnote_session_id") == sid) == 2
 
 
 def test_session_of_other_page_is_not_found(c):
@@ -308,3 +315,62 @@ def test_finished_runs_expire_after_retention(make):
     wait_done(c, run_id)
     time.sleep(0.3)
     assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 404
+
+
+def test_wrong_method_is_405_in_the_contract_shape(c):
+    res = c.delete(f"{P}/models", headers=A)
+    assert res.status_code == 405 and set(res.json) == ERROR_KEYS
+
+
+@pytest.mark.parametrize("body, status", [
+    (b'{"workspaceId": "' + b"x" * 1048600 + b'"}', 413),
+    (b'{"workspaceId": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400),
+    (b'{"workspaceId": "ws", "documentId": "d", "title": "\\ud800"}', 400),
+])
+def test_hostile_bodies_get_contract_errors_even_without_a_key(c, body, status):
+    for headers in (A, {}):
+        res = c.post(f"{P}/sessions", data=body, headers={**headers, "Content-Type": "application/json"})
+        assert res.status_code in (status, 401) and set(res.json) == ERROR_KEYS
+
+
+def test_run_message_with_nul_is_a_bad_request(c):
+    res = c.post(f"{P}/runs", json={**RUN_BODY, "message": "a\x00b"}, headers=A)
+    assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
+
+
+def test_event_streams_are_limited(make, stub):
+    c = make({"mnote": {"max_event_streams": 1}})
+    stub.gate = threading.Event()
+    run_id = start(c)
+    first = c.get(f"{P}/events/{run_id}", headers=A, buffered=False)
+    assert first.status_code == 200
+    next(first.response)                     # the stream is open and holds its slot
+    second = c.get(f"{P}/events/{run_id}", headers=A)
+    assert second.status_code == 429 and second.json["code"] == "hermes_client_busy"
+    stub.gate.set()
+    first.close()
+    wait_done(c, run_id)
+    assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 200
+
+
+def test_abort_racing_with_completion_never_yields_run_completed_after_abort_started(c):
+    from hermes_service.runs import Run
+    run = Run("run_x", "s", "user_1", "t")
+    run.emit("run.started")
+    run.cancel.set()
+    run.emit("abort.started")
+    run.finish([("message.delta", {"delta": "x"}), ("run.completed", {"output": "x", "usage": {}})])
+    assert [e["event"] for e in run.events] == ["run.started", "abort.started", "run.cancelled"]
+
+
+def test_sessions_list_reports_the_mnote_model_id(c):
+    wait_done(c, start(c))
+    [s] = c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=A).json["sessions"]
+    assert s["model"] == "hermes-agent"
+
+
+def test_events_carry_the_runs_trace_id(c):
+    run_id = start(c)
+    wait_done(c, run_id)
+    res, _ = events_of(c, run_id)
+    assert res.headers["X-Trace-Id"] == "trace_1"

@@ -117,3 +117,60 @@ def test_request_id_is_echoed_or_generated(app):
     assert res.headers["X-Request-Id"] == "abc-123"
     res = call(app, headers={"X-API-Key": API_KEY, "X-Request-Id": "bad id;<script>"})
     assert res.headers["X-Request-Id"].startswith("req_")
+
+
+def test_forwarded_for_reaches_the_guard_through_real_waitress(tmp_path):
+    """waitress drops X-Forwarded-* by default; the service must keep it for the Guard."""
+    from conftest import ServiceProcess, base_config, deep_merge
+    cfg = deep_merge(base_config(tmp_path), {
+        "security": {"allowed_ips": ["203.0.113.0/24"]},
+        "nginx": {"trusted_proxies": ["127.0.0.1"], "enable_real_ip": True}})
+    svc = ServiceProcess(tmp_path, cfg).start()
+    try:
+        ok = svc.get("/api/v1/sessions?user_id=u", headers={"X-Forwarded-For": "203.0.113.5"})
+        assert ok.status_code == 200, ok.text
+        assert svc.get("/api/v1/sessions?user_id=u").status_code == 403      # the proxy itself
+        spoofed = svc.get("/api/v1/sessions?user_id=u",
+                          headers={"X-Forwarded-For": "203.0.113.5, 198.51.100.7"})
+        assert spoofed.status_code == 403     # rightmost untrusted hop is the real client
+    finally:
+        svc.stop()
+
+
+def test_options_requests_are_ip_checked_too(app):
+    res = app.test_client().options("/api/v1/sessions", environ_base={"REMOTE_ADDR": "192.0.2.1"})
+    assert res.status_code == 403
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("post", "/api/v1/sessions", {"user_id": "bob"}),
+    ("get", "/api/v1/sessions?user_id=bob", None),
+    ("post", "/api/v1/execute", {"command": ["version"], "user_context": {"user_id": "bob"}}),
+])
+def test_key_bound_to_an_actor_cannot_act_for_another_user_on_v1(app_factory, method, path, body):
+    app = app_factory({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice"}]}})
+    c = app.test_client()
+    res = getattr(c, method)(path, json=body, headers={"X-API-Key": API_KEY})
+    assert res.status_code == 403 and res.json["code"] == "actor_mismatch"
+
+
+def test_key_bound_to_an_actor_sees_only_its_own_sessions(app_factory):
+    app = app_factory({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice"},
+                                                 {"key": "admin-key-0123456789"}]}})
+    c = app.test_client()
+    bob = c.post("/api/v1/sessions", json={"user_id": "bob"},
+                 headers={"X-API-Key": "admin-key-0123456789"}).json["session_id"]
+    h = {"X-API-Key": API_KEY}
+    assert c.get(f"/api/v1/sessions/{bob}", headers=h).status_code == 404
+    assert c.delete(f"/api/v1/sessions/{bob}", headers=h).status_code == 404
+    assert c.post(f"/api/v1/sessions/{bob}/messages", json={"message": "x"}, headers=h).status_code == 404
+    mine = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=h)
+    assert mine.status_code == 200
+    assert c.get(f"/api/v1/sessions/{mine.json['session_id']}", headers=h).status_code == 200
+
+
+def test_access_log_cannot_be_forged_through_the_path(app, caplog):
+    caplog.set_level("INFO", logger="hermes_service.access")
+    call(app, "/api/v1/sessions/x%0a2026 INFO hermes_service.access rid=FAKE")
+    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_service.access"]
+    assert lines and all("\n" not in line for line in lines)

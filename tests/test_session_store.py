@@ -127,3 +127,12 @@ def test_reader_sees_other_process_writes(tmp_path):
     assert reader.get("p-0") is None
     subprocess.run(writer(path, "p", 1), check=True, capture_output=True)
     assert reader.get("p-0")["user_id"] == "u"
+
+
+@pytest.mark.parametrize("sessions", [{"x": 5}, {"x": {"session_id": "y", "user_id": "u"}},
+                                      {"x": {"session_id": "x"}}])
+def test_invalid_records_are_refused_at_start(tmp_path, sessions):
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({"version": 1, "sessions": sessions}))
+    with pytest.raises(CorruptStore):
+        SessionStore(path)

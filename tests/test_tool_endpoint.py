@@ -21,7 +21,7 @@ def env(app_factory):
     store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
                        "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]})
     release = threading.Event()
-    run = svc.runs.start("mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
+    run = svc.runs.start("mnote_doc_1_t.key", "mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
                          r.emit("run.completed", output="", usage={}))
     run_env = svc.tools.run_env(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
     yield app, svc, run, run_env
@@ -126,3 +126,36 @@ def test_plugin_tools_json_is_generated_from_the_registry():
         assert d["name"].replace("_", "").isalnum() and len(d["name"]) <= 64   # provider-safe
         forbidden = {"actorId", "sessionId", "runId", "toolCallId", "traceId", "capabilityScope"}
         assert not forbidden & set(d["parameters"]["properties"])
+
+
+@pytest.mark.parametrize("header", ["X-Forwarded-For", "X-Real-IP", "Forwarded"])
+def test_requests_relayed_by_a_proxy_are_refused(env, header):
+    app, _, _, run_env = env
+    res = app.test_client().post(URL, json=envelope(run_env), environ_base={"REMOTE_ADDR": "127.0.0.1"},
+                                 headers={"Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}",
+                                          header: "198.51.100.1"})
+    assert res.status_code == 403
+
+
+def test_run_token_binds_the_workspace_and_the_written_page(env):
+    app, svc, run, run_env = env
+    store = svc.tools.store
+    store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
+    store.add_workspace("ws_9")
+    store.add_member("ws_9", "user_a", "owner")
+    store.import_page({"documentId": "doc_9", "workspaceId": "ws_9", "title": "别的空间"})
+    token = run_env["MNOTE_RUN_TOKEN"]
+    # reading another page of the run's workspace is allowed (the store checks rights)
+    res = post(app, envelope(run_env, documentId="doc_2"), token)
+    assert res.json["ok"] is True and res.json["result"]["title"] == "第二页"
+    # writing it is not: a run writes only its own page
+    save = envelope(run_env, "mnote.page.save", documentId="doc_2", idempotencyKey="k", dryRun=False,
+                    capabilityScope=["page.write"], args={"content": [{"type": "p", "text": "x"}]})
+    res = post(app, save, token)
+    assert res.status_code == 200 and res.json["error"]["code"] == "mnote_tool_permission_denied"
+    assert store.export_page("doc_2")["revision"] == 1
+    # another workspace is out of bounds even where the actor is owner; nothing leaks
+    res = post(app, envelope(run_env, workspaceId="ws_9", documentId="doc_9"), token)
+    assert res.json["error"]["code"] == "mnote_tool_permission_denied"
+    assert "别的空间" not in res.get_data(as_text=True)
+    assert [e["event"] for e in run.events][-2:] == ["tool.started", "tool.completed"]
