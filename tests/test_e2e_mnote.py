@@ -59,7 +59,7 @@ def test_panel_flow_list_create_run_stream_reload(service):
     listed = service.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1&limit=20", headers=A).json()
     [s] = listed["sessions"]
     assert s["sessionId"] == sid and s["messageCount"] == 4 and s["toolCallCount"] == 0
-    assert s["preview"] == "第一个问题" and s["model"] == "scripted-model" and s["title"]
+    assert s["preview"] == "第一个问题" and s["model"] == "hermes-agent" and s["title"]
     got = service.get(f"{P}/sessions/{sid}?workspaceId=ws_1&documentId=doc_1", headers=A).json()
     assert [m["role"] for m in got["messages"]] == ["user", "assistant", "user", "assistant"]
     assert got["messages"][0]["content"] == "第一个问题"
