@@ -184,6 +184,53 @@ def app_factory(make_config):
     return make
 
 
+class StubTurns:
+    """Scripted replacement for ``HermesRunner._turn`` (one CLI process) in unit tests.
+
+    Records each call (``message``, ``resume_id``, ``env``, ``cwd``, ``args``). Answers with the
+    next of ``outcomes``, else ``answer``, else ``echo #N: <message>`` (N = turns in that home).
+    ``block()`` runs first when set; while ``gate`` (an Event) is set-able, the turn waits for it
+    and honours the run's cancel event like a killed process would.
+    """
+    SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
+
+    def __init__(self):
+        self.calls, self.outcomes = [], []
+        self.answer = self.block = self.gate = None
+
+    def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
+        from hermes_service.runner import Outcome
+        message = next(a for a in args if a.startswith("--query="))[len("--query="):]
+        resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
+        self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
+                           "args": args})
+        if self.block:
+            self.block()
+        if self.gate is not None:
+            while not self.gate.wait(0.05):
+                if cancel is not None and cancel.is_set():
+                    return Outcome(130, "", self.SID_LINE, 0.1, killed="cancelled")
+        if self.outcomes:
+            return self.outcomes.pop(0)
+        n = sum(1 for c in self.calls if c["cwd"] == cwd)
+        return Outcome(0, (self.answer or f"echo #{n}: {message}") + "\n", self.SID_LINE, 0.01)
+
+
+@pytest.fixture
+def stub():
+    return StubTurns()
+
+
+@pytest.fixture
+def stubbed_app(app_factory, stub, monkeypatch):
+    """Factory: an in-process app whose runner's ``_turn`` is ``stub``."""
+    def make(overrides: dict | None = None):
+        app = app_factory(overrides)
+        monkeypatch.setattr(app.extensions["hermes_service"].runner, "_turn", stub)
+        return app
+    return make
+
+
 def hermes_processes(marker: str) -> list[int]:
     """PIDs of live processes whose command line or environment mentions ``marker``."""
     found = []

@@ -17,40 +17,9 @@ H = {"X-API-Key": API_KEY}
 SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
 
 
-class StubTurns:
-    """Scripted replacement for ``HermesRunner._turn``; records each call."""
-
-    def __init__(self):
-        self.calls = []
-        self.outcomes = []
-        self.block = None
-
-    def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
-        message = next(a for a in args if a.startswith("--query="))[len("--query="):]
-        resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
-        self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
-                           "args": args})
-        if self.block:
-            self.block()
-        if self.outcomes:
-            return self.outcomes.pop(0)
-        n = sum(1 for c in self.calls if c["cwd"] == cwd)
-        return Outcome(0, f"echo #{n}: {message}\n", SID_LINE, 0.01)
-
-
 @pytest.fixture
-def stub(monkeypatch):
-    return StubTurns()
-
-
-@pytest.fixture
-def client(app_factory, stub, monkeypatch):
-    def make(overrides=None):
-        app = app_factory(overrides)
-        svc = app.extensions["hermes_service"]
-        monkeypatch.setattr(svc.runner, "_turn", stub)
-        return app.test_client()
-    return make
+def client(stubbed_app):
+    return lambda overrides=None: stubbed_app(overrides).test_client()
 
 
 def new_session(c, user="user123"):

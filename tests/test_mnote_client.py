@@ -23,35 +23,18 @@ RUN_BODY = {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_do
             "selectedBlockId": None, "selectedText": None, "traceId": "trace_1"}
 
 
-class Stub:
-    def __init__(self):
-        self.calls, self.outcomes, self.gate = [], [], None
-
-    def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
-        self.calls.append(args)
-        if self.gate is not None:
-            while not self.gate.wait(0.05):
-                if cancel is not None and cancel.is_set():
-                    return Outcome(130, "", "session_id: 20260101_000000_cccccc\n", 0.1,
-                                   killed="cancelled")
-        if self.outcomes:
-            return self.outcomes.pop(0)
-        return Outcome(0, "当前页标题是项目计划\n", "session_id: 20260101_000000_abcdef\n", 0.01)
+@pytest.fixture
+def stub(stub):
+    stub.answer = "当前页标题是项目计划"
+    return stub
 
 
 @pytest.fixture
-def stub():
-    return Stub()
-
-
-@pytest.fixture
-def make(app_factory, stub, monkeypatch):
+def make(stubbed_app):
     def build(overrides=None):
-        app = app_factory(overrides)
-        svc = app.extensions["hermes_service"]
-        monkeypatch.setattr(svc.runner, "_turn", stub)
+        app = stubbed_app(overrides)
         client = app.test_client()
-        client.svc = svc
+        client.svc = app.extensions["hermes_service"]
         return client
     return build
 
@@ -127,7 +110,7 @@ def test_run_example_and_events_example(c, stub):
     assert set(done) == {"event", "run_id", "session_id", "output", "usage"}
     assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
     # the page context went to Hermes for this run, before the user's message
-    query = next(a for a in stub.calls[0] if a.startswith("--query="))
+    query = stub.calls[0]["message"]
     assert "项目计划" in query and query.endswith("概括当前页面标题和第一段")
 
 
