@@ -10,8 +10,9 @@ import logging
 import re
 import secrets
 import time
-from urllib.parse import quote
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import jsonschema
 from flask import Flask, current_app, g, jsonify, request
@@ -24,6 +25,10 @@ from .runner import HermesRunner
 from .security import Guard
 from .session_store import SessionStore
 from .user_homes import UserHomes
+
+if TYPE_CHECKING:
+    from .runs import RunManager
+    from .tool_gateway import ToolGateway
 
 access_log = logging.getLogger("hermes_service.access")
 log = logging.getLogger("hermes_service")
@@ -43,8 +48,8 @@ class Services:
     homes: UserHomes
     runner: HermesRunner
     conversations: Conversations
-    runs: object = None       # RunManager (mnote client blueprint)
-    tools: object = None      # mnote tool endpoint objects
+    runs: "RunManager | None" = None       # background runs + events (mnote client)
+    tools: "ToolGateway | None" = None     # run tokens + tool calls (mnote tools)
 
 
 def _is_loopback(addr: str | None) -> bool:

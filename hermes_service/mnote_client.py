@@ -330,9 +330,7 @@ def start_run():
     scope = _capability_scope(svc)
 
     def execute(run):
-        env, toolsets = {}, []
-        if svc.tools is not None:   # mnote tools: run-scoped token + loopback URL (issue #4)
-            env, toolsets = svc.tools.run_env(run, ws, doc, scope), [MNOTE_TOOLSET]
+        env = svc.tools.run_env(run, ws, doc, scope)   # run token + tool URL for the plugin
         try:
             run.emit("run.started")
             before = session_summary(svc.homes.path(actor).hermes_home,
@@ -344,10 +342,9 @@ def start_run():
             rec, result = svc.conversations.send(
                 key, body["message"], owner=actor, prompt=prompt, extra_env=env,
                 on_spawn=on_spawn, cancel=run.cancel, wait=0, model=hermes_model,
-                toolsets=toolsets, record={"model": model_id})
+                toolsets=[MNOTE_TOOLSET], record={"model": model_id})
         finally:
-            if svc.tools is not None:
-                svc.tools.end_run(run)
+            svc.tools.end_run(run)
         after = session_summary(svc.homes.path(actor).hermes_home, result.hermes_session_id) or {}
         run.finish([("message.delta", {"delta": result.answer}),
                     ("run.completed", {"output": result.answer,
