@@ -81,20 +81,20 @@ def list_sessions():
     user_id = request.args.get("user_id")
     if not user_id:
         raise BadRequest("query parameter user_id is required", code="invalid_request")
-    recs = services().conversations.list(_user(user_id))
+    recs = services().conversations.list(_user(user_id), kind="v1")
     return jsonify(user_id=user_id, sessions=[_public(r) for r in recs])
 
 
 @bp.get("/api/v1/sessions/<session_id>")
 def get_session(session_id):
     """Spec §6: ``{user_id, local_session_id, created_at, status, ...}``; 404 if unknown."""
-    return jsonify(_public(services().conversations.get(session_id, owner=_user(None))))
+    return jsonify(_public(services().conversations.get(session_id, owner=_user(None), kind="v1")))
 
 
 @bp.delete("/api/v1/sessions/<session_id>")
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
-    rec = services().conversations.delete(session_id, owner=_user(None))
+    rec = services().conversations.delete(session_id, owner=_user(None), kind="v1")
     return jsonify(session_id=rec["session_id"], status="deleted")
 
 
@@ -111,8 +111,10 @@ def send_message(session_id):
     bound = _user(None)
     if bound and ctx_user not in (None, bound):
         raise NotFound(f"session {session_id} not found", code="session_not_found")
-    rec, result = services().conversations.send(session_id, body["message"],
-                                                 owner=ctx_user or bound)
+    svc = services()
+    with svc.admission():
+        rec, result = svc.conversations.send(session_id, body["message"], owner=ctx_user or bound,
+                                             kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": result.hermes_session_id, "resumed": result.resumed}
     if result.notice:
@@ -145,7 +147,7 @@ def execute():
     home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
     env = svc.homes.cli_env(home, svc.runner.command_path())
     timeout = min(float(body.get("timeout") or ex["timeout_seconds"]), float(ex["timeout_seconds"]))
-    with svc.runner.slot():
+    with svc.admission(), svc.runner.slot():
         outcome = svc.runner.spawn(argv, env, str(home.root), ex["max_output_bytes"]).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)

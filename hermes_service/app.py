@@ -9,7 +9,9 @@ import json
 import logging
 import re
 import secrets
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -20,7 +22,7 @@ from werkzeug.exceptions import HTTPException
 
 from .config import Config
 from .conversations import Conversations
-from .errors import BadRequest, Forbidden, ServiceError, TooLarge
+from .errors import BadRequest, Forbidden, ServiceError, TooLarge, TooManyRuns
 from .runner import HermesRunner
 from .security import Guard
 from .session_store import SessionStore
@@ -50,6 +52,20 @@ class Services:
     conversations: Conversations
     runs: "RunManager | None" = None       # background runs + events (mnote client)
     tools: "ToolGateway | None" = None     # run tokens + tool calls (mnote tools)
+    _admitted: threading.BoundedSemaphore | None = None
+
+    @contextmanager
+    def admission(self):
+        """Hold one of the ``max_concurrent_runs + max_waiting_requests`` places for a
+        synchronous v1 turn (running or waiting), so waiting requests can never take every
+        waitress thread. Raises TooManyRuns (429) when none is free."""
+        if not self._admitted.acquire(blocking=False):
+            raise TooManyRuns("too many requests are waiting for Hermes; retry later",
+                              headers={"Retry-After": "5"})
+        try:
+            yield
+        finally:
+            self._admitted.release()
 
 
 def _is_loopback(addr: str | None) -> bool:
@@ -143,6 +159,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         log.warning("killed %d Hermes CLI process group(s) left by a service that died", reaped)
     svc = Services(config, Guard(config), store, homes, runner,
                    Conversations(config, store, homes, runner))
+    svc._admitted = threading.BoundedSemaphore(config["hermes"]["max_concurrent_runs"]
+                                               + config["hermes"]["max_waiting_requests"])
     app.extensions["hermes_service"] = svc
 
     cors = config["cors"]

@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
         "stall_timeout_seconds": 240,
         "max_concurrent_runs": 2,
         "queue_wait_seconds": 30,
+        "max_waiting_requests": 4,
         "max_message_bytes": 122880,
         "toolsets": [],
         "extra_env": {},
@@ -111,6 +112,7 @@ SCHEMA = _obj({
         "stall_timeout_seconds": _POS_NUM,
         "max_concurrent_runs": _POS_INT,
         "queue_wait_seconds": {"type": "number", "minimum": 0},
+        "max_waiting_requests": {"type": "integer", "minimum": 0},
         "max_message_bytes": _POS_INT,
         "toolsets": _STR_LIST,
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -277,11 +279,14 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     if raw["mnote"]["default_model"] not in model_ids:
         problems.append(f"{source}:mnote.default_model: '{raw['mnote']['default_model']}' "
                         f"is not one of mnote.models ({', '.join(model_ids)})")
-    needed = raw["mnote"]["max_event_streams"] + 2 * raw["hermes"]["max_concurrent_runs"] + 4
+    h = raw["hermes"]
+    needed = raw["mnote"]["max_event_streams"] + 2 * h["max_concurrent_runs"] + \
+        h["max_waiting_requests"] + 4
     if raw["service"]["threads"] < needed:
         problems.append(f"{source}:service.threads: {raw['service']['threads']} is too few; event "
-                        f"streams, CLI runs and tool calls each hold a thread (need >= {needed} = "
-                        "mnote.max_event_streams + 2 * hermes.max_concurrent_runs + 4)")
+                        "streams, v1 turns (running and waiting) and tool calls each hold a thread "
+                        f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
+                        " + hermes.max_waiting_requests + 4)")
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
         if argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "

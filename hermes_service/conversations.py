@@ -7,7 +7,7 @@ Hermes may change it after context compression).
 
 Turns on one session are serialized by a lock that holds across threads and
 processes (``data/locks/session-<id>.lock``); a turn that cannot get it
-within ``hermes.timeout_seconds`` fails with 409 ``session_busy``.
+within ``hermes.queue_wait_seconds`` fails with 409 ``session_busy``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from filelock import FileLock, Timeout
 
 from .config import Config
-from .errors import BadRequest, Conflict, NotFound, TooLarge, check_id
+from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
 from .runner import ChatResult, HermesRunner
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHomes
@@ -32,7 +32,8 @@ class Conversations:
         self.homes = homes
         self.runner = runner
         self.max_message_bytes = config["hermes"]["max_message_bytes"]
-        self.turn_wait = float(config["hermes"]["timeout_seconds"])
+        # a request waits for a busy session no longer than for a CLI slot
+        self.turn_wait = float(config["hermes"]["queue_wait_seconds"])
         self.locks_dir = config.data_dir / "locks"
         self._local_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -55,11 +56,13 @@ class Conversations:
         except KeyError:
             raise Conflict(f"session {session_id} already exists", code="session_exists") from None
 
-    def get(self, session_id: str, owner: str | None = None) -> dict:
-        """The record; NotFound (``session_not_found``) if absent or owned by someone else."""
+    def get(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
+        """The record; NotFound (``session_not_found``) if absent, owned by someone else, or of
+        another ``kind`` (``v1`` sessions of the v1 API, ``mnote`` sessions of the client proxy)."""
         check_id(session_id, "session_id")
         rec = self.store.get(session_id)
-        if rec is None or (owner is not None and rec.get("user_id") != owner):
+        if rec is None or (owner is not None and rec.get("user_id") != owner) \
+                or (kind is not None and rec.get("kind") != kind):
             raise NotFound(f"session {session_id} not found", code="session_not_found")
         return rec
 
@@ -70,9 +73,9 @@ class Conversations:
         return self.store.list(lambda r: (user_id is None or r.get("user_id") == user_id)
                                and all(r.get(k) == v for k, v in match.items()))
 
-    def delete(self, session_id: str, owner: str | None = None) -> dict:
+    def delete(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
         """Forget a session (the Hermes transcript stays in the user's state.db)."""
-        rec = self.get(session_id, owner)
+        rec = self.get(session_id, owner, kind)
         with self.turn_lock(session_id, wait=self.turn_wait):
             self.store.delete(session_id)
         return rec
@@ -111,7 +114,7 @@ class Conversations:
     def send(self, session_id: str, message: str, owner: str | None = None, *, prompt: str | None = None,
              extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None,
              model: str | None = None, toolsets: list[str] | None = None,
-             record: dict | None = None) -> tuple[dict, ChatResult]:
+             record: dict | None = None, kind: str | None = None) -> tuple[dict, ChatResult]:
         """Run one turn: ``prompt`` (default ``message``) goes to Hermes.
 
         ``extra_env`` is added to this run's CLI environment only; ``model`` is passed as
@@ -122,16 +125,24 @@ class Conversations:
         (``session_busy``), TooManyRuns, Unconfigured or a RunError.
         """
         self.check_message(message)
-        self.get(session_id, owner)
+        self.get(session_id, owner, kind)
         with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
-            rec = self.get(session_id, owner)     # re-read: a turn may have just finished
+            rec = self.get(session_id, owner, kind)   # re-read: a turn may have just finished
             home = self.homes.ensure(rec["user_id"])
             env = self.homes.cli_env(home, self.runner.command_path(), extra_env)
-            result = self.runner.run_chat(
-                prompt if prompt is not None else message, rec.get("hermes_session_id"), env,
-                str(home.root), on_spawn=on_spawn, cancel=cancel,
-                log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
-                toolsets=toolsets)
+            try:
+                result = self.runner.run_chat(
+                    prompt if prompt is not None else message, rec.get("hermes_session_id"), env,
+                    str(home.root), on_spawn=on_spawn, cancel=cancel,
+                    log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
+                    toolsets=toolsets)
+            except ServiceError as err:
+                # an aborted or failed turn may still have been saved by Hermes: keep its id so
+                # the next turn continues that conversation
+                saved = getattr(err, "hermes_session_id", None)
+                if saved and saved != rec.get("hermes_session_id"):
+                    self.store.update(session_id, hermes_session_id=saved)
+                raise
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso(),

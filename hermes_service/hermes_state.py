@@ -11,6 +11,7 @@ the newest id still shows the whole conversation.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -74,9 +75,10 @@ def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
 
 
 def session_messages(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
-    """Messages of the lineage, oldest first, in the client contract's shape
-    (§GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``, ``toolCallId``,
-    ``toolName``, ``timestamp`` (unix s, int), ``reasoning``."""
+    """The newest ``limit`` messages of the lineage, oldest first, in the client contract's
+    shape (§GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``, ``toolCallId``,
+    ``toolName``, ``timestamp`` (unix s, int), ``reasoning``. An assistant message that called
+    tools carries its first call's id and name (Hermes stores them in ``tool_calls``)."""
     conn = _connect(hermes_home) if session_id else None
     if conn is None:
         return []
@@ -86,8 +88,23 @@ def session_messages(hermes_home: Path, session_id: str | None, limit: int = 100
             return []
         marks = ",".join("?" * len(ids))
         rows = conn.execute(
-            f"SELECT id, role, content, tool_call_id, tool_name, timestamp, reasoning FROM messages "
-            f"WHERE session_id IN ({marks}) ORDER BY id LIMIT ?", (*ids, limit)).fetchall()
-    return [{"messageId": str(r["id"]), "role": r["role"], "content": r["content"],
-             "toolCallId": r["tool_call_id"], "toolName": r["tool_name"],
-             "timestamp": int(r["timestamp"]), "reasoning": r["reasoning"]} for r in rows]
+            "SELECT id, role, content, tool_call_id, tool_name, tool_calls, timestamp, reasoning "
+            f"FROM messages WHERE session_id IN ({marks}) ORDER BY id DESC LIMIT ?",
+            (*ids, limit)).fetchall()
+    out = []
+    for r in reversed(rows):
+        call_id, name = r["tool_call_id"], r["tool_name"]
+        if not call_id and r["tool_calls"]:
+            call_id, name = _first_call(r["tool_calls"])
+        out.append({"messageId": str(r["id"]), "role": r["role"], "content": r["content"],
+                    "toolCallId": call_id, "toolName": name,
+                    "timestamp": int(r["timestamp"]), "reasoning": r["reasoning"]})
+    return out
+
+
+def _first_call(tool_calls_json: str) -> tuple[str | None, str | None]:
+    try:
+        first = json.loads(tool_calls_json)[0]
+        return first.get("id"), (first.get("function") or {}).get("name")
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+        return None, None

@@ -20,7 +20,7 @@ from datetime import datetime
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from .app import ERROR_RENDERERS, json_body, parse_json, services
-from .errors import BadRequest, NotFound, ServiceError, TooManyRuns, Unauthorized, check_id
+from .errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
 from .hermes_state import session_messages, session_summary
 
 PREFIX = "/api/hermes/client"
@@ -209,6 +209,10 @@ def create_session():
     tid = trace_id()
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
     sid = f"mnote_{doc}_{tid}"
+    if len(sid) > MAX_SESSION_ID:
+        raise BadRequest(f"documentId and traceId are too long together: the session id "
+                         f"mnote_<documentId>_<traceId> may have at most {MAX_SESSION_ID} characters",
+                         code="invalid_request")
     _ensure_session(sid, actor, ws, doc, body.get("title"))
     return ok(sessionId=sid, persistence="hermes_on_first_run")
 
@@ -262,7 +266,8 @@ RUN = {
         "selectedText": {"type": ["string", "null"]},
     },
 }
-CONTEXT_BUDGET = 8192   # bytes of page context put before the message (argv is capped at 128 KiB)
+CONTEXT_BUDGET = 8192   # bytes of page context put before the message
+ARGV_LIMIT = 131072 - 16  # one argv string (`--query=…` + NUL) is capped by the kernel at 128 KiB
 CONTEXT_HEAD = ("[mnote page context for this message only; use the mnote tools to read or change "
                 "the page]")
 CONTEXT_END = "\n[end of mnote page context]\n\n"
@@ -272,7 +277,8 @@ def build_prompt(body: dict) -> str:
     """The text given to Hermes for this run: a delimited page-context block, then the message.
 
     The context is for this run only (contract §1: pageContext is run input, not session
-    truth). It is capped at ``CONTEXT_BUDGET`` bytes; the outline is cut first.
+    truth). It is capped at ``CONTEXT_BUDGET`` bytes, and at what still fits in one CLI
+    argument beside the message: the outline is cut first, then long texts, then fields.
     """
     ctx = {"workspaceId": body["workspaceId"], "documentId": body["documentId"]}
     page = body.get("pageContext") or {}
@@ -282,13 +288,19 @@ def build_prompt(body: dict) -> str:
     for key in ("selectedBlockId", "selectedText"):
         if body.get(key):
             ctx[key] = body[key]
-    text = json.dumps(ctx, ensure_ascii=False)
-    while len(text.encode()) > CONTEXT_BUDGET and ctx.get("outline"):
+    budget = min(CONTEXT_BUDGET, ARGV_LIMIT - len(body["message"].encode()) - 512)
+
+    def size() -> int:
+        return len(json.dumps(ctx, ensure_ascii=False).encode())
+    while size() > budget and ctx.get("outline"):          # 1. the outline, halving
         ctx["outline"] = ctx["outline"][: len(ctx["outline"]) // 2]
-        text = json.dumps(ctx, ensure_ascii=False)
-    if len(text.encode()) > CONTEXT_BUDGET and "selectedText" in ctx:
-        ctx["selectedText"] = ctx["selectedText"][:2000] + "…"
-        text = json.dumps(ctx, ensure_ascii=False)
+    for key in ("selectedText", "title"):                  # 2. long texts, shortened
+        while size() > budget and len(ctx.get(key) or "") > 64:
+            ctx[key] = ctx[key][: len(ctx[key]) // 2] + "…"
+    for key in ("pageOptions", "outline", "selectedText", "title", "selectedBlockId"):
+        if size() > budget:                                # 3. whole fields, dropped
+            ctx.pop(key, None)
+    text = json.dumps(ctx, ensure_ascii=False)
     return f"{CONTEXT_HEAD}\n{text}\n{CONTEXT_END}{body['message']}"
 
 
@@ -324,7 +336,6 @@ def start_run():
     sid = body["sessionId"]
     svc.conversations.check_message(body["message"])
     prompt = build_prompt(body)
-    svc.conversations.check_message(prompt)
     key = _ensure_session(sid, actor, ws, doc)["session_id"]
     hermes_model = models[model_id].get("hermes_model")
     scope = _capability_scope(svc)
@@ -332,17 +343,18 @@ def start_run():
     def execute(run):
         env = svc.tools.run_env(run, ws, doc, scope)   # run token + tool URL for the plugin
         try:
-            run.emit("run.started")
             before = session_summary(svc.homes.path(actor).hermes_home,
-                                     svc.conversations.get(key).get("hermes_session_id")) or {}
+                                     svc.conversations.get(key, kind="mnote").get("hermes_session_id")) or {}
 
-            def on_spawn(proc):
+            def on_spawn(proc):   # the CLI started (again, when a lost resume id is recovered)
                 run.process = proc
-                run.status = "running"
+                if run.status != "running":
+                    run.status = "running"
+                    run.emit("run.started")
             rec, result = svc.conversations.send(
                 key, body["message"], owner=actor, prompt=prompt, extra_env=env,
                 on_spawn=on_spawn, cancel=run.cancel, wait=0, model=hermes_model,
-                toolsets=[MNOTE_TOOLSET], record={"model": model_id})
+                toolsets=[MNOTE_TOOLSET], record={"model": model_id}, kind="mnote")
         finally:
             svc.tools.end_run(run)
         after = session_summary(svc.homes.path(actor).hermes_home, result.hermes_session_id) or {}
@@ -387,25 +399,22 @@ def events(run_id):
     except ValueError:
         raise BadRequest("Last-Event-ID must be an event id (integer)", code="invalid_request") from None
     keepalive = float(svc.config["mnote"]["keepalive_seconds"])
-    if not svc.runs.streams.acquire(blocking=False):
-        raise TooManyRuns("too many open event streams; retry later", code="too_many_streams",
-                          headers={"Retry-After": "5"})
+    release = svc.runs.stream_slot()      # 429 when mnote.max_event_streams are open
 
     def stream():
-        try:
-            yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
-            for item in run.follow(after, keepalive):
-                if item is None:
-                    yield ": keepalive\n\n"
-                else:
-                    seq, event = item
-                    yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-        finally:
-            svc.runs.streams.release()
+        yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
+        for item in run.follow(after, keepalive):
+            if item is None:
+                yield ": keepalive\n\n"
+            else:
+                seq, event = item
+                yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
-    return Response(stream_with_context(stream()), mimetype="text/event-stream",
+    resp = Response(stream_with_context(stream()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                              "X-Trace-Id": run.trace_id})
+    resp.call_on_close(release)   # also for HEAD and for clients that disconnect
+    return resp
 
 
 ABORT = {"type": "object", "additionalProperties": False,
@@ -425,7 +434,8 @@ def abort(run_id):
     if body.get("sessionId") not in (None, run.session_id):
         raise NotFound(f"run {run_id} not found", code="run_not_found")
     events_out = svc.runs.abort(run)
-    return ok(runId=run.run_id, sessionId=run.session_id, status=run.status, events=events_out)
+    svc.tools.end_run(run)        # no tool call of an aborted run gets through, from now on
+    return ok(runId=run.run_id, sessionId=run.session_id, events=events_out)
 
 
 @bp.get("/models")

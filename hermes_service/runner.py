@@ -366,7 +366,9 @@ class HermesRunner:
                     resume_id = None
                     outcome = turn(None)
         if outcome.returncode != 0 or outcome.killed:
-            raise classify_failure(outcome)
+            err = classify_failure(outcome)
+            err.hermes_session_id = session_id_from_stderr(outcome.stderr)
+            raise err
         return ChatResult(outcome.stdout.strip("\n"), session_id_from_stderr(outcome.stderr),
                           outcome.returncode, outcome.duration, resumed=bool(resume_id),
                           notice=notice)

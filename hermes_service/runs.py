@@ -133,6 +133,9 @@ class RunManager:
         for run_id, run in list(self._runs.items()):
             if run.finished and run.finished < cutoff:
                 del self._runs[run_id]
+        for key, run_id in list(self._by_session.items()):
+            if run_id not in self._runs:
+                del self._by_session[key]
 
     def start(self, session_key: str, session_id: str, actor_id: str, trace_id: str,
               execute: Callable[[Run], None]) -> Run:
@@ -171,6 +174,20 @@ class RunManager:
                 run.emit("run.failed", code=self.code_for(ServiceError("run ended without result")),
                          error="the run ended without a result")
             run.process = None
+
+    def stream_slot(self) -> Callable[[], None]:
+        """Take one event-stream slot; returns its release function (safe to call twice).
+        Raises TooManyRuns ``too_many_streams`` when all are taken."""
+        if not self.streams.acquire(blocking=False):
+            raise TooManyRuns("too many open event streams; retry later", code="too_many_streams",
+                              headers={"Retry-After": "5"})
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                self.streams.release()
+        return release
 
     def get(self, run_id: str, actor_id: str) -> Run:
         """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail leaked)."""

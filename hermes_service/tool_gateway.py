@@ -126,6 +126,8 @@ class ToolGateway:
         ``ok: false`` envelope from the executor.
         """
         claims, run = self.claims_for(authorization)
+        if run.cancel.is_set() or run.done:
+            raise ToolRefused(401, "mnote_tool_unauthorized", "the run has ended or was aborted")
         if not isinstance(envelope, dict):
             raise ToolRefused(400, "mnote_tool_bad_request", "the body must be a JSON object")
         for field, expected in (("actorId", claims.actor_id), ("sessionId", claims.session_id),

@@ -198,12 +198,20 @@ class StubTurns:
         self.calls, self.outcomes = [], []
         self.answer = self.block = self.gate = None
 
+    def touch(self):
+        pass
+
+    def kill(self, reason):
+        pass
+
     def __call__(self, args, env, cwd, on_spawn, cancel, log_ctx):
         from hermes_service.runner import Outcome
         message = next(a for a in args if a.startswith("--query="))[len("--query="):]
         resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
         self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
                            "args": args})
+        if on_spawn:
+            on_spawn(self)             # stands in for the CliProcess (touch/kill)
         if self.block:
             self.block()
         if self.gate is not None:

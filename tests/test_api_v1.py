@@ -335,3 +335,41 @@ def test_nan_timeout_cannot_lift_the_execute_limit(client):
     res = client().post("/api/v1/execute", data=b'{"command": ["version"], "timeout": NaN}',
                         headers={**H, "Content-Type": "application/json"})
     assert res.status_code == 400
+
+
+def test_waiting_requests_are_bounded_so_threads_stay_free(client, stub):
+    c = client({"hermes": {"max_concurrent_runs": 1, "max_waiting_requests": 1,
+                           "queue_wait_seconds": 5}})
+    sids = [new_session(c) for _ in range(3)]
+    release = threading.Event()
+    stub.block = lambda: release.wait(10)
+    results = {}
+    threads = [threading.Thread(target=lambda s=s: results.setdefault(s, c.post(
+        f"/api/v1/sessions/{s}/messages", json={"message": "x"}, headers=H).status_code))
+        for s in sids[:2]]
+    threads[0].start()
+    while not stub.calls:
+        time.sleep(0.01)
+    threads[1].start()                      # waits for the one CLI slot: admitted
+    time.sleep(0.2)
+    third = c.post(f"/api/v1/sessions/{sids[2]}/messages", json={"message": "x"}, headers=H)
+    release.set()
+    [t.join() for t in threads]
+    assert third.status_code == 429 and third.json["code"] == "too_many_runs"
+    assert sorted(results.values()) == [200, 200]
+
+
+def test_a_busy_session_answers_409_after_queue_wait(client, stub):
+    c = client({"hermes": {"queue_wait_seconds": 0.3}})
+    sid = new_session(c)
+    release = threading.Event()
+    stub.block = lambda: release.wait(10)
+    t = threading.Thread(target=lambda: c.post(f"/api/v1/sessions/{sid}/messages",
+                                               json={"message": "x"}, headers=H))
+    t.start()
+    while not stub.calls:
+        time.sleep(0.01)
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "y"}, headers=H)
+    release.set()
+    t.join()
+    assert res.status_code == 409 and res.json["code"] == "session_busy"

@@ -103,7 +103,7 @@ def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, t
         time.sleep(0.05)
     assert hermes_processes(home) == []             # gone within 2 s of the abort
     again = service.post(f"{P}/runs/{run_id}/abort", json={}, headers=A).json()
-    assert again["status"] == "cancelled" and again["events"][0]["event"] == "run.cancelled"
+    assert again["events"][0]["event"] == "run.cancelled"      # the final state, not an error
 
 
 def test_hung_model_ends_in_run_failed_by_the_stall_watchdog(start_service, tmp_path):

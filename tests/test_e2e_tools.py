@@ -77,6 +77,13 @@ def test_model_reads_and_appends_to_its_page_through_the_cli(seeded):
     assert row["traceId"] == "trace_mnote_doc_1_tools" and row["toolCallId"] == saved["toolCallId"]
     assert row["actorId"] == "user_a"
 
+    # the toolCallId is Hermes's own: the transcript links to the audit row and the events
+    messages = seeded.get(f"{P}/sessions/mnote_doc_1_tools", headers=A).json()["messages"]
+    assert saved["toolCallId"] in {m["toolCallId"] for m in messages}
+    assert saved["toolCallId"] in {e.get("tool_call_id") for e in events}
+    # a success reaches Hermes without "error": null (Hermes reads "error" as a failed call)
+    assert "error" not in got and "error" not in saved
+
 
 def test_write_to_a_page_of_another_workspace_is_denied_and_leaks_nothing(seeded):
     page = {"workspaceId": "ws_2", "documentId": "doc_secret"}

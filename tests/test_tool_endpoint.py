@@ -159,3 +159,21 @@ def test_run_token_binds_the_workspace_and_the_written_page(env):
     assert res.json["error"]["code"] == "mnote_tool_permission_denied"
     assert "别的空间" not in res.get_data(as_text=True)
     assert [e["event"] for e in run.events][-2:] == ["tool.started", "tool.completed"]
+
+
+def test_transport_errors_are_envelopes_too(env):
+    app, _, _, run_env = env
+    c = app.test_client()
+    big = c.post(URL, data=b"x" * 1048600, headers={"Content-Type": "application/json"},
+                 environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    far = c.post(URL, json={}, environ_base={"REMOTE_ADDR": "10.0.0.5"})
+    for res, code in ((big, "mnote_tool_bad_request"), (far, "mnote_tool_unauthorized")):
+        assert res.json["ok"] is False and res.json["error"]["code"] == code
+        assert set(res.json) == {"ok", "toolName", "toolCallId", "traceId", "result", "audit", "error"}
+
+
+def test_an_aborted_run_cannot_call_tools(env):
+    app, svc, run, run_env = env
+    svc.runs.abort(run)
+    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    assert res.status_code == 401 and [e["event"] for e in run.events] == ["abort.started"]

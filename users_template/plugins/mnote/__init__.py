@@ -19,9 +19,38 @@ _ENVELOPE_KEYS = ("workspaceId", "documentId", "dryRun", "idempotencyKey")
 TIMEOUT_SECONDS = 60
 
 
-def _error(tool, call_id, code, message):
+def _tool_call_id():
+    """Hermes's own id of the tool call being dispatched (so audit rows and events match the
+    transcript); a fresh id if this Hermes version does not expose it."""
+    try:
+        from tools.approval import _approval_tool_call_id   # set around every dispatch (0.19.0)
+        current = _approval_tool_call_id.get()
+    except Exception:
+        current = ""
+    return current or "call_" + uuid.uuid4().hex[:16]
+
+
+def _for_hermes(body: str) -> str:
+    """The result text Hermes sees. Hermes 0.19.0 counts a tool result whose text mentions
+    "error" as a failure (and warns the model to stop looping), so a success envelope is
+    handed over without its ``"error": null``."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if isinstance(data, dict) and data.get("ok") is True and data.get("error") is None:
+        data.pop("error", None)
+        return json.dumps(data, ensure_ascii=False)
+    return body
+
+
+def _error(tool, call_id, code, message, envelope=None):
+    envelope = envelope or {}
     return json.dumps({"ok": False, "toolName": tool, "toolCallId": call_id,
                        "traceId": os.environ.get("MNOTE_TRACE_ID"), "result": None,
+                       "audit": {"effect": "none", "commandId": None,
+                                 "workspaceId": envelope.get("workspaceId"),
+                                 "documentId": envelope.get("documentId")},
                        "error": {"code": code, "message": message}}, ensure_ascii=False)
 
 
@@ -30,7 +59,7 @@ def _handler(definition):
     writes = "dryRun" in definition["parameters"]["properties"]
 
     def handle(args, **_kw):
-        call_id = "call_" + uuid.uuid4().hex[:16]
+        call_id = _tool_call_id()
         url, token = os.environ.get("MNOTE_TOOL_URL"), os.environ.get("MNOTE_RUN_TOKEN")
         if not url or not token:
             return _error(tool, call_id, "mnote_tool_unavailable",
@@ -57,16 +86,18 @@ def _handler(definition):
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as resp:
-                return resp.read().decode("utf-8")
+                return _for_hermes(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
             try:
                 json.loads(body)
                 return body
             except ValueError:
-                return _error(tool, call_id, "mnote_tool_unavailable", f"service answered {exc.code}")
+                return _error(tool, call_id, "mnote_tool_unavailable", f"service answered {exc.code}",
+                              envelope)
         except (urllib.error.URLError, OSError) as exc:
-            return _error(tool, call_id, "mnote_tool_unavailable", f"service unreachable: {exc}")
+            return _error(tool, call_id, "mnote_tool_unavailable", f"service unreachable: {exc}",
+                          envelope)
 
     return handle
 
