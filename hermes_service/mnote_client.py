@@ -92,7 +92,7 @@ def trace_id() -> str:
 
 
 def _render(err: ServiceError) -> dict:
-    err.status = _status(err)
+    err.status = _status(err)     # the proxy answers a provider 429 with 429
     try:
         tid = trace_id()
     except ServiceError:
@@ -144,10 +144,11 @@ def session_key(actor: str, session_id: str) -> str:
 
 
 def _own_session(session_id: str, actor: str) -> dict:
-    rec = services().conversations.store.get(session_key(actor, session_id))
-    if rec is None or rec.get("kind") != "mnote" or rec.get("user_id") != actor:
-        raise NotFound(f"session {session_id} not found", code="session_not_found")
-    return rec
+    try:
+        return services().conversations.get(session_key(actor, session_id), owner=actor,
+                                            kind="mnote")
+    except NotFound:
+        raise NotFound(f"session {session_id} not found", code="session_not_found") from None
 
 
 def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | None) -> None:
@@ -220,16 +221,17 @@ def create_session():
 def _ensure_session(sid: str, actor: str, ws: str, doc: str, title: str | None = None) -> dict:
     """The actor's session ``sid`` on page ws/doc, created if new (idempotent)."""
     conv = services().conversations
-    key = session_key(actor, sid)
-    rec = conv.store.get(key)
-    if rec is None:
+    try:
+        rec = _own_session(sid, actor)
+    except NotFound:
         try:
-            return conv.create(actor, key, kind="mnote", mnote_session_id=sid, workspace_id=ws,
-                               document_id=doc, title=title, trace_id=g.get("trace_id"))
+            rec = conv.create(actor, session_key(actor, sid), kind="mnote", mnote_session_id=sid,
+                              workspace_id=ws, document_id=doc, title=title,
+                              trace_id=g.get("trace_id"))
         except ServiceError as err:
-            if err.code != "session_exists":
+            if err.code != "session_exists":      # created by a concurrent request: fine
                 raise
-            rec = conv.store.get(key)
+            rec = _own_session(sid, actor)
     _check_page_args(rec, ws, doc)
     return rec
 
@@ -343,8 +345,8 @@ def start_run():
     def execute(run):
         env = svc.tools.run_env(run, ws, doc, scope)   # run token + tool URL for the plugin
         try:
-            before = session_summary(svc.homes.path(actor).hermes_home,
-                                     svc.conversations.get(key, kind="mnote").get("hermes_session_id")) or {}
+            known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
+            before = session_summary(svc.homes.path(actor).hermes_home, known) or {}
 
             def on_spawn(proc):   # the CLI started (again, when a lost resume id is recovered)
                 run.process = proc
