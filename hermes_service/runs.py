@@ -46,7 +46,6 @@ class Run:
     actor_id: str
     trace_id: str
     status: str = "queued"         # queued | running | completed | failed | cancelled
-    created: float = field(default_factory=time.time)
     finished: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     process: object = None          # the CliProcess while it runs
@@ -212,7 +211,3 @@ class RunManager:
         if proc is not None:
             threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()
         return [{"event": "abort.started", "run_id": run.run_id}]
-
-    def active_count(self) -> int:
-        with self._lock:
-            return sum(1 for r in self._runs.values() if not r.done)
