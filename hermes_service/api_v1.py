@@ -94,7 +94,9 @@ def get_session(session_id):
 @bp.delete("/api/v1/sessions/<session_id>")
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
-    rec = services().conversations.delete(session_id, owner=_user(None), kind="v1")
+    svc = services()
+    with svc.admission():          # may wait for a running turn: bounded like a message
+        rec = svc.conversations.delete(session_id, owner=_user(None), kind="v1")
     return jsonify(session_id=rec["session_id"], status="deleted")
 
 

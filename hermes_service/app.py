@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import math
 import re
 import secrets
 import threading
@@ -83,13 +84,21 @@ def _no_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):        # e.g. 1e400
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def parse_json(raw: bytes):
-    """Strict JSON: UTF-8, no NaN/Infinity, no lone surrogates, bounded nesting.
+    """Strict JSON: UTF-8, no NaN/Infinity (literal or overflowing), no lone surrogates,
+    bounded nesting.
 
     Raises BadRequest ``invalid_json``.
     """
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite)
         json.dumps(data, ensure_ascii=False).encode("utf-8")   # rejects lone surrogates
     except (ValueError, RecursionError, UnicodeError):
         raise BadRequest("the request body is not valid JSON (UTF-8, no NaN, no lone "
@@ -111,8 +120,8 @@ def json_body(schema: dict | None = None) -> dict:
             jsonschema.Draft202012Validator(schema).iter_errors(data))
         if err is not None:
             where = "/".join(str(p) for p in err.absolute_path)
-            raise BadRequest(f"{where}: {err.message}" if where else err.message,
-                             code="invalid_request")
+            message = err.message if len(err.message) <= 300 else err.message[:300] + "…"
+            raise BadRequest(f"{where}: {message}" if where else message, code="invalid_request")
     return data
 
 

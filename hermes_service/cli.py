@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -18,9 +19,9 @@ from .config import ENV_CONFIG, ConfigError, load_config
 from .session_store import CorruptStore
 
 
-def _load(path):
+def _load(path, need_keys: bool = True):
     try:
-        return load_config(path)
+        return load_config(path, need_keys=need_keys)
     except ConfigError as exc:
         for line in exc.problems:
             click.echo(line, err=True)
@@ -61,6 +62,7 @@ def serve(config_path, host=None, port=None, threads=None):
     runner = app.extensions["hermes_service"].runner
 
     def stop(signum, _frame):
+        runner.kill_all()     # first, so no caller waits for waitress's own shutdown
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
@@ -101,6 +103,10 @@ def check_config(ctx):
         click.echo(line, err=True)
     if problems:
         sys.exit(2)
+    key_env = config["hermes"]["model"].get("api_key_env")
+    if key_env and not os.environ.get(key_env):
+        click.echo(f"warning: {config.source}:hermes.model.api_key_env: {key_env} is not set in "
+                   "this environment; the provider will refuse the CLI's calls", err=True)
     click.echo(f"{config.source}: OK")
 
 
@@ -116,7 +122,7 @@ def keygen():
 @click.pass_context
 def mnote(ctx):
     """Operator commands for the embedded mnote page store (data/mnote.db)."""
-    config = _load(ctx.obj["config_path"])
+    config = _load(ctx.obj["config_path"], need_keys=False)
     from .page_store import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")

@@ -113,7 +113,7 @@ SCHEMA = _obj({
         "max_concurrent_runs": _POS_INT,
         "queue_wait_seconds": {"type": "number", "minimum": 0},
         "max_waiting_requests": {"type": "integer", "minimum": 0},
-        "max_message_bytes": _POS_INT,
+        "max_message_bytes": {"type": "integer", "minimum": 1, "maximum": 126976},
         "toolsets": _STR_LIST,
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
         "model": _obj({
@@ -221,10 +221,13 @@ def _parse_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path | None = None) -> Config:
+def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path | None = None,
+                 need_keys: bool = True) -> Config:
     """Validate a parsed config mapping and resolve it into a :class:`Config`.
 
-    Raises :class:`ConfigError` listing every problem found.
+    ``need_keys=False`` (operator commands that serve nothing, e.g. ``mnote``) skips keys
+    whose ``key_env`` variable is unset instead of failing. Raises :class:`ConfigError`
+    listing every problem found.
     """
     if raw_file is None:
         raw_file = {}
@@ -255,6 +258,8 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         if entry.get("key_env"):
             plain = os.environ.get(entry["key_env"])
             if not plain or len(plain) < 16:
+                if not need_keys:
+                    continue
                 problems.append(f"{source}:security.api_keys.{i}.key_env: environment variable "
                                 f"{entry['key_env']} is unset or shorter than 16 characters")
                 continue
@@ -303,7 +308,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
                   allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys))
 
 
-def load_config(path: str | os.PathLike | None = None) -> Config:
+def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:
     """Read and validate a config file.
 
     ``path`` defaults to ``$HERMES_SERVICE_CONFIG`` or ``./config.yaml``.
@@ -321,5 +326,5 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError([f"{where}: YAML syntax error: {getattr(exc, 'problem', exc)}"]) from exc
-    return build_config(data, source=str(path), base_dir=path.resolve().parent)
+    return build_config(data, source=str(path), base_dir=path.resolve().parent, need_keys=need_keys)
 

@@ -12,6 +12,7 @@ within ``hermes.queue_wait_seconds`` fails with 409 ``session_busy``.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 
@@ -19,6 +20,7 @@ from filelock import FileLock, Timeout
 
 from .config import Config
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
+from .hermes_state import find_started_session
 from .runner import ChatResult, HermesRunner
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHomes
@@ -130,9 +132,11 @@ class Conversations:
             rec = self.get(session_id, owner, kind)   # re-read: a turn may have just finished
             home = self.homes.ensure(rec["user_id"])
             env = self.homes.cli_env(home, self.runner.command_path(), extra_env)
+            started = time.time() - 1.0
+            text = prompt if prompt is not None else message
             try:
                 result = self.runner.run_chat(
-                    prompt if prompt is not None else message, rec.get("hermes_session_id"), env,
+                    text, rec.get("hermes_session_id"), env,
                     str(home.root), on_spawn=on_spawn, cancel=cancel,
                     log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
                     toolsets=toolsets)
@@ -140,6 +144,9 @@ class Conversations:
                 # an aborted or failed turn may still have been saved by Hermes: keep its id so
                 # the next turn continues that conversation
                 saved = getattr(err, "hermes_session_id", None)
+                if not saved and not rec.get("hermes_session_id"):
+                    # killed before it printed its id (abort, timeout): look in state.db
+                    saved = find_started_session(home.hermes_home, started, text)
                 if saved and saved != rec.get("hermes_session_id"):
                     self.store.update(session_id, hermes_session_id=saved)
                 raise

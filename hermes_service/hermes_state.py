@@ -74,6 +74,22 @@ def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
         }
 
 
+def find_started_session(hermes_home: Path, since: float, first_message: str) -> str | None:
+    """The id of the newest top-level ``tool`` session started at or after ``since`` (unix s)
+    whose first user message is ``first_message`` — how a turn killed before Hermes printed its
+    ``session_id`` line is found again. None if there is none."""
+    conn = _connect(hermes_home)
+    if conn is None:
+        return None
+    with closing(conn):
+        row = conn.execute(
+            "SELECT s.id FROM sessions s WHERE s.source = 'tool' AND s.started_at >= ? "
+            "AND s.parent_session_id IS NULL AND (SELECT m.content FROM messages m "
+            "WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.id LIMIT 1) = ? "
+            "ORDER BY s.started_at DESC LIMIT 1", (since, first_message)).fetchone()
+    return row["id"] if row else None
+
+
 def session_messages(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
     """The newest ``limit`` messages of the lineage, oldest first, in the client contract's
     shape (§GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``, ``toolCallId``,

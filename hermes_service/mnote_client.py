@@ -62,6 +62,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "run_timeout": "hermes_client_run_timeout",               # run.failed: hard limit
     "run_stalled": "hermes_client_run_stalled",               # run.failed: stall watchdog
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
+    "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
 }
 

@@ -149,14 +149,20 @@ class CliProcess:
                        time.monotonic() - self.started, self.killed, self._truncated)
 
 
-def _alive(pid) -> bool:
+def _proc_start(pid) -> str | None:
+    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
     try:
-        os.kill(int(pid), 0)
-        return True
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    except PermissionError:
-        return True
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, TypeError, ValueError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()   # after "(comm)": state, ppid, ...
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _alive(pid, started: str | None) -> bool:
+    """Is the service process that wrote a record still running (same pid, same start)?"""
+    now = _proc_start(pid)
+    return now is not None and (started is None or now == started)
 
 
 def session_id_from_stderr(stderr: str) -> str | None:
@@ -193,6 +199,9 @@ def classify_failure(outcome: Outcome) -> ServiceError:
                         code="run_stalled", status=504)
     if outcome.killed == "cancelled":
         return RunError("the run was aborted", code="run_cancelled", status=409)
+    if outcome.killed == "shutdown":
+        return RunError("the service is shutting down; retry", code="service_stopping", status=503,
+                        headers={"Retry-After": "5"})
     text = outcome.stdout + "\n" + outcome.stderr
     if re.search(r"Session not found", outcome.stderr):
         return RunError("unknown Hermes session", code="session_not_found", status=404)
@@ -232,6 +241,7 @@ class HermesRunner:
         self.toolsets = list(hermes_cfg["toolsets"])
         self._slots = threading.BoundedSemaphore(hermes_cfg["max_concurrent_runs"])
         self._version: tuple[float, str] | None = None
+        self._version_lock = threading.Lock()
 
     def command_path(self) -> str:
         """Absolute path of the CLI; raises :class:`Unconfigured` if it cannot be found."""
@@ -266,13 +276,18 @@ class HermesRunner:
         The process group is recorded (``<pid_dir>/<pgid>.json``) until it is waited for,
         so :meth:`kill_all` at shutdown and :meth:`reap_orphans` after a crash can end it.
         """
-        proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
-                          on_exit=self._forget)
+        try:
+            proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
+                              on_exit=self._forget)
+        except OSError as exc:
+            raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
+                           code="hermes_failed") from None
         with self._live_lock:
             self._live.add(proc)
         if self.pid_dir is not None:
-            (self.pid_dir / f"{proc.pgid}.json").write_text(
-                json.dumps({"service_pid": os.getpid(), "home": env.get("HERMES_HOME")}))
+            (self.pid_dir / f"{proc.pgid}.json").write_text(json.dumps({
+                "service_pid": os.getpid(), "service_start": _proc_start(os.getpid()),
+                "home": env.get("HERMES_HOME")}))
         return proc
 
     def _forget(self, proc: CliProcess) -> None:
@@ -308,7 +323,7 @@ class HermesRunner:
             except (OSError, ValueError):
                 record.unlink(missing_ok=True)
                 continue
-            if _alive(info.get("service_pid")):
+            if _alive(info.get("service_pid"), info.get("service_start")):
                 continue
             home = (info.get("home") or "").encode()
             try:
@@ -389,14 +404,16 @@ class HermesRunner:
         return outcome
 
     def version(self, env: dict, cwd: str, ttl: float = 300.0) -> str:
-        """First line of ``hermes --version`` (cached ``ttl`` seconds). Raises Unconfigured/RunError."""
-        now = time.monotonic()
-        if self._version and now - self._version[0] < ttl:
-            return self._version[1]
-        proc = self.spawn(["--version"], env, cwd, max_output_bytes=65536)
-        outcome = proc.wait(30)
-        if outcome.returncode != 0 or not outcome.stdout.strip():
-            raise RunError("`hermes --version` failed", code="hermes_failed")
-        text = outcome.stdout.strip().splitlines()[0].strip()
-        self._version = (now, text)
-        return text
+        """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
+        within the CLI slots). Raises Unconfigured/RunError/TooManyRuns."""
+        with self._version_lock:
+            now = time.monotonic()
+            if self._version and now - self._version[0] < ttl:
+                return self._version[1]
+            with self.slot():
+                outcome = self.spawn(["--version"], env, cwd, max_output_bytes=65536).wait(30)
+            if outcome.returncode != 0 or not outcome.stdout.strip():
+                raise RunError("`hermes --version` failed", code="hermes_failed")
+            text = outcome.stdout.strip().splitlines()[0].strip()
+            self._version = (now, text)
+            return text

@@ -130,6 +130,7 @@ class ToolGateway:
             raise ToolRefused(401, "mnote_tool_unauthorized", "the run has ended or was aborted")
         if not isinstance(envelope, dict):
             raise ToolRefused(400, "mnote_tool_bad_request", "the body must be a JSON object")
+        envelope = {k: v for k, v in envelope.items() if v is not None}   # null = absent
         for field, expected in (("actorId", claims.actor_id), ("sessionId", claims.session_id),
                                 ("runId", claims.run_id)):
             if envelope.get(field, expected) != expected:
@@ -140,8 +141,8 @@ class ToolGateway:
                     "capabilityScope": list(claims.capability_scope)}
         envelope.setdefault("workspaceId", claims.workspace_id)
         envelope.setdefault("documentId", claims.document_id)
-        tool = envelope.get("toolName")
-        call_id = envelope.get("toolCallId")
+        tool = envelope.get("toolName") if isinstance(envelope.get("toolName"), str) else None
+        call_id = envelope.get("toolCallId") if isinstance(envelope.get("toolCallId"), str) else None
         run.touch()
         run.emit("tool.started", tool_call_id=call_id, tool_name=tool)
         outside = self._outside_binding(claims, envelope)

@@ -373,3 +373,27 @@ def test_a_busy_session_answers_409_after_queue_wait(client, stub):
     release.set()
     t.join()
     assert res.status_code == 409 and res.json["code"] == "session_busy"
+
+
+def test_overflowing_numbers_are_not_json(client):
+    res = client().post("/api/v1/execute", data=b'{"command": ["version"], "timeout": 1e400}',
+                        headers={**H, "Content-Type": "application/json"})
+    assert res.status_code == 400 and res.json["code"] == "invalid_json"
+
+
+def test_huge_values_are_not_echoed_back(client):
+    res = client().post("/api/v1/sessions", json={"user_id": ["A" * 100000]}, headers=H)
+    assert res.status_code == 400 and len(res.get_data()) < 2000
+
+
+def test_dead_or_reused_service_pids_are_not_alive():
+    import os
+    import subprocess
+    from hermes_service.runner import _alive, _proc_start
+    me = _proc_start(os.getpid())
+    assert _alive(os.getpid(), me) and not _alive(os.getpid(), str(int(me) + 1))   # reused pid
+    zombie = subprocess.Popen(["true"])
+    time.sleep(0.3)                                   # exited, not yet reaped: a zombie
+    assert not _alive(zombie.pid, None)
+    zombie.wait()
+    assert not _alive(zombie.pid, None)

@@ -130,3 +130,14 @@ def test_keygen_prints_key_and_matching_digest():
     fields = dict(line.split(":", 1) for line in res.stdout.strip().splitlines())
     key, digest = fields["key"].strip(), fields["key_sha256"].strip()
     assert len(key) >= 32 and hashlib.sha256(key.encode()).hexdigest() == digest
+
+
+def test_operator_commands_need_no_serving_key(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["security"]["api_keys"] = [{"key_env": "SURELY_UNSET_KEY_VAR"}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SURELY_UNSET_KEY_VAR"}
+    res = run_main("--config", str(path), "mnote", "add-workspace", "ws_1", env=env)
+    assert res.returncode == 0, res.stderr
+    assert run_main("--config", str(path), "check-config", env=env).returncode == 2

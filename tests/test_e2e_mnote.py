@@ -104,6 +104,11 @@ def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, t
     assert hermes_processes(home) == []             # gone within 2 s of the abort
     again = service.post(f"{P}/runs/{run_id}/abort", json={}, headers=A).json()
     assert again["events"][0]["event"] == "run.cancelled"      # the final state, not an error
+    # the aborted first turn was killed before Hermes printed its session id, yet the session
+    # maps to the Hermes conversation it started (found again in state.db): the panel shows the
+    # question, and the next run resumes that conversation
+    got = service.get(f"{P}/sessions/mnote_doc_1_abort", headers=A).json()
+    assert [m["content"] for m in got["messages"] if m["role"] == "user"] == [marker]
 
 
 def test_hung_model_ends_in_run_failed_by_the_stall_watchdog(start_service, tmp_path):

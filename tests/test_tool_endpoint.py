@@ -177,3 +177,23 @@ def test_an_aborted_run_cannot_call_tools(env):
     svc.runs.abort(run)
     res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
     assert res.status_code == 401 and [e["event"] for e in run.events] == ["abort.started"]
+
+
+def test_null_envelope_fields_count_as_absent(env):
+    app, _, run, run_env = env
+    res = post(app, envelope(run_env, workspaceId=None, documentId=None), run_env["MNOTE_RUN_TOKEN"])
+    assert res.json["ok"] is True and res.json["result"]["documentId"] == "doc_1"   # the run's page
+    post(app, envelope(run_env, toolCallId={"not": "a string"}), run_env["MNOTE_RUN_TOKEN"])
+    assert run.events[-2]["event"] == "tool.started" and run.events[-2]["tool_call_id"] is None
+
+
+def test_overflowing_numbers_are_refused_before_the_store(env):
+    app, svc, _, run_env = env
+    body = json.dumps(envelope(run_env, "mnote.page.save", idempotencyKey="k", dryRun=False,
+                               args={"content": [{"type": "p", "text": "x"}]})).replace(
+        '"text": "x"', '"text": "x", "n": 1e400')
+    res = app.test_client().post(URL, data=body, environ_base={"REMOTE_ADDR": "127.0.0.1"},
+                                 headers={"Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}",
+                                          "Content-Type": "application/json"})
+    assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
+    assert svc.tools.store.export_page("doc_1")["revision"] == 1
