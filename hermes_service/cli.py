@@ -62,7 +62,9 @@ def serve(config_path, host=None, port=None, threads=None):
     runner = app.extensions["hermes_service"].runner
 
     def stop(signum, _frame):
-        runner.kill_all()     # first, so no caller waits for waitress's own shutdown
+        killed = runner.kill_all()   # first, so no caller waits for waitress's own shutdown
+        logging.getLogger("hermes_service").info("signal %d: killed %d running CLI process(es)",
+                                                 signum, killed)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
