@@ -59,11 +59,6 @@ class ToolSpec:
     def writes(self) -> bool:
         return self.command_name is not None
 
-    def function_definition(self) -> dict:
-        """OpenAI-style function tool definition for the model."""
-        return {"type": "function", "function": {
-            "name": self.wire_name, "description": self.description, "parameters": self.model_parameters}}
-
 
 def _spec(name: str, scope: str, command: str | None, description: str) -> ToolSpec:
     return ToolSpec(name, name.replace(".", "_"), scope, command, TOOL_INPUT_SCHEMAS[name],

@@ -63,9 +63,6 @@ class UserHomes:
         root = self.base / user_id
         return UserHome(user_id, root, root / ".hermes")
 
-    def exists(self, user_id: str) -> bool:
-        return (self.path(user_id).hermes_home / "config.yaml").is_file()
-
     # -- rendering -------------------------------------------------------
     def render_config(self) -> dict:
         """The home's config.yaml: the template's, with the central model and safety settings.

@@ -7,6 +7,7 @@ behaviours through the real CLI are in test_e2e_v1.py.
 """
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -20,6 +21,24 @@ SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
 @pytest.fixture
 def client(stubbed_app):
     return lambda overrides=None: stubbed_app(overrides).test_client()
+
+
+@contextmanager
+def running_turn(c, stub, sid):
+    """A turn on ``sid`` held inside the (stubbed) CLI until the block exits; yields a list
+    that receives the turn's HTTP status once it has finished."""
+    release, status = threading.Event(), []
+    stub.block = lambda: release.wait(10)
+    t = threading.Thread(target=lambda: status.append(c.post(
+        f"/api/v1/sessions/{sid}/messages", json={"message": "x"}, headers=H).status_code))
+    t.start()
+    while not stub.calls:
+        time.sleep(0.01)
+    try:
+        yield status
+    finally:
+        release.set()
+        t.join()
 
 
 def new_session(c, user="user123"):
@@ -267,16 +286,8 @@ def test_turns_on_one_session_are_serialized(client, stub):
 def test_too_many_runs_is_429_with_retry_after(client, stub):
     c = client({"hermes": {"max_concurrent_runs": 1, "queue_wait_seconds": 0.2}})
     s1, s2 = new_session(c), new_session(c)
-    release = threading.Event()
-    stub.block = lambda: release.wait(10)
-    t = threading.Thread(target=lambda: c.post(f"/api/v1/sessions/{s1}/messages",
-                                               json={"message": "x"}, headers=H))
-    t.start()
-    while not stub.calls:
-        time.sleep(0.01)
-    res = c.post(f"/api/v1/sessions/{s2}/messages", json={"message": "y"}, headers=H)
-    release.set()
-    t.join()
+    with running_turn(c, stub, s1):
+        res = c.post(f"/api/v1/sessions/{s2}/messages", json={"message": "y"}, headers=H)
     assert res.status_code == 429 and res.json["code"] == "too_many_runs"
     assert int(res.headers["Retry-After"]) >= 1
 
@@ -341,37 +352,23 @@ def test_waiting_requests_are_bounded_so_threads_stay_free(client, stub):
     c = client({"hermes": {"max_concurrent_runs": 1, "max_waiting_requests": 1,
                            "queue_wait_seconds": 5}})
     sids = [new_session(c) for _ in range(3)]
-    release = threading.Event()
-    stub.block = lambda: release.wait(10)
-    results = {}
-    threads = [threading.Thread(target=lambda s=s: results.setdefault(s, c.post(
-        f"/api/v1/sessions/{s}/messages", json={"message": "x"}, headers=H).status_code))
-        for s in sids[:2]]
-    threads[0].start()
-    while not stub.calls:
-        time.sleep(0.01)
-    threads[1].start()                      # waits for the one CLI slot: admitted
-    time.sleep(0.2)
-    third = c.post(f"/api/v1/sessions/{sids[2]}/messages", json={"message": "x"}, headers=H)
-    release.set()
-    [t.join() for t in threads]
+    waiting = []
+    with running_turn(c, stub, sids[0]) as first:
+        t = threading.Thread(target=lambda: waiting.append(c.post(
+            f"/api/v1/sessions/{sids[1]}/messages", json={"message": "x"}, headers=H).status_code))
+        t.start()                           # waits for the one CLI slot: admitted
+        time.sleep(0.2)
+        third = c.post(f"/api/v1/sessions/{sids[2]}/messages", json={"message": "x"}, headers=H)
+    t.join()
     assert third.status_code == 429 and third.json["code"] == "too_many_runs"
-    assert sorted(results.values()) == [200, 200]
+    assert sorted(first + waiting) == [200, 200]
 
 
 def test_a_busy_session_answers_409_after_queue_wait(client, stub):
     c = client({"hermes": {"queue_wait_seconds": 0.3}})
     sid = new_session(c)
-    release = threading.Event()
-    stub.block = lambda: release.wait(10)
-    t = threading.Thread(target=lambda: c.post(f"/api/v1/sessions/{sid}/messages",
-                                               json={"message": "x"}, headers=H))
-    t.start()
-    while not stub.calls:
-        time.sleep(0.01)
-    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "y"}, headers=H)
-    release.set()
-    t.join()
+    with running_turn(c, stub, sid):
+        res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "y"}, headers=H)
     assert res.status_code == 409 and res.json["code"] == "session_busy"
 
 

@@ -12,6 +12,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_service.mnote_schemas import OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.mnote_tools import (SCHEMA_VERSION, TOOLS, TOOLS_BY_NAME, TOOLS_BY_WIRE_NAME,
+                                        plugin_tool_definitions,
                                         ToolExecutor, body_summary)
 from hermes_service.page_store import SQLitePageStore
 
@@ -118,7 +119,8 @@ def test_registry():
         Draft202012Validator.check_schema(t.schema)
         Draft202012Validator.check_schema(t.model_parameters)
         assert t.model_parameters["additionalProperties"] is False and t.description
-        assert t.function_definition()["function"]["name"] == t.wire_name
+    # what the model is offered (the plugin's definitions) uses the wire names
+    assert [d["name"] for d in plugin_tool_definitions()] == [t.wire_name for t in TOOLS]
 
 
 CONTRACT_REQUIRED = {  # contract §4, verbatim
