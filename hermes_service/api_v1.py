@@ -9,7 +9,7 @@ import re
 
 from flask import Blueprint, g, jsonify, request
 
-from .app import json_body, services
+from .web import json_body, services
 from .errors import BadRequest, Forbidden, NotFound, check_id
 from .runner import classify_failure
 

@@ -49,17 +49,20 @@ def serve(config_path, host=None, port=None, threads=None):
     logging.basicConfig(level=svc_cfg["log_level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     from .app import create_app
+    from .services import default_service_url
     host = host or svc_cfg["host"]
     port = svc_cfg["port"] if port is None else port
-    loopback = "[::1]" if ":" in host else "127.0.0.1"
     try:
-        app = create_app(config, service_url=config["mnote"]["service_url"]
-                         or f"http://{loopback}:{port}")
+        app = create_app(config, service_url=default_service_url(config, host, port))
     except CorruptStore as exc:
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     from waitress import serve as waitress_serve
     runner = app.extensions["hermes_service"].runner
+    reaped = runner.reap_orphans()
+    if reaped:
+        logging.getLogger("hermes_service").warning(
+            "killed %d Hermes CLI process group(s) left by a service that died", reaped)
 
     def stop(signum, _frame):
         killed = runner.kill_all()   # first, so no caller waits for waitress's own shutdown
@@ -125,13 +128,13 @@ def keygen():
 def mnote(ctx):
     """Operator commands for the embedded mnote page store (data/mnote.db)."""
     config = _load(ctx.obj["config_path"], need_keys=False)
-    from .page_store import SQLitePageStore
+    from .mnote.page_store import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")
 
 
 def _store_call(fn, *args):
-    from .page_store import StoreInputError
+    from .mnote.page_store import StoreInputError
     try:
         return fn(*args)
     except StoreInputError as exc:

@@ -114,15 +114,14 @@ class RunManager:
 
     ``execute(run)`` is the work of one run (supplied by the caller); it must
     emit the terminal event or raise a :class:`ServiceError` (turned into
-    ``run.failed`` with ``code_for(error)``).
+    ``run.failed`` with the error's core ``code``; a blueprint maps core codes to its
+    contract's codes when it sends events out).
     """
 
-    def __init__(self, retention_seconds: float, max_active: int,
-                 code_for: Callable[[ServiceError], str], max_streams: int = 12):
+    def __init__(self, retention_seconds: float, max_active: int, max_streams: int = 12):
         self.retention = retention_seconds
         self.streams = threading.BoundedSemaphore(max_streams)   # open event streams (threads)
         self.max_active = max_active
-        self.code_for = code_for
         self._runs: dict[str, Run] = {}
         self._by_session: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -163,15 +162,13 @@ class RunManager:
             if run.cancel.is_set():
                 run.emit("run.cancelled")
             else:
-                run.emit("run.failed", code=self.code_for(err), error=err.detail)
+                run.emit("run.failed", code=err.code, error=err.detail)
         except Exception:   # never leave a run "running"
             log.exception("run %s crashed", run.run_id)
-            run.emit("run.failed", code=self.code_for(ServiceError("internal error")),
-                     error="internal error")
+            run.emit("run.failed", code=ServiceError.code, error="internal error")
         finally:
             if not run.done:
-                run.emit("run.failed", code=self.code_for(ServiceError("run ended without result")),
-                         error="the run ended without a result")
+                run.emit("run.failed", code=ServiceError.code, error="the run ended without a result")
             run.process = None
 
     def stream_slot(self) -> Callable[[], None]:

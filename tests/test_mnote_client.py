@@ -215,7 +215,9 @@ def test_unconfigured(make):
 def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
     stub.outcomes = [Outcome(1, stdout, "session_id: 20260101_000000_abcdef\n", 0.1)]
     run = wait_done(c, start(c))
-    assert run.events[-1]["event"] == "run.failed" and run.events[-1]["code"] == code
+    from hermes_service.mnote.client import public_event   # the run log keeps core codes
+    last = public_event(run.events[-1])
+    assert last["event"] == "run.failed" and last["code"] == code
     assert "run.completed" not in [e["event"] for e in run.events]
 
 
@@ -370,7 +372,7 @@ def test_head_requests_do_not_leak_stream_slots(make):
 
 
 def test_page_context_is_really_capped():
-    from hermes_service.mnote_client import ARGV_LIMIT, CONTEXT_BUDGET, CONTEXT_END, build_prompt
+    from hermes_service.mnote.client import ARGV_LIMIT, CONTEXT_BUDGET, CONTEXT_END, build_prompt
     body = {**RUN_BODY, "pageContext": {"title": "标" * 30000, "outline": [{"t": "x" * 100}] * 500,
                                         "pageOptions": {f"k{i}": "v" * 100 for i in range(300)}},
             "selectedText": "s" * 50000, "selectedBlockId": "b1"}

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from hermes_service import page_store as ps
-from hermes_service.page_store import (BadToolInput, CommandContext, Conflict, NotFoundError, PageStore,
+from hermes_service.mnote import page_store as ps
+from hermes_service.mnote.page_store import (BadToolInput, CommandContext, Conflict, NotFoundError, PageStore,
                                        PermissionDenied, SQLitePageStore, StoreInputError)
 
 

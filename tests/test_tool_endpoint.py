@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from conftest import ROOT
-from hermes_service.mnote_tools import plugin_tool_definitions
+from hermes_service.mnote.tools import plugin_tool_definitions
 
 URL = "/api/hermes/tools/invoke"
 
@@ -113,7 +113,7 @@ def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
     app = app_factory({"security": {"api_keys": [{"key": API_KEY, "capability_scope": ["page.read"]}]}})
     with app.test_request_context(headers={"X-API-Key": API_KEY}):
         from flask import g
-        from hermes_service.mnote_client import _capability_scope
+        from hermes_service.mnote.client import _capability_scope
         g.api_key = app.extensions["hermes_service"].guard.check_key({"X-API-Key": API_KEY})
         assert _capability_scope(app.extensions["hermes_service"]) == ["page.read"]
 
@@ -121,7 +121,7 @@ def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
 def test_plugin_tools_json_is_generated_from_the_registry():
     shipped = json.loads((ROOT / "users_template/plugins/mnote/tools.json").read_text("utf-8"))
     assert shipped == plugin_tool_definitions(), \
-        "regenerate: python3 -m hermes_service.mnote_tools > users_template/plugins/mnote/tools.json"
+        "regenerate: python3 -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json"
     for d in shipped:
         assert d["name"].replace("_", "").isalnum() and len(d["name"]) <= 64   # provider-safe
         forbidden = {"actorId", "sessionId", "runId", "toolCallId", "traceId", "capabilityScope"}

@@ -1,7 +1,7 @@
 """Hermes plugin ``mnote``: the six mnote tools, forwarded to hermes-service.
 
 Runs inside the Hermes CLI (standard library only). The tool definitions are in
-``tools.json`` next to this file, generated from hermes_service.mnote_tools
+``tools.json`` next to this file, generated from hermes_service.mnote.tools
 (a test keeps them in sync). Each call builds the tool contract's input
 envelope from the run's environment (set by hermes-service for this run only:
 MNOTE_TOOL_URL, MNOTE_RUN_TOKEN, MNOTE_* ids) plus the model's arguments, and

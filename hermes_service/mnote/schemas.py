@@ -18,7 +18,7 @@ least one key, ``summary``/ai-note ``content`` must be non-empty.
 """
 from __future__ import annotations
 
-from .errors import ID_PATTERN  # one id pattern for the whole service
+from ..errors import ID_PATTERN  # one id pattern for the whole service
 
 PAGE_OPTION_KEYS = ("wideLayout", "smallText", "showToc", "protectEditing")
 

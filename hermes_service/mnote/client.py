@@ -19,11 +19,12 @@ from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from .app import ERROR_RENDERERS, json_body, parse_json, services
-from .errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
-from .hermes_state import session_messages, session_summary
+from ..web import json_body, parse_json, services
+from ..errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..hermes_state import session_messages, session_summary
 
 PREFIX = "/api/hermes/client"
+LEGACY_PREFIX = "/api/ai-agent"
 bp = Blueprint("mnote_client", __name__, url_prefix=PREFIX)
 legacy_bp = Blueprint("mnote_legacy", __name__)
 
@@ -67,9 +68,17 @@ EXTRA_CODES = {   # cases the contract does not cover
 }
 
 
-def client_code(err: ServiceError) -> str:
-    """The contract code for a core error (``hermes_client_internal_error`` if unmapped)."""
-    return CODE_MAP.get(err.code) or EXTRA_CODES.get(err.code) or "hermes_client_internal_error"
+def client_code(code: str | None) -> str:
+    """The contract code for a core error code (``hermes_client_internal_error`` if unmapped)."""
+    return CODE_MAP.get(code) or EXTRA_CODES.get(code) or "hermes_client_internal_error"
+
+
+def public_event(event: dict) -> dict:
+    """An event of the run log as the contract shows it: ``run.failed`` carries the contract
+    code of the core code the run recorded."""
+    if event.get("event") == "run.failed":
+        return {**event, "code": client_code(event.get("code"))}
+    return event
 
 
 def _status(err: ServiceError) -> int:
@@ -92,18 +101,16 @@ def trace_id() -> str:
     return g.trace_id
 
 
-def _render(err: ServiceError) -> dict:
+def render_error_body(err: ServiceError) -> dict:
+    """Contract §3 error body for a core error (registered by :func:`..register`)."""
     err.status = _status(err)     # the proxy answers a provider 429 with 429
     try:
         tid = trace_id()
     except ServiceError:
         tid = g.get("trace_id") or "trace_" + secrets.token_hex(8)
-    return {"ok": False, "code": client_code(err), "message": err.detail, "traceId": tid,
+    return {"ok": False, "code": client_code(err.code), "message": err.detail, "traceId": tid,
             "requestId": g.get("request_id")}
 
-
-ERROR_RENDERERS.append((PREFIX, _render))
-ERROR_RENDERERS.append(("/api/ai-agent", _render))
 
 
 def actor_id() -> str:
@@ -411,7 +418,7 @@ def events(run_id):
                 yield ": keepalive\n\n"
             else:
                 seq, event = item
-                yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+                yield f"id: {seq}\ndata: {json.dumps(public_event(event), ensure_ascii=False)}\n\n"
 
     resp = Response(stream_with_context(stream()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
@@ -438,7 +445,8 @@ def abort(run_id):
         raise NotFound(f"run {run_id} not found", code="run_not_found")
     events_out = svc.runs.abort(run)
     svc.tools.end_run(run)        # no tool call of an aborted run gets through, from now on
-    return ok(runId=run.run_id, sessionId=run.session_id, events=events_out)
+    return ok(runId=run.run_id, sessionId=run.session_id,
+              events=[public_event(e) for e in events_out])
 
 
 @bp.get("/models")
@@ -455,7 +463,7 @@ def models():
 def tools():
     """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion)."""
     actor_id()
-    from .mnote_tools import SCHEMA_VERSION, TOOLS
+    from .tools import SCHEMA_VERSION, TOOLS
     return ok(tools=[{"name": t.name, "scope": t.scope, "schemaVersion": SCHEMA_VERSION}
                      for t in TOOLS])
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from .mnote_schemas import ID_PATTERN, PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
+from .schemas import ID_PATTERN, PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
 
 ROLES = ("owner", "editor", "viewer")
 WRITER_ROLES = ("owner", "editor")

@@ -25,7 +25,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from .mnote_tools import TOOLS_BY_NAME, ToolExecutor
+from .tools import TOOLS_BY_NAME, ToolExecutor
 from .page_store import SQLitePageStore
 
 TOKEN_BYTES = 32

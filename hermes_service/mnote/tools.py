@@ -24,7 +24,7 @@ from typing import Any, Callable
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
-from .mnote_schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
+from .schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
 from .page_store import (CMD_AI_NOTE, CMD_PAGE_SAVE, CMD_SUMMARY, CMD_UPDATE_OPTIONS, CMD_UPDATE_TITLE,
                          BadToolInput, CommandContext, CommandResult, PageStore, PermissionDenied,
                          ToolError, MSG_NO_ACTOR)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from .app import ERROR_RENDERERS, parse_json, services
-from .errors import ServiceError
-from .tool_gateway import ToolRefused
+from ..web import parse_json, services
+from ..errors import ServiceError
+from .gateway import ToolRefused
 
 PREFIX = "/api/hermes/tools"
 bp = Blueprint("mnote_tools", __name__)
@@ -36,8 +36,9 @@ def failure_envelope(code: str, message: str, body: dict | None = None) -> dict:
             "error": {"code": code, "message": message}}
 
 
-ERROR_RENDERERS.append((PREFIX, lambda err: failure_envelope(
-    _CODES.get(err.code, "mnote_tool_internal_error"), err.detail)))
+def render_error_body(err: ServiceError) -> dict:
+    """Errors under this prefix are output envelopes too (registered by :func:`..register`)."""
+    return failure_envelope(_CODES.get(err.code, "mnote_tool_internal_error"), err.detail)
 
 
 @bp.post(f"{PREFIX}/invoke")

@@ -1,0 +1,87 @@
+"""Request hooks, one job each (README §Architecture, §Configuring):
+
+1. :func:`assign_request_id` — ``g.request_id`` (a safe incoming ``X-Request-Id`` or a new one);
+2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
+   trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
+3. :func:`authenticate` — IP allowlist and API key (``g.api_key``); the tool endpoint
+   authenticates itself with a run token and only admits loopback peers without proxy headers;
+4. :func:`access_log` — one line per request: request id, client, method, path, status, ms.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import secrets
+import time
+from urllib.parse import quote
+
+from flask import Flask, g, request
+
+from .errors import Forbidden
+from .web import services
+
+access_logger = logging.getLogger("hermes_service.access")
+_REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+# Paths that authenticate themselves (a run-scoped token) instead of an API key.
+SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
+PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host")
+
+
+def is_loopback(addr: str | None) -> bool:
+    """True for 127.0.0.0/8 and ::1 (a scope id like ``%lo`` is ignored)."""
+    try:
+        return ipaddress.ip_address((addr or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def assign_request_id() -> None:
+    g.start = time.perf_counter()
+    incoming = request.headers.get("X-Request-Id", "")
+    g.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + secrets.token_hex(8)
+
+
+def resolve_client() -> None:
+    g.client_ip = services().guard.client_ip(request.remote_addr,
+                                             request.headers.get("X-Forwarded-For"))
+
+
+def authenticate() -> None:
+    """Raise Forbidden (``ip_not_allowed``) or Unauthorized (key codes) unless the request
+    may pass; sets ``g.api_key`` (None when keys are disabled or not needed)."""
+    svc = services()
+    g.api_key = None
+    if request.path.startswith(SELF_AUTH_PREFIXES):
+        # tool calls come from the local CLI with a run token: loopback peers only, and
+        # never through a (same-host) reverse proxy, whose requests also come from loopback
+        proxied = any(h in request.headers for h in PROXY_HEADERS)
+        if proxied or not is_loopback(request.remote_addr):
+            raise Forbidden("tool calls are accepted from the local CLI only",
+                            code="ip_not_allowed")
+        return
+    svc.guard.check_ip(g.client_ip)
+    if request.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
+        return    # CORS preflight carries no credentials
+    if request.path == "/health" and not svc.config["security"]["health_requires_api_key"]:
+        return
+    g.api_key = svc.guard.check_key(request.headers)
+
+
+def access_log(resp):
+    resp.headers["X-Request-Id"] = g.get("request_id", "")
+    started = g.get("start")
+    access_logger.info("rid=%s ip=%s %s %s %s %.1fms", g.get("request_id"), g.get("client_ip"),
+                       request.method, quote(request.path, safe="/@:+,;=-._~!$&'()*"),
+                       resp.status_code,
+                       (time.perf_counter() - started) * 1000 if started else 0.0)
+    return resp
+
+
+def install(app: Flask) -> None:
+    """Register the hooks on ``app`` in order."""
+    app.before_request(assign_request_id)
+    app.before_request(resolve_client)
+    app.before_request(authenticate)
+    app.after_request(access_log)

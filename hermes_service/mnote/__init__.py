@@ -1,0 +1,23 @@
+"""The mnote outer blueprint (contracts: hermes-client-proxy-contract-v1,
+mnote-hermes-plugin-tool-contract-v1).
+
+* :mod:`.client` — ``/api/hermes/client/*``, the page AI panel's routes (runs, events, abort);
+* :mod:`.endpoint` + :mod:`.gateway` — ``POST /api/hermes/tools/invoke`` and run tokens;
+* :mod:`.tools` + :mod:`.schemas` — the six ``mnote.*`` tools: registry, schemas, executor;
+* :mod:`.page_store` — the page store interface and its SQLite adapter.
+"""
+from __future__ import annotations
+
+from flask import Flask
+
+
+def register(app: Flask) -> None:
+    """Register the mnote blueprints and their error shapes on ``app``."""
+    from ..web import register_error_shape
+    from . import client, endpoint
+    app.register_blueprint(client.bp)
+    app.register_blueprint(client.legacy_bp)
+    app.register_blueprint(endpoint.bp)
+    register_error_shape(app, client.PREFIX, client.render_error_body)
+    register_error_shape(app, client.LEGACY_PREFIX, client.render_error_body)
+    register_error_shape(app, endpoint.PREFIX, endpoint.render_error_body)
