@@ -103,9 +103,12 @@ def delete_session(session_id):
 @bp.post("/api/v1/sessions/<session_id>/messages")
 def send_message(session_id):
     """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
-    ``resumed`` and, when an unknown Hermes session had to be replaced, ``notice``.
+    ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``)
+    and, when an unknown Hermes session had to be replaced, ``notice``. ``response`` is the
+    answer Hermes recorded for this turn.
 
-    Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502/503/504.
+    Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502 (incl.
+    ``upstream_empty_answer``)/503/504.
     """
     check_id(session_id, "session_id")
     body = json_body(SEND_MESSAGE)
@@ -118,7 +121,8 @@ def send_message(session_id):
         rec, result = svc.conversations.send(session_id, body["message"], owner=ctx_user or bound,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
-           "hermes_session_id": result.hermes_session_id, "resumed": result.resumed}
+           "hermes_session_id": result.hermes_session_id, "resumed": result.resumed,
+           "reasoning": result.reasoning}
     if result.notice:
         out["notice"] = result.notice
     return jsonify(out)

@@ -58,15 +58,15 @@ def serve(config_path, host=None, port=None, threads=None):
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     from waitress import serve as waitress_serve
-    runner = app.extensions["hermes_service"].runner
-    reaped = runner.reap_orphans()
+    services = app.extensions["hermes_service"]
+    reaped = services.runner.reap_orphans()
     if reaped:
         logging.getLogger("hermes_service").warning(
-            "killed %d Hermes CLI process group(s) left by a service that died", reaped)
+            "killed %d Hermes process group(s) left by a service that died", reaped)
 
     def stop(signum, _frame):
-        killed = runner.kill_all()   # first, so no caller waits for waitress's own shutdown
-        logging.getLogger("hermes_service").info("signal %d: killed %d running CLI process(es)",
+        killed = services.shutdown()   # first, so no caller waits for waitress's own shutdown
+        logging.getLogger("hermes_service").info("signal %d: killed %d Hermes process group(s)",
                                                  signum, killed)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
@@ -78,8 +78,8 @@ def serve(config_path, host=None, port=None, threads=None):
                        ident="hermes-service", channel_timeout=3600,
                        clear_untrusted_proxy_headers=False)
     finally:   # SIGTERM, Ctrl-C: no CLI run outlives the service
-        killed = runner.kill_all()
-        logging.getLogger("hermes_service").info("stopped; killed %d running CLI process(es)",
+        killed = services.shutdown()
+        logging.getLogger("hermes_service").info("stopped; killed %d Hermes process group(s)",
                                                  killed)
 
 

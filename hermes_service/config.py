@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
         "command": "hermes",
+        "runner": "cli",
+        "acp": {"idle_seconds": 600, "max_processes": 8, "recycle_after_sessions": 100,
+                "max_rss_mb": 300, "start_timeout_seconds": 60},
         "timeout_seconds": 300,
         "stall_timeout_seconds": 240,
         "max_concurrent_runs": 2,
@@ -108,6 +111,14 @@ SCHEMA = _obj({
                   "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
     "hermes": _obj({
         "command": {"type": "string", "minLength": 1},
+        "runner": {"enum": ["cli", "acp"]},
+        "acp": _obj({
+            "idle_seconds": _POS_NUM,
+            "max_processes": _POS_INT,
+            "recycle_after_sessions": _POS_INT,
+            "max_rss_mb": _POS_NUM,
+            "start_timeout_seconds": _POS_NUM,
+        }),
         "timeout_seconds": _POS_NUM,
         "stall_timeout_seconds": _POS_NUM,
         "max_concurrent_runs": _POS_INT,

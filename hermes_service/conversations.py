@@ -11,28 +11,32 @@ within ``hermes.queue_wait_seconds`` fails with 409 ``session_busy``.
 """
 from __future__ import annotations
 
+import logging
 import threading
-import time
 import uuid
 from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
 
 from .config import Config
+from . import hermes_state
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
-from .hermes_state import find_started_session
-from .runner import ChatResult, HermesRunner
+from .runner import HermesRunner, TurnListener, TurnRequest, TurnResult, UseCli
 from .session_store import SessionStore, now_iso
-from .user_homes import UserHomes
+from .user_homes import UserHome, UserHomes
+
+log = logging.getLogger("hermes_service.conversations")
 
 
 class Conversations:
     """Create, list, delete sessions and run turns on them."""
 
-    def __init__(self, config: Config, store: SessionStore, homes: UserHomes, runner: HermesRunner):
+    def __init__(self, config: Config, store: SessionStore, homes: UserHomes, runner: HermesRunner,
+                 acp=None):
         self.store = store
         self.homes = homes
         self.runner = runner
+        self.acp = acp          # the ACP runner when hermes.runner is "acp"
         self.max_message_bytes = config["hermes"]["max_message_bytes"]
         # a request waits for a busy session no longer than for a CLI slot
         self.turn_wait = float(config["hermes"]["queue_wait_seconds"])
@@ -113,15 +117,22 @@ class Conversations:
         finally:
             local.release()
 
-    def send(self, session_id: str, message: str, owner: str | None = None, *, prompt: str | None = None,
-             extra_env: dict | None = None, on_spawn=None, cancel=None, wait: float | None = None,
-             model: str | None = None, toolsets: list[str] | None = None,
-             record: dict | None = None, kind: str | None = None) -> tuple[dict, ChatResult]:
-        """Run one turn: ``prompt`` (default ``message``) goes to Hermes.
+    def send(self, session_id: str, message: str, owner: str | None = None, *,
+             kind: str | None = None, wait: float | None = None, model: str | None = None,
+             toolsets: list[str] | None = None, plugin_run: dict | None = None,
+             listener: TurnListener | None = None, cancel: threading.Event | None = None,
+             record: dict | None = None) -> tuple[dict, TurnResult]:
+        """Run one turn of ``message`` on the session (README §Runners).
 
-        ``extra_env`` is added to this run's CLI environment only; ``model`` is passed as
-        ``-m``; ``toolsets`` are offered in addition to ``hermes.toolsets``; ``record`` fields
-        are stored on the session after a successful turn.
+        ``kind`` (``v1`` | ``mnote``) must match the session's; ``model`` is the provider
+        model (``-m``); ``toolsets`` are offered in addition to ``hermes.toolsets``;
+        ``plugin_run`` is the mnote run binding for the plugins; ``listener`` receives live
+        events; ``record`` fields are stored on the session when the turn starts.
+
+        A turn that ends without an answer is taken back from Hermes's record
+        (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
+        reaches the model once; a Hermes session that keeps messages of a failed or aborted
+        first turn is still mapped to this session (found exactly, by the turn marker).
 
         Returns (updated record, result). Raises NotFound, TooLarge, Conflict
         (``session_busy``), TooManyRuns, Unconfigured or a RunError.
@@ -130,31 +141,53 @@ class Conversations:
         self.get(session_id, owner, kind)
         with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
             rec = self.get(session_id, owner, kind)   # re-read: a turn may have just finished
+            if record:
+                rec = self.store.update(session_id, **record) or rec
             home = self.homes.ensure(rec["user_id"])
-            env = self.homes.cli_env(home, self.runner.command_path(), extra_env)
-            started = time.time() - 1.0
-            text = prompt if prompt is not None else message
+            req = TurnRequest(message, rec.get("hermes_session_id"), home,
+                              self.homes.cli_env(home, self.runner.command_path()), model=model,
+                              toolsets=list(toolsets or []), family=rec.get("kind") or "v1",
+                              plugin_run=plugin_run, listener=listener, cancel=cancel,
+                              log_ctx={"user": rec["user_id"], "session": session_id,
+                                       **({"run": plugin_run["runId"]} if plugin_run else {})})
             try:
-                result = self.runner.run_chat(
-                    text, rec.get("hermes_session_id"), env,
-                    str(home.root), on_spawn=on_spawn, cancel=cancel,
-                    log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
-                    toolsets=toolsets)
+                result = self._run(req)
             except ServiceError as err:
-                # an aborted or failed turn may still have been saved by Hermes: keep its id so
-                # the next turn continues that conversation
-                saved = getattr(err, "hermes_session_id", None)
-                if not saved and not rec.get("hermes_session_id"):
-                    # killed before it printed its id (abort, timeout): look in state.db
-                    saved = find_started_session(home.hermes_home, started, text)
-                if saved and saved != rec.get("hermes_session_id"):
-                    self.store.update(session_id, hermes_session_id=saved)
+                self._after_failure(session_id, rec, home, err, message)
                 raise
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
-                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso(),
-                **(record or {}))
+                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
         if updated is None:
             raise NotFound(f"session {session_id} was deleted during the turn",
                            code="session_not_found")
         return updated, result
+
+    def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
+        """Start the user's warm Hermes process for ``family`` in the background, when the
+        ACP runner is configured (the panel created a session: a run is likely to follow)."""
+        if self.acp is None:
+            return
+        home = self.homes.ensure(user_id)
+        self.acp.prewarm(home, self.homes.cli_env(home, self.runner.command_path()), family,
+                         self.runner.toolset_names(toolsets))
+
+    def _run(self, req: TurnRequest) -> TurnResult:
+        """The ACP runner when configured and able to serve the turn, else the CLI runner."""
+        if self.acp is not None:
+            try:
+                return self.acp.run_turn(req)
+            except UseCli as why:
+                log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
+        return self.runner.run_turn(req)
+
+    def _after_failure(self, session_id: str, rec: dict, home: UserHome, err: ServiceError,
+                       message: str) -> None:
+        saved = getattr(err, "hermes_session_id", None)
+        if not saved:
+            return
+        hermes_state.rewind_unanswered(home.hermes_home, saved, message)
+        if saved != rec.get("hermes_session_id") and hermes_state.has_messages(home.hermes_home, saved):
+            # an aborted/failed turn Hermes kept (e.g. tool calls already made): the next
+            # turn continues that conversation
+            self.store.update(session_id, hermes_session_id=saved)

@@ -1,30 +1,66 @@
-"""Read-only view of a user's Hermes ``state.db`` (hermes-agent 0.19.0, schema version 22).
+"""A user's Hermes ``state.db``, read as Hermes's own record (hermes-agent 0.19.0, schema 22).
 
-The mnote client routes read session titles, counts, messages and token usage
-from Hermes's own store (client-proxy contract §1: the proxy keeps no
-message, tool event, usage or model truth of its own). The file is opened
-with ``mode=ro``; a missing file or session reads as empty.
+Hermes writes every conversation to ``$HERMES_HOME/state.db`` (SQLite, WAL): the
+``sessions`` table (title, model, token counters, ``parent_session_id``, ``source``) and the
+``messages`` table (role, content, tool calls, reasoning, ``active``/``compacted`` flags).
+This module is the service's one place that understands it:
 
-A Hermes session may continue in a child session after context compression
-(``parent_session_id``); :func:`lineage` follows that chain so a mapping to
-the newest id still shows the whole conversation.
+* **Answers come from the record** (:func:`turn_record`): after a turn, its assistant
+  messages are read back here instead of scraping the CLI's terminal output, so reasoning
+  boxes, Hermes's hints and notices never become an answer, and an empty answer is seen
+  for what it is (Hermes stores the sentinel ``(empty)``).
+* **Transcripts are what Hermes replays** (:func:`transcript`, client-proxy contract §2
+  ``GET /sessions/{id}``): the active rows of the session's lineage (Hermes soft-archives
+  compacted-away turns with ``active = 0``), without Hermes's internal scaffolding —
+  context-compaction summaries, continuation nudges ("[System: …]"), background-review
+  harness turns — and with a summary merged into a real message unwrapped back to that
+  message. Counts (:func:`session_summary`) are counts of exactly these messages.
+* **A failed turn is taken back** (:func:`rewind_unanswered`): a turn that ended without an
+  answer is soft-deleted exactly as Hermes's own ``/rewind`` does (``active = 0``), so a
+  retried message reaches the model once. This is the only write the service makes.
+
+Reads open the file with ``mode=ro``; a missing file or session reads as empty.
 """
 from __future__ import annotations
 
 import json
 import sqlite3
 from contextlib import closing
+from dataclasses import dataclass, field
 from pathlib import Path
 
-_SUMMARY_COLS = ("id, title, model, started_at, ended_at, message_count, tool_call_count, "
+#: Hermes's failure sentinel for a turn whose model returned no content (agent/conversation_loop.py).
+EMPTY_SENTINEL = "(empty)"
+#: Context-compaction summary prefixes (agent/context_compressor.py: SUMMARY_PREFIX, legacy).
+SUMMARY_PREFIXES = ("[CONTEXT COMPACTION", "[CONTEXT SUMMARY]:")
+#: A summary merged into the first kept message wraps that message's own content.
+MERGED_HEADER = "[PRIOR CONTEXT — for reference only; not a new message]"
+MERGED_DELIMITER = "[END OF PRIOR CONTEXT — COMPACTION SUMMARY BELOW]"
+#: User-role messages Hermes writes itself (agent/conversation_compression.py and friends).
+SYNTHETIC_USER_PREFIXES = (
+    "[System: ",
+    "[Your active task list was preserved across context compression]",
+    "[IMPORTANT: Background process ",
+    "Review the conversation above",
+)
+
+_SUMMARY_COLS = ("id, source, title, model, started_at, ended_at, message_count, tool_call_count, "
                  "input_tokens, output_tokens, parent_session_id")
+_MESSAGE_COLS = ("id, session_id, role, content, tool_call_id, tool_name, tool_calls, timestamp, "
+                 "finish_reason, reasoning, reasoning_content")
 
 
-def _connect(hermes_home: Path) -> sqlite3.Connection | None:
-    db = Path(hermes_home) / "state.db"
+def _db(hermes_home: Path) -> Path:
+    return Path(hermes_home) / "state.db"
+
+
+def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | None:
+    db = _db(hermes_home)
     if not db.is_file():
         return None
-    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=5)
+    mode = "rw" if write else "ro"
+    conn = sqlite3.connect(db.resolve().as_uri() + f"?mode={mode}", uri=True, timeout=10,
+                           isolation_level=None)
     conn.row_factory = sqlite3.Row
     return conn
 
@@ -42,80 +78,153 @@ def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[
     return rows[::-1]
 
 
-def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
-    """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,
-    inputTokens, outputTokens}`` over the session's lineage, or None if Hermes has no such session."""
-    if not session_id:
-        return None
-    conn = _connect(hermes_home)
-    if conn is None:
-        return None
-    with closing(conn):
-        chain = lineage(conn, session_id)
-        if not chain:
-            return None
-        ids = [r["id"] for r in chain]
-        marks = ",".join("?" * len(ids))
-        first_user = conn.execute(
-            f"SELECT content FROM messages WHERE session_id IN ({marks}) AND role = 'user' "
-            "ORDER BY id LIMIT 1", ids).fetchone()
-        last = conn.execute(f"SELECT MAX(timestamp) FROM messages WHERE session_id IN ({marks})",
-                            ids).fetchone()[0]
-        newest = chain[-1]
-        return {
-            "title": next((r["title"] for r in reversed(chain) if r["title"]), None),
-            "model": newest["model"],
-            "messageCount": sum(r["message_count"] or 0 for r in chain),
-            "toolCallCount": sum(r["tool_call_count"] or 0 for r in chain),
-            "updatedAt": int(last or newest["ended_at"] or newest["started_at"]),
-            "preview": first_user["content"] if first_user else None,
-            "inputTokens": sum(r["input_tokens"] or 0 for r in chain),
-            "outputTokens": sum(r["output_tokens"] or 0 for r in chain),
-        }
-
-
-def find_started_session(hermes_home: Path, since: float, first_message: str) -> str | None:
-    """The id of the newest top-level ``tool`` session started at or after ``since`` (unix s)
-    whose first user message is ``first_message`` — how a turn killed before Hermes printed its
-    ``session_id`` line is found again. None if there is none."""
-    conn = _connect(hermes_home)
-    if conn is None:
-        return None
-    with closing(conn):
-        row = conn.execute(
-            "SELECT s.id FROM sessions s WHERE s.source = 'tool' AND s.started_at >= ? "
-            "AND s.parent_session_id IS NULL AND (SELECT m.content FROM messages m "
-            "WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.id LIMIT 1) = ? "
-            "ORDER BY s.started_at DESC LIMIT 1", (since, first_message)).fetchone()
-    return row["id"] if row else None
-
-
-def session_messages(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
-    """The newest ``limit`` messages of the lineage, oldest first, in the client contract's
-    shape (§GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``, ``toolCallId``,
-    ``toolName``, ``timestamp`` (unix s, int), ``reasoning``. An assistant message that called
-    tools carries its first call's id and name (Hermes stores them in ``tool_calls``)."""
+def session_source(hermes_home: Path, session_id: str | None) -> str | None:
+    """The ``source`` Hermes recorded for a session (``tool`` for CLI turns, ``acp`` for ACP
+    sessions), or None when the session does not exist."""
     conn = _connect(hermes_home) if session_id else None
     if conn is None:
-        return []
+        return None
+    with closing(conn):
+        row = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return row["source"] if row else None
+
+
+def display_content(role: str, content) -> str | None:
+    """What a stored message shows, or None for Hermes's internal scaffolding (summaries,
+    nudges). A summary merged into a real message is unwrapped back to that message."""
+    if not isinstance(content, str):
+        return content
+    text = content.lstrip()
+    if text.startswith(MERGED_HEADER) and MERGED_DELIMITER in text:
+        # the message kept before the summary; itself perhaps an earlier summary
+        return display_content(role, text[len(MERGED_HEADER):].split(MERGED_DELIMITER, 1)[0].strip())
+    if text.startswith(SUMMARY_PREFIXES):
+        return None
+    if role == "user" and text.startswith(SYNTHETIC_USER_PREFIXES):
+        return None
+    return content
+
+
+def _reasoning(row) -> str | None:
+    return row["reasoning_content"] or row["reasoning"] or None
+
+
+@dataclass
+class TurnRecord:
+    """What Hermes recorded for the newest turn of a session. ``answer`` joins the text of
+    the turn's assistant messages that are not tool-call steps (a reply cut by the provider
+    and continued by Hermes is one answer); ``reasoning`` joins their reasoning; ``found`` is
+    False when the store holds no such turn (then the caller falls back to the CLI's
+    output)."""
+    found: bool = False
+    answer: str = ""
+    reasoning: str | None = None
+    assistant_rows: int = 0
+    empty_sentinel: bool = False
+    row_ids: list[int] = field(default_factory=list)
+
+
+def _is_turn_of(content, message: str) -> bool:
+    """Is a stored user message the one this turn sent? Hermes strips it, and merges it into
+    an unanswered user message before it (``repair_message_sequence``)."""
+    if not isinstance(content, str):
+        return False
+    stored, sent = content.strip(), message.strip()
+    return stored == sent or stored.endswith("\n" + sent)
+
+
+def _turn_rows(conn, session_id: str, message: str) -> list[sqlite3.Row]:
+    """The active rows of the session's newest turn — its user message (which must be
+    ``message``) and everything after it — or [] when the newest real user message is
+    another one (Hermes saved nothing of this turn).
+
+    Rows are found by position, not by id: the ACP adapter rewrites a restored session's
+    active rows (new ids, new timestamps) when it saves it; a turn holds the session's turn
+    lock, so the newest real user message is its own."""
+    ids = [r["id"] for r in lineage(conn, session_id)] or [session_id]
+    marks = ",".join("?" * len(ids))
+    rows = conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
+                        "AND active = 1 ORDER BY id", ids).fetchall()
+    for i in range(len(rows) - 1, -1, -1):
+        r = rows[i]
+        if r["role"] == "user" and display_content("user", r["content"]) is not None \
+                and not r["content"].lstrip().startswith(MERGED_HEADER):
+            return rows[i:] if _is_turn_of(r["content"], message) else []
+    return []
+
+
+def turn_record(hermes_home: Path, session_id: str | None, message: str) -> TurnRecord:
+    """The turn of ``session_id`` that sent ``message`` (the session's newest turn)."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return TurnRecord()
+    with closing(conn):
+        rows = _turn_rows(conn, session_id, message)
+    rec = TurnRecord(found=bool(rows), row_ids=[r["id"] for r in rows])
+    parts, thoughts = [], []
+    for r in rows[1:]:
+        if r["role"] != "assistant":
+            continue
+        rec.assistant_rows += 1
+        if _reasoning(r):
+            thoughts.append(_reasoning(r))
+        if r["tool_calls"] and r["tool_calls"] not in ("[]", "null"):
+            continue                       # a tool-call step, not the answer
+        text = display_content("assistant", r["content"])
+        if text == EMPTY_SENTINEL:
+            rec.empty_sentinel = True
+        elif isinstance(text, str):
+            parts.append(text)
+    rec.answer = "".join(parts).strip()
+    rec.reasoning = "\n\n".join(thoughts) or None
+    return rec
+
+
+def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -> bool:
+    """Take back the turn that sent ``message`` if it produced no answer: soft-delete its
+    rows (``active = 0``, ``sessions.rewind_count + 1``), as Hermes's own
+    ``rewind_to_message`` does, so a retried message reaches the model once. Its rows after
+    the user message must be Hermes's nudges and at most its ``(empty)`` sentinel; a turn
+    with real assistant work (text or tool calls: it stays in the model's context) is left
+    alone. Returns True when rows were taken back."""
+    conn = _connect(hermes_home, write=True) if session_id else None
+    if conn is None:
+        return False
+    with closing(conn):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            rows = _turn_rows(conn, session_id, message)
+
+            def unanswered(r) -> bool:
+                return r["role"] == "user" or (r["role"] == "assistant" and not r["tool_calls"]
+                                               and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
+            if not rows or not all(unanswered(r) for r in rows):
+                conn.execute("ROLLBACK")
+                return False
+            conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
+                         [r["id"] for r in rows])
+            conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 "
+                         "WHERE id = ?", (rows[0]["session_id"],))
+            conn.execute("COMMIT")
+            return True
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+def has_messages(hermes_home: Path, session_id: str | None) -> bool:
+    """Does the session's lineage hold any active message?"""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return False
     with closing(conn):
         ids = [r["id"] for r in lineage(conn, session_id)]
         if not ids:
-            return []
+            return False
         marks = ",".join("?" * len(ids))
-        rows = conn.execute(
-            "SELECT id, role, content, tool_call_id, tool_name, tool_calls, timestamp, reasoning "
-            f"FROM messages WHERE session_id IN ({marks}) ORDER BY id DESC LIMIT ?",
-            (*ids, limit)).fetchall()
-    out = []
-    for r in reversed(rows):
-        call_id, name = r["tool_call_id"], r["tool_name"]
-        if not call_id and r["tool_calls"]:
-            call_id, name = _first_call(r["tool_calls"])
-        out.append({"messageId": str(r["id"]), "role": r["role"], "content": r["content"],
-                    "toolCallId": call_id, "toolName": name,
-                    "timestamp": int(r["timestamp"]), "reasoning": r["reasoning"]})
-    return out
+        return conn.execute(f"SELECT 1 FROM messages WHERE session_id IN ({marks}) AND active = 1 "
+                            "LIMIT 1", ids).fetchone() is not None
 
 
 def _first_call(tool_calls_json: str) -> tuple[str | None, str | None]:
@@ -124,3 +233,89 @@ def _first_call(tool_calls_json: str) -> tuple[str | None, str | None]:
         return first.get("id"), (first.get("function") or {}).get("name")
     except (ValueError, TypeError, IndexError, KeyError, AttributeError):
         return None, None
+
+
+def _call_count(tool_calls_json: str | None) -> int:
+    try:
+        calls = json.loads(tool_calls_json or "[]")
+    except (ValueError, TypeError):
+        return 0
+    return len(calls) if isinstance(calls, list) else 0
+
+
+def _transcript(conn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
+    chain = lineage(conn, session_id)
+    ids = [r["id"] for r in chain]
+    if not ids:
+        return [], chain
+    marks = ",".join("?" * len(ids))
+    rows = conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
+                        "AND active = 1 ORDER BY id", ids).fetchall()
+    out: list[dict] = []
+    for r in rows:
+        content = display_content(r["role"], r["content"])
+        if content is None:
+            continue
+        if r["role"] == "user" and _replayed(out, content):
+            continue
+        call_id, name = r["tool_call_id"], r["tool_name"]
+        if not call_id and r["tool_calls"]:
+            call_id, name = _first_call(r["tool_calls"])
+        out.append({"messageId": str(r["id"]), "role": r["role"], "content": content,
+                    "toolCallId": call_id, "toolName": name,
+                    "timestamp": int(r["timestamp"]),
+                    "reasoning": _reasoning(r) if r["role"] == "assistant" else None,
+                    "_calls": _call_count(r["tool_calls"])})
+    return out, chain
+
+
+def _replayed(out: list[dict], content) -> bool:
+    """Hermes's replayed-user dedup: the same user text again with no answer in between."""
+    for prev in reversed(out):
+        if prev["role"] == "user":
+            return prev["content"] == content
+        if prev["role"] == "assistant" and (prev["content"] or prev["_calls"]):
+            return False
+    return False
+
+
+def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
+    """The newest ``limit`` messages of the conversation, oldest first, in the client
+    contract's shape (§2 GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``,
+    ``toolCallId``, ``toolName``, ``timestamp`` (unix s, int), ``reasoning`` (assistant
+    reasoning or null). An assistant message that called tools carries its first call's id
+    and name. See the module doc for what is left out."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return []
+    with closing(conn):
+        out, _ = _transcript(conn, session_id)
+    for m in out:
+        del m["_calls"]
+    return out[-limit:] if limit else out
+
+
+def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
+    """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,
+    inputTokens, outputTokens}`` of the session's lineage, or None if Hermes has no such
+    session. The counts are those of :func:`transcript`."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None
+    with closing(conn):
+        messages, chain = _transcript(conn, session_id)
+    if not chain:
+        return None
+    newest = chain[-1]
+    first_user = next((m["content"] for m in messages if m["role"] == "user"), None)
+    last = max((m["timestamp"] for m in messages), default=None)
+    return {
+        "title": next((r["title"] for r in reversed(chain) if r["title"]), None),
+        "model": newest["model"],
+        "messageCount": len(messages),
+        "toolCallCount": sum(m["_calls"] for m in messages),
+        "updatedAt": int(last or newest["ended_at"] or newest["started_at"]),
+        "preview": first_user,
+        "inputTokens": sum(r["input_tokens"] or 0 for r in chain),
+        "outputTokens": sum(r["output_tokens"] or 0 for r in chain),
+    }

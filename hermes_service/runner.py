@@ -1,15 +1,32 @@
-"""Runs the real ``hermes`` CLI (issue #2 item 4; measured facts: shared/hermes-cli-notes.md).
+"""The Hermes runners' common ground and the CLI runner (README §Runners; measured CLI
+facts: docs/hermes-cli-notes.md).
 
-One turn is ``hermes chat --query=<msg> -Q --source tool [-t <toolsets>]
-[--resume <id>]`` with stdin closed, cwd = the user's home, in a new
-**process group** so a timeout, a stall or an abort kills the CLI and every
-child it started. stdout carries only the answer; the last stderr line is
-``session_id: <id>``. On failure (rc != 0) Hermes prints the provider error
-on stdout; :func:`classify_failure` turns it into a stable code.
+**Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
+home and clean environment, model, toolsets, the mnote run binding, a listener for live
+events, a cancel event) answered by a :class:`TurnResult`. Both runners — this module's
+CLI runner and :mod:`hermes_service.acp_runner` — take the answer from Hermes's own record
+(:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
+recorded no answer fails with ``upstream_empty_answer`` (502).
 
-At most ``hermes.max_concurrent_runs`` CLI processes run at once (per
-service process); a caller waits up to ``hermes.queue_wait_seconds`` for a
-slot, then gets :class:`~hermes_service.errors.TooManyRuns` (429).
+**CLI runner** (``hermes.runner: cli``, the default). One turn is
+``hermes chat --query=<msg> -Q --source tool -t <toolsets> [--resume <id>]`` with stdin
+closed, cwd = the user's home, in a new **process group** so a timeout, a stall or an abort
+kills the CLI and every child it started. The last stderr line is ``session_id: <id>``; a
+turn killed before printing it is matched to its Hermes session by the turn marker the
+``hermes_service`` plugin writes at the start of the turn (``HERMES_SERVICE_TURN_FILE``).
+On failure (rc != 0) Hermes prints the provider error on stdout; :func:`classify_failure`
+turns it into a stable code and the text is logged (warning, with the run's ids).
+
+**Run files.** What the Hermes plugins need for one run (the mnote run token, ids, page
+context) is written to ``<data>/runs/<user_id>/`` (0700/0600) for that run only and removed
+when it ends: the CLI gets its path in ``MNOTE_RUN_FILE``; an ACP process reads
+``<dir>/<ACP session id>.json``.
+
+**Limits.** At most ``hermes.max_concurrent_runs`` turns run at once on both runners (per
+service process); a caller waits up to ``hermes.queue_wait_seconds`` for a slot, then gets
+:class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process group is recorded in
+``<data>/pids/`` while it runs (:class:`ProcessGroups`), so shutdown kills them all and the
+next start reaps what a crashed service left.
 """
 from __future__ import annotations
 
@@ -20,12 +37,16 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
+from . import hermes_state
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
 
 log = logging.getLogger("hermes_service.runner")
@@ -35,17 +56,6 @@ KILL_GRACE_SECONDS = 1.0
 # tool at all (an unknown name would print a warning into the answer on stdout).
 NO_TOOLSETS = "context_engine"
 _SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
-
-
-@dataclass
-class ChatResult:
-    """A finished, successful turn. ``duration`` in seconds."""
-    answer: str
-    hermes_session_id: str | None
-    returncode: int
-    duration: float
-    resumed: bool = False
-    notice: str | None = None
 
 
 @dataclass
@@ -107,21 +117,13 @@ class CliProcess:
                 return
             if self.killed is None:
                 self.killed = reason
-        for sig, grace in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, 5.0)):
+        def wait(timeout: float) -> bool:
             try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(grace)
-                if sig == signal.SIGTERM:
-                    # the leader is gone; make sure no child it left survives
-                    os.killpg(self.pgid, signal.SIGKILL)
-                break
+                self.proc.wait(timeout)
+                return True
             except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
+                return False
+        kill_group(self.pgid, wait)
 
     def wait(self, timeout: float | None, stall_timeout: float | None = None,
              cancel: threading.Event | None = None) -> Outcome:
@@ -174,6 +176,14 @@ def session_id_from_stderr(stderr: str) -> str | None:
     return None
 
 
+KILLED = {   # why we ended a process group -> (status, code, detail)
+    "timeout": (504, "run_timeout", "the Hermes run exceeded its time limit and was killed"),
+    "stall": (504, "run_stalled", "the Hermes run produced no output or tool activity and was killed"),
+    "cancelled": (409, "run_cancelled", "the run was aborted"),
+    "shutdown": (503, "service_stopping", "the service is shutting down; retry"),
+}
+
+
 def classify_failure(outcome: Outcome) -> ServiceError:
     """Map a failed CLI run to a :class:`ServiceError` with a stable code.
 
@@ -183,28 +193,36 @@ def classify_failure(outcome: Outcome) -> ServiceError:
     run_timeout            504     our own ``hermes.timeout_seconds`` ran out
     run_stalled            504     no output/tool activity for stall_timeout_seconds
     run_cancelled          409     aborted by a client
+    service_stopping       503     the service shut down during the turn
+    (others)                       see :func:`classify_text`
+    =====================  ======  ================================================
+    """
+    if outcome.killed in KILLED:
+        status, code, detail = KILLED[outcome.killed]
+        return RunError(detail, code=code, status=status,
+                        headers={"Retry-After": "5"} if code == "service_stopping" else None)
+    if re.search(r"Session not found", outcome.stderr):
+        return RunError("unknown Hermes session", code="session_not_found", status=404)
+    err = classify_text(outcome.stdout + "\n" + outcome.stderr)
+    if err.code == "hermes_failed":
+        err.detail = f"the Hermes CLI failed (exit code {outcome.returncode})"
+    return err
+
+
+def classify_text(text: str) -> ServiceError:
+    """Map Hermes's own failure text (CLI stdout/stderr, or an ACP reply) to a stable code.
+
+    =====================  ======  ================================================
+    code                   status  cause
+    =====================  ======  ================================================
     upstream_unauthorized  502     provider answered HTTP 401/403
     upstream_rate_limited  503     provider answered HTTP 429 (Retry-After set)
     upstream_unavailable   502     connection error, provider 5xx or timeout
-    hermes_unconfigured    503     no provider/model configured in the home
-    session_not_found      404     ``--resume`` id unknown (recovered by the caller)
-    hermes_failed          502     anything else (tail of stderr in the log only)
+    hermes_unconfigured    503     no provider configured, or Hermes refused the
+                                   configuration (e.g. context_length < 64 000)
+    hermes_failed          502     anything else (the text is logged, not returned)
     =====================  ======  ================================================
     """
-    if outcome.killed == "timeout":
-        return RunError("the Hermes run exceeded its time limit and was killed", code="run_timeout",
-                        status=504)
-    if outcome.killed == "stall":
-        return RunError("the Hermes run produced no output or tool activity and was killed",
-                        code="run_stalled", status=504)
-    if outcome.killed == "cancelled":
-        return RunError("the run was aborted", code="run_cancelled", status=409)
-    if outcome.killed == "shutdown":
-        return RunError("the service is shutting down; retry", code="service_stopping", status=503,
-                        headers={"Retry-After": "5"})
-    text = outcome.stdout + "\n" + outcome.stderr
-    if re.search(r"Session not found", outcome.stderr):
-        return RunError("unknown Hermes session", code="session_not_found", status=404)
     if re.search(r"HTTP 40[13]\b|\b401\b.*(unauthori[sz]ed|invalid api key)|AuthenticationError",
                  text, re.I):
         return RunError("the model provider rejected the service's credentials",
@@ -216,91 +234,181 @@ def classify_failure(outcome: Outcome) -> ServiceError:
                  r"InternalServerError|ServiceUnavailable|Bad Gateway", text, re.I):
         return RunError("the model provider is unreachable or failing", code="upstream_unavailable",
                         status=502)
+    if re.search(r"Failed to initiali[sz]e agent", text):
+        return Unconfigured("Hermes refused the model configuration (see the service log)",
+                            code="hermes_unconfigured")
     if re.search(r"no (inference )?provider|not configured|hermes setup|hermes model", text, re.I):
         return Unconfigured("no model provider is configured for Hermes", code="hermes_unconfigured")
-    return RunError(f"the Hermes CLI failed (exit code {outcome.returncode})", code="hermes_failed",
-                    status=502)
+    return RunError("the Hermes agent failed", code="hermes_failed", status=502)
 
 
-class HermesRunner:
-    """Starts CLI processes within the concurrency limit.
+def failure_reason(text: str, limit: int = 500) -> str:
+    """Hermes's own failure text for the log: its non-blank lines, the ``session_id`` line
+    dropped, joined on one line and cut at ``limit`` characters."""
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not _SESSION_LINE.match(ln.strip())]
+    reason = " | ".join(lines)
+    return reason if len(reason) <= limit else reason[:limit] + "…"
 
-    ``command`` is ``hermes.command`` (a name looked up on PATH, or a path).
+
+def empty_answer() -> RunError:
+    """The turn ended without an answer in Hermes's record (the model returned nothing)."""
+    return RunError("the model returned an empty answer", code="upstream_empty_answer", status=502)
+
+
+# ---------------------------------------------------------------------------------------
+# turns: what both runners take and give
+
+
+class TurnListener(Protocol):
+    """Live events of a turn (all optional; called from the runner's threads).
+
+    ``started(handle)``: Hermes began the turn; ``handle.kill(reason)`` ends it,
+    ``handle.touch()`` records activity for the stall watchdog. ``delta(text)``: a piece of
+    the answer as the model generates it (ACP runner). ``reasoning(text)``: a piece of the
+    model's reasoning. ``tool(event, call_id, name, ok)``: a builtin tool call started
+    (``event="tool.started"``) or finished (``"tool.completed"``); mnote tool calls are
+    reported by the tool gateway instead.
     """
 
-    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None):
-        self.command = hermes_cfg["command"]
+    def started(self, handle) -> None: ...
+
+    def delta(self, text: str) -> None: ...
+
+    def reasoning(self, text: str) -> None: ...
+
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None) -> None: ...
+
+
+@dataclass
+class TurnRequest:
+    """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
+    ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
+    family (``v1`` | ``mnote``: separate ACP processes); ``plugin_run`` is the mnote run
+    binding (see :mod:`hermes_service.mnote.gateway`) written to the run file."""
+    message: str
+    resume_id: str | None
+    home: "UserHome"                 # noqa: F821 (user_homes.UserHome)
+    env: dict
+    model: str | None = None
+    toolsets: list[str] = field(default_factory=list)
+    family: str = "v1"
+    plugin_run: dict | None = None
+    listener: TurnListener | None = None
+    cancel: threading.Event | None = None
+    log_ctx: dict = field(default_factory=dict)
+
+
+@dataclass
+class TurnResult:
+    """A finished, answered turn. ``answer`` and ``reasoning`` come from Hermes's record;
+    ``streamed`` says the answer already reached the listener as deltas; ``duration`` and
+    ``queue_wait`` are seconds; ``usage`` is the runner's own token report (ACP) or None."""
+    answer: str
+    hermes_session_id: str | None
+    duration: float
+    runner: str = "cli"
+    reasoning: str | None = None
+    resumed: bool = False
+    notice: str | None = None
+    streamed: bool = False
+    usage: dict | None = None
+    queue_wait: float = 0.0
+
+
+class UseCli(Exception):
+    """Raised by the ACP runner when it cannot serve a turn (the session was made by the
+    CLI, the process pool is full); the CLI runner takes the turn instead."""
+
+
+LOST_HISTORY_NOTICE = ("the earlier Hermes conversation could not be found; "
+                       "a new conversation was started")
+
+
+def answer_from_record(req: TurnRequest, session_id: str | None,
+                       fallback: str = "") -> tuple[str, str | None]:
+    """(answer, reasoning) of the turn from Hermes's record; ``fallback`` (the CLI's stdout)
+    only when the store holds no row of the turn. Raises ``upstream_empty_answer``."""
+    record = hermes_state.turn_record(req.home.hermes_home, session_id, req.message)
+    if record.found:
+        answer, reasoning = record.answer, record.reasoning
+    else:
+        answer, reasoning = fallback.strip(), None
+    if not answer:
+        err = empty_answer()
+        err.hermes_session_id = session_id
+        raise err
+    return answer, reasoning
+
+
+class RunFiles:
+    """The per-user folder of run files, ``<data>/runs/<user_id>/`` (0700; files 0600)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def user_dir(self, user_id: str) -> Path:
+        path = self.root / user_id
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
+    def write(self, path: Path, data: dict) -> Path:
+        """Write ``data`` as JSON atomically with mode 0600."""
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".run.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, ensure_ascii=False)
+        os.replace(tmp, path)
+        return path
+
+    def sweep(self) -> int:
+        """Remove every run file (start-up: no run of this data dir is alive). Returns how many."""
+        removed = 0
+        for f in self.root.glob("*/*"):
+            if f.is_file():
+                f.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+# ---------------------------------------------------------------------------------------
+# process groups
+
+
+class ProcessGroups:
+    """Every Hermes process group this service runs (CLI turns, ACP processes), recorded in
+    ``<pid_dir>/<pgid>.json`` while alive so :meth:`kill_all` at shutdown and
+    :meth:`reap_orphans` after a crash can end them. Members have ``pgid`` and ``kill(reason)``."""
+
+    def __init__(self, pid_dir: Path | None):
         self.pid_dir = pid_dir
-        self._live: set[CliProcess] = set()
-        self._live_lock = threading.Lock()
+        self._live: set = set()
+        self._lock = threading.Lock()
         if pid_dir is not None:
             pid_dir.mkdir(parents=True, exist_ok=True)
-        self.timeout = float(hermes_cfg["timeout_seconds"])
-        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
-        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
-        self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots = threading.BoundedSemaphore(hermes_cfg["max_concurrent_runs"])
-        self._version: tuple[float, str] | None = None
-        self._version_lock = threading.Lock()
 
-    def command_path(self) -> str:
-        """Absolute path of the CLI; raises :class:`Unconfigured` if it cannot be found."""
-        found = shutil.which(self.command)
-        if not found:
-            raise Unconfigured(f"the Hermes command '{self.command}' was not found "
-                               "(set hermes.command in config.yaml)", code="hermes_unavailable")
-        return found
-
-    @contextmanager
-    def slot(self, cancel: threading.Event | None = None):
-        """Hold one CLI slot; raises :class:`TooManyRuns` after ``queue_wait_seconds``.
-
-        While waiting, a set ``cancel`` event ends the wait with ``run_cancelled``.
-        """
-        deadline = time.monotonic() + self.queue_wait
-        while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
-            if cancel is not None and cancel.is_set():
-                raise RunError("the run was aborted", code="run_cancelled", status=409)
-            if time.monotonic() >= deadline:
-                raise TooManyRuns("too many Hermes runs in progress; retry later",
-                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
-        try:
-            yield
-        finally:
-            self._slots.release()
-
-    def spawn(self, args: list[str], env: dict, cwd: str, max_output_bytes: int | None = None
-              ) -> CliProcess:
-        """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot.
-
-        The process group is recorded (``<pid_dir>/<pgid>.json``) until it is waited for,
-        so :meth:`kill_all` at shutdown and :meth:`reap_orphans` after a crash can end it.
-        """
-        try:
-            proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
-                              on_exit=self._forget)
-        except OSError as exc:
-            raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
-                           code="hermes_failed") from None
-        with self._live_lock:
-            self._live.add(proc)
+    def add(self, member, home: str | None) -> None:
+        with self._lock:
+            self._live.add(member)
         if self.pid_dir is not None:
-            (self.pid_dir / f"{proc.pgid}.json").write_text(json.dumps({
+            (self.pid_dir / f"{member.pgid}.json").write_text(json.dumps({
                 "service_pid": os.getpid(), "service_start": _proc_start(os.getpid()),
-                "home": env.get("HERMES_HOME")}))
-        return proc
+                "home": home}))
 
-    def _forget(self, proc: CliProcess) -> None:
-        with self._live_lock:
-            self._live.discard(proc)
+    def forget(self, member) -> None:
+        with self._lock:
+            self._live.discard(member)
         if self.pid_dir is not None:
-            (self.pid_dir / f"{proc.pgid}.json").unlink(missing_ok=True)
+            (self.pid_dir / f"{member.pgid}.json").unlink(missing_ok=True)
 
-    def kill_all(self) -> int:
-        """Kill every live CLI process group (service shutdown). Returns how many."""
-        with self._live_lock:
+    def count(self, kind: type | None = None) -> int:
+        with self._lock:
+            return sum(1 for m in self._live if kind is None or isinstance(m, kind))
+
+    def kill_all(self, reason: str = "shutdown") -> int:
+        """Kill every live process group at once (in parallel). Returns how many."""
+        with self._lock:
             live = list(self._live)
-        threads = [threading.Thread(target=p.kill, args=("shutdown",)) for p in live]
+        threads = [threading.Thread(target=m.kill, args=(reason,)) for m in live]
         for t in threads:
             t.start()
         for t in threads:
@@ -308,10 +416,11 @@ class HermesRunner:
         return len(live)
 
     def reap_orphans(self) -> int:
-        """Kill CLI process groups left by a service process that died (kill -9, crash).
+        """Kill process groups left by a service process that died (kill -9, crash).
 
         A record is acted on only if its service process is gone and the group leader is
-        still a CLI run of this data dir (its HERMES_HOME matches), so a reused pid is safe.
+        still a Hermes process of this data dir (its HERMES_HOME matches), so a reused pid is
+        safe. Returns how many groups were killed.
         """
         if self.pid_dir is None:
             return 0
@@ -339,13 +448,102 @@ class HermesRunner:
             record.unlink(missing_ok=True)
         return reaped
 
+
+def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds (or at once once the
+    leader is gone, so no child survives). ``wait(timeout)`` waits for the leader and
+    returns True when it ended."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    wait(grace)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    wait(5.0)
+
+
+class HermesRunner:
+    """The CLI runner: starts ``hermes chat`` processes within the concurrency limit, and
+    owns what both runners share (the command, the slots, the process groups, run files).
+
+    ``command`` is ``hermes.command`` (a name looked up on PATH, or a path).
+    """
+    name = "cli"
+
+    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None):
+        self.command = hermes_cfg["command"]
+        self.groups = ProcessGroups(pid_dir)
+        self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
+        self.timeout = float(hermes_cfg["timeout_seconds"])
+        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
+        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
+        self.toolsets = list(hermes_cfg["toolsets"])
+        self._slots = threading.BoundedSemaphore(hermes_cfg["max_concurrent_runs"])
+        self._version: tuple[float, str] | None = None
+        self._version_lock = threading.Lock()
+
+    def command_path(self) -> str:
+        """Absolute path of the CLI; raises :class:`Unconfigured` if it cannot be found."""
+        found = shutil.which(self.command)
+        if not found:
+            raise Unconfigured(f"the Hermes command '{self.command}' was not found "
+                               "(set hermes.command in config.yaml)", code="hermes_unavailable")
+        return found
+
+    @contextmanager
+    def slot(self, cancel: threading.Event | None = None):
+        """Hold one turn slot (shared by both runners); yields the seconds waited.
+        Raises :class:`TooManyRuns` after ``queue_wait_seconds``; while waiting, a set
+        ``cancel`` event ends the wait with ``run_cancelled``."""
+        started = time.monotonic()
+        deadline = started + self.queue_wait
+        while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if cancel is not None and cancel.is_set():
+                raise RunError("the run was aborted", code="run_cancelled", status=409)
+            if time.monotonic() >= deadline:
+                raise TooManyRuns("too many Hermes runs in progress; retry later",
+                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+        try:
+            yield time.monotonic() - started
+        finally:
+            self._slots.release()
+
+    def toolset_names(self, extra: list[str] | None = None) -> list[str]:
+        """``hermes.toolsets`` plus ``extra`` (e.g. the mnote plugin's for mnote runs)."""
+        return [*self.toolsets, *(extra or [])]
+
+    def spawn(self, args: list[str], env: dict, cwd: str, max_output_bytes: int | None = None
+              ) -> CliProcess:
+        """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot.
+        The group is recorded in :attr:`groups` until it is waited for."""
+        try:
+            proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
+                              on_exit=self.groups.forget)
+        except OSError as exc:
+            raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
+                           code="hermes_failed") from None
+        self.groups.add(proc, env.get("HERMES_HOME"))
+        return proc
+
+    def kill_all(self) -> int:
+        """Kill every live Hermes process group (service shutdown). Returns how many."""
+        return self.groups.kill_all("shutdown")
+
+    def reap_orphans(self) -> int:
+        """See :meth:`ProcessGroups.reap_orphans`; also drops run files a crash left."""
+        self.run_files.sweep()
+        return self.groups.reap_orphans()
+
     def chat_args(self, message: str, resume_id: str | None, model: str | None = None,
                   toolsets: list[str] | None = None) -> list[str]:
         """argv after the command for one turn (``--query=`` so a leading ``--`` stays text).
 
         ``toolsets`` are added to ``hermes.toolsets`` (e.g. the mnote plugin's for mnote runs).
         """
-        sets = [*self.toolsets, *(toolsets or [])]
+        sets = self.toolset_names(toolsets)
         args = ["chat", f"--query={message}", "-Q", "--source", "tool",
                 "-t", ",".join(sets) if sets else NO_TOOLSETS]
         if model:
@@ -354,39 +552,56 @@ class HermesRunner:
             args += ["--resume", resume_id]
         return args
 
-    def run_chat(self, message: str, resume_id: str | None, env: dict, cwd: str,
-                 on_spawn=None, cancel: threading.Event | None = None,
-                 log_ctx: dict | None = None, model: str | None = None,
-                 toolsets: list[str] | None = None) -> ChatResult:
-        """Run one turn to the end and return its :class:`ChatResult`.
+    def run_turn(self, req: TurnRequest) -> TurnResult:
+        """Run one turn to the end (holding a slot) and return its :class:`TurnResult`.
 
-        ``on_spawn(proc)`` is called with each :class:`CliProcess` started (for
-        abort/tool activity). An unknown ``resume_id`` is recovered by one fresh
-        run (``resumed=False``, ``notice`` set). Raises a :class:`ServiceError`
-        from :func:`classify_failure`, or :class:`TooManyRuns`/:class:`Unconfigured`.
+        An unknown ``resume_id`` is recovered by one fresh run (``resumed=False``, ``notice``
+        set). Raises a :class:`ServiceError` from :func:`classify_failure` (carrying
+        ``hermes_session_id`` when Hermes saved the turn), ``upstream_empty_answer``,
+        :class:`TooManyRuns` or :class:`Unconfigured`.
         """
-        def turn(resume):
-            return self._turn(self.chat_args(message, resume, model, toolsets), env, cwd,
-                              on_spawn, cancel, log_ctx)
+        with self.slot(req.cancel) as waited:
+            result = self.cli_turn(req)
+        result.queue_wait = waited
+        return result
 
-        with self.slot(cancel):
-            outcome = turn(resume_id)
-            notice = None
-            if outcome.returncode != 0 and resume_id and outcome.killed is None:
+    def cli_turn(self, req: TurnRequest) -> TurnResult:
+        """One CLI turn; the caller holds a slot."""
+        user_dir = self.run_files.user_dir(req.home.user_id)
+        turn_id = "cli-" + uuid.uuid4().hex
+        marker = user_dir / f"{turn_id}.turn"
+        env = {**req.env, "HERMES_SERVICE_TURN_FILE": str(marker)}
+        run_file = None
+        if req.plugin_run is not None:
+            run_file = self.run_files.write(user_dir / f"{turn_id}.json", req.plugin_run)
+            env["MNOTE_RUN_FILE"] = str(run_file)
+        try:
+            resume, notice = req.resume_id, None
+            outcome = self._turn(self.chat_args(req.message, resume, req.model, req.toolsets), env,
+                                 str(req.home.root), _on_spawn(req.listener), req.cancel, req.log_ctx)
+            if outcome.returncode != 0 and resume and outcome.killed is None \
+                    and classify_failure(outcome).code == "session_not_found":
+                log.warning("resume id unknown, starting a fresh Hermes session %s", req.log_ctx)
+                notice, resume = LOST_HISTORY_NOTICE, None
+                marker.unlink(missing_ok=True)
+                outcome = self._turn(self.chat_args(req.message, None, req.model, req.toolsets), env,
+                                     str(req.home.root), _on_spawn(req.listener), req.cancel,
+                                     req.log_ctx)
+            sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)
+            if outcome.returncode != 0 or outcome.killed:
                 err = classify_failure(outcome)
-                if err.code == "session_not_found":
-                    log.warning("resume id unknown, starting a fresh Hermes session %s", log_ctx)
-                    notice = ("the earlier Hermes conversation could not be found; "
-                              "a new conversation was started")
-                    resume_id = None
-                    outcome = turn(None)
-        if outcome.returncode != 0 or outcome.killed:
-            err = classify_failure(outcome)
-            err.hermes_session_id = session_id_from_stderr(outcome.stderr)
-            raise err
-        return ChatResult(outcome.stdout.strip("\n"), session_id_from_stderr(outcome.stderr),
-                          outcome.returncode, outcome.duration, resumed=bool(resume_id),
-                          notice=notice)
+                err.hermes_session_id = sid
+                if outcome.killed is None:
+                    log.warning("hermes turn failed %s code=%s reason=%s", _ctx(req.log_ctx),
+                                err.code, failure_reason(outcome.stdout + "\n" + outcome.stderr))
+                raise err
+            answer, reasoning = answer_from_record(req, sid, outcome.stdout)
+            return TurnResult(answer, sid, outcome.duration, runner=self.name, reasoning=reasoning,
+                              resumed=bool(resume), notice=notice)
+        finally:
+            marker.unlink(missing_ok=True)
+            if run_file is not None:
+                run_file.unlink(missing_ok=True)
 
     def _turn(self, args: list[str], env, cwd, on_spawn, cancel, log_ctx) -> Outcome:
         """One CLI process to its end (the seam unit tests replace)."""
@@ -396,16 +611,13 @@ class HermesRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.timeout, self.stall_timeout, cancel)
-        log.info("hermes chat %s rc=%s killed=%s duration_ms=%d resume=%s",
-                 " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items()), outcome.returncode,
-                 outcome.killed, outcome.duration * 1000, "--resume" in args)
-        if outcome.returncode != 0:
-            log.debug("hermes chat failed; stderr tail: %s", outcome.stderr[-2000:])
+        log.info("hermes chat %s rc=%s killed=%s duration_ms=%d resume=%s", _ctx(log_ctx),
+                 outcome.returncode, outcome.killed, outcome.duration * 1000, "--resume" in args)
         return outcome
 
     def version(self, env: dict, cwd: str, ttl: float = 300.0) -> str:
         """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
-        within the CLI slots). Raises Unconfigured/RunError/TooManyRuns."""
+        within the slots). Raises Unconfigured/RunError/TooManyRuns."""
         with self._version_lock:
             now = time.monotonic()
             if self._version and now - self._version[0] < ttl:
@@ -417,3 +629,20 @@ class HermesRunner:
             text = outcome.stdout.strip().splitlines()[0].strip()
             self._version = (now, text)
             return text
+
+
+def _ctx(log_ctx: dict | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items())
+
+
+def _on_spawn(listener):
+    return (lambda proc: listener.started(proc)) if listener is not None else None
+
+
+def _read_marker(path: Path) -> str | None:
+    """The Hermes session id the ``hermes_service`` plugin wrote at the start of the turn."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text if re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", text) else None

@@ -8,9 +8,10 @@ then the live ones. Event payloads follow the contract::
 
     {"event": "run.started",   "run_id", "session_id"}
     {"event": "message.delta", "run_id", "session_id", "delta"}
+    {"event": "reasoning.delta", "run_id", "session_id", "delta"}   (added: the model's reasoning)
     {"event": "tool.started",  "run_id", "session_id", "tool_call_id", "tool_name"}
     {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "ok", "error_code"}
-    {"event": "run.completed", "run_id", "session_id", "output", "usage": {input_tokens, output_tokens, total_tokens}}
+    {"event": "run.completed", "run_id", "session_id", "output", "usage": {input_tokens, output_tokens, total_tokens}[, "notice"]}
     {"event": "run.failed",    "run_id", "session_id", "code", "error"}
     {"event": "abort.started", "run_id"}
     {"event": "run.cancelled", "run_id", "session_id"}
@@ -18,9 +19,10 @@ then the live ones. Event payloads follow the contract::
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
-The event path does not care where deltas come from: today Hermes ``-Q``
-prints the answer at the end, so one ``message.delta`` precedes
-``run.completed``; a streaming runner would call :meth:`Run.emit` per piece.
+The event path does not care where deltas come from: the CLI runner has the
+answer only at the end (one ``message.delta`` precedes ``run.completed``); the
+ACP runner streams a ``message.delta`` per piece the model generates, through
+:meth:`Run.listener`.
 """
 from __future__ import annotations
 
@@ -81,6 +83,10 @@ class Run:
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
 
+    def listener(self) -> "RunListener":
+        """The turn listener that turns a runner's live events into this run's events."""
+        return RunListener(self)
+
     def touch(self) -> None:
         """Record activity (e.g. a tool call) for the stall watchdog."""
         proc = self.process
@@ -107,6 +113,36 @@ class Run:
                 yield seq, event
             if finished and seq >= len(self.events):
                 return
+
+
+class RunListener:
+    """A :class:`~hermes_service.runner.TurnListener` writing a run's event log:
+    ``run.started`` when Hermes begins (once, even if a lost session makes the runner start
+    twice), ``message.delta``, ``reasoning.delta``, and ``tool.*`` of builtin tools."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def started(self, handle) -> None:
+        run = self.run
+        run.process = handle
+        if run.status != "running":
+            run.status = "running"
+            run.emit("run.started")
+
+    def delta(self, text: str) -> None:
+        if text:
+            self.run.emit("message.delta", delta=text)
+
+    def reasoning(self, text: str) -> None:
+        if text:
+            self.run.emit("reasoning.delta", delta=text)
+
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None) -> None:
+        fields = {"tool_call_id": call_id, "tool_name": name}
+        if event == "tool.completed":
+            fields.update(ok=ok, error_code=None if ok else "tool_failed")
+        self.run.emit(event, **fields)
 
 
 class RunManager:

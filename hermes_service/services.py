@@ -11,6 +11,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations
 from .errors import TooManyRuns
@@ -30,11 +31,19 @@ class Services:
     guard: Guard
     store: SessionStore
     homes: UserHomes
-    runner: HermesRunner
+    runner: HermesRunner               # the CLI runner (also owns slots and process groups)
     conversations: Conversations
     runs: RunManager                   # background runs + events (mnote client)
     tools: ToolGateway                 # run tokens + tool calls (mnote tools)
     admitted: threading.BoundedSemaphore = field(repr=False, default=None)
+
+    def shutdown(self) -> int:
+        """Kill every Hermes process group (CLI turns, ACP processes) and stop the ACP
+        runner's loop. Returns how many groups were killed."""
+        killed = self.runner.kill_all()
+        if self.conversations.acp is not None:
+            self.conversations.acp.close()
+        return killed
 
     @contextmanager
     def admission(self):
@@ -70,10 +79,11 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     hermes = config["hermes"]
     store = SessionStore(config.data_dir / "sessions.json")
     homes = UserHomes(config)
-    runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids")
+    runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs")
+    acp = AcpRunner(hermes, runner) if hermes["runner"] == "acp" else None
     return Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
-        conversations=Conversations(config, store, homes, runner),
+        conversations=Conversations(config, store, homes, runner, acp),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
                         max_active=hermes["max_concurrent_runs"] * 4,
                         max_streams=config["mnote"]["max_event_streams"]),

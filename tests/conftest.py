@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
@@ -187,7 +188,8 @@ def app_factory(make_config):
 class StubTurns:
     """Scripted replacement for ``HermesRunner._turn`` (one CLI process) in unit tests.
 
-    Records each call (``message``, ``resume_id``, ``env``, ``cwd``, ``args``). Answers with the
+    Records each call (``message``, ``resume_id``, ``env``, ``cwd``, ``args``, and ``run_file``:
+    the mnote run binding the plugin would read). Answers with the
     next of ``outcomes``, else ``answer``, else ``echo #N: <message>`` (N = turns in that home).
     ``block()`` runs first when set; while ``gate`` (an Event) is set-able, the turn waits for it
     and honours the run's cancel event like a killed process would.
@@ -208,8 +210,11 @@ class StubTurns:
         from hermes_service.runner import Outcome
         message = next(a for a in args if a.startswith("--query="))[len("--query="):]
         resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
+        run_file = None
+        if env.get("MNOTE_RUN_FILE"):     # the mnote run binding, present while the turn runs
+            run_file = json.loads(Path(env["MNOTE_RUN_FILE"]).read_text("utf-8"))
         self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
-                           "args": args})
+                           "args": args, "run_file": run_file})
         if on_spawn:
             on_spawn(self)             # stands in for the CliProcess (touch/kill)
         if self.block:

@@ -48,6 +48,9 @@ Directives (in the last user message; first match in this order wins)
     ``tools done: <result1> || <result2> ...`` (each tool message's content
     verbatim, in order).  If the tool to call next is not in the request's
     ``tools`` array the reply is the text ``tool not offered: NAME``.
+``[[then-hang]]``
+    Modifier of ``[[tools:…]]``: once every call has its result, hang (as
+    ``[[hang]]``) instead of replying.
 ``[[tools-offered]]``
     Reply with the sorted names of the tools in the request's ``tools``
     array, joined by ``,``; ``(none)`` when no tools are offered (an empty
@@ -59,6 +62,25 @@ Directives (in the last user message; first match in this order wins)
     Modifier, combinable with the text replies above (echo, recall,
     tools-offered, tools done): the text is streamed in ~5 pieces spread over
     S seconds (float).  Stops early on ``stop()`` or a closed client.
+``[[reasoning]]``
+    Modifier: before the text, stream :data:`REASONING_TEXT` as
+    ``reasoning_content`` deltas (what DeepSeek/Qwen-style providers send).
+``[[think]]``
+    Modifier: the content itself starts with ``<think>`` + :data:`REASONING_TEXT`
+    + ``</think>`` before the text (models that inline their reasoning).
+``[[empty]]``
+    The reply has empty content (``finish_reason: stop``), streamed or not.
+``[[cut]]``
+    The stream sends part of the text, then the connection is closed without
+    a ``finish_reason`` and without ``[DONE]`` (a provider stream broken
+    mid-answer).  Only the first request carrying the directive is cut; the
+    continuation Hermes asks for afterwards is answered normally.
+``[[surrogate]]``
+    Modifier: the text ends with a lone high surrogate (half an emoji,
+    ``\ud83d`` as a JSON escape) followed by ``!``.
+``[[usage:N]]``
+    Modifier: the usage chunk reports ``prompt_tokens: N`` (to push Hermes
+    into context compaction without sending that much text).
 (no directive)
     ``echo #N: <last user message text>`` where N is the number of
     user-role messages in the request (1 on a new session, 2 on the first
@@ -146,6 +168,16 @@ _HANG_RE = re.compile(r"\[\[hang\]\]")
 _SLOW_RE = re.compile(r"\[\[slow:(\d+(?:\.\d+)?)\]\]")
 _RECALL_RE = re.compile(r"\[\[recall\]\]")
 _OFFERED_RE = re.compile(r"\[\[tools-offered\]\]")
+_REASONING_RE = re.compile(r"\[\[reasoning\]\]")
+_THINK_RE = re.compile(r"\[\[think\]\]")
+_EMPTY_RE = re.compile(r"\[\[empty\]\]")
+_CUT_RE = re.compile(r"\[\[cut\]\]")
+_SURROGATE_RE = re.compile(r"\[\[surrogate\]\]")
+_USAGE_RE = re.compile(r"\[\[usage:(\d+)\]\]")
+_THEN_HANG_RE = re.compile(r"\[\[then-hang\]\]")
+
+#: What ``[[reasoning]]`` / ``[[think]]`` send as the model's private reasoning.
+REASONING_TEXT = "PRIVATE-REASONING: the user wants an answer; think it over step by step first."
 _TOOLS_START = "[[tools:"
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 
@@ -293,9 +325,40 @@ class _Plan:
         self.tool_name: str = kw.get("tool_name", "")
         self.tool_args: dict = kw.get("tool_args", {})
         self.slow: float = kw.get("slow", 0.0)
+        self.reasoning: str = kw.get("reasoning", "")   # streamed as reasoning_content
+        self.cut: bool = kw.get("cut", False)           # drop the stream mid-answer
+        self.prompt_tokens: int | None = kw.get("prompt_tokens")
 
 
-def plan_reply(body: dict) -> _Plan:
+def plan_reply(body: dict, cut_done: set | None = None) -> _Plan:
+    """The reply to one chat-completions request (see the module doc for directives).
+
+    ``cut_done`` (shared per server) remembers the ``[[cut]]`` messages already cut once.
+    """
+    plan = _plan_reply(body)
+    if is_auxiliary(body) or plan.kind != "text":
+        return plan
+    msgs = _messages(body)
+    li = _last_user_index(msgs)
+    user_text = content_text(msgs[li].get("content")) if li >= 0 else ""
+    if _EMPTY_RE.search(user_text):
+        plan.text = ""
+    if _SURROGATE_RE.search(user_text):
+        plan.text += "\ud83d!"
+    if _THINK_RE.search(user_text):
+        plan.text = f"<think>{REASONING_TEXT}</think>" + plan.text
+    if _REASONING_RE.search(user_text):
+        plan.reasoning = REASONING_TEXT
+    m = _USAGE_RE.search(user_text)
+    if m:
+        plan.prompt_tokens = int(m.group(1))
+    if _CUT_RE.search(user_text) and cut_done is not None and user_text not in cut_done:
+        cut_done.add(user_text)
+        plan.cut = True
+    return plan
+
+
+def _plan_reply(body: dict) -> _Plan:
     if is_auxiliary(body):
         return _Plan("text", text=AUX_REPLY)
     msgs = _messages(body)
@@ -319,6 +382,8 @@ def plan_reply(body: dict) -> _Plan:
             if name not in _offered_tools(body):
                 return _Plan("text", text=f"tool not offered: {name}", slow=slow)
             return _Plan("tool_call", tool_name=name, tool_args=args)
+        if _THEN_HANG_RE.search(user_text):
+            return _Plan("hang")
         return _Plan("text", text="tools done: " + " || ".join(results), slow=slow)
     if _OFFERED_RE.search(user_text):
         names = sorted(_offered_tools(body))
@@ -427,7 +492,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         sm = self.server.scripted
         sm._record(body, dict(self.headers.items()))
-        plan = plan_reply(body)
+        plan = plan_reply(body, sm._cut_done)
         try:
             if plan.kind == "error":
                 headers = {"Retry-After": "1"} if plan.status == 429 else None
@@ -445,8 +510,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- replies ----------------------------------------------------------
 
-    def _usage(self, body: dict, completion: Any) -> dict:
-        p = _approx_tokens(body.get("messages"))
+    def _usage(self, body: dict, completion: Any, prompt_tokens: int | None = None) -> dict:
+        p = prompt_tokens or _approx_tokens(body.get("messages"))
         c = _approx_tokens(completion)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
@@ -466,6 +531,8 @@ class _Handler(BaseHTTPRequestHandler):
             finish = "tool_calls"
         else:
             message["content"] = plan.text
+            if plan.reasoning:
+                message["reasoning_content"] = plan.reasoning
             finish = "stop"
         self._send_json(
             200,
@@ -475,7 +542,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "created": int(time.time()),
                 "model": self.server.scripted.model_id,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                "usage": self._usage(body, message),
+                "usage": self._usage(body, message, plan.prompt_tokens),
             },
         )
 
@@ -523,11 +590,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(frame({}, "tool_calls"))
             completion: Any = {"tool": plan.tool_name, "arguments": args}
         else:
+            for piece in _split(plan.reasoning, 3) if plan.reasoning else []:
+                self._write_chunk(frame({"reasoning_content": piece}))
             pieces = _split(plan.text, 5 if plan.slow else 3)
             delay = plan.slow / len(pieces) if plan.slow else 0.0
-            for piece in pieces:
+            for i, piece in enumerate(pieces):
                 if delay and self._client_gone_or_stopped(delay):
                     self.close_connection = True
+                    return
+                if plan.cut and i == len(pieces) // 2:
+                    self.close_connection = True   # no finish_reason, no [DONE]
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 self._write_chunk(frame({"content": piece}))
             self._write_chunk(frame({}, "stop"))
@@ -535,7 +609,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         opts = body.get("stream_options")
         if isinstance(opts, dict) and opts.get("include_usage"):
-            self._write_chunk(frame(None, usage=self._usage(body, completion)))
+            self._write_chunk(frame(None, usage=self._usage(body, completion, plan.prompt_tokens)))
         self._write_chunk(b"data: [DONE]\n\n")
         self._write_chunk(b"")  # terminating zero-length chunk
 
@@ -564,6 +638,7 @@ class ScriptedModel:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
+        self._cut_done: set[str] = set()
 
     # public ---------------------------------------------------------------
 

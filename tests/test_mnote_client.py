@@ -109,9 +109,11 @@ def test_run_example_and_events_example(c, stub):
                      "delta": "当前页标题是项目计划"}
     assert set(done) == {"event", "run_id", "session_id", "output", "usage"}
     assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
-    # the page context went to Hermes for this run, before the user's message
-    query = stub.calls[0]["message"]
-    assert "项目计划" in query and query.endswith("概括当前页面标题和第一段")
+    # the message goes to Hermes as typed; the page context travels in the run file, which
+    # the mnote plugin hands to Hermes for this run only
+    assert stub.calls[0]["message"] == "概括当前页面标题和第一段"
+    context = stub.calls[0]["run_file"]["pageContext"]
+    assert "项目计划" in context and '"documentId": "doc_1"' in context
 
 
 def test_list_and_get_session_examples(c):
@@ -372,19 +374,22 @@ def test_head_requests_do_not_leak_stream_slots(make):
 
 
 def test_page_context_is_really_capped():
-    from hermes_service.mnote.client import ARGV_LIMIT, CONTEXT_BUDGET, CONTEXT_END, build_prompt
+    from hermes_service.mnote.client import CONTEXT_BUDGET, CONTEXT_END, CONTEXT_HEAD, page_context
     body = {**RUN_BODY, "pageContext": {"title": "标" * 30000, "outline": [{"t": "x" * 100}] * 500,
                                         "pageOptions": {f"k{i}": "v" * 100 for i in range(300)}},
             "selectedText": "s" * 50000, "selectedBlockId": "b1"}
-    prompt = build_prompt(body)
-    context = prompt.split(CONTEXT_END)[0]
-    assert len(context.encode()) <= CONTEXT_BUDGET + 200
-    assert prompt.endswith(RUN_BODY["message"]) and '"documentId": "doc_1"' in context
-    big = build_prompt({**body, "message": "m" * 122880})           # the largest allowed message
-    assert len(("--query=" + big).encode()) < ARGV_LIMIT
+    block = page_context(body)
+    assert block.startswith(CONTEXT_HEAD) and block.endswith(CONTEXT_END)
+    data = json.loads(block[len(CONTEXT_HEAD):-len(CONTEXT_END)])
+    assert len(json.dumps(data, ensure_ascii=False).encode()) <= CONTEXT_BUDGET
+    assert data["documentId"] == "doc_1" and data["selectedBlockId"] == "b1"
+    small = page_context(RUN_BODY)
+    assert json.loads(small[len(CONTEXT_HEAD):-len(CONTEXT_END)])["title"] == "项目计划"
 
 
-def test_aborted_turn_keeps_the_hermes_session_hermes_saved(c, stub):
+def test_aborted_turn_that_left_nothing_in_hermes_is_not_mapped(c, stub):
+    # the stub writes no state.db: Hermes kept nothing of the aborted first turn, so the
+    # session stays unmapped (the real-CLI case, with and without kept work, is in the e2e tests)
     stub.gate = threading.Event()
     run_id = start(c)
     while not stub.calls:
@@ -392,7 +397,7 @@ def test_aborted_turn_keeps_the_hermes_session_hermes_saved(c, stub):
     c.post(f"{P}/runs/{run_id}/abort", json={}, headers=A)
     wait_done(c, run_id)
     [rec] = c.svc.store.list()
-    assert rec["hermes_session_id"] == "20260101_000000_abcdef"
+    assert rec["hermes_session_id"] is None
 
 
 def test_v1_api_does_not_reach_mnote_sessions(c):

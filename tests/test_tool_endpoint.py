@@ -23,15 +23,15 @@ def env(app_factory):
     release = threading.Event()
     run = svc.runs.start("mnote_doc_1_t.key", "mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
                          r.emit("run.completed", output="", usage={}))
-    run_env = svc.tools.run_env(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
+    run_env = svc.tools.run_binding(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
     yield app, svc, run, run_env
     release.set()
 
 
 def envelope(run_env, tool="mnote.page.get", **kw):
     env = {"toolName": tool, "workspaceId": "ws_1", "documentId": "doc_1",
-           "actorId": run_env["MNOTE_ACTOR_ID"], "sessionId": run_env["MNOTE_SESSION_ID"],
-           "runId": run_env["MNOTE_RUN_ID"], "toolCallId": "call_1", "traceId": "trace_1",
+           "actorId": run_env["actorId"], "sessionId": run_env["sessionId"],
+           "runId": run_env["runId"], "toolCallId": "call_1", "traceId": "trace_1",
            "capabilityScope": ["page.read"], "args": {}}
     env.update(kw)
     return env
@@ -42,16 +42,16 @@ def post(app, body, token=None, ip="127.0.0.1"):
     return app.test_client().post(URL, json=body, headers=headers, environ_base={"REMOTE_ADDR": ip})
 
 
-def test_run_env_carries_url_token_and_ids(env):
+def test_run_binding_carries_url_token_and_ids(env):
     _, _, run, run_env = env
-    assert run_env["MNOTE_TOOL_URL"].startswith("http://127.0.0.1:") and run_env["MNOTE_TOOL_URL"].endswith(URL)
-    assert len(run_env["MNOTE_RUN_TOKEN"]) >= 40
-    assert (run_env["MNOTE_RUN_ID"], run_env["MNOTE_SESSION_ID"]) == (run.run_id, run.session_id)
+    assert run_env["toolUrl"].startswith("http://127.0.0.1:") and run_env["toolUrl"].endswith(URL)
+    assert len(run_env["runToken"]) >= 40
+    assert (run_env["runId"], run_env["sessionId"]) == (run.run_id, run.session_id)
 
 
 def test_valid_call_runs_the_tool_and_emits_tool_events(env):
     app, _, run, run_env = env
-    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 200 and res.json["ok"] is True
     assert res.json["result"]["title"] == "项目计划" and res.json["audit"]["effect"] == "read"
     names = [e["event"] for e in run.events]
@@ -64,7 +64,7 @@ def test_scope_and_trace_come_from_the_token_not_the_envelope(env):
     body = envelope(run_env, "mnote.page.save", traceId="forged", capabilityScope=[],
                     idempotencyKey="k1", dryRun=False,
                     args={"content": [{"type": "paragraph", "text": "新段落"}]})
-    res = post(app, body, run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, body, run_env["runToken"])
     assert res.json["ok"] is True and res.json["traceId"] == "trace_1"
     [row] = svc.tools.store.audit_rows(res.json["audit"]["commandId"])
     assert (row["runId"], row["sessionId"], row["traceId"]) == (run.run_id, run.session_id, "trace_1")
@@ -81,7 +81,7 @@ def test_missing_or_forged_token_is_401(env, token):
 def test_token_expires_when_the_run_ends(env):
     app, svc, run, run_env = env
     svc.tools.end_run(run)
-    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 401
 
 
@@ -89,21 +89,21 @@ def test_token_expires_when_the_run_ends(env):
                                           ("runId", "run_other")])
 def test_envelope_naming_another_actor_session_or_run_is_refused(env, field, value):
     app, svc, run, run_env = env
-    res = post(app, envelope(run_env, **{field: value}), run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, envelope(run_env, **{field: value}), run_env["runToken"])
     assert res.status_code == 403 and res.json["error"]["code"] == "mnote_tool_permission_denied"
     assert "项目计划" not in res.get_data(as_text=True) and run.events == []
 
 
 def test_only_loopback_peers(env):
     app, _, _, run_env = env
-    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"], ip="10.0.0.5")
+    res = post(app, envelope(run_env), run_env["runToken"], ip="10.0.0.5")
     assert res.status_code == 403
 
 
 def test_bad_body_is_a_tool_error_not_a_500(env):
     app, _, _, run_env = env
     res = app.test_client().post(URL, data=b"{nope", headers={
-        "Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}", "Content-Type": "application/json"},
+        "Authorization": f"Bearer {run_env['runToken']}", "Content-Type": "application/json"},
         environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
 
@@ -132,7 +132,7 @@ def test_plugin_tools_json_is_generated_from_the_registry():
 def test_requests_relayed_by_a_proxy_are_refused(env, header):
     app, _, _, run_env = env
     res = app.test_client().post(URL, json=envelope(run_env), environ_base={"REMOTE_ADDR": "127.0.0.1"},
-                                 headers={"Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}",
+                                 headers={"Authorization": f"Bearer {run_env['runToken']}",
                                           header: "198.51.100.1"})
     assert res.status_code == 403
 
@@ -144,7 +144,7 @@ def test_run_token_binds_the_workspace_and_the_written_page(env):
     store.add_workspace("ws_9")
     store.add_member("ws_9", "user_a", "owner")
     store.import_page({"documentId": "doc_9", "workspaceId": "ws_9", "title": "别的空间"})
-    token = run_env["MNOTE_RUN_TOKEN"]
+    token = run_env["runToken"]
     # reading another page of the run's workspace is allowed (the store checks rights)
     res = post(app, envelope(run_env, documentId="doc_2"), token)
     assert res.json["ok"] is True and res.json["result"]["title"] == "第二页"
@@ -175,15 +175,15 @@ def test_transport_errors_are_envelopes_too(env):
 def test_an_aborted_run_cannot_call_tools(env):
     app, svc, run, run_env = env
     svc.runs.abort(run)
-    res = post(app, envelope(run_env), run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 401 and [e["event"] for e in run.events] == ["abort.started"]
 
 
 def test_null_envelope_fields_count_as_absent(env):
     app, _, run, run_env = env
-    res = post(app, envelope(run_env, workspaceId=None, documentId=None), run_env["MNOTE_RUN_TOKEN"])
+    res = post(app, envelope(run_env, workspaceId=None, documentId=None), run_env["runToken"])
     assert res.json["ok"] is True and res.json["result"]["documentId"] == "doc_1"   # the run's page
-    post(app, envelope(run_env, toolCallId={"not": "a string"}), run_env["MNOTE_RUN_TOKEN"])
+    post(app, envelope(run_env, toolCallId={"not": "a string"}), run_env["runToken"])
     assert run.events[-2]["event"] == "tool.started" and run.events[-2]["tool_call_id"] is None
 
 
@@ -193,7 +193,7 @@ def test_overflowing_numbers_are_refused_before_the_store(env):
                                args={"content": [{"type": "p", "text": "x"}]})).replace(
         '"text": "x"', '"text": "x", "n": 1e400')
     res = app.test_client().post(URL, data=body, environ_base={"REMOTE_ADDR": "127.0.0.1"},
-                                 headers={"Authorization": f"Bearer {run_env['MNOTE_RUN_TOKEN']}",
+                                 headers={"Authorization": f"Bearer {run_env['runToken']}",
                                           "Content-Type": "application/json"})
     assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
     assert svc.tools.store.export_page("doc_1")["revision"] == 1

@@ -21,7 +21,7 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import json_body, parse_json, services
 from ..errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
-from ..hermes_state import session_messages, session_summary
+from ..hermes_state import session_summary, transcript
 
 PREFIX = "/api/hermes/client"
 LEGACY_PREFIX = "/api/ai-agent"
@@ -63,6 +63,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "run_timeout": "hermes_client_run_timeout",               # run.failed: hard limit
     "run_stalled": "hermes_client_run_stalled",               # run.failed: stall watchdog
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
+    "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
 }
@@ -193,7 +194,7 @@ def list_sessions():
                     "messageCount": summary.get("messageCount", 0),
                     "toolCallCount": summary.get("toolCallCount", 0),
                     "updatedAt": summary.get("updatedAt") or _unix(rec["updated_at"]),
-                    "model": rec.get("model") or summary.get("model")})
+                    "model": rec.get("model") or svc.config["mnote"]["default_model"]})
     out.sort(key=lambda s: s["updatedAt"], reverse=True)
     return ok(sessions=out[:limit])
 
@@ -223,6 +224,10 @@ def create_session():
                          f"mnote_<documentId>_<traceId> may have at most {MAX_SESSION_ID} characters",
                          code="invalid_request")
     _ensure_session(sid, actor, ws, doc, body.get("title"))
+    try:
+        services().conversations.prewarm(actor, "mnote", [MNOTE_TOOLSET])
+    except ServiceError:           # nothing to warm (e.g. no hermes command): runs will say so
+        pass
     return ok(sessionId=sid, persistence="hermes_on_first_run")
 
 
@@ -253,10 +258,10 @@ def get_session(session_id):
     home = services().homes.path(actor).hermes_home
     summary = session_summary(home, rec.get("hermes_session_id")) or {}
     inp, outp = summary.get("inputTokens", 0), summary.get("outputTokens", 0)
-    messages = session_messages(home, rec.get("hermes_session_id"))
+    messages = transcript(home, rec.get("hermes_session_id"))
     for m in messages:
         if m["role"] == "user":
-            m["content"] = strip_context(m["content"])
+            m["content"] = strip_context(m["content"])   # sessions from before run files
     return ok(sessionId=session_id, messages=messages,
               usage={"inputTokens": inp, "outputTokens": outp, "totalTokens": inp + outp})
 
@@ -276,19 +281,21 @@ RUN = {
         "selectedText": {"type": ["string", "null"]},
     },
 }
-CONTEXT_BUDGET = 8192   # bytes of page context put before the message
-ARGV_LIMIT = 131072 - 16  # one argv string (`--query=…` + NUL) is capped by the kernel at 128 KiB
+CONTEXT_BUDGET = 8192   # bytes of the page-context block
 CONTEXT_HEAD = ("[mnote page context for this message only; use the mnote tools to read or change "
                 "the page]")
-CONTEXT_END = "\n[end of mnote page context]\n\n"
+CONTEXT_END = "\n[end of mnote page context]"
+_LEGACY_END = "\n[end of mnote page context]\n\n"
 
 
-def build_prompt(body: dict) -> str:
-    """The text given to Hermes for this run: a delimited page-context block, then the message.
+def page_context(body: dict) -> str:
+    """The run's page-context block: a delimited JSON object of the page's ids, ``title``,
+    ``pageOptions``, ``outline``, ``selectedBlockId`` and ``selectedText`` (client-proxy
+    contract §1: pageContext is run input, not session truth).
 
-    The context is for this run only (contract §1: pageContext is run input, not session
-    truth). It is capped at ``CONTEXT_BUDGET`` bytes, and at what still fits in one CLI
-    argument beside the message: the outline is cut first, then long texts, then fields.
+    The mnote plugin hands it to Hermes as ``pre_llm_call`` context, so it is appended to the
+    API copy of this run's message only (README §The mnote client proxy). At most
+    ``CONTEXT_BUDGET`` bytes: the outline is cut first, then long texts, then whole fields.
     """
     ctx = {"workspaceId": body["workspaceId"], "documentId": body["documentId"]}
     page = body.get("pageContext") or {}
@@ -298,26 +305,25 @@ def build_prompt(body: dict) -> str:
     for key in ("selectedBlockId", "selectedText"):
         if body.get(key):
             ctx[key] = body[key]
-    budget = min(CONTEXT_BUDGET, ARGV_LIMIT - len(body["message"].encode()) - 512)
 
     def size() -> int:
         return len(json.dumps(ctx, ensure_ascii=False).encode())
-    while size() > budget and ctx.get("outline"):          # 1. the outline, halving
+    while size() > CONTEXT_BUDGET and ctx.get("outline"):  # 1. the outline, halving
         ctx["outline"] = ctx["outline"][: len(ctx["outline"]) // 2]
     for key in ("selectedText", "title"):                  # 2. long texts, shortened
-        while size() > budget and len(ctx.get(key) or "") > 64:
+        while size() > CONTEXT_BUDGET and len(ctx.get(key) or "") > 64:
             ctx[key] = ctx[key][: len(ctx[key]) // 2] + "…"
     for key in ("pageOptions", "outline", "selectedText", "title", "selectedBlockId"):
-        if size() > budget:                                # 3. whole fields, dropped
+        if size() > CONTEXT_BUDGET:                        # 3. whole fields, dropped
             ctx.pop(key, None)
-    text = json.dumps(ctx, ensure_ascii=False)
-    return f"{CONTEXT_HEAD}\n{text}\n{CONTEXT_END}{body['message']}"
+    return f"{CONTEXT_HEAD}\n{json.dumps(ctx, ensure_ascii=False)}{CONTEXT_END}"
 
 
 def strip_context(content: str | None) -> str | None:
-    """A stored user message without the run's page-context block (what the user typed)."""
-    if content and content.startswith(CONTEXT_HEAD) and CONTEXT_END in content:
-        return content.split(CONTEXT_END, 1)[1]
+    """A user message stored before page context moved to run files (the block used to be
+    put before the message): what the user typed."""
+    if content and content.startswith(CONTEXT_HEAD) and _LEGACY_END in content:
+        return content.split(_LEGACY_END, 1)[1]
     return content
 
 
@@ -345,41 +351,46 @@ def start_run():
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
     sid = body["sessionId"]
     svc.conversations.check_message(body["message"])
-    prompt = build_prompt(body)
+    context = page_context(body)
     key = _ensure_session(sid, actor, ws, doc)["session_id"]
     hermes_model = models[model_id].get("hermes_model")
     scope = _capability_scope(svc)
 
     def execute(run):
-        env = svc.tools.run_env(run, ws, doc, scope)   # run token + tool URL for the plugin
+        binding = svc.tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
+        binding["pageContext"] = context
+        home = svc.homes.path(actor).hermes_home
         try:
             known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
-            before = session_summary(svc.homes.path(actor).hermes_home, known) or {}
-
-            def on_spawn(proc):   # the CLI started (again, when a lost resume id is recovered)
-                run.process = proc
-                if run.status != "running":
-                    run.status = "running"
-                    run.emit("run.started")
+            before = session_summary(home, known) or {}
             rec, result = svc.conversations.send(
-                key, body["message"], owner=actor, prompt=prompt, extra_env=env,
-                on_spawn=on_spawn, cancel=run.cancel, wait=0, model=hermes_model,
-                toolsets=[MNOTE_TOOLSET], record={"model": model_id}, kind="mnote")
+                key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
+                toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
+                cancel=run.cancel, record={"model": model_id})
         finally:
             svc.tools.end_run(run)
-        after = session_summary(svc.homes.path(actor).hermes_home, result.hermes_session_id) or {}
-        run.finish([("message.delta", {"delta": result.answer}),
-                    ("run.completed", {"output": result.answer,
-                                       "usage": _usage_delta(before, after)})])
+        after = session_summary(home, result.hermes_session_id) or {}
+        closing = []
+        if not result.streamed:      # the CLI runner: the answer arrives whole, at the end
+            if result.reasoning:
+                closing.append(("reasoning.delta", {"delta": result.reasoning}))
+            closing.append(("message.delta", {"delta": result.answer}))
+        completed = {"output": result.answer, "usage": _usage_delta(before, after, result.usage)}
+        if result.notice:
+            completed["notice"] = result.notice
+        run.finish(closing + [("run.completed", completed)])
 
     run = svc.runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
 
 
-def _usage_delta(before: dict, after: dict) -> dict:
-    """Tokens this run used: the growth of Hermes's own per-session counters."""
+def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dict:
+    """Tokens this run used: the growth of Hermes's own per-session counters, or what the
+    runner reported when the counters did not move."""
     inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
     out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
+    if not inp and not out and reported:
+        inp, out = reported.get("input_tokens", 0), reported.get("output_tokens", 0)
     return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
 
 

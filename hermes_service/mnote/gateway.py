@@ -1,10 +1,11 @@
 """Run-scoped tool tokens and the path of one mnote tool call (issue #4; tool contract §1-§5).
 
-1. When a run starts, :meth:`ToolGateway.run_env` mints a random token bound
+1. When a run starts, :meth:`ToolGateway.run_binding` mints a random token bound
    to the actor, workspace, document, session, run, trace and the run's
-   capability scope, and returns the CLI environment that carries it
-   (``MNOTE_TOOL_URL``, ``MNOTE_RUN_TOKEN``, ``MNOTE_*`` ids). Only a SHA-256
-   of the token is kept; it is revoked when the run ends (:meth:`end_run`).
+   capability scope, and returns the run binding the runner writes to the run's
+   run file for the mnote plugin (``toolUrl``, ``runToken``, the ids,
+   ``capabilityScope``). Only a SHA-256 of the token is kept; it is revoked when
+   the run ends (:meth:`end_run`).
 2. The ``mnote`` Hermes plugin (users_template/plugins/mnote) builds the
    contract's input envelope and POSTs it with ``Authorization: Bearer <token>``.
 3. :meth:`ToolGateway.invoke` refuses an unknown/revoked token, an envelope
@@ -66,23 +67,24 @@ class ToolGateway:
     def _digest(token: str) -> str:
         return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
-    def run_env(self, run, workspace_id: str, document_id: str, scope: list[str]) -> dict:
-        """Mint the run's token; return the env vars the mnote plugin reads."""
+    def run_binding(self, run, workspace_id: str, document_id: str, scope: list[str]) -> dict:
+        """Mint the run's token; return the binding the mnote plugin reads from the run file:
+        ``{toolUrl, runToken, actorId, workspaceId, documentId, sessionId, runId, traceId,
+        capabilityScope}``."""
+        if not self.service_url:
+            raise RuntimeError("ToolGateway.service_url is not set")
         token = secrets.token_urlsafe(TOKEN_BYTES)
         claims = RunClaims(run.actor_id, workspace_id, document_id, run.session_id, run.run_id,
                            run.trace_id, tuple(scope))
         with self._lock:
             self._tokens[self._digest(token)] = (claims, run)
             self._by_run[run.run_id] = self._digest(token)
-        if not self.service_url:
-            raise RuntimeError("ToolGateway.service_url is not set")
         return {
-            "MNOTE_TOOL_URL": self.service_url.rstrip("/") + "/api/hermes/tools/invoke",
-            "MNOTE_RUN_TOKEN": token,
-            "MNOTE_ACTOR_ID": claims.actor_id, "MNOTE_WORKSPACE_ID": workspace_id,
-            "MNOTE_DOCUMENT_ID": document_id, "MNOTE_SESSION_ID": claims.session_id,
-            "MNOTE_RUN_ID": claims.run_id, "MNOTE_TRACE_ID": claims.trace_id,
-            "MNOTE_CAPABILITY_SCOPE": ",".join(scope),
+            "toolUrl": self.service_url.rstrip("/") + "/api/hermes/tools/invoke",
+            "runToken": token,
+            "actorId": claims.actor_id, "workspaceId": workspace_id, "documentId": document_id,
+            "sessionId": claims.session_id, "runId": claims.run_id, "traceId": claims.trace_id,
+            "capabilityScope": list(scope),
         }
 
     def end_run(self, run) -> None:

@@ -1,22 +1,55 @@
-"""Hermes plugin ``mnote``: the six mnote tools, forwarded to hermes-service.
+"""Hermes plugin ``mnote``: the six mnote tools and the page context of mnote runs.
 
-Runs inside the Hermes CLI (standard library only). The tool definitions are in
-``tools.json`` next to this file, generated from hermes_service.mnote.tools
-(a test keeps them in sync). Each call builds the tool contract's input
-envelope from the run's environment (set by hermes-service for this run only:
-MNOTE_TOOL_URL, MNOTE_RUN_TOKEN, MNOTE_* ids) plus the model's arguments, and
-POSTs it to the service with the run token; the service checks, executes and
-audits it. Hermes never writes the page store itself.
+Runs inside the Hermes CLI or ``hermes acp`` (standard library only). The tool definitions
+are in ``tools.json`` next to this file, generated from hermes_service.mnote.tools (a test
+keeps them in sync).
+
+Everything a run binds (tool URL, run token, actor/workspace/document/session/run/trace
+ids, capability scope, page context) is in the run file hermes-service writes for that run
+only: ``$MNOTE_RUN_FILE`` (CLI runner: one process per run), or
+``$MNOTE_RUN_DIR/<ACP session id>.json`` (ACP runner: one process serves many sessions;
+Hermes passes the ACP session id to hooks and tools as ``task_id``).
+
+* Tools: each call builds the tool contract's input envelope from the run file plus the
+  model's arguments and POSTs it to the service with the run token; the service checks,
+  executes and audits it. Hermes never writes the page store itself. The call goes
+  straight to the service (never through HTTP_PROXY/HTTPS_PROXY: the token stays local).
+* Page context (``pre_llm_call``): the run's page context is returned as hook context,
+  which Hermes appends to the API copy of the current user message only — the stored
+  message stays what the user typed. Earlier turns' page contexts are dropped from the
+  request (Hermes would otherwise replay them from its ``api_content`` sidecar): a run's
+  page context reaches the model on that run only.
 """
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 
-_ENVELOPE_KEYS = ("workspaceId", "documentId", "dryRun", "idempotencyKey")
 TIMEOUT_SECONDS = 60
+#: First line of the page-context block (hermes-service writes the block; see mnote/client.py).
+CONTEXT_HEAD = "[mnote page context for this message only"
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # no proxy, ever
+
+
+def _run(task_id=None) -> dict:
+    """The run file's bindings ({} when this is not an mnote run)."""
+    path = os.environ.get("MNOTE_RUN_FILE")
+    run_dir = os.environ.get("MNOTE_RUN_DIR")
+    if not path and run_dir and isinstance(task_id, str) and _SAFE_NAME.fullmatch(task_id) \
+            and ".." not in task_id:
+        path = os.path.join(run_dir, f"{task_id}.json")
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _tool_call_id():
@@ -44,10 +77,10 @@ def _for_hermes(body: str) -> str:
     return body
 
 
-def _error(tool, call_id, code, message, envelope=None):
+def _error(tool, call_id, code, message, envelope=None, trace_id=None):
     envelope = envelope or {}
     return json.dumps({"ok": False, "toolName": tool, "toolCallId": call_id,
-                       "traceId": os.environ.get("MNOTE_TRACE_ID"), "result": None,
+                       "traceId": trace_id, "result": None,
                        "audit": {"effect": "none", "commandId": None,
                                  "workspaceId": envelope.get("workspaceId"),
                                  "documentId": envelope.get("documentId")},
@@ -58,23 +91,24 @@ def _handler(definition):
     tool = definition["contractName"]
     writes = "dryRun" in definition["parameters"]["properties"]
 
-    def handle(args, **_kw):
+    def handle(args, task_id=None, **_kw):
         call_id = _tool_call_id()
-        url, token = os.environ.get("MNOTE_TOOL_URL"), os.environ.get("MNOTE_RUN_TOKEN")
+        run = _run(task_id)
+        url, token = run.get("toolUrl"), run.get("runToken")
         if not url or not token:
             return _error(tool, call_id, "mnote_tool_unavailable",
                           "mnote tools are only available in runs started by mnote")
         args = dict(args or {})
         envelope = {
             "toolName": tool,
-            "workspaceId": args.pop("workspaceId", None) or os.environ.get("MNOTE_WORKSPACE_ID"),
-            "documentId": args.pop("documentId", None) or os.environ.get("MNOTE_DOCUMENT_ID"),
-            "actorId": os.environ.get("MNOTE_ACTOR_ID"),
-            "sessionId": os.environ.get("MNOTE_SESSION_ID"),
-            "runId": os.environ.get("MNOTE_RUN_ID"),
+            "workspaceId": args.pop("workspaceId", None) or run.get("workspaceId"),
+            "documentId": args.pop("documentId", None) or run.get("documentId"),
+            "actorId": run.get("actorId"),
+            "sessionId": run.get("sessionId"),
+            "runId": run.get("runId"),
             "toolCallId": call_id,
-            "traceId": os.environ.get("MNOTE_TRACE_ID"),
-            "capabilityScope": [s for s in os.environ.get("MNOTE_CAPABILITY_SCOPE", "").split(",") if s],
+            "traceId": run.get("traceId"),
+            "capabilityScope": list(run.get("capabilityScope") or []),
         }
         dry_run, key = args.pop("dryRun", False), args.pop("idempotencyKey", None)
         if writes:
@@ -85,7 +119,7 @@ def _handler(definition):
             url, data=json.dumps(envelope).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as resp:
+            with _DIRECT.open(request, timeout=TIMEOUT_SECONDS) as resp:
                 return _for_hermes(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
@@ -94,12 +128,22 @@ def _handler(definition):
                 return body
             except ValueError:
                 return _error(tool, call_id, "mnote_tool_unavailable", f"service answered {exc.code}",
-                              envelope)
+                              envelope, run.get("traceId"))
         except (urllib.error.URLError, OSError) as exc:
             return _error(tool, call_id, "mnote_tool_unavailable", f"service unreachable: {exc}",
-                          envelope)
+                          envelope, run.get("traceId"))
 
     return handle
+
+
+def _page_context(task_id=None, conversation_history=None, **_kw):
+    """``pre_llm_call``: this run's page context, for the API copy of this turn's message."""
+    for message in conversation_history or []:
+        sidecar = message.get("api_content") if isinstance(message, dict) else None
+        if message.get("role") == "user" and isinstance(sidecar, str) and CONTEXT_HEAD in sidecar:
+            message.pop("api_content", None)     # an earlier run's context: not re-sent
+    context = _run(task_id).get("pageContext")
+    return {"context": context} if isinstance(context, str) and context else None
 
 
 def register(ctx):
@@ -109,3 +153,4 @@ def register(ctx):
                           schema={"name": d["name"], "description": d["description"],
                                   "parameters": d["parameters"]},
                           handler=_handler(d), description=d["description"])
+    ctx.register_hook("pre_llm_call", _page_context)

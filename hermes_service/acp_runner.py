@@ -1,0 +1,584 @@
+"""The warm runner: ``hermes acp`` processes spoken to over the Agent Client Protocol
+(``hermes.runner: acp``; README §Runners; measured facts: docs/hermes-cli-notes.md).
+
+``hermes acp`` (the same pinned ``hermes-agent``, extra ``acp``) is a JSON-RPC agent on
+stdio. The service is its client through the protocol's own Python package
+(``agent-client-protocol``, pinned to the version Hermes pins). One asyncio loop, on its own
+thread, runs every connection; worker threads hand it turns with
+:meth:`AcpRunner.run_turn`, which blocks like the CLI runner does.
+
+**Pool.** One process per active user and route family (``v1`` / ``mnote``: their tool
+sets differ), started on the first turn or by :meth:`AcpRunner.prewarm` (the panel creating
+a session), with the user's ``HERMES_HOME`` and the same clean environment as CLI runs, in
+its own process group recorded with the CLI's (shutdown kills it, a crash's leftovers are
+reaped at the next start). Reused while warm; closed after ``hermes.acp.idle_seconds``
+idle; at most ``hermes.acp.max_processes`` (the least recently used idle one is closed to
+make room; when none is idle the turn runs on the CLI runner); retired after
+``hermes.acp.recycle_after_sessions`` sessions or above ``hermes.acp.max_rss_mb`` (Hermes
+0.19.0 never frees an ACP session). A retired process takes no new turn and exits once
+its running turns end.
+
+**A turn** holds one of the slots the CLI runner also uses (the global cap), then:
+``session/new`` (a new conversation) or ``session/load`` (an ACP-made session this
+process has not loaded; its history replay is discarded), and ``session/prompt`` with the
+user's text plus an empty image block — Hermes runs slash commands (``/reset``,
+``/model x``) only for prompts made of text blocks alone, so the message always reaches the
+model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
+(except the first, held until a second one arrives or the turn ends: Hermes 0.19.0 sends
+provider errors and its own hints as one ordinary chunk at the end of a turn, and a turn
+that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
+``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
+tool calls are reported by the tool gateway). The answer is read from Hermes's record,
+exactly as for the CLI runner.
+
+**Known 0.19.0 faults, designed around.** A ``session/cancel`` that lands when a session
+is idle (or just after a turn) wedges it for good, and one during a tool can raise an
+internal error. So an abort kills the user's process (SIGTERM, SIGKILL after 1 s) unless
+another turn runs in it; then the aborted prompt gets ``session/cancel`` (not during a
+tool) and the process is retired; if the prompt has not ended 1 s later, the process is
+killed anyway. Timeouts and stalls kill the process. After any failed or aborted turn the
+process is retired (its in-memory history may hold the turn Hermes's record took back),
+and a replacement is started at once for the next turn.
+
+**Fallback to the CLI** (:class:`~hermes_service.runner.UseCli`): a session made by the
+CLI (Hermes cannot open it over ACP), a turn for a model other than
+``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
+name), or a full pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import hermes_state
+from .errors import RunError, ServiceError
+from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
+                     _proc_start, answer_from_record, classify_text, empty_answer, failure_reason,
+                     kill_group)
+
+log = logging.getLogger("hermes_service.acp")
+
+ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
+POLL_SECONDS = 0.05
+STDERR_TAIL_BYTES = 16384
+
+
+@dataclass
+class _Sink:
+    """Where one running prompt's updates go."""
+    listener: object | None
+    last_activity: float = field(default_factory=time.monotonic)
+    held: str | None = None          # the first message chunk, until a second one arrives
+    delivered: int = 0               # message chunks handed to the listener
+    text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
+    tools_running: set[str] = field(default_factory=set)
+    kill_reason: str | None = None
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def message(self, text: str) -> None:
+        self.text.append(text)
+        if not self.delivered and self.held is None:
+            self.held = text
+            return
+        self.release()
+        self._deliver(text)
+
+    def release(self) -> None:
+        """Hand the held first chunk over (a second chunk arrived, or the turn answered)."""
+        if self.held is not None:
+            held, self.held = self.held, None
+            self._deliver(held)
+
+    def _deliver(self, text: str) -> None:
+        if text and self.listener is not None:
+            self.delivered += 1
+            self.listener.delta(text)
+
+
+class _Handle:
+    """What a turn's listener gets from :meth:`TurnListener.started` on the ACP runner:
+    ``touch()`` feeds the stall watchdog, ``kill(reason)`` asks the turn to end."""
+
+    def __init__(self, sink: _Sink):
+        self._sink = sink
+
+    def touch(self) -> None:
+        self._sink.touch()
+
+    def kill(self, reason: str) -> None:
+        self._sink.kill_reason = self._sink.kill_reason or reason
+
+
+class _Client:
+    """The client side of the protocol for one process: routes session updates to the
+    running prompt's sink; refuses permission requests (no dangerous command runs without a
+    human) and file/terminal requests (the client offers neither capability)."""
+
+    def __init__(self, proc: "AcpProcess"):
+        self.proc = proc
+
+    async def session_update(self, session_id, update, **_kw) -> None:
+        sink = self.proc.inflight.get(session_id)
+        if sink is None:           # history replayed by session/load, or a finished prompt
+            return
+        sink.touch()
+        kind = getattr(update, "session_update", None)
+        content = getattr(update, "content", None)
+        text = getattr(content, "text", None) if content is not None else None
+        listener = sink.listener
+        if kind == "agent_message_chunk" and isinstance(text, str):
+            sink.message(text)
+        elif kind == "agent_thought_chunk" and isinstance(text, str):
+            if listener is not None and text:
+                listener.reasoning(text)
+        elif kind == "tool_call":
+            call_id, name = update.tool_call_id, update.title
+            sink.tools_running.add(call_id)
+            if listener is not None and not str(name).startswith("mnote_"):
+                listener.tool("tool.started", call_id, name, None)
+        elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
+            call_id = update.tool_call_id
+            sink.tools_running.discard(call_id)
+            name = getattr(update, "title", None)
+            if listener is not None and not str(name).startswith("mnote_"):
+                listener.tool("tool.completed", call_id, name, update.status == "completed")
+
+    async def request_permission(self, options, session_id, tool_call, **_kw):
+        from acp.schema import DeniedOutcome, RequestPermissionResponse
+        log.warning("denied a permission request of Hermes (session %s, tool %s): the ACP runner "
+                    "never approves on a user's behalf", session_id, getattr(tool_call, "title", "?"))
+        return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+
+    async def write_text_file(self, *_a, **_kw):
+        from acp import RequestError
+        raise RequestError.method_not_found("fs/write_text_file")
+
+    async def read_text_file(self, *_a, **_kw):
+        from acp import RequestError
+        raise RequestError.method_not_found("fs/read_text_file")
+
+    async def ext_method(self, method, params):
+        return {}
+
+    async def ext_notification(self, method, params):
+        return None
+
+    def on_connect(self, conn) -> None:
+        pass
+
+
+class AcpProcess:
+    """One ``hermes acp`` process: its connection, the sessions it has loaded, its running
+    prompts. Lives on the runner's loop; :meth:`kill` may be called from any thread."""
+
+    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict):
+        self.runner, self.key, self.home, self.env = runner, key, home, env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pgid: int | None = None
+        self.conn = None
+        self.ready: asyncio.Future | None = None
+        self.sessions: set[str] = set()
+        self.inflight: dict[str, _Sink] = {}
+        self.sessions_opened = 0
+        self.spare: asyncio.Task | None = None   # a session/new made ahead for the next conversation
+        self.last_used = time.monotonic()
+        self.retired = False
+        self.dead = False
+        self.kill_reason: str | None = None
+        self.stderr_tail = bytearray()
+
+    # -- life ------------------------------------------------------------------------
+    async def start(self) -> None:
+        import acp
+        from acp.schema import ClientCapabilities, Implementation
+        self.proc = await asyncio.create_subprocess_exec(
+            self.runner.cli.command_path(), "acp", env=self.env, cwd=str(self.home.root),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=50 * 1024 * 1024)
+        self.pgid = self.proc.pid
+        self.runner.cli.groups.add(self, self.env.get("HERMES_HOME"))
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._drain_stderr())
+        loop.create_task(self._watch_exit())
+        self.conn = acp.connect_to_agent(_Client(self), self.proc.stdin, self.proc.stdout)
+        await asyncio.wait_for(self.conn.initialize(
+            protocol_version=acp.PROTOCOL_VERSION, client_capabilities=ClientCapabilities(),
+            client_info=Implementation(name="hermes-service", version="1")),
+            self.runner.start_timeout)
+        log.info("ACP process started user=%s family=%s pid=%s", self.key[0], self.key[1], self.pgid)
+
+    async def _drain_stderr(self) -> None:
+        while True:
+            chunk = await self.proc.stderr.read(65536)
+            if not chunk:
+                return
+            self.stderr_tail += chunk
+            del self.stderr_tail[:-STDERR_TAIL_BYTES]
+
+    async def _watch_exit(self) -> None:
+        rc = await self.proc.wait()
+        self.dead = True
+        self.runner.cli.groups.forget(self)
+        self.runner._gone(self)
+        if self.kill_reason is None and not self.retired:
+            log.warning("ACP process of user=%s exited rc=%s: %s", self.key[0], rc,
+                        failure_reason(self.stderr_tail.decode("utf-8", "replace")[-2000:]))
+
+    def kill(self, reason: str) -> None:
+        """Kill the process group (SIGTERM, SIGKILL after 1 s). Any thread; idempotent."""
+        if self.pgid is None:
+            return
+        self.kill_reason = self.kill_reason or reason
+        pid = self.pgid
+
+        def wait(timeout: float) -> bool:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if _proc_start(pid) is None:
+                    return True
+                time.sleep(0.02)
+            return _proc_start(pid) is None
+        kill_group(pid, wait)
+
+    async def new_session(self) -> str:
+        """An ACP session for a new conversation: the spare one made ahead when there is one
+        (``session/new`` takes 1.5–3 s in Hermes 0.19.0), else a new one."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            try:
+                return await spare
+            except Exception:              # the spare failed: make one now
+                pass
+        sid = (await self.conn.new_session(cwd=str(self.home.root))).session_id
+        self.sessions.add(sid)
+        self.sessions_opened += 1
+        return sid
+
+    def make_spare(self) -> None:
+        """Make the next conversation's session ahead, while the process is idle."""
+        if self.spare is None and not self.inflight and not self.retired and not self.dead:
+            async def make():
+                sid = (await self.conn.new_session(cwd=str(self.home.root))).session_id
+                self.sessions.add(sid)
+                self.sessions_opened += 1
+                return sid
+            self.spare = asyncio.get_running_loop().create_task(make())
+            self.spare.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def kill_async(self, reason: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.kill, reason)
+
+    def rss_mb(self) -> float:
+        try:
+            for line in Path(f"/proc/{self.pgid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except (OSError, ValueError, TypeError):
+            pass
+        return 0.0
+
+
+class AcpRunner:
+    """The ACP runner (see the module doc). Shares the CLI runner's command, slots,
+    process groups, run files, timeouts and toolsets."""
+    name = "acp"
+
+    def __init__(self, hermes_cfg: dict, cli: HermesRunner):
+        acp_cfg = hermes_cfg["acp"]
+        self.cli = cli
+        self.idle_seconds = float(acp_cfg["idle_seconds"])
+        self.max_processes = int(acp_cfg["max_processes"])
+        self.recycle_after = int(acp_cfg["recycle_after_sessions"])
+        self.max_rss_mb = float(acp_cfg["max_rss_mb"])
+        self.start_timeout = float(acp_cfg["start_timeout_seconds"])
+        self.default_model = (hermes_cfg.get("model") or {}).get("default")
+        self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
+        self._retired: set[AcpProcess] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    # -- the loop --------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="acp-loop", daemon=True).start()
+                asyncio.run_coroutine_threadsafe(self._sweeper(), self._loop)
+            return self._loop
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def processes(self) -> int:
+        """ACP processes alive now (accepting or retiring)."""
+        return len(self._procs) + len(self._retired)
+
+    # -- public ----------------------------------------------------------------------
+    def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
+        """Start the user's process for ``family`` in the background (no wait, no error)."""
+        if self.processes() >= self.max_processes and not self._idle():
+            return
+        fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
+        fut.add_done_callback(lambda f: f.exception() and log.info("ACP pre-warm failed: %s",
+                                                                   f.exception()))
+
+    def run_turn(self, req: TurnRequest) -> TurnResult:
+        """Run one turn on the user's ACP process (holding a slot). Raises
+        :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
+        if req.model and req.model != self.default_model:
+            raise UseCli(f"model {req.model} is not hermes.model.default")
+        source = hermes_state.session_source(req.home.hermes_home, req.resume_id)
+        if req.resume_id and source not in (None, "acp"):
+            raise UseCli(f"the Hermes session was made by the {source} runner")
+        with self.cli.slot(req.cancel) as waited:
+            started = time.monotonic()
+            sink = _Sink(req.listener)
+            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
+            try:
+                sid, response, resumed = fut.result()
+            except UseCli:
+                raise
+            except ServiceError as err:
+                if getattr(err, "code", "") not in ("run_cancelled", "service_stopping"):
+                    log.warning("hermes acp turn failed %s code=%s", _ctx(req), err.code)
+                raise
+        notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
+        try:
+            answer, reasoning = answer_from_record(req, sid)
+        except RunError as err:
+            record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
+            if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
+                err = classify_text("".join(sink.text))   # a provider error, sent as text
+                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req), err.code,
+                            failure_reason("".join(sink.text)))
+            err.hermes_session_id = sid
+            # its in-memory history may hold the turn the record takes back: no further turn there
+            self._call(self._retire_key((req.home.user_id, req.family))).result(5)
+            raise err from None
+        sink.release()
+        usage = None
+        if response is not None and getattr(response, "usage", None) is not None:
+            u = response.usage
+            usage = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
+                     "total_tokens": u.total_tokens or 0}
+        return TurnResult(answer, sid, time.monotonic() - started, runner=self.name,
+                          reasoning=reasoning, resumed=resumed, notice=notice,
+                          streamed=sink.delivered > 0, usage=usage, queue_wait=waited)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Kill every process and stop the loop (the service stops)."""
+        for proc in list(self._procs.values()) + list(self._retired):
+            proc.kill("shutdown")
+            self.cli.groups.forget(proc)
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+
+        async def stop():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout)
+        except Exception:     # noqa: BLE001 - best effort at exit
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+
+    # -- pool (loop thread) ------------------------------------------------------------
+    def _idle(self) -> list[AcpProcess]:
+        procs = list(self._procs.values()) + list(self._retired)
+        return sorted((p for p in procs if not p.inflight and not p.dead),
+                      key=lambda p: p.last_used)
+
+    async def _acquire(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
+        proc = self._procs.get(key)
+        if proc is not None and not proc.dead:
+            await asyncio.shield(proc.ready)
+            if not proc.dead:
+                proc.last_used = time.monotonic()
+                return proc
+        while self.processes() >= self.max_processes:
+            idle = self._idle()
+            if not idle:
+                raise UseCli("the ACP process pool is full")
+            await self._close(idle[0], "evicted")
+        env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets)}
+        env.pop("HERMES_SERVICE_TURN_FILE", None)
+        env.pop("MNOTE_RUN_FILE", None)
+        if key[1] == "mnote":
+            env["MNOTE_RUN_DIR"] = str(self.cli.run_files.user_dir(home.user_id))
+        proc = AcpProcess(self, key, home, env)
+        proc.ready = asyncio.get_running_loop().create_future()
+        self._procs[key] = proc
+        try:
+            await proc.start()
+        except Exception as exc:
+            self._procs.pop(key, None)
+            proc.ready.set_exception(exc)
+            proc.ready.exception()          # retrieved: no "never retrieved" warning
+            proc.kill("start failed")
+            log.warning("ACP process for user=%s could not start: %s %s", key[0], exc,
+                        failure_reason(proc.stderr_tail.decode("utf-8", "replace")[-2000:]))
+            raise RunError("the Hermes ACP process could not be started (see the service log)",
+                           code="hermes_failed") from None
+        proc.ready.set_result(True)
+        proc.make_spare()
+        return proc
+
+    def _gone(self, proc: AcpProcess) -> None:
+        if self._procs.get(proc.key) is proc:
+            del self._procs[proc.key]
+        self._retired.discard(proc)
+        if proc.ready is not None and not proc.ready.done():
+            proc.ready.set_result(False)
+
+    async def _close(self, proc: AcpProcess, why: str) -> None:
+        log.info("closing ACP process of user=%s (%s)", proc.key[0], why)
+        proc.retired = True
+        self._gone(proc)
+        await proc.kill_async(why)
+
+    def _retire(self, proc: AcpProcess, why: str) -> None:
+        """No new turn for ``proc``; it exits once its running turns end."""
+        if proc.dead or proc.retired:
+            return
+        log.info("retiring ACP process of user=%s (%s)", proc.key[0], why)
+        proc.retired = True
+        if self._procs.get(proc.key) is proc:
+            del self._procs[proc.key]
+        self._retired.add(proc)
+        if not proc.inflight:
+            asyncio.get_running_loop().create_task(self._close(proc, why))
+
+    async def _retire_key(self, key) -> None:
+        proc = self._procs.get(key)
+        if proc is not None:
+            self._retire(proc, "a turn failed")
+            self._replace(proc)
+
+    def _replace(self, old: AcpProcess) -> None:
+        """Start a replacement for a retired process in the background (the user is active)."""
+        task = asyncio.get_running_loop().create_task(
+            self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
+                          [t for t in old.env.get("HERMES_SERVICE_ACP_TOOLSETS", "").split(",") if t]))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(min(10.0, max(1.0, self.idle_seconds / 4)))
+            now = time.monotonic()
+            for proc in list(self._procs.values()) + list(self._retired):
+                if proc.dead or proc.inflight:
+                    continue
+                if proc.retired:
+                    await self._close(proc, "retired")
+                elif now - proc.last_used >= self.idle_seconds:
+                    await self._close(proc, "idle")
+
+    # -- one turn (loop thread) --------------------------------------------------------
+    async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool):
+        """Returns (ACP session id, PromptResponse, resumed). Raises RunError/UseCli."""
+        from acp import text_block
+        from acp.schema import ImageContentBlock
+        key = (req.home.user_id, req.family)
+        proc = await self._acquire(key, req.home, req.env, self.cli.toolset_names(req.toolsets))
+        sid = None if lost else req.resume_id
+        resumed = sid is not None
+        if sid is None:
+            sid = await proc.new_session()
+        elif sid not in proc.sessions:
+            await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
+            proc.sessions.add(sid)
+            proc.sessions_opened += 1
+        run_file = None
+        if req.plugin_run is not None:
+            run_file = self.cli.run_files.write(
+                self.cli.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
+        proc.inflight[sid] = sink
+        if req.listener is not None:
+            req.listener.started(_Handle(sink))
+        # the empty image block keeps Hermes from running the text as a slash command
+        prompt = proc.conn.prompt(prompt=[text_block(req.message),
+                                          ImageContentBlock(type="image", data="", mime_type="image/png")],
+                                  session_id=sid)
+        task = asyncio.get_running_loop().create_task(prompt)
+        try:
+            reason = await self._watch(task, proc, sink, req)
+            if reason is not None:
+                await self._end(task, proc, sid, sink, reason)
+                status, code, detail = KILLED.get(reason, (502, "hermes_failed",
+                                                           "the user's Hermes process ended; retry"))
+                err = RunError(detail, code=code, status=status)
+                err.hermes_session_id = sid
+                raise err
+            try:
+                response = task.result()
+            except Exception as exc:
+                self._retire(proc, "a prompt failed")
+                self._replace(proc)
+                err = RunError("the Hermes agent failed", code="hermes_failed")
+                err.hermes_session_id = sid
+                log.warning("ACP prompt failed user=%s: %r", key[0], exc)
+                raise err from None
+        finally:
+            proc.inflight.pop(sid, None)
+            proc.last_used = time.monotonic()
+            if run_file is not None:
+                run_file.unlink(missing_ok=True)
+            if proc.retired and not proc.inflight and not proc.dead:
+                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+        if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb:
+            self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB")
+            self._replace(proc)
+        else:
+            asyncio.get_running_loop().call_later(0.5, proc.make_spare)
+        return sid, response, resumed
+
+    async def _watch(self, task, proc: AcpProcess, sink: _Sink, req: TurnRequest) -> str | None:
+        """Wait for the prompt; the reason to end it early, or None when it finished."""
+        deadline = time.monotonic() + self.cli.timeout
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
+            if done:
+                return None
+            if proc.dead:
+                return proc.kill_reason if proc.kill_reason in KILLED else "died"
+            if sink.kill_reason or (req.cancel is not None and req.cancel.is_set()):
+                return sink.kill_reason if sink.kill_reason in KILLED else "cancelled"
+            now = time.monotonic()
+            if now >= deadline:
+                return "timeout"
+            if now - sink.last_activity >= self.cli.stall_timeout:
+                return "stall"
+
+    async def _end(self, task, proc: AcpProcess, sid: str, sink: _Sink, reason: str) -> None:
+        """End a prompt early without leaving a wedged session (see the module doc)."""
+        others = [s for s in proc.inflight if s != sid]
+        if reason == "cancelled" and others and not sink.tools_running and not proc.dead:
+            await proc.conn.cancel(session_id=sid)
+            done, _ = await asyncio.wait({task}, timeout=ABORT_CANCEL_GRACE)
+            if done:
+                self._retire(proc, "a turn was aborted")
+                self._replace(proc)
+                return
+        if not proc.dead:
+            proc.retired = True
+            self._gone(proc)
+            await proc.kill_async(reason)
+            if reason != "shutdown":
+                self._replace(proc)
+        task.cancel()
+
+
+def _ctx(req: TurnRequest) -> str:
+    return " ".join(f"{k}={v}" for k, v in req.log_ctx.items())
