@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
+from .limits import Limiter
 
 log = logging.getLogger("hermes_service.runner")
 
@@ -222,6 +223,11 @@ def classify_failure(outcome: Outcome) -> ServiceError:
                     status=502)
 
 
+def _stopping() -> RunError:
+    return RunError("the service is shutting down; retry", code="service_stopping", status=503,
+                    headers={"Retry-After": "5"})
+
+
 class HermesRunner:
     """Starts CLI processes within the concurrency limit.
 
@@ -239,7 +245,8 @@ class HermesRunner:
         self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
         self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
         self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots = threading.BoundedSemaphore(hermes_cfg["max_concurrent_runs"])
+        self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
+        self.stopping = False       # set at shutdown: no new CLI process, no more waiting
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
 
@@ -259,6 +266,8 @@ class HermesRunner:
         """
         deadline = time.monotonic() + self.queue_wait
         while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if self.stopping:
+                raise _stopping()
             if cancel is not None and cancel.is_set():
                 raise RunError("the run was aborted", code="run_cancelled", status=409)
             if time.monotonic() >= deadline:
@@ -276,6 +285,8 @@ class HermesRunner:
         The process group is recorded (``<pid_dir>/<pgid>.json``) until it is waited for,
         so :meth:`kill_all` at shutdown and :meth:`reap_orphans` after a crash can end it.
         """
+        if self.stopping:
+            raise _stopping()
         try:
             proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
                               on_exit=self._forget)
@@ -417,3 +428,14 @@ class HermesRunner:
             text = outcome.stdout.strip().splitlines()[0].strip()
             self._version = (now, text)
             return text
+
+    def reconfigure(self, hermes_cfg: dict) -> None:
+        """Apply a reloaded ``hermes`` section to new runs (README §Reload): command, time
+        limits, queue wait, toolsets and the number of CLI slots. Runs in flight keep what
+        they started with (their limits were passed to :meth:`CliProcess.wait`)."""
+        self.command = hermes_cfg["command"]
+        self.timeout = float(hermes_cfg["timeout_seconds"])
+        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
+        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
+        self.toolsets = list(hermes_cfg["toolsets"])
+        self._slots.resize(hermes_cfg["max_concurrent_runs"])

@@ -17,6 +17,9 @@ from pathlib import Path
 
 _ENVELOPE_KEYS = ("workspaceId", "documentId", "dryRun", "idempotencyKey")
 TIMEOUT_SECONDS = 60
+# The tool URL is the service itself: never through HTTP_PROXY/HTTPS_PROXY (an admin sets
+# those for the provider), which would carry the run token to the proxy.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _tool_call_id():
@@ -85,7 +88,7 @@ def _handler(definition):
             url, data=json.dumps(envelope).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as resp:
+            with _DIRECT.open(request, timeout=TIMEOUT_SECONDS) as resp:
                 return _for_hermes(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as exc:
             body = exc.read().decode("utf-8", "replace")
