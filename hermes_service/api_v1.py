@@ -5,11 +5,10 @@ HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
 """
 from __future__ import annotations
 
+import logging
 import re
 
 from flask import Blueprint, g, jsonify, request
-
-import logging
 
 from .web import json_body, services
 from .errors import BadRequest, Forbidden, NotFound, check_id

@@ -40,9 +40,9 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
     """waitress settings from ``service.*`` (README §Limits):
 
     * ``connection_limit`` — open connections (waitress stops accepting beyond it);
-    * ``channel_timeout`` = ``idle_timeout_seconds`` and ``cleanup_interval`` = half of it:
-      a connection with no request in progress (idle keep-alive, or headers/body never
-      completed) is closed 1–1.5 × ``idle_timeout_seconds`` after its last byte; requests
+    * ``channel_timeout`` = ``idle_timeout_seconds`` and ``cleanup_interval`` = a quarter of
+      it: a connection with no request in progress (idle keep-alive, or headers/body never
+      completed) is closed 1–1.25 × ``idle_timeout_seconds`` after its last byte; requests
       being answered (long turns, event streams) are never cut;
     * ``max_request_body_size`` = ``max_body_bytes`` + 1: a larger declared Content-Length
       is refused (413) right after the headers, a chunked body is cut at the limit.
@@ -53,7 +53,7 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
         "threads": threads or svc["threads"],
         "connection_limit": svc["connection_limit"],
         "channel_timeout": idle,
-        "cleanup_interval": max(1, idle // 2),
+        "cleanup_interval": max(1, idle // 4),
         "max_request_body_size": svc["max_body_bytes"] + 1,   # waitress refuses >= this
         "asyncore_use_poll": True,     # select() breaks on descriptors above 1024
         "ident": "hermes-service",

@@ -5,7 +5,6 @@ No CLI turn is run: these only open sockets against ``python3 main.py``.
 import select
 import socket
 
-import pytest
 import requests
 
 OLD_WAITRESS_LIMIT = 100

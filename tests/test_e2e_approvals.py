@@ -8,7 +8,6 @@ denies the command: the directory is still there.
 import pytest
 
 import model_server
-from conftest import API_KEY
 
 pytestmark = pytest.mark.e2e
 

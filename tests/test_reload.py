@@ -10,7 +10,7 @@ import time
 
 import yaml
 
-from conftest import API_KEY, ROOT
+from conftest import API_KEY, ROOT, base_config
 
 NEW_KEY = "the-new-key-0123456789"
 
@@ -91,9 +91,7 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
 
 
 def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
-    from hermes_service.config import load_config
     from hermes_service.lifecycle import reload_config
-    from conftest import base_config
     app = stubbed_app()
     svc = app.extensions["hermes_service"]
     client = app.test_client()
@@ -117,7 +115,7 @@ def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
     stub.gate.set()
     t.join(10)
     assert out["res"].status_code == 200 and out["res"].json["response"] == "echo #1: in flight"
-    assert svc.config is not None and load_config(path).raw["hermes"]["toolsets"] == ["web"]
+    assert svc.config["hermes"]["toolsets"] == ["web"]
     res = client.post(f"/api/v1/sessions/{sid}/messages", json={"message": "next"},
                       headers={"X-API-Key": NEW_KEY})
     assert res.status_code == 200
