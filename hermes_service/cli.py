@@ -68,7 +68,8 @@ def serve(config_path, host=None, port=None, threads=None):
         log.warning("config: %s", line)
     if config.provider_issues:
         log.warning("no usable model provider: every turn is answered 503 hermes_unconfigured "
-                    "until it is set (then reload: kill -HUP <pid> or python3 main.py reload)")
+                    "until it is set (config.yaml: then `python3 main.py reload`; an environment "
+                    "variable: restart the service with it exported)")
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 

@@ -45,7 +45,7 @@ class Services:
         issues = self.config.provider_issues
         if issues:
             reason = issues[0].split(": ", 1)[-1]
-            raise Unconfigured(f"Hermes is not configured: {reason}", code="hermes_unconfigured")
+            raise Unconfigured(reason, code="hermes_unconfigured")
 
     def apply(self, config: Config) -> None:
         """Hand a reloaded, validated config to the service objects (README §Reload).
