@@ -291,18 +291,32 @@ class AcpRunner:
     name = "acp"
 
     def __init__(self, hermes_cfg: dict, cli: HermesRunner):
-        acp_cfg = hermes_cfg["acp"]
         self.cli = cli
+        self._configure(hermes_cfg)
+        self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
+        self._retired: set[AcpProcess] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    def _configure(self, hermes_cfg: dict) -> None:
+        acp_cfg = hermes_cfg["acp"]
         self.idle_seconds = float(acp_cfg["idle_seconds"])
         self.max_processes = int(acp_cfg["max_processes"])
         self.recycle_after = int(acp_cfg["recycle_after_sessions"])
         self.max_rss_mb = float(acp_cfg["max_rss_mb"])
         self.start_timeout = float(acp_cfg["start_timeout_seconds"])
         self.default_model = (hermes_cfg.get("model") or {}).get("default")
-        self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
-        self._retired: set[AcpProcess] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_lock = threading.Lock()
+
+    def reconfigure(self, hermes_cfg: dict) -> None:
+        """Apply a reloaded ``hermes`` section (README §Reload). Warm processes were started
+        with the old environment, toolsets and model: every one is retired (it ends its
+        running turns; the next turn starts a new process)."""
+        self._configure(hermes_cfg)
+        if self._loop is not None:
+            async def retire_all():
+                for proc in list(self._procs.values()):
+                    self._retire(proc, "the configuration was reloaded")
+            self._call(retire_all()).result(10)
 
     # -- the loop --------------------------------------------------------------------
     @property

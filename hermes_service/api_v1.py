@@ -5,13 +5,17 @@ HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
 """
 from __future__ import annotations
 
+import logging
 import re
 
 from flask import Blueprint, g, jsonify, request
 
 from .web import json_body, services
 from .errors import BadRequest, Forbidden, NotFound, check_id
+from .preflight import describe, health_checks
 from .runner import classify_failure
+
+log = logging.getLogger("hermes_service")
 
 bp = Blueprint("api_v1", __name__)
 
@@ -49,9 +53,31 @@ def _public(rec: dict) -> dict:
             "hermes_session_id": rec.get("hermes_session_id")}
 
 
+_last_health: list = [None]    # the last reported problems, so a change is logged once
+
+
 @bp.get("/health")
 def health():
-    """Spec §1. Exempt from the API key unless ``security.health_requires_api_key``."""
+    """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
+    answer (a few stat calls). When the service cannot work it answers 503 with
+    ``"status": "degraded"`` and ``checks`` naming what failed (``hermes_command``,
+    ``users_template``, ``data_dir``, ``provider``), or ``"status": "stopping"`` during
+    shutdown. Exempt from the API key unless ``security.health_requires_api_key``.
+    README §Health."""
+    svc = services()
+    if svc.runner.stopping:
+        return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
+    checks = health_checks(svc.config)
+    failed = {k: v for k, v in checks.items() if v}
+    if failed != _last_health[0]:
+        _last_health[0] = failed
+        if failed:
+            log.warning("health: degraded: %s", "; ".join(describe(svc.config)))
+        else:
+            log.info("health: healthy")
+    if failed:
+        return jsonify(status="degraded", service="hermes-service", multi_user=True,
+                       checks={k: v or "ok" for k, v in checks.items()}), 503
     return jsonify(status="healthy", service="hermes-service", multi_user=True)
 
 
@@ -117,6 +143,8 @@ def send_message(session_id):
     if bound and ctx_user not in (None, bound):
         raise NotFound(f"session {session_id} not found", code="session_not_found")
     svc = services()
+    svc.conversations.get(session_id, owner=ctx_user or bound, kind="v1")   # 404 first
+    svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
     with svc.admission():
         rec, result = svc.conversations.send(session_id, body["message"], owner=ctx_user or bound,
                                              kind="v1")

@@ -1,22 +1,22 @@
-"""Operator commands (click): serve (default), ``check-config``, ``keygen``.
+"""Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``mnote``.
 
 ``python3 main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
-with waitress. A bad config or a corrupt ``sessions.json`` exits non-zero
-before anything listens.
+with waitress. A config with any problem ``check-config`` reports, or a corrupt
+``sessions.json``, exits non-zero before anything listens.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
-import signal
 import sys
 
 import click
 
 from .config import ENV_CONFIG, ConfigError, load_config
 from .session_store import CorruptStore
+
+log = logging.getLogger("hermes_service")
 
 
 def _load(path, need_keys: bool = True):
@@ -44,11 +44,37 @@ def cli(ctx, config_path, host, port, threads):
 
 
 def serve(config_path, host=None, port=None, threads=None):
+    """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
+
+    Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
+    corrupt ``sessions.json``. Warnings (no usable provider, expired keys) are logged and
+    the service starts.
+    """
     config = _load(config_path)
+    from . import preflight
+    problems = preflight.problems(config, store=False)
+    if problems:
+        for line in problems:
+            click.echo(line, err=True)
+        click.echo("refusing to start: fix the problems above (python3 main.py check-config)",
+                   err=True)
+        sys.exit(2)
     svc_cfg = config["service"]
+    if threads:      # --threads: what waitress really runs with (reloads are checked against it)
+        svc_cfg["threads"] = threads
     logging.basicConfig(level=svc_cfg["log_level"].upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    for line in config.warnings:
+        log.warning("config: %s", line)
+    if config.provider_issues:
+        log.warning("no usable model provider: every turn is answered 503 hermes_unconfigured "
+                    "until it is set (config.yaml: then `python3 main.py reload`; an environment "
+                    "variable: restart the service with it exported)")
+    from waitress.channel import HTTPChannel
+    from waitress.server import create_server
+
     from .app import create_app
+    from .lifecycle import Lifecycle, ServiceRecord, waitress_options
     from .services import default_service_url
     host = host or svc_cfg["host"]
     port = svc_cfg["port"] if port is None else port
@@ -57,62 +83,80 @@ def serve(config_path, host=None, port=None, threads=None):
     except CorruptStore as exc:
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
-    from waitress import serve as waitress_serve
-    services = app.extensions["hermes_service"]
-    reaped = services.runner.reap_orphans()
+    svc = app.extensions["hermes_service"]
+    runner = svc.runner
+    reaped = runner.reap_orphans()
     if reaped:
-        logging.getLogger("hermes_service").warning(
-            "killed %d Hermes process group(s) left by a service that died", reaped)
-
-    def stop(signum, _frame):
-        killed = services.shutdown()   # first, so no caller waits for waitress's own shutdown
-        logging.getLogger("hermes_service").info("signal %d: killed %d Hermes process group(s)",
-                                                 signum, killed)
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, stop)
-    logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
-    # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress must
-    # pass it through instead of dropping it.
+        log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
+    preflight.raise_fd_limit(config)
+    socket_map: dict = {}
+    server = create_server(app, map=socket_map, host=host, port=port,
+                           **waitress_options(config))
+    record = ServiceRecord(config.data_dir, config_path, f"http://{host}:{port}")
+    lifecycle = Lifecycle(svc, config_path, record,
+                          lambda: [c for c in list(socket_map.values())
+                                   if isinstance(c, HTTPChannel)])
+    lifecycle.install()
+    record.write()
+    log.info("serving on http://%s:%s (pid %d)", host, port, record.data["pid"])
     try:
-        waitress_serve(app, host=host, port=port, threads=threads or svc_cfg["threads"],
-                       ident="hermes-service", channel_timeout=3600,
-                       clear_untrusted_proxy_headers=False)
-    finally:   # SIGTERM, Ctrl-C: no CLI run outlives the service
-        killed = services.shutdown()
-        logging.getLogger("hermes_service").info("stopped; killed %d Hermes process group(s)",
-                                                 killed)
+        server.run()
+    finally:   # however the loop ends, no Hermes process outlives the service
+        killed = svc.shutdown()
+        record.remove()
+        if killed:
+            log.info("stopped; killed %d Hermes process group(s)", killed)
 
 
 @cli.command("check-config")
 @click.pass_context
 def check_config(ctx):
-    """Validate the config; print ``file:key: problem`` lines and exit 2 if any."""
+    """Validate the config and what it names (command, template, data dir, sessions.json);
+    print ``file:key: problem`` lines and exit 2 if any. Warnings (``warning: file:key: …``:
+    expired keys, no usable provider) are printed too but do not fail."""
     config = _load(ctx.obj["config_path"])
-    from .runner import HermesRunner
-    from .errors import Unconfigured
-    problems = []
-    try:
-        HermesRunner(config["hermes"]).command_path()
-    except Unconfigured as exc:
-        problems.append(f"{config.source}:hermes.command: {exc.detail}")
-    if not (config.users_template / "config.yaml").is_file():
-        problems.append(f"{config.source}:paths.users_template: {config.users_template}/config.yaml "
-                        "does not exist")
-    try:
-        from .session_store import SessionStore
-        if (config.data_dir / "sessions.json").exists():
-            SessionStore(config.data_dir / "sessions.json")
-    except CorruptStore as exc:
-        problems.append(str(exc))
+    from . import preflight
+    problems = preflight.problems(config)
     for line in problems:
         click.echo(line, err=True)
+    for line in config.warnings:
+        click.echo(f"warning: {line}", err=True)
     if problems:
         sys.exit(2)
-    key_env = config["hermes"]["model"].get("api_key_env")
-    if key_env and not os.environ.get(key_env):
-        click.echo(f"warning: {config.source}:hermes.model.api_key_env: {key_env} is not set in "
-                   "this environment; the provider will refuse the CLI's calls", err=True)
-    click.echo(f"{config.source}: OK")
+    click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
+                                         if config.warnings else ""))
+
+
+@cli.command()
+@click.option("--timeout", type=float, default=15.0, show_default=True,
+              help="Seconds to wait for each service's answer.")
+@click.pass_context
+def reload(ctx, timeout):
+    """Make the running service(s) on this config's data dir re-read the config (SIGHUP).
+
+    Prints each service's outcome: applied (with notes: settings that need a restart,
+    warnings) or refused (the problems; the running config stays). Exit 0 applied, 2 refused
+    (or the file is invalid), 1 no running service / no answer. README §Reload.
+    """
+    config = _load(ctx.obj["config_path"], need_keys=False)
+    from .lifecycle import request_reload
+    results = request_reload(config.data_dir, timeout)
+    if not results:
+        click.echo(f"no running service found for data dir {config.data_dir}", err=True)
+        sys.exit(1)
+    code = 0
+    for pid, status in results:
+        if status is None:
+            click.echo(f"pid {pid}: no answer within {timeout:g} s", err=True)
+            code = max(code, 1)
+            continue
+        click.echo(f"pid {pid}: {'reloaded' if status['ok'] else 'refused; the running config stays'}",
+                   err=not status["ok"])
+        for line in status["lines"]:
+            click.echo(f"  {line}", err=not status["ok"])
+        if not status["ok"]:
+            code = 2
+    sys.exit(code)
 
 
 @cli.command()

@@ -2,9 +2,18 @@
 
 The file layout follows the spec's example config (hermes-service-api-v1.3.0
 §配置文件) plus the keys added by issue #2 (``hermes.*``, ``paths.*``,
-``key_sha256``) and #3 (``mnote.*``). Validation uses jsonschema; every
-problem is reported as ``file:dotted.key: problem`` so ``check-config`` can
-print it and a bad file never starts a half-working server.
+``key_sha256``), #3 (``mnote.*``) and #8 (``service.connection_limit``,
+``service.idle_timeout_seconds``, ``api_keys[].scopes``). Validation uses jsonschema plus
+the cross-field checks below; every problem is reported as ``file:dotted.key: problem`` so
+``check-config`` can print it and a bad file never starts a half-working server.
+
+Two kinds of findings (README §Configuring):
+
+* **problems** (:class:`ConfigError`): the file is wrong; the service refuses to start and a
+  reload keeps the running config;
+* **warnings** (:attr:`Config.warnings`): the file is valid but something needs the admin —
+  an expired key, or no usable model provider (:attr:`Config.provider_issues`: the service
+  starts and answers turns with 503 ``hermes_unconfigured`` without running the CLI).
 """
 from __future__ import annotations
 
@@ -14,7 +23,7 @@ import hashlib
 import ipaddress
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
     "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "threads": 32,
-                "max_body_bytes": 1048576},
+                "max_body_bytes": 1048576, "connection_limit": 500, "idle_timeout_seconds": 20},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
@@ -72,6 +81,18 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
+#: API key scopes (README §API keys): which route families a key may call.
+SCOPES = ("v1", "client", "execute", "metrics")
+#: Scopes of a key that lists none. v1.3.0 let every key call every route; /api/v1/execute can
+#: read any user's transcripts (``sessions export``), so it must be granted explicitly.
+DEFAULT_SCOPES = ("v1", "client")
+#: Hermes refuses a context window below this (agent/model_metadata.py MINIMUM_CONTEXT_LENGTH).
+HERMES_MIN_CONTEXT_LENGTH = 64000
+#: The example provider shipped in config.yaml before issue #8: not a provider.
+PLACEHOLDER_PROVIDERS = {("http://127.0.0.1:8000/v1", "gpt-4o-mini")}
+#: Connections beyond those that hold a thread (idle keep-alive, queued requests).
+SPARE_CONNECTIONS = 100
+
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
 _POS_INT = {"type": "integer", "minimum": 1}
 _POS_NUM = {"type": "number", "exclusiveMinimum": 0}
@@ -97,6 +118,7 @@ SCHEMA = _obj({
             "expires_at": {"type": ["string", "null"]},
             "actor_id": {"type": ["string", "null"]},
             "capability_scope": {"type": ["array", "null"], "items": {"type": "string"}},
+            "scopes": {"type": "array", "uniqueItems": True, "items": {"enum": list(SCOPES)}},
         }, oneOf=[{"required": ["key"]}, {"required": ["key_sha256"]}, {"required": ["key_env"]}])},
     }),
     "nginx": _obj({"trusted_proxies": _STR_LIST, "enable_real_ip": {"type": "boolean"}}),
@@ -106,6 +128,8 @@ SCHEMA = _obj({
         "log_level": {"enum": ["debug", "info", "warning", "error"]},
         "threads": _POS_INT,
         "max_body_bytes": _POS_INT,
+        "connection_limit": _POS_INT,
+        "idle_timeout_seconds": _POS_INT,
     }),
     "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
                   "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
@@ -172,6 +196,7 @@ class ApiKey:
     expires_at: datetime | None
     actor_id: str | None
     capability_scope: tuple[str, ...] | None
+    scopes: frozenset[str] = frozenset(DEFAULT_SCOPES)
 
 
 @dataclass
@@ -180,6 +205,9 @@ class Config:
 
     ``raw`` is the merged dict (defaults + file); the typed fields are the
     resolved values the service objects use. Paths are absolute.
+    ``provider_issues`` say why no model turn can work (empty when the provider is usable);
+    ``warnings`` are every finding that does not stop the service (provider issues included),
+    as ``file:key: problem`` lines.
     """
     raw: dict
     source: str
@@ -188,6 +216,8 @@ class Config:
     allowed_networks: tuple
     trusted_proxies: tuple
     api_keys: tuple[ApiKey, ...]
+    provider_issues: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
 
     def __getitem__(self, section: str) -> dict:
         return self.raw[section]
@@ -208,6 +238,10 @@ def _dotted(path) -> str:
 
 
 def _schema_problem(err: jsonschema.ValidationError) -> str:
+    if err.validator == "type" and isinstance(err.instance, (date, datetime)):
+        text = err.instance.isoformat()
+        return (f"{_dotted(err.absolute_path)}: YAML reads the unquoted {text} as a date, not "
+                f"text; quote it: \"{text}\"")
     if err.validator == "additionalProperties":
         known = list(err.schema.get("properties", {}))
         extra = sorted(set(err.instance) - set(known))
@@ -223,8 +257,18 @@ def _schema_problem(err: jsonschema.ValidationError) -> str:
 
 
 def parse_network(text: str):
-    """Parse one IP or CIDR (IPv4 or IPv6) with :mod:`ipaddress`; ValueError if bad."""
-    return ipaddress.ip_network(text.strip(), strict=False)
+    """Parse one IP or CIDR (IPv4 or IPv6) with :mod:`ipaddress`.
+
+    Raises ValueError if it is not one, or if a CIDR has host bits set (``10.0.0.1/8`` is
+    ambiguous: the network ``10.0.0.0/8`` or the one address ``10.0.0.1``?).
+    """
+    text = text.strip()
+    try:
+        return ipaddress.ip_network(text)
+    except ValueError:
+        net = ipaddress.ip_network(text, strict=False)   # raises for what is no address at all
+        raise ValueError(f"{text} has host bits set: write {net} for the network, or "
+                         f"{text.split('/')[0]} for the one address") from None
 
 
 def _parse_time(text: str) -> datetime:
@@ -263,27 +307,42 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
 
     allowed = nets("security.allowed_ips", raw["security"]["allowed_ips"])
     proxies = nets("nginx.trusted_proxies", raw["nginx"]["trusted_proxies"])
+    warnings: list[str] = []
     keys = []
+    now = datetime.now(timezone.utc)
     for i, entry in enumerate(raw["security"]["api_keys"]):
+        where = f"{source}:security.api_keys.{i}"
         plain = entry.get("key")
         if entry.get("key_env"):
             plain = os.environ.get(entry["key_env"])
             if not plain or len(plain) < 16:
                 if not need_keys:
                     continue
-                problems.append(f"{source}:security.api_keys.{i}.key_env: environment variable "
+                problems.append(f"{where}.key_env: environment variable "
                                 f"{entry['key_env']} is unset or shorter than 16 characters")
                 continue
+        if plain is not None and plain != plain.strip():
+            what = f"the value of {entry['key_env']}" if entry.get("key_env") else "key"
+            problems.append(f"{where}.{'key_env' if entry.get('key_env') else 'key'}: {what} has "
+                            "leading or trailing whitespace, which no HTTP header carries: this "
+                            "key could never match")
+            continue
         digest = entry.get("key_sha256") or hashlib.sha256(plain.encode()).hexdigest()
         expires = None
         if entry.get("expires_at"):
             try:
                 expires = _parse_time(entry["expires_at"])
             except ValueError:
-                problems.append(f"{source}:security.api_keys.{i}.expires_at: not an ISO 8601 time")
+                problems.append(f"{where}.expires_at: not an ISO 8601 time")
+            else:
+                if expires <= now:
+                    warnings.append(f"{where}.expires_at: {entry['expires_at']} is in the past: "
+                                    "this key is refused (401 api_key_expired); remove it")
         scope = entry.get("capability_scope")
+        scopes = entry.get("scopes")
         keys.append(ApiKey(digest, entry.get("description"), expires, entry.get("actor_id"),
-                           tuple(scope) if scope is not None else None))
+                           tuple(scope) if scope is not None else None,
+                           frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
     if raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
         problems.append(f"{source}:security.api_keys: enable_api_key is true but no key is "
                         "configured (run `python3 main.py keygen`)")
@@ -298,17 +357,31 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     h = raw["hermes"]
     needed = raw["mnote"]["max_event_streams"] + 2 * h["max_concurrent_runs"] + \
         h["max_waiting_requests"] + 4
-    if raw["service"]["threads"] < needed:
-        problems.append(f"{source}:service.threads: {raw['service']['threads']} is too few; event "
+    threads = raw["service"]["threads"]
+    if threads < needed:
+        problems.append(f"{source}:service.threads: {threads} is too few; event "
                         "streams, v1 turns (running and waiting) and tool calls each hold a thread "
                         f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
                         " + hermes.max_waiting_requests + 4)")
+    limit = raw["service"]["connection_limit"]
+    if limit < threads + SPARE_CONNECTIONS:
+        problems.append(f"{source}:service.connection_limit: {limit} is too few; every thread "
+                        f"(service.threads: {threads}, which includes the "
+                        f"{raw['mnote']['max_event_streams']} of mnote.max_event_streams) can hold "
+                        f"one, and idle or queued connections need room beyond them (need >= "
+                        f"{threads + SPARE_CONNECTIONS} = service.threads + {SPARE_CONNECTIONS})")
+    ctx_len = h["model"]["context_length"]
+    if ctx_len < HERMES_MIN_CONTEXT_LENGTH:
+        problems.append(f"{source}:hermes.model.context_length: {ctx_len} is below Hermes's minimum "
+                        f"of {HERMES_MIN_CONTEXT_LENGTH} tokens (Hermes refuses to run with less: "
+                        "every turn would fail)")
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
         if argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "
                             "use the sessions API")
     if problems:
         raise ConfigError(problems)
+    issues = provider_issues(raw["hermes"]["model"], source)
 
     def resolve(p: str) -> Path:
         path = Path(os.path.expanduser(p))
@@ -316,7 +389,51 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
 
     return Config(raw=raw, source=source, data_dir=resolve(raw["paths"]["data_dir"]),
                   users_template=resolve(raw["paths"]["users_template"]),
-                  allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys))
+                  allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys),
+                  provider_issues=tuple(issues), warnings=tuple(warnings + issues))
+
+
+def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
+    """Why no model turn can work with ``hermes.model`` in this environment (empty: usable).
+
+    * no ``base_url`` / ``default`` (the shipped config has none), or the example pair
+      shipped before (``http://127.0.0.1:8000/v1`` + ``gpt-4o-mini``);
+    * ``api_key_env`` names a variable that is unset or empty in the service's environment
+      (Hermes would send the literal text ``${NAME}`` as the key).
+    """
+    out = []
+    base_url, name = model.get("base_url"), model.get("default")
+    if not base_url or not name:
+        missing = " and ".join(k for k, v in (("hermes.model.base_url", base_url),
+                                              ("hermes.model.default", name)) if not v)
+        out.append(f"{source}:hermes.model.base_url: no model provider is configured: set "
+                   f"{missing} (your provider's OpenAI-compatible /v1 URL and its model name)")
+    elif (base_url.rstrip("/"), name) in PLACEHOLDER_PROVIDERS:
+        out.append(f"{source}:hermes.model.base_url: {base_url} with model {name} is the example "
+                   "shipped in config.yaml, not a provider: set hermes.model.base_url and "
+                   "hermes.model.default")
+    key_env = model.get("api_key_env")
+    if key_env and not os.environ.get(key_env):
+        out.append(f"{source}:hermes.model.api_key_env: {key_env} is not set in the service's "
+                   f"environment: export {key_env}=<your provider key> (or set "
+                   "hermes.model.api_key_env: null for a provider without keys)")
+    return out
+
+
+def restart_only(running: Config, new: Config) -> list[str]:
+    """Dotted keys whose new value a live reload cannot apply (README §Reload)."""
+    return [f"{section}.{key}" if key else section for section, key in RESTART_ONLY
+            if (running.raw[section].get(key) if key else running.raw[section])
+            != (new.raw[section].get(key) if key else new.raw[section])]
+
+
+#: Settings fixed for the life of the process: the listening socket and waitress
+#: (threads, connections, body size), the data dir, CORS (installed at start), the
+#: tool callback URL handed to runs and the runner. Everything else applies to new requests on reload.
+RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
+                ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
+                ("service", "max_body_bytes"), ("paths", "data_dir"), ("cors", None),
+                ("mnote", "service_url"), ("hermes", "runner"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:

@@ -71,19 +71,27 @@ class RunError(ServiceError):
 
 
 # Ids end up in file names (user homes, lock files) and in the page store: one
-# strict pattern for all of them; no '/', NUL, whitespace, and never '..'.
-ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}$"
+# strict rule for all of them; no '/', NUL, whitespace, and never '..'.
+# The pattern is also used in JSON schemas (jsonschema applies it with re.search; a model
+# provider may read it as an ECMA-262 regex): "(?!\n)$" anchors at the true end in both
+# dialects, where Python's bare "$" would also match before a final newline ("ws\n").
+ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}(?!\n)$"
 _ID = re.compile(ID_PATTERN)
+ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . @ : - starting with a letter or digit, without '..'"
+
+
+def is_id(value) -> bool:
+    """True if ``value`` is a safe id: the one rule every id on every path goes through
+    (HTTP routes, page store, tool schemas, operator commands). A full match of
+    :data:`ID_PATTERN`: 1–128 chars of ``A-Z a-z 0-9 _ . @ : -``, starting with a letter or
+    digit, no ``..``, nothing before or after (no trailing newline)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def check_id(value, field: str) -> str:
-    """Return ``value`` if it is a safe id, else raise :class:`BadRequest` (code ``invalid_id``).
-
-    Safe: 1–128 chars of ``A-Z a-z 0-9 _ . @ : -``, starting with a letter or
-    digit, with no ``..`` (:data:`ID_PATTERN`). Used for ``user_id``, session ids, run ids,
-    workspace/document ids and trace ids alike.
-    """
-    if not isinstance(value, str) or not _ID.fullmatch(value):
-        raise BadRequest(f"{field} must be 1-128 characters of A-Z a-z 0-9 _ . @ : - starting "
-                         "with a letter or digit, without '..'", code="invalid_id")
+    """Return ``value`` if it is a safe id (:func:`is_id`), else raise :class:`BadRequest`
+    (code ``invalid_id``). Used for ``user_id``, session ids, run ids, workspace/document
+    ids and trace ids alike."""
+    if not is_id(value):
+        raise BadRequest(f"{field} must be {ID_RULE}", code="invalid_id")
     return value

@@ -3,8 +3,9 @@
 1. :func:`assign_request_id` — ``g.request_id`` (a safe incoming ``X-Request-Id`` or a new one);
 2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
-3. :func:`authenticate` — IP allowlist and API key (``g.api_key``); the tool endpoint
-   authenticates itself with a run token and only admits loopback peers without proxy headers;
+3. :func:`authenticate` — IP allowlist, API key (``g.api_key``) and the key's scope for the
+   route (:func:`required_scope`); the tool endpoint authenticates itself with a run token and
+   only admits loopback peers without proxy headers;
 4. :func:`access_log` — one line per request: request id, client, method, path, status, ms.
 """
 from __future__ import annotations
@@ -27,6 +28,18 @@ _REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # Paths that authenticate themselves (a run-scoped token) instead of an API key.
 SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
 PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host")
+# Which API key scope a route family needs (README §API keys); first match wins.
+ROUTE_SCOPES = (("/api/v1/execute", "execute"), ("/api/v1/", "v1"),
+                ("/api/hermes/client/", "client"), ("/api/ai-agent/", "client"),
+                ("/metrics", "metrics"))
+
+
+def required_scope(path: str) -> str | None:
+    """The scope a key needs for ``path`` (None: any valid key, e.g. ``/health``)."""
+    for prefix, scope in ROUTE_SCOPES:
+        if path == prefix.rstrip("/") or path.startswith(prefix):
+            return scope
+    return None
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -49,8 +62,9 @@ def resolve_client() -> None:
 
 
 def authenticate() -> None:
-    """Raise Forbidden (``ip_not_allowed``) or Unauthorized (key codes) unless the request
-    may pass; sets ``g.api_key`` (None when keys are disabled or not needed)."""
+    """Raise Forbidden (``ip_not_allowed``, ``insufficient_scope``) or Unauthorized (key
+    codes) unless the request may pass; sets ``g.api_key`` (None when keys are disabled or not
+    needed)."""
     svc = services()
     g.api_key = None
     if request.path.startswith(SELF_AUTH_PREFIXES):
@@ -67,6 +81,10 @@ def authenticate() -> None:
     if request.path == "/health" and not svc.config["security"]["health_requires_api_key"]:
         return
     g.api_key = svc.guard.check_key(request.headers)
+    scope = required_scope(request.path)
+    if g.api_key is not None and scope and scope not in g.api_key.scopes:
+        raise Forbidden(f"this API key is not granted the '{scope}' scope (security.api_keys[]."
+                        "scopes)", code="insufficient_scope")
 
 
 def access_log(resp):

@@ -48,6 +48,7 @@ from typing import Protocol
 
 from . import hermes_state
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
+from .limits import Limiter
 
 log = logging.getLogger("hermes_service.runner")
 
@@ -249,6 +250,11 @@ def failure_reason(text: str, limit: int = 500) -> str:
              if ln.strip() and not _SESSION_LINE.match(ln.strip())]
     reason = " | ".join(lines)
     return reason if len(reason) <= limit else reason[:limit] + "…"
+
+
+def _stopping() -> RunError:
+    return RunError("the service is shutting down; retry", code="service_stopping", status=503,
+                    headers={"Retry-After": "5"})
 
 
 def empty_answer() -> RunError:
@@ -481,7 +487,8 @@ class HermesRunner:
         self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
         self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
         self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots = threading.BoundedSemaphore(hermes_cfg["max_concurrent_runs"])
+        self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
+        self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
 
@@ -501,6 +508,8 @@ class HermesRunner:
         started = time.monotonic()
         deadline = started + self.queue_wait
         while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if self.stopping:
+                raise _stopping()
             if cancel is not None and cancel.is_set():
                 raise RunError("the run was aborted", code="run_cancelled", status=409)
             if time.monotonic() >= deadline:
@@ -519,6 +528,8 @@ class HermesRunner:
               ) -> CliProcess:
         """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot.
         The group is recorded in :attr:`groups` until it is waited for."""
+        if self.stopping:
+            raise _stopping()
         try:
             proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
                               on_exit=self.groups.forget)
@@ -629,6 +640,18 @@ class HermesRunner:
             text = outcome.stdout.strip().splitlines()[0].strip()
             self._version = (now, text)
             return text
+
+
+    def reconfigure(self, hermes_cfg: dict) -> None:
+        """Apply a reloaded ``hermes`` section to new turns (README §Reload): command, time
+        limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
+        they started with."""
+        self.command = hermes_cfg["command"]
+        self.timeout = float(hermes_cfg["timeout_seconds"])
+        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
+        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
+        self.toolsets = list(hermes_cfg["toolsets"])
+        self._slots.resize(hermes_cfg["max_concurrent_runs"])
 
 
 def _ctx(log_ctx: dict | None) -> str:

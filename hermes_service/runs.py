@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from .errors import Conflict, NotFound, ServiceError, TooManyRuns
+from .limits import Limiter
 
 log = logging.getLogger("hermes_service.runs")
 
@@ -156,7 +157,7 @@ class RunManager:
 
     def __init__(self, retention_seconds: float, max_active: int, max_streams: int = 12):
         self.retention = retention_seconds
-        self.streams = threading.BoundedSemaphore(max_streams)   # open event streams (threads)
+        self.streams = Limiter(max_streams)   # open event streams (threads); resizable on reload
         self.max_active = max_active
         self._runs: dict[str, Run] = {}
         self._by_session: dict[str, str] = {}

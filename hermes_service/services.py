@@ -1,20 +1,22 @@
 """The service objects, built in one place (README §Architecture).
 
 Data flows one way: blueprint → these objects → runner/store. :func:`build_services`
-constructs every object from the config and wires them together; nothing is patched
-after construction. Process reaping (killing CLI groups a crashed service left) is the
-serve command's job (:mod:`hermes_service.cli`), not a side effect of building these.
+constructs every object from the config and wires them together; :meth:`Services.apply`
+hands a reloaded config to the same objects (README §Reload). Process reaping (killing CLI
+groups a crashed service left) is the serve command's job (:mod:`hermes_service.cli`), not
+a side effect of building these.
 """
 from __future__ import annotations
 
-import threading
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations
-from .errors import TooManyRuns
+from .errors import TooManyRuns, Unconfigured
+from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
 from .runner import HermesRunner
@@ -35,11 +37,46 @@ class Services:
     conversations: Conversations
     runs: RunManager                   # background runs + events (mnote client)
     tools: ToolGateway                 # run tokens + tool calls (mnote tools)
-    admitted: threading.BoundedSemaphore = field(repr=False, default=None)
+    admitted: Limiter = field(repr=False, default=None)
+
+    def require_provider(self) -> None:
+        """Raise :class:`Unconfigured` (503 ``hermes_unconfigured``) when no model turn can
+        work (:attr:`Config.provider_issues`: no provider, the shipped example, or an unset
+        key variable), so a turn is refused at once instead of running the CLI."""
+        issues = self.config.provider_issues
+        if issues:
+            reason = issues[0].split(": ", 1)[-1]
+            raise Unconfigured(reason, code="hermes_unconfigured")
+
+    def apply(self, config: Config) -> None:
+        """Hand a reloaded, validated config to the service objects (README §Reload).
+
+        Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
+        settings, template and extra env (user homes, refreshed on their next run), command,
+        toolsets and time limits (runner), CLI slots and v1 admission places, message size,
+        execute allowlist, event-stream slots and retention, mnote models and log level.
+        Runs in flight keep their process, limits and token. ``config`` must carry the
+        running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
+        """
+        h = config["hermes"]
+        self.homes.configure(config)
+        self.runner.reconfigure(h)
+        if self.conversations.acp is not None:
+            self.conversations.acp.reconfigure(h)
+        self.conversations.max_message_bytes = h["max_message_bytes"]
+        self.conversations.turn_wait = float(h["queue_wait_seconds"])
+        self.runs.retention = config["mnote"]["events_retention_seconds"]
+        self.runs.max_active = h["max_concurrent_runs"] * 4
+        self.runs.streams.resize(config["mnote"]["max_event_streams"])
+        self.admitted.resize(h["max_concurrent_runs"] + h["max_waiting_requests"])
+        logging.getLogger().setLevel(config["service"]["log_level"].upper())
+        self.guard = Guard(config)
+        self.config = config
 
     def shutdown(self) -> int:
-        """Kill every Hermes process group (CLI turns, ACP processes) and stop the ACP
-        runner's loop. Returns how many groups were killed."""
+        """Stop starting Hermes processes, kill every running group (CLI turns, ACP
+        processes) and stop the ACP runner's loop. Returns how many groups were killed."""
+        self.runner.stopping = True
         killed = self.runner.kill_all()
         if self.conversations.acp is not None:
             self.conversations.acp.close()
@@ -89,5 +126,4 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
                         max_streams=config["mnote"]["max_event_streams"]),
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
-        admitted=threading.BoundedSemaphore(hermes["max_concurrent_runs"]
-                                            + hermes["max_waiting_requests"]))
+        admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]))

@@ -51,11 +51,16 @@ class UserHomes:
     def __init__(self, config: Config):
         self.base = config.data_dir / "users"
         self.locks = config.data_dir / "locks"
+        self.configure(config)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.locks.mkdir(parents=True, exist_ok=True)
+
+    def configure(self, config: Config) -> None:
+        """Take the template and the ``hermes.model``/``extra_env`` settings of ``config``
+        (also on a live reload: every home is refreshed on its next run)."""
         self.template = config.users_template
         self.model = config["hermes"]["model"]
         self.extra_env = config["hermes"]["extra_env"]
-        self.base.mkdir(parents=True, exist_ok=True)
-        self.locks.mkdir(parents=True, exist_ok=True)
 
     def path(self, user_id: str) -> UserHome:
         """The home's paths (nothing created). Raises BadRequest for an unsafe id."""
@@ -87,6 +92,12 @@ class UserHomes:
         security = dict(cfg.get("security") or {})
         security.update(allow_lazy_installs=False, tirith_enabled=False)
         cfg["security"] = security
+        # Hermes's default approval mode "smart" lets an LLM approve dangerous commands with
+        # no human asked: unless the template chooses, a human is required (none: denied)
+        approvals = dict(cfg.get("approvals") or {})
+        approvals.setdefault("mode", "manual")
+        approvals.setdefault("cron_mode", "deny")
+        cfg["approvals"] = approvals
         return cfg
 
     def _fingerprint(self, rendered: dict) -> str:

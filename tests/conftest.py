@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 API_KEY = "test-key-0123456789abcdef"
 PROVIDER_KEY_ENV = "SCRIPTED_PROVIDER_KEY"
+# in-process apps (make_config/app_factory) see a configured provider key, like the services
+# started below; tests of an unset key remove it (monkeypatch.delenv, env={...: None})
+os.environ.setdefault(PROVIDER_KEY_ENV, "sk-scripted")
 
 
 def hermes_bin() -> str:
@@ -52,7 +55,8 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
     return {
         "security": {"enable_ip_check": True, "allowed_ips": ["127.0.0.1", "::1"],
                      "enable_api_key": True, "auth_method": "header",
-                     "api_keys": [{"key": API_KEY, "description": "tests"}]},
+                     "api_keys": [{"key": API_KEY, "description": "tests",
+                                   "scopes": ["v1", "client", "execute", "metrics"]}]},
         "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24},
         "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
                    "max_concurrent_runs": 2, "queue_wait_seconds": 60,
@@ -86,7 +90,8 @@ class ServiceProcess:
         self.config_path = tmp / f"config-{time.monotonic_ns()}.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.data_dir = Path(cfg["paths"]["data_dir"])
-        self.env = {**os.environ, PROVIDER_KEY_ENV: "sk-scripted", **(env_extra or {})}
+        env = {**os.environ, PROVIDER_KEY_ENV: "sk-scripted", **(env_extra or {})}
+        self.env = {k: v for k, v in env.items() if v is not None}   # None: unset it
         self.proc = None
         self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
 

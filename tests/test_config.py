@@ -141,3 +141,118 @@ def test_operator_commands_need_no_serving_key(tmp_path):
     res = run_main("--config", str(path), "mnote", "add-workspace", "ws_1", env=env)
     assert res.returncode == 0, res.stderr
     assert run_main("--config", str(path), "check-config", env=env).returncode == 2
+
+
+# ---------------------------------------------------------------- issue #8 items 1, 3, 6, 7, 13
+def test_key_with_surrounding_whitespace_can_never_match(monkeypatch):
+    out = problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [
+        {"key": " a-key-with-a-space-0123"}]}}))
+    assert any(p.startswith("c.yaml:security.api_keys.0.key:") and "whitespace" in p for p in out)
+    monkeypatch.setenv("K_ENV", "a-key-from-the-env!!\n")
+    out = problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [{"key_env": "K_ENV"}]}}))
+    assert any(p.startswith("c.yaml:security.api_keys.0.key_env:") and "whitespace" in p for p in out)
+
+
+def test_cidr_with_host_bits_is_a_problem_that_names_both_readings():
+    out = problems(deep_merge(base_config(ROOT), {"security": {"allowed_ips": ["10.0.0.1/8"]},
+                                                  "nginx": {"trusted_proxies": ["2001:db8::1/32"]}}))
+    assert any(p.startswith("c.yaml:security.allowed_ips.0:") and "10.0.0.0/8" in p
+               and "10.0.0.1" in p for p in out), out
+    assert any(p.startswith("c.yaml:nginx.trusted_proxies.0:") for p in out), out
+    cfg = build_config(deep_merge(base_config(ROOT), {"security": {"allowed_ips": ["10.0.0.0/8",
+                                                                                    "10.1.2.3"]}}))
+    assert [str(n) for n in cfg.allowed_networks] == ["10.0.0.0/8", "10.1.2.3/32"]
+
+
+def test_unquoted_yaml_date_is_explained(tmp_path):
+    cfg = base_config(tmp_path)
+    text = yaml.safe_dump(cfg).replace("description: tests", "description: tests\n    expires_at: 2027-01-01")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    [line] = exc.value.problems
+    assert line.startswith(f"{path}:security.api_keys.0.expires_at: YAML reads the unquoted 2027-01-01")
+    assert 'quote it: "2027-01-01"' in line and "datetime" not in line
+
+
+def test_expired_key_is_a_warning_not_a_silent_pass():
+    cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
+        {"key": "k" * 20, "expires_at": "2020-01-01T00:00:00Z"}, {"key": "j" * 20}]}}), source="c.yaml")
+    assert any(w.startswith("c.yaml:security.api_keys.0.expires_at: 2020-01-01T00:00:00Z is in the past")
+               for w in cfg.warnings), cfg.warnings
+
+
+def test_context_length_below_hermes_minimum_is_refused():
+    out = problems(deep_merge(base_config(ROOT), {"hermes": {"model": {"context_length": 16000}}}))
+    assert any(p.startswith("c.yaml:hermes.model.context_length: 16000 is below Hermes's minimum "
+                            "of 64000") for p in out), out
+    build_config(deep_merge(base_config(ROOT), {"hermes": {"model": {"context_length": 64000}}}))
+
+
+def test_connection_limit_must_fit_threads_and_streams():
+    out = problems(deep_merge(base_config(ROOT), {"service": {"threads": 24, "connection_limit": 100}}))
+    assert any(p.startswith("c.yaml:service.connection_limit: 100 is too few") and "124" in p
+               and "mnote.max_event_streams" in p for p in out), out
+    cfg = build_config(base_config(ROOT))
+    assert cfg["service"]["connection_limit"] >= 500 and cfg["service"]["idle_timeout_seconds"] <= 20
+
+
+def test_scopes_default_and_validation():
+    cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
+        {"key": "k" * 20}, {"key": "j" * 20, "scopes": ["client"]}]}}))
+    assert cfg.api_keys[0].scopes == {"v1", "client"} and cfg.api_keys[1].scopes == {"client"}
+    out = problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [
+        {"key": "k" * 20, "scopes": ["admin"]}]}}))
+    assert any(p.startswith("c.yaml:security.api_keys.0.scopes.0:") for p in out), out
+
+
+@pytest.mark.parametrize("model, where", [
+    ({"base_url": None}, "hermes.model.base_url"),
+    ({"base_url": "http://127.0.0.1:8000/v1", "default": "gpt-4o-mini"}, "hermes.model.base_url"),
+    ({"api_key_env": "SURELY_UNSET_PROVIDER_KEY"}, "hermes.model.api_key_env"),
+])
+def test_unusable_provider_is_a_warning_the_service_acts_on(model, where):
+    cfg = build_config(deep_merge(base_config(ROOT), {"hermes": {"model": model}}), source="c.yaml")
+    assert [i.split(": ")[0] for i in cfg.provider_issues] == [f"c.yaml:{where}"]
+    assert set(cfg.provider_issues) <= set(cfg.warnings)
+
+
+def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch):
+    monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
+    monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
+    cfg = load_config(ROOT / "config.yaml")
+    issues = " ".join(cfg.provider_issues)
+    assert "hermes.model.base_url" in issues and "export HERMES_PROVIDER_API_KEY=" in issues
+    [operator] = cfg.api_keys
+    assert operator.scopes == {"v1", "client", "execute", "metrics"}
+    text = (ROOT / "config.yaml").read_text()
+    example = text[text.index("# mnote-web's server"):text.index("nginx:")]
+    assert 'scopes: ["client"]' in example and "execute" not in example.split("scopes:")[1]
+
+
+def test_check_config_prints_warnings_and_passes(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["security"]["api_keys"].append({"key": "old-key-0123456789", "expires_at": "2020-01-01T00:00:00Z"})
+    cfg["hermes"]["model"]["api_key_env"] = "SURELY_UNSET_PROVIDER_KEY"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = run_main("--config", str(path), "check-config")
+    assert res.returncode == 0, res.stderr
+    assert f"warning: {path}:security.api_keys.1.expires_at:" in res.stderr
+    assert f"warning: {path}:hermes.model.api_key_env: SURELY_UNSET_PROVIDER_KEY is not set" in res.stderr
+
+
+def test_service_refuses_to_start_on_what_check_config_reports(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["paths"]["users_template"] = str(tmp_path / "no-such-template")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    check = run_main("--config", str(path), "check-config")
+    serve = run_main("--config", str(path), "--port", "0")
+    assert check.returncode == 2 and serve.returncode == 2
+    lines = [line for line in check.stderr.splitlines() if not line.startswith("warning:")]
+    assert lines and all(line.startswith(f"{path}:") for line in lines)
+    assert any(line.startswith(f"{path}:paths.users_template:") for line in lines)
+    assert all(line in serve.stderr.splitlines() for line in lines)
+    assert not (tmp_path / "data" / "service-pids").exists()

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, hermes_processes
+from conftest import API_KEY, hermes_bin, hermes_processes
 from sse_client import SSEStream, read_all
 
 pytestmark = pytest.mark.e2e
@@ -136,8 +136,13 @@ def test_provider_errors_reach_the_panel_as_contract_codes(service, directive, c
     assert names(frames) == ["run.started", "run.failed"] and frames[-1][1]["code"] == code
 
 
-def test_request_level_error_codes_from_real_causes(start_service):
-    svc = start_service({"hermes": {"command": "/nonexistent/bin/hermes"}})
+def test_request_level_error_codes_from_real_causes(start_service, tmp_path):
+    # a missing command stops the start (issue #8); one that disappears later is a 503
+    command = tmp_path / "bin" / "hermes"
+    command.parent.mkdir()
+    command.symlink_to(hermes_bin())
+    svc = start_service({"hermes": {"command": str(command)}})
+    command.unlink()
     res = svc.post(f"{P}/runs", json=run_body("mnote_doc_1_x", "hi"), headers=A)
     assert res.status_code == 503 and res.json()["code"] == "hermes_client_unconfigured"
     res = svc.post(f"{P}/runs", data="{not json", headers={**A, "Content-Type": "application/json"})

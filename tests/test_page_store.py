@@ -48,11 +48,11 @@ def test_rejects_memory_database():
 
 @pytest.mark.parametrize("bad", ["", " ws", "../etc", "ws/1", "ws 1", "_ws", "x" * 129, None, 5])
 def test_operator_ids_are_validated(store, bad):
-    with pytest.raises(StoreInputError, match="must match"):
+    with pytest.raises(StoreInputError, match="must be"):
         store.add_workspace(bad)
-    with pytest.raises(StoreInputError, match="must match"):
+    with pytest.raises(StoreInputError, match="must be"):
         store.add_member("ws_1", bad, "editor")
-    with pytest.raises(StoreInputError, match="must match"):
+    with pytest.raises(StoreInputError, match="must be"):
         store.export_page(bad)
 
 

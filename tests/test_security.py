@@ -148,7 +148,8 @@ def test_options_requests_are_ip_checked_too(app):
     ("post", "/api/v1/execute", {"command": ["version"], "user_context": {"user_id": "bob"}}),
 ])
 def test_key_bound_to_an_actor_cannot_act_for_another_user_on_v1(app_factory, method, path, body):
-    app = app_factory({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice"}]}})
+    app = app_factory({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice",
+                                                  "scopes": ["v1", "execute"]}]}})
     c = app.test_client()
     res = getattr(c, method)(path, json=body, headers={"X-API-Key": API_KEY})
     assert res.status_code == 403 and res.json["code"] == "actor_mismatch"

@@ -52,6 +52,7 @@ CODE_MAP = {
 }
 EXTRA_CODES = {   # cases the contract does not cover
     "ip_not_allowed": "hermes_client_forbidden",              # 403
+    "insufficient_scope": "hermes_client_forbidden",          # 403 key without the client scope
     "session_not_found": "hermes_client_not_found",           # 404 (also another actor's)
     "run_not_found": "hermes_client_not_found",               # 404
     "not_found": "hermes_client_not_found",                   # 404 unknown route
@@ -340,9 +341,7 @@ def start_run():
     tid = trace_id()
     svc = services()
     svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
-    if not svc.config["hermes"]["model"].get("base_url"):
-        raise ServiceError("no model provider is configured (hermes.model.base_url)",
-                           code="hermes_unconfigured", status=503)
+    svc.require_provider()           # (no provider, the shipped example, or no key variable)
     mcfg = svc.config["mnote"]
     model_id = body.get("model") or mcfg["default_model"]
     models = {m["id"]: m for m in mcfg["models"]}

@@ -31,7 +31,8 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from .schemas import ID_PATTERN, PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
+from ..errors import ID_RULE, is_id
+from .schemas import PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
 
 ROLES = ("owner", "editor", "viewer")
 WRITER_ROLES = ("owner", "editor")
@@ -57,8 +58,6 @@ MSG_NO_READ = "无页面读取权限"
 MSG_NO_WRITE = "无页面写权限"
 MSG_PROTECTED = "页面已开启编辑保护，AI 不可写入"
 MSG_NO_ARTIFACT_WRITE = "无 artifact 写权限"
-
-_ID_RE = re.compile(ID_PATTERN)
 
 
 # --------------------------------------------------------------------------- errors
@@ -219,8 +218,8 @@ def new_command_id(command_name: str) -> str:
 
 
 def _check_id(kind: str, value: Any) -> str:
-    if not isinstance(value, str) or not _ID_RE.match(value):
-        raise StoreInputError(f"invalid {kind} {value!r}: must match {ID_PATTERN}")
+    if not is_id(value):
+        raise StoreInputError(f"invalid {kind} {value!r}: must be {ID_RULE}")
     return value
 
 
@@ -232,6 +231,8 @@ def normalize_blocks(content: list[dict], existing_ids: set[str] = frozenset()) 
         block_id = block.pop("id", None)
         if block_id is None:
             block_id = f"blk_{secrets.token_hex(6)}"
+        elif not is_id(block_id):
+            raise BadToolInput(f"/args/content/{i}/id: must be {ID_RULE}")
         elif block_id in seen:
             raise BadToolInput(f"/args/content/{i}/id: duplicate block id {block_id!r}")
         seen.add(block_id)

@@ -11,7 +11,8 @@ Source of truth: ``mnote-hermes-plugin-tool-contract-v1.md``.
 * :data:`PAGE_IMPORT_SCHEMA` – the operator import/export page document.
 
 Tightenings beyond the contract (documented, never loosenings): ids are
-non-empty strings of at most 256 chars, blocks are objects with string
+non-empty strings of at most 256 chars (workspace, document and block ids follow the
+service's one id rule, :func:`hermes_service.errors.is_id`), blocks are objects with string
 ``type``/``text`` (optional ``id`` matching :data:`ID_PATTERN`), ``title``
 must contain a non-space character (max 500 chars), ``options`` needs at
 least one key, ``summary``/ai-note ``content`` must be non-empty.
@@ -24,13 +25,15 @@ PAGE_OPTION_KEYS = ("wideLayout", "smallText", "showToc", "protectEditing")
 
 _DRAFT = "https://json-schema.org/draft/2020-12/schema"
 _REF = {"type": "string", "minLength": 1, "maxLength": 256}
+#: page-store ids (workspace, document, block): the service's one id rule (errors.is_id)
+_ID = {"type": "string", "pattern": ID_PATTERN}
 _BOOL = {"type": "boolean"}
 
 BLOCK_SCHEMA = {
     "type": "object",
     "required": ["type", "text"],
     "properties": {
-        "id": {"type": "string", "pattern": ID_PATTERN},
+        "id": _ID,
         "type": {"type": "string", "minLength": 1, "maxLength": 64},
         "text": {"type": "string"},
     },
@@ -53,7 +56,7 @@ ENVELOPE_SCHEMA = {
     "additionalProperties": False,
     "properties": {
         "toolName": {"type": "string", "minLength": 1, "maxLength": 128},
-        "workspaceId": _REF, "documentId": _REF,
+        "workspaceId": _ID, "documentId": _ID,
         "actorId": {"type": "string", "maxLength": 256},  # empty/absent → permission_denied (未登录)
         "sessionId": _REF, "runId": _REF, "toolCallId": _REF, "traceId": _REF,
         "idempotencyKey": _REF,
@@ -154,8 +157,6 @@ OUTPUT_ENVELOPE_SCHEMA = {
     "else": {"properties": {"error": {"type": "object"}, "result": {"type": "null"},
                             "audit": {"properties": {"effect": {"const": "none"}, "commandId": {"type": "null"}}}}},
 }
-
-_ID = {"type": "string", "pattern": ID_PATTERN}
 
 #: Operator page document (``import_page`` input / ``export_page`` output).
 PAGE_IMPORT_SCHEMA = {

@@ -32,7 +32,9 @@ TIMEOUT_SECONDS = 60
 #: First line of the page-context block (hermes-service writes the block; see mnote/client.py).
 CONTEXT_HEAD = "[mnote page context for this message only"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))   # no proxy, ever
+# The tool URL is the service itself: never through HTTP_PROXY/HTTPS_PROXY (an admin sets
+# those for the provider), which would carry the run token to the proxy.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _run(task_id=None) -> dict:

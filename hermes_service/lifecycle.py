@@ -1,0 +1,276 @@
+"""Process lifetime of the serving process (README §Process lifetime, §Reload, §Limits).
+
+* :func:`waitress_options` — connection limit, idle timeout and body size enforced by waitress
+  itself, before Flask (and before any IP or key check) sees a request;
+* :class:`ServiceRecord` — ``data/service-pids/<pid>.json`` while a service serves: how
+  ``main.py reload`` finds it (pid + start time, so a reused pid is never signalled) and
+  where the service reports each reload's outcome;
+* :func:`reload_config` — SIGHUP: re-read the config file, refuse it with its problems or
+  hand it to the running service objects (:meth:`~hermes_service.services.Services.apply`);
+* :class:`Lifecycle` — SIGTERM and SIGINT stop the service the same way: no new CLI process,
+  every CLI process group killed at once, runs end with their terminal event, which open
+  event streams deliver before the process exits (bounded by :data:`DRAIN_SECONDS`); CLI pid
+  records and the service record are removed.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import preflight
+from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
+
+log = logging.getLogger("hermes_service")
+
+#: How long a stop waits, after killing the CLI groups, for runs to end and open responses
+#: (event streams, v1 answers) to be written out.
+DRAIN_SECONDS = 1.5
+RECORD_DIR = "service-pids"
+
+
+def waitress_options(config: Config, threads: int | None = None) -> dict:
+    """waitress settings from ``service.*`` (README §Limits):
+
+    * ``connection_limit`` — open connections (waitress stops accepting beyond it);
+    * ``channel_timeout`` = ``idle_timeout_seconds`` and ``cleanup_interval`` = a quarter of
+      it: a connection with no request in progress (idle keep-alive, or headers/body never
+      completed) is closed 1–1.25 × ``idle_timeout_seconds`` after its last byte; requests
+      being answered (long turns, event streams) are never cut;
+    * ``max_request_body_size`` = ``max_body_bytes`` + 1: a larger declared Content-Length
+      is refused (413) right after the headers, a chunked body is cut at the limit.
+    """
+    svc = config["service"]
+    idle = svc["idle_timeout_seconds"]
+    return {
+        "threads": threads or svc["threads"],
+        "connection_limit": svc["connection_limit"],
+        "channel_timeout": idle,
+        "cleanup_interval": max(1, idle // 4),
+        "max_request_body_size": svc["max_body_bytes"] + 1,   # waitress refuses >= this
+        "asyncore_use_poll": True,     # select() breaks on descriptors above 1024
+        "ident": "hermes-service",
+        # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress
+        # must pass it through instead of dropping it
+        "clear_untrusted_proxy_headers": False,
+    }
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time (clock ticks since boot) of a live process; None if it is gone."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
+
+
+class ServiceRecord:
+    """``<data_dir>/service-pids/<pid>.json`` of this serving process:
+    ``{"pid", "start", "config", "url", "reload": {"seq", "ok", "lines", "at"}}``."""
+
+    def __init__(self, data_dir: Path, config_path: str, url: str):
+        self.path = Path(data_dir) / RECORD_DIR / f"{os.getpid()}.json"
+        self.data = {"pid": os.getpid(), "start": _proc_start(os.getpid()),
+                     "config": str(Path(config_path).resolve()), "url": url,
+                     "reload": {"seq": 0, "ok": None, "lines": [], "at": None}}
+        self._lock = threading.Lock()
+
+    def write(self) -> None:
+        with self._lock:
+            _write_json(self.path, self.data)
+
+    def reloaded(self, ok: bool, lines: list[str]) -> None:
+        with self._lock:
+            r = self.data["reload"]
+            self.data["reload"] = {"seq": r["seq"] + 1, "ok": ok, "lines": lines,
+                                   "at": datetime.now(timezone.utc).isoformat()}
+            _write_json(self.path, self.data)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def live_services(data_dir: Path) -> list[dict]:
+    """Records of serving processes on ``data_dir`` that still run (same pid, same start);
+    records of dead processes are removed."""
+    out = []
+    for path in sorted((Path(data_dir) / RECORD_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            alive = data.get("start") is not None and _proc_start(data["pid"]) == data["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            alive = False
+        if alive:
+            out.append(data)
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
+def request_reload(data_dir: Path, timeout: float = 15.0) -> list[tuple[int, dict | None]]:
+    """SIGHUP every live service on ``data_dir``; wait for each to report the outcome.
+
+    Returns ``[(pid, reload_status or None if it did not answer within timeout)]`` (empty
+    when none runs)."""
+    targets = live_services(data_dir)
+    for rec in targets:
+        os.kill(rec["pid"], signal.SIGHUP)
+    results, deadline = [], time.monotonic() + timeout
+    for rec in targets:
+        path = Path(data_dir) / RECORD_DIR / f"{rec['pid']}.json"
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                now = json.loads(path.read_text())["reload"]
+            except (OSError, ValueError, KeyError):
+                now = None
+            if now and now["seq"] > rec["reload"]["seq"]:
+                status = now
+                break
+            time.sleep(0.05)
+        results.append((rec["pid"], status))
+    return results
+
+
+def reload_config(svc, path: str) -> tuple[bool, list[str]]:
+    """Re-read ``path`` and apply it to the running service objects (README §Reload).
+
+    Returns ``(True, notes)`` when applied — notes name changed settings that need a
+    restart (their running values stay) and the new config's warnings — or
+    ``(False, problems)`` when refused: the file has a problem ``check-config`` would
+    report, or the world it names does (command, template, data dir); the running config
+    stays. Never raises for a bad file.
+    """
+    try:
+        new = load_config(path)
+    except ConfigError as exc:
+        return False, exc.problems
+    running: Config = svc.config
+    changed = restart_only(running, new)
+    if changed:
+        raw = copy.deepcopy(new.raw)
+        for section, key in RESTART_ONLY:
+            if key is None:
+                raw[section] = copy.deepcopy(running.raw[section])
+            else:
+                raw[section][key] = copy.deepcopy(running.raw[section][key])
+        try:   # the new limits must fit the running threads and connections
+            new = build_config(raw, source=new.source, base_dir=Path(new.source).resolve().parent)
+        except ConfigError as exc:
+            return False, exc.problems
+    problems = preflight.problems(new, store=False)
+    if problems:
+        return False, problems
+    svc.apply(new)
+    notes = [f"{new.source}:{key}: changed, but needs a restart; the running value stays"
+             for key in changed]
+    return True, notes + [f"warning: {w}" for w in new.warnings]
+
+
+class Lifecycle:
+    """Signals of one serving process: SIGHUP reloads, SIGTERM/SIGINT stop (see module doc).
+
+    ``channels()`` lists the server's open HTTP channels (for the drain)."""
+
+    def __init__(self, svc, config_path: str, record: ServiceRecord, channels):
+        self.svc = svc
+        self.config_path = config_path
+        self.record = record
+        self.channels = channels
+        self._reload_lock = threading.Lock()
+        self._stopping = False
+        self._stopped = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+
+    # -- reload ----------------------------------------------------------
+    def _on_hup(self, _signum, _frame) -> None:
+        threading.Thread(target=self.reload, name="reload", daemon=True).start()
+
+    def reload(self) -> bool:
+        """Reload now (one at a time); logs and records the outcome. Returns whether applied."""
+        with self._reload_lock:
+            ok, lines = reload_config(self.svc, self.config_path)
+            if ok:
+                log.info("reloaded %s", self.config_path)
+                for line in lines:
+                    log.warning("reload: %s", line)
+            else:
+                log.error("reload refused; the running config stays. Problems:")
+                for line in lines:
+                    log.error("reload refused: %s", line)
+            self.record.reloaded(ok, lines)
+            return ok
+
+    # -- stop ------------------------------------------------------------
+    def _on_stop(self, signum, _frame) -> None:
+        if self._stopped.is_set() or self._stopping:
+            # the drain is over (or a second Ctrl-C): leave the serving loop now
+            raise SystemExit(0)
+        self._stopping = True
+        threading.Thread(target=self._stop, args=(signum,), name="shutdown", daemon=True).start()
+
+    def _busy(self) -> bool:
+        """Does any connection still have a request in progress or output not yet sent?"""
+        return any(ch.requests or ch.total_outbufs_len for ch in self.channels())
+
+    def _stop(self, signum: int) -> None:
+        started = time.monotonic()
+        runner = self.svc.runner
+        killed = self.svc.shutdown()      # no new Hermes process; queued runs end now
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while self._busy() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        left = drop_own_pid_records(runner.groups.pid_dir)
+        self.record.remove()
+        log.info("signal %d: killed %d Hermes process group(s); stopped in %.0f ms%s",
+                 signum, killed, (time.monotonic() - started) * 1000,
+                 " (some responses were still open)" if self._busy() else "")
+        if left:
+            log.warning("Hermes process groups still alive at exit: %s", left)
+        self._stopped.set()
+        os.kill(os.getpid(), signum)      # back to the main thread: leave the serving loop
+
+
+def drop_own_pid_records(pid_dir: Path | None) -> list[int]:
+    """Remove this process's CLI pid records whose process group is gone; returns the
+    groups still alive (their records stay for the next start's reaping)."""
+    alive = []
+    if pid_dir is None:
+        return alive
+    for path in Path(pid_dir).glob("*.json"):
+        try:
+            info = json.loads(path.read_text())
+            pgid = int(path.stem)
+        except (OSError, ValueError):
+            continue
+        if info.get("service_pid") != os.getpid():
+            continue
+        try:
+            os.killpg(pgid, 0)
+            alive.append(pgid)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except PermissionError:
+            alive.append(pgid)
+    return alive

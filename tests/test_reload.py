@@ -1,0 +1,122 @@
+"""Live reload (issue #8 item 8): SIGHUP and ``main.py reload`` re-read config.yaml; an invalid
+file is refused with its problems and the running config stays; runs in flight go on."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import yaml
+
+from conftest import API_KEY, ROOT, base_config
+
+NEW_KEY = "the-new-key-0123456789"
+
+
+def wait_reloaded(svc, seq: int, timeout: float = 15.0) -> dict:
+    path = svc.data_dir / "service-pids" / f"{svc.proc.pid}.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads(path.read_text())["reload"]
+            if status["seq"] >= seq:
+                return status
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no reload #{seq} reported:\n{svc.log()}")
+
+
+def write(svc, cfg: dict | str) -> None:
+    svc.config_path.write_text(cfg if isinstance(cfg, str) else yaml.safe_dump(cfg))
+
+
+def reload_cmd(svc):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(svc.config_path),
+                           "reload"], capture_output=True, text=True, timeout=60, env=svc.env)
+
+
+def test_sighup_swaps_a_key_and_survives_a_broken_file(start_service):
+    svc = start_service()
+    assert svc.get("/api/v1/sessions?user_id=a").status_code == 200
+    cfg = json.loads(json.dumps(svc.cfg))
+    cfg["security"]["api_keys"] = [{"key": NEW_KEY, "scopes": ["v1"]}]
+    cfg["hermes"]["max_message_bytes"] = 1000
+    write(svc, cfg)
+    os.kill(svc.proc.pid, signal.SIGHUP)
+    assert wait_reloaded(svc, 1)["ok"] is True
+    assert svc.get("/api/v1/sessions?user_id=a").status_code == 401           # old key gone
+    assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200
+    sid = svc.post("/api/v1/sessions", json={"user_id": "a"}, key=NEW_KEY).json()["session_id"]
+    res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "x" * 1001}, key=NEW_KEY)
+    assert res.status_code == 413 and res.json()["code"] == "message_too_large"   # new limit
+
+    broken = yaml.safe_dump(cfg).replace("enable_ip_check: true", "enable_ip_chek: true") \
+        .replace("- 127.0.0.1", "- 127.0.0.1/8.1")
+    write(svc, broken)
+    os.kill(svc.proc.pid, signal.SIGHUP)
+    status = wait_reloaded(svc, 2)
+    assert status["ok"] is False
+    assert f"{svc.config_path}:security: unknown key 'enable_ip_chek' (did you mean " \
+           "'enable_ip_check'?)" in status["lines"]
+    assert f"reload refused: {svc.config_path}:security: unknown key 'enable_ip_chek'" in svc.log()
+    assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200   # still running
+    assert svc.get("/api/v1/sessions?user_id=a").status_code == 401
+
+    res = reload_cmd(svc)                          # the operator command refuses it as well
+    assert res.returncode == 2 and "unknown key 'enable_ip_chek'" in res.stderr
+
+
+def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
+    svc = start_service()
+    cfg = json.loads(json.dumps(svc.cfg))
+    cfg["security"]["api_keys"].append({"key": NEW_KEY})
+    cfg["service"]["threads"] = 40                 # restart only: noted, running value stays
+    cfg["hermes"]["model"]["context_length"] = 16000
+    write(svc, cfg)
+    res = reload_cmd(svc)
+    assert res.returncode == 2, res.stderr        # Hermes's minimum: refused, nothing applied
+    assert "hermes.model.context_length: 16000" in res.stderr
+    assert svc.get("/health", key=NEW_KEY).status_code == 200
+    assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 401
+    cfg["hermes"]["model"]["context_length"] = 128000
+    write(svc, cfg)
+    res = reload_cmd(svc)
+    assert res.returncode == 0, res.stderr
+    assert f"pid {svc.proc.pid}: reloaded" in res.stdout
+    assert f"{svc.config_path}:service.threads: changed, but needs a restart" in res.stdout
+    assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200
+
+
+def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
+    from hermes_service.lifecycle import reload_config
+    app = stubbed_app()
+    svc = app.extensions["hermes_service"]
+    client = app.test_client()
+    headers = {"X-API-Key": API_KEY}
+    sid = client.post("/api/v1/sessions", json={"user_id": "alice"}, headers=headers).json["session_id"]
+    stub.gate = threading.Event()
+    out = {}
+    t = threading.Thread(target=lambda: out.update(res=client.post(
+        f"/api/v1/sessions/{sid}/messages", json={"message": "in flight"}, headers=headers)))
+    t.start()
+    while not stub.calls:
+        time.sleep(0.01)
+    cfg = base_config(tmp_path)
+    cfg["hermes"].update(max_concurrent_runs=1, timeout_seconds=5, toolsets=["web"])
+    cfg["security"]["api_keys"] = [{"key": NEW_KEY, "scopes": ["v1"]}]
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ok, lines = reload_config(svc, str(path))
+    assert ok, lines
+    assert svc.runner.timeout == 5 and svc.runner.toolsets == ["web"]
+    stub.gate.set()
+    t.join(10)
+    assert out["res"].status_code == 200 and out["res"].json["response"] == "echo #1: in flight"
+    assert svc.config["hermes"]["toolsets"] == ["web"]
+    res = client.post(f"/api/v1/sessions/{sid}/messages", json={"message": "next"},
+                      headers={"X-API-Key": NEW_KEY})
+    assert res.status_code == 200
+    assert "-t" in stub.calls[-1]["args"] and "web" in stub.calls[-1]["args"]

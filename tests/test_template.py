@@ -1,0 +1,46 @@
+"""The users template keeps a CLI turn quiet and safe (issue #8 items 5 and 12), unit level;
+the end-to-end proofs are test_e2e_egress.py and test_e2e_approvals.py."""
+import json
+import re
+import shutil
+from pathlib import Path
+
+import yaml
+
+from conftest import ROOT, hermes_bin
+from hermes_service.user_homes import UserHomes
+
+
+def test_update_check_cache_matches_the_pinned_and_installed_hermes():
+    stamp = json.loads((ROOT / "users_template" / ".update_check").read_text())
+    pinned = re.search(r"^hermes-agent(?:\[[a-z,]+\])?==(\S+)$", (ROOT / "requirements-hermes.txt").read_text(),
+                       re.M).group(1)
+    site = Path(hermes_bin()).resolve().parent.parent / "lib"
+    installed = [p.name[len("hermes_agent-"):-len(".dist-info")]
+                 for p in site.glob("python3*/site-packages/hermes_agent-*.dist-info")]
+    assert stamp["ver"] == pinned and installed == [pinned], (stamp, pinned, installed)
+    assert stamp["rev"] is None and stamp["behind"] == 0
+    assert stamp["ts"] > 4e9                       # "checked" far in the future: never again
+
+
+def homes_for(make_config, tmp_path, template_cfg: dict | None):
+    template = tmp_path / "template"
+    shutil.copytree(ROOT / "users_template", template)
+    if template_cfg is not None:
+        (template / "config.yaml").write_text(yaml.safe_dump(template_cfg))
+    return UserHomes(make_config({"paths": {"users_template": str(template)}}))
+
+
+def test_approvals_need_a_human_unless_the_template_chooses(make_config, tmp_path):
+    shipped = homes_for(make_config, tmp_path / "a", None).render_config()["approvals"]
+    assert shipped["mode"] == "manual" and shipped["cron_mode"] == "deny"
+    bare = homes_for(make_config, tmp_path / "b", {"display": {"tool_progress": "off"}})
+    assert bare.render_config()["approvals"] == {"mode": "manual", "cron_mode": "deny"}
+    chosen = homes_for(make_config, tmp_path / "c", {"approvals": {"mode": "smart"}})
+    assert chosen.render_config()["approvals"]["mode"] == "smart"     # the admin's explicit choice
+
+
+def test_every_home_gets_the_update_check_stamp(make_config, tmp_path):
+    homes = homes_for(make_config, tmp_path, None)
+    home = homes.ensure("alice")
+    assert json.loads((home.hermes_home / ".update_check").read_text())["ts"] > 4e9
