@@ -6,6 +6,7 @@ HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
 from __future__ import annotations
 
 import re
+import uuid
 
 from flask import Blueprint, g, jsonify, request
 
@@ -64,12 +65,19 @@ def status():
     return jsonify(status="running", version=svc.runner.version(env, str(home.root)))
 
 
+def new_session_id(node_id: str | None) -> str:
+    """A new v1 session id: a UUID4, prefixed ``<service.node_id>.`` when the node has an id
+    (a proxy in front of several nodes routes the session to its node; docs/scaling.md)."""
+    return f"{node_id}.{uuid.uuid4()}" if node_id else str(uuid.uuid4())
+
+
 @bp.post("/api/v1/sessions")
 def create_session():
     """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
     body = json_body(CREATE_SESSION)
     svc = services()
-    rec = svc.conversations.create(_user(body["user_id"]), kind="v1")
+    rec = svc.conversations.create(_user(body["user_id"]),
+                                   new_session_id(svc.config["service"]["node_id"]), kind="v1")
     home = svc.homes.path(rec["user_id"])
     return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
                    hermes_path=str(home.hermes_home), status="created")

@@ -1,6 +1,6 @@
 """Operator commands (click): serve (default), ``check-config``, ``keygen``.
 
-``python3 main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
+``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
 with waitress. A bad config or a corrupt ``sessions.json`` exits non-zero
 before anything listens.
 """
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import secrets
 import signal
 import sys
 
 import click
 
-from .config import ENV_CONFIG, ConfigError, load_config
+from .config import ENV_CONFIG, ConfigError, load_config, provider_problem
 from .session_store import CorruptStore
 
 
@@ -46,8 +45,8 @@ def cli(ctx, config_path, host, port, threads):
 def serve(config_path, host=None, port=None, threads=None):
     config = _load(config_path)
     svc_cfg = config["service"]
-    logging.basicConfig(level=svc_cfg["log_level"].upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from .logs import configure
+    configure(svc_cfg["log_level"], svc_cfg["log_format"])
     from .app import create_app
     from .services import default_service_url
     host = host or svc_cfg["host"]
@@ -70,6 +69,11 @@ def serve(config_path, host=None, port=None, threads=None):
                                                  signum, killed)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, stop)
+    problem = provider_problem(config)
+    if problem:    # serve anyway: health, sessions and the operator routes work without it
+        logging.getLogger("hermes_service").warning(
+            "%s in %s — until then every message gets 503 hermes_unconfigured (README, "
+            "first screen)", problem, config.source)
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
     # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress must
     # pass it through instead of dropping it.
@@ -108,10 +112,10 @@ def check_config(ctx):
         click.echo(line, err=True)
     if problems:
         sys.exit(2)
-    key_env = config["hermes"]["model"].get("api_key_env")
-    if key_env and not os.environ.get(key_env):
-        click.echo(f"warning: {config.source}:hermes.model.api_key_env: {key_env} is not set in "
-                   "this environment; the provider will refuse the CLI's calls", err=True)
+    problem = provider_problem(config)
+    if problem:
+        click.echo(f"warning: {config.source}:hermes.model: {problem}; until then every message "
+                   "gets 503 hermes_unconfigured", err=True)
     click.echo(f"{config.source}: OK")
 
 

@@ -34,8 +34,8 @@ DEFAULTS: dict[str, Any] = {
         "health_requires_api_key": False,
     },
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
-    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "threads": 32,
-                "max_body_bytes": 1048576},
+    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "log_format": "text",
+                "threads": 32, "max_body_bytes": 1048576, "node_id": None},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
@@ -69,6 +69,10 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
+# service.node_id: the tag new v1 session ids carry (``<node_id>.<uuid>``) so a proxy in
+# front of several nodes routes a session to the node that owns it (docs/scaling.md).
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
+
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
 _POS_INT = {"type": "integer", "minimum": 1}
 _POS_NUM = {"type": "number", "exclusiveMinimum": 0}
@@ -101,8 +105,10 @@ SCHEMA = _obj({
         "host": {"type": "string"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535},
         "log_level": {"enum": ["debug", "info", "warning", "error"]},
+        "log_format": {"enum": ["text", "json"]},
         "threads": _POS_INT,
         "max_body_bytes": _POS_INT,
+        "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
     }),
     "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
                   "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
@@ -275,7 +281,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
                            tuple(scope) if scope is not None else None))
     if raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
         problems.append(f"{source}:security.api_keys: enable_api_key is true but no key is "
-                        "configured (run `python3 main.py keygen`)")
+                        "configured (run `.venv/bin/python main.py keygen`)")
     cors = raw["cors"]
     if cors["allow_credentials"] and "*" in cors["allow_origins"]:
         problems.append(f"{source}:cors.allow_origins: '*' cannot be combined with "
@@ -306,6 +312,25 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     return Config(raw=raw, source=source, data_dir=resolve(raw["paths"]["data_dir"]),
                   users_template=resolve(raw["paths"]["users_template"]),
                   allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys))
+
+
+def provider_problem(config: Config, environ=None) -> str | None:
+    """Why the model provider cannot answer yet, or None if it looks set up.
+
+    Checks ``hermes.model``: ``base_url`` and ``default`` set, and the variable named by
+    ``api_key_env`` present and non-empty in ``environ`` (default ``os.environ``; a
+    provider without a key sets ``api_key_env: null``). Returns one sentence naming the
+    keys to set (README, first screen).
+    """
+    model = config["hermes"]["model"]
+    environ = os.environ if environ is None else environ
+    missing = [f"hermes.model.{k}" for k in ("base_url", "default") if not (model.get(k) or "").strip()]
+    key_env = model.get("api_key_env")
+    if key_env and not environ.get(key_env, "").strip():
+        missing.append(f"the environment variable {key_env} (the provider key)")
+    if not missing:
+        return None
+    return "no model provider is configured: set " + ", ".join(missing)
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
 
+from . import metrics
 from .config import Config
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
 from .hermes_state import find_started_session
@@ -134,13 +135,15 @@ class Conversations:
             env = self.homes.cli_env(home, self.runner.command_path(), extra_env)
             started = time.time() - 1.0
             text = prompt if prompt is not None else message
+            clock = metrics.TurnClock("cli", kind)
             try:
                 result = self.runner.run_chat(
                     text, rec.get("hermes_session_id"), env,
-                    str(home.root), on_spawn=on_spawn, cancel=cancel,
-                    log_ctx={"user": rec["user_id"], "session": session_id}, model=model,
-                    toolsets=toolsets)
+                    str(home.root), on_spawn=clock.on_spawn(on_spawn), cancel=cancel,
+                    log_ctx={"user": rec["user_id"], "session": session_id, "family": kind},
+                    model=model, toolsets=toolsets)
             except ServiceError as err:
+                clock.finished(err.code)
                 # an aborted or failed turn may still have been saved by Hermes: keep its id so
                 # the next turn continues that conversation
                 saved = getattr(err, "hermes_session_id", None)
@@ -150,6 +153,7 @@ class Conversations:
                 if saved and saved != rec.get("hermes_session_id"):
                     self.store.update(session_id, hermes_session_id=saved)
                 raise
+            clock.finished("ok")
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso(),

@@ -290,6 +290,11 @@ class HermesRunner:
                 "home": env.get("HERMES_HOME")}))
         return proc
 
+    def running(self) -> int:
+        """CLI processes running now (turns, execute, version) — the metrics gauge."""
+        with self._live_lock:
+            return len(self._live)
+
     def _forget(self, proc: CliProcess) -> None:
         with self._live_lock:
             self._live.discard(proc)
@@ -396,9 +401,12 @@ class HermesRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.timeout, self.stall_timeout, cancel)
-        log.info("hermes chat %s rc=%s killed=%s duration_ms=%d resume=%s",
+        log.info("hermes chat %s rc=%s killed=%s resume=%s",
                  " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items()), outcome.returncode,
-                 outcome.killed, outcome.duration * 1000, "--resume" in args)
+                 outcome.killed, "--resume" in args,
+                 extra={"status": "ok" if outcome.returncode == 0 and not outcome.killed
+                        else classify_failure(outcome).code,
+                        "duration_ms": round(outcome.duration * 1000, 1), "runner": "cli"})
         if outcome.returncode != 0:
             log.debug("hermes chat failed; stderr tail: %s", outcome.stderr[-2000:])
         return outcome

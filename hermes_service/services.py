@@ -11,6 +11,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import metrics
 from .config import Config
 from .conversations import Conversations
 from .errors import TooManyRuns
@@ -71,7 +72,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     store = SessionStore(config.data_dir / "sessions.json")
     homes = UserHomes(config)
     runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids")
-    return Services(
+    services = Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
         conversations=Conversations(config, store, homes, runner),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
@@ -81,3 +82,8 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
                           service_url or default_service_url(config)),
         admitted=threading.BoundedSemaphore(hermes["max_concurrent_runs"]
                                             + hermes["max_waiting_requests"]))
+    # gauges read at scrape time (README §Operations → Metrics)
+    metrics.watch("runner_processes", runner.running, runner="cli")
+    metrics.watch("registry_sessions", store.count)
+    metrics.watch("runs_active", services.runs.active)
+    return services
