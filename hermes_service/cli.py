@@ -72,8 +72,8 @@ def serve(config_path, host=None, port=None, threads=None):
     problem = provider_problem(config)
     if problem:    # serve anyway: health, sessions and the operator routes work without it
         logging.getLogger("hermes_service").warning(
-            "%s in %s — until then every message gets 503 hermes_unconfigured (README, "
-            "first screen)", problem, config.source)
+            "%s — until then every message gets 503 hermes_unconfigured (README, first screen)",
+            problem)
     logging.getLogger("hermes_service").info("serving on http://%s:%s", host, port)
     # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress must
     # pass it through instead of dropping it.

@@ -324,13 +324,14 @@ def provider_problem(config: Config, environ=None) -> str | None:
     """
     model = config["hermes"]["model"]
     environ = os.environ if environ is None else environ
-    missing = [f"hermes.model.{k}" for k in ("base_url", "default") if not (model.get(k) or "").strip()]
+    keys = [f"hermes.model.{k}" for k in ("base_url", "default") if not (model.get(k) or "").strip()]
+    parts = [f"{' and '.join(keys)} in {config.source}"] if keys else []
     key_env = model.get("api_key_env")
     if key_env and not environ.get(key_env, "").strip():
-        missing.append(f"the environment variable {key_env} (the provider key)")
-    if not missing:
+        parts.append(f"the environment variable {key_env} (the provider's key)")
+    if not parts:
         return None
-    return "no model provider is configured: set " + ", ".join(missing)
+    return "no model provider is configured: set " + ", and ".join(parts)
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:

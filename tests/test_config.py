@@ -141,3 +141,46 @@ def test_operator_commands_need_no_serving_key(tmp_path):
     res = run_main("--config", str(path), "mnote", "add-workspace", "ws_1", env=env)
     assert res.returncode == 0, res.stderr
     assert run_main("--config", str(path), "check-config", env=env).returncode == 2
+
+
+def test_provider_problem_names_exactly_what_is_missing(tmp_path):
+    from hermes_service.config import provider_problem
+    env = {"HERMES_PROVIDER_API_KEY": "sk-x"}
+    model = {"base_url": "https://api.example.com/v1", "default": "m",
+             "api_key_env": "HERMES_PROVIDER_API_KEY"}
+
+    def problem(environ=env, **changes):
+        cfg = build_config(deep_merge(base_config(tmp_path), {"hermes": {"model": {**model, **changes}}}),
+                           source="c.yaml")
+        return provider_problem(cfg, environ)
+    assert problem() is None
+    assert problem(api_key_env=None, environ={}) is None        # a provider without keys
+    assert problem(base_url=None) == ("no model provider is configured: set hermes.model.base_url "
+                                      "in c.yaml")
+    both = problem(base_url=None, default=" ", environ={"HERMES_PROVIDER_API_KEY": "  "})
+    assert both == ("no model provider is configured: set hermes.model.base_url and "
+                    "hermes.model.default in c.yaml, and the environment variable "
+                    "HERMES_PROVIDER_API_KEY (the provider's key)")
+
+
+def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch):
+    from hermes_service.config import provider_problem
+    monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
+    monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
+    problem = provider_problem(load_config(ROOT / "config.yaml"))
+    assert "hermes.model.base_url and hermes.model.default" in problem
+    assert "HERMES_PROVIDER_API_KEY" in problem
+
+
+@pytest.mark.parametrize("service, ok", [
+    ({"log_format": "json"}, True), ({"log_format": "text"}, True), ({"log_format": "xml"}, False),
+    ({"node_id": "n1"}, True), ({"node_id": "eu-west_2"}, True), ({"node_id": None}, True),
+    ({"node_id": "n.1"}, False), ({"node_id": "-n1"}, False), ({"node_id": "n" * 33}, False),
+])
+def test_log_format_and_node_id(tmp_path, service, ok):
+    cfg = deep_merge(base_config(tmp_path), {"service": service})
+    if ok:
+        build_config(cfg)
+    else:
+        [problem] = problems(cfg)
+        assert problem.startswith("c.yaml:service.")
