@@ -1,4 +1,4 @@
-"""The v1 REST API (spec: shared/spec/hermes-service-api-v1.3.0.md §API 端点清单).
+"""The v1 REST API (spec: hermes-service-api-v1.3.0 §API 端点清单).
 
 Error body: ``{"detail": str, "code": str, "requestId": str}`` with the
 HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.

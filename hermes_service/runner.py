@@ -1,4 +1,4 @@
-"""Runs the real ``hermes`` CLI (issue #2 item 4; measured facts: shared/hermes-cli-notes.md).
+"""Runs the real ``hermes`` CLI (issue #2 item 4; measured facts: docs/hermes-cli-notes.md).
 
 One turn is ``hermes chat --query=<msg> -Q --source tool [-t <toolsets>]
 [--resume <id>]`` with stdin closed, cwd = the user's home, in a new

@@ -24,7 +24,6 @@ prints the answer at the end, so one ``message.delta`` precedes
 """
 from __future__ import annotations
 
-import contextvars
 import logging
 import secrets
 import threading
@@ -155,9 +154,8 @@ class RunManager:
             self._runs[run.run_id] = run
             self._by_session[session_key] = run.run_id
         logs.bind(run_id=run.run_id, trace_id=trace_id)    # this request's access line
-        # the worker logs with this request's context (request id, route, trace, run)
-        threading.Thread(target=contextvars.copy_context().run, args=(self._work, run, execute),
-                         name=run.run_id, daemon=True).start()
+        threading.Thread(target=self._work, args=(run, execute, logs.current()), name=run.run_id,
+                         daemon=True).start()
         return run
 
     def active(self) -> int:
@@ -165,7 +163,8 @@ class RunManager:
         with self._lock:
             return sum(1 for r in self._runs.values() if not r.done)
 
-    def _work(self, run: Run, execute) -> None:
+    def _work(self, run: Run, execute, log_context: dict) -> None:
+        logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
         try:
             execute(run)
         except ServiceError as err:
