@@ -1,15 +1,24 @@
-# Two commands: `make run` (set up + serve) and `make test` (set up + run the tests).
-# Needs only Python 3.11 and access to the package registry.
+# Two commands: `make run` (set up the service + serve) and `make test` (set up everything + run
+# the tests). Needs only Python 3.11 and access to the package registry.
 PY      ?= python3
 VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench check-config clean
-setup: $(VENV)/.installed $(HVENV)/.installed
+.PHONY: setup setup-service nginx run test bench check-config clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+# What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI.
+setup-service: $(VENV)/.installed $(HVENV)/.installed
+
+# What the tests need besides (`make test`): the test tools, and nginx for the deploy/ tests.
+setup: setup-service $(VENV)/.dev-installed nginx
+
+$(VENV)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
@@ -18,6 +27,19 @@ $(HVENV)/.installed: requirements-hermes.txt
 	$(PY) -m venv $(HVENV)
 	$(HVENV)/bin/pip install -q --disable-pip-version-check -r requirements-hermes.txt
 	touch $@
+
+# Debian's nginx for tests/test_deploy_nginx.py: installed when missing and we are root
+# (CI is); otherwise those tests skip and say why.
+nginx:
+	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing nginx (Debian package) for the deploy/nginx tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends nginx; } >/dev/null \
+	    || echo "could not install nginx: the deploy/nginx tests will skip"; \
+	else \
+	  echo "nginx is not installed (not root, so not installing it): the deploy/nginx tests will skip"; \
+	fi
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into data/dev-api-key and printed.
@@ -29,11 +51,11 @@ DEV_ENV = mkdir -p data; \
 	fi; \
 	export HERMES_SERVICE_API_KEY; export PATH="$(CURDIR)/$(HVENV)/bin:$$PATH"
 
-run: setup
+run: setup-service
 	@$(DEV_ENV); exec $(VENV)/bin/python main.py
 
 # Validate config.yaml with the same environment `make run` uses.
-check-config: setup
+check-config: setup-service
 	@$(DEV_ENV); $(VENV)/bin/python main.py check-config
 
 test: setup

@@ -1,6 +1,6 @@
-"""Entry point: ``python3 main.py [--config PATH] [--host H] [--port P] [--threads N] [COMMAND]``.
+"""Entry point: ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N] [COMMAND]``.
 
-See ``python3 main.py --help`` and README.md.
+See ``.venv/bin/python main.py --help`` and README.md.
 """
 from hermes_service.cli import cli
 

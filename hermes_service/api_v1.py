@@ -1,4 +1,4 @@
-"""The v1 REST API (spec: shared/spec/hermes-service-api-v1.3.0.md §API 端点清单).
+"""The v1 REST API (spec: hermes-service-api-v1.3.0 §API 端点清单).
 
 Error body: ``{"detail": str, "code": str, "requestId": str}`` with the
 HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 
 from flask import Blueprint, g, jsonify, request
 
@@ -59,11 +60,13 @@ _last_health: list = [None]    # the last reported problems, so a change is logg
 @bp.get("/health")
 def health():
     """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
-    answer (a few stat calls). When the service cannot work it answers 503 with
-    ``"status": "degraded"`` and ``checks`` naming what failed (``hermes_command``,
-    ``users_template``, ``data_dir``, ``provider``), or ``"status": "stopping"`` during
-    shutdown. Exempt from the API key unless ``security.health_requires_api_key``.
-    README §Health."""
+    answer (a few stat calls). When the node cannot work (``hermes_command``,
+    ``users_template`` or ``data_dir`` unusable) it answers 503 with ``"status": "degraded"``
+    and ``checks`` naming what failed; without a usable model provider it answers 200 with
+    ``"status": "degraded"`` and ``checks`` (the node serves everything but turns, exactly as
+    well as any other node of the same config: no reason for a load balancer to take it out);
+    ``"status": "stopping"`` (503) during shutdown. Exempt from the API key unless
+    ``security.health_requires_api_key``. README §Health."""
     svc = services()
     if svc.runner.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
@@ -76,8 +79,9 @@ def health():
         else:
             log.info("health: healthy")
     if failed:
+        node_broken = any(k != "provider" for k in failed)
         return jsonify(status="degraded", service="hermes-service", multi_user=True,
-                       checks={k: v or "ok" for k, v in checks.items()}), 503
+                       checks={k: v or "ok" for k, v in checks.items()}), 503 if node_broken else 200
     return jsonify(status="healthy", service="hermes-service", multi_user=True)
 
 
@@ -90,12 +94,19 @@ def status():
     return jsonify(status="running", version=svc.runner.version(env, str(home.root)))
 
 
+def new_session_id(node_id: str | None) -> str:
+    """A new v1 session id: a UUID4, prefixed ``<service.node_id>.`` when the node has an id
+    (a proxy in front of several nodes routes the session to its node; docs/scaling.md)."""
+    return f"{node_id}.{uuid.uuid4()}" if node_id else str(uuid.uuid4())
+
+
 @bp.post("/api/v1/sessions")
 def create_session():
     """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
     body = json_body(CREATE_SESSION)
     svc = services()
-    rec = svc.conversations.create(_user(body["user_id"]), kind="v1")
+    rec = svc.conversations.create(_user(body["user_id"]),
+                                   new_session_id(svc.config["service"]["node_id"]), kind="v1")
     home = svc.homes.path(rec["user_id"])
     return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
                    hermes_path=str(home.hermes_home), status="created")

@@ -9,7 +9,7 @@ import logging
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks
+from . import hooks, metrics
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, TooLarge
@@ -64,5 +64,6 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         return render_error(ServiceError("internal error", code="internal_error"))
 
     app.register_blueprint(v1)
+    app.register_blueprint(metrics.bp)
     register_mnote(app)
     return app

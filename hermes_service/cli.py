@@ -1,6 +1,6 @@
 """Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``mnote``.
 
-``python3 main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
+``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
 with waitress. A config with any problem ``check-config`` reports, or a corrupt
 ``sessions.json``, exits non-zero before anything listens.
 """
@@ -56,20 +56,22 @@ def serve(config_path, host=None, port=None, threads=None):
     if problems:
         for line in problems:
             click.echo(line, err=True)
-        click.echo("refusing to start: fix the problems above (python3 main.py check-config)",
+        click.echo("refusing to start: fix the problems above (.venv/bin/python main.py check-config)",
                    err=True)
         sys.exit(2)
     svc_cfg = config["service"]
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
         svc_cfg["threads"] = threads
-    logging.basicConfig(level=svc_cfg["log_level"].upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from .logs import configure
+    configure(svc_cfg["log_level"], svc_cfg["log_format"])
     for line in config.warnings:
-        log.warning("config: %s", line)
-    if config.provider_issues:
-        log.warning("no usable model provider: every turn is answered 503 hermes_unconfigured "
-                    "until it is set (config.yaml: then `python3 main.py reload`; an environment "
-                    "variable: restart the service with it exported)")
+        if line not in config.provider_issues:
+            log.warning("config: %s", line)
+    if config.provider_issues:     # one line: what to set, and what happens until then
+        log.warning("no model provider: %s — until it is set every turn is answered 503 "
+                    "hermes_unconfigured (README, first screen; config.yaml: then `.venv/bin/python "
+                    "main.py reload`; an environment variable: restart the service with it exported)",
+                    "; ".join(config.provider_issues))
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 

@@ -43,8 +43,9 @@ DEFAULTS: dict[str, Any] = {
         "health_requires_api_key": False,
     },
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
-    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "threads": 32,
-                "max_body_bytes": 1048576, "connection_limit": 500, "idle_timeout_seconds": 20},
+    "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "log_format": "text",
+                "threads": 32, "max_body_bytes": 1048576, "connection_limit": 500,
+                "idle_timeout_seconds": 20, "node_id": None},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
@@ -92,6 +93,9 @@ HERMES_MIN_CONTEXT_LENGTH = 64000
 PLACEHOLDER_PROVIDERS = {("http://127.0.0.1:8000/v1", "gpt-4o-mini")}
 #: Connections beyond those that hold a thread (idle keep-alive, queued requests).
 SPARE_CONNECTIONS = 100
+# service.node_id: the tag new v1 session ids carry (``<node_id>.<uuid>``) so a proxy in
+# front of several nodes routes a session to the node that owns it (docs/scaling.md).
+NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
 
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -126,10 +130,12 @@ SCHEMA = _obj({
         "host": {"type": "string"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535},
         "log_level": {"enum": ["debug", "info", "warning", "error"]},
+        "log_format": {"enum": ["text", "json"]},
         "threads": _POS_INT,
         "max_body_bytes": _POS_INT,
         "connection_limit": _POS_INT,
         "idle_timeout_seconds": _POS_INT,
+        "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
     }),
     "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
                   "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
@@ -345,7 +351,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
                            frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
     if raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
         problems.append(f"{source}:security.api_keys: enable_api_key is true but no key is "
-                        "configured (run `python3 main.py keygen`)")
+                        "configured (run `.venv/bin/python main.py keygen`)")
     cors = raw["cors"]
     if cors["allow_credentials"] and "*" in cors["allow_origins"]:
         problems.append(f"{source}:cors.allow_origins: '*' cannot be combined with "

@@ -18,14 +18,32 @@ from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
 
+from . import hermes_state, metrics
 from .config import Config
-from . import hermes_state
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
 from .runner import HermesRunner, TurnListener, TurnRequest, TurnResult, UseCli
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
 
 log = logging.getLogger("hermes_service.conversations")
+
+
+class _Timed:
+    """A turn listener that marks the turn's start on its metrics clock, then passes every
+    event on to the caller's listener (if any)."""
+
+    def __init__(self, listener: TurnListener | None, clock: metrics.TurnClock):
+        self._listener, self._clock = listener, clock
+
+    def started(self, handle) -> None:
+        self._clock.started()
+        if self._listener is not None:
+            self._listener.started(handle)
+
+    def __getattr__(self, name):          # delta, reasoning, tool
+        if self._listener is None:
+            return lambda *a, **kw: None
+        return getattr(self._listener, name)
 
 
 class Conversations:
@@ -144,17 +162,24 @@ class Conversations:
             if record:
                 rec = self.store.update(session_id, **record) or rec
             home = self.homes.ensure(rec["user_id"])
+            family = rec.get("kind") or "v1"
+            clock = metrics.TurnClock(self.runner.name, family)
             req = TurnRequest(message, rec.get("hermes_session_id"), home,
                               self.homes.cli_env(home, self.runner.command_path()), model=model,
-                              toolsets=list(toolsets or []), family=rec.get("kind") or "v1",
-                              plugin_run=plugin_run, listener=listener, cancel=cancel,
+                              toolsets=list(toolsets or []), family=family,
+                              plugin_run=plugin_run, listener=_Timed(listener, clock),
+                              cancel=cancel,
                               log_ctx={"user": rec["user_id"], "session": session_id,
+                                       "family": family,
                                        **({"run": plugin_run["runId"]} if plugin_run else {})})
             try:
-                result = self._run(req)
+                result = self._run(req, clock)
             except ServiceError as err:
+                clock.finished(err.code)
                 self._after_failure(session_id, rec, home, err, message)
                 raise
+            clock.finished("ok")
+            clock.finished("ok")
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
@@ -172,13 +197,15 @@ class Conversations:
         self.acp.prewarm(home, self.homes.cli_env(home, self.runner.command_path()), family,
                          self.runner.toolset_names(toolsets))
 
-    def _run(self, req: TurnRequest) -> TurnResult:
+    def _run(self, req: TurnRequest, clock: metrics.TurnClock) -> TurnResult:
         """The ACP runner when configured and able to serve the turn, else the CLI runner."""
         if self.acp is not None:
+            clock.runner = self.acp.name
             try:
                 return self.acp.run_turn(req)
             except UseCli as why:
                 log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
+        clock.runner = self.runner.name
         return self.runner.run_turn(req)
 
     def _after_failure(self, session_id: str, rec: dict, home: UserHome, err: ServiceError,

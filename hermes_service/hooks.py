@@ -1,12 +1,15 @@
 """Request hooks, one job each (README §Architecture, §Configuring):
 
-1. :func:`assign_request_id` — ``g.request_id`` (a safe incoming ``X-Request-Id`` or a new one);
+1. :func:`assign_request_id` — ``g.request_id`` (a safe incoming ``X-Request-Id`` or a new one),
+   which also starts the log context (request id, route template; :mod:`hermes_service.logs`);
 2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
 3. :func:`authenticate` — IP allowlist, API key (``g.api_key``) and the key's scope for the
    route (:func:`required_scope`); the tool endpoint authenticates itself with a run token and
    only admits loopback peers without proxy headers;
-4. :func:`access_log` — one line per request: request id, client, method, path, status, ms.
+4. :func:`access_log` — one line per request (client, method, path; request id, trace id, run
+   id, route template, status, duration) and the request's metrics
+   (:func:`hermes_service.metrics.http_request`).
 """
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from urllib.parse import quote
 
 from flask import Flask, g, request
 
-from .errors import Forbidden
+from . import logs, metrics
+from .errors import ID_PATTERN, Forbidden
 from .web import services
 
 access_logger = logging.getLogger("hermes_service.access")
 _REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_ID = re.compile(ID_PATTERN)
 
 # Paths that authenticate themselves (a run-scoped token) instead of an API key.
 SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
@@ -54,6 +59,13 @@ def assign_request_id() -> None:
     g.start = time.perf_counter()
     incoming = request.headers.get("X-Request-Id", "")
     g.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + secrets.token_hex(8)
+    logs.start(request_id=g.request_id, route=route_template())
+
+
+def route_template() -> str | None:
+    """The matched Flask rule (e.g. ``/api/v1/sessions/<session_id>``), None before routing
+    matched anything; never the raw path (metrics labels, logs)."""
+    return request.url_rule.rule if request.url_rule is not None else None
 
 
 def resolve_client() -> None:
@@ -90,10 +102,18 @@ def authenticate() -> None:
 def access_log(resp):
     resp.headers["X-Request-Id"] = g.get("request_id", "")
     started = g.get("start")
-    access_logger.info("rid=%s ip=%s %s %s %s %.1fms", g.get("request_id"), g.get("client_ip"),
-                       request.method, quote(request.path, safe="/@:+,;=-._~!$&'()*"),
-                       resp.status_code,
-                       (time.perf_counter() - started) * 1000 if started else 0.0)
+    seconds = time.perf_counter() - started if started else 0.0
+    route = route_template()
+    run_id = logs.current().get("run_id") or (request.view_args or {}).get("run_id")
+    access_logger.info("%s %s %s", g.get("client_ip"), request.method,
+                       quote(request.path, safe="/@:+,;=-._~!$&'()*"),
+                       extra={"request_id": g.get("request_id"), "trace_id": g.get("trace_id"),
+                              "run_id": run_id if isinstance(run_id, str) and _ID.fullmatch(run_id)
+                              else None,
+                              "route": route, "status": resp.status_code,
+                              "duration_ms": round(seconds * 1000, 1),
+                              "method": request.method, "client_ip": g.get("client_ip")})
+    metrics.http_request(route, request.method, resp.status_code, seconds)
     return resp
 
 

@@ -622,8 +622,11 @@ class HermesRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.timeout, self.stall_timeout, cancel)
-        log.info("hermes chat %s rc=%s killed=%s duration_ms=%d resume=%s", _ctx(log_ctx),
-                 outcome.returncode, outcome.killed, outcome.duration * 1000, "--resume" in args)
+        log.info("hermes chat %s rc=%s killed=%s resume=%s", _ctx(log_ctx), outcome.returncode,
+                 outcome.killed, "--resume" in args,
+                 extra={"status": "ok" if outcome.returncode == 0 and not outcome.killed
+                        else classify_failure(outcome).code,
+                        "duration_ms": round(outcome.duration * 1000, 1), "runner": "cli"})
         return outcome
 
     def version(self, env: dict, cwd: str, ttl: float = 300.0) -> str:

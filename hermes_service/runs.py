@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from . import logs, metrics
 from .errors import Conflict, NotFound, ServiceError, TooManyRuns
 from .limits import Limiter
 
@@ -189,10 +190,18 @@ class RunManager:
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
             self._runs[run.run_id] = run
             self._by_session[session_key] = run.run_id
-        threading.Thread(target=self._work, args=(run, execute), name=run.run_id, daemon=True).start()
+        logs.bind(run_id=run.run_id, trace_id=trace_id)    # this request's access line
+        threading.Thread(target=self._work, args=(run, execute, logs.current()), name=run.run_id,
+                         daemon=True).start()
         return run
 
-    def _work(self, run: Run, execute) -> None:
+    def active(self) -> int:
+        """Runs queued or running now (the ``runs_active`` gauge)."""
+        with self._lock:
+            return sum(1 for r in self._runs.values() if not r.done)
+
+    def _work(self, run: Run, execute, log_context: dict) -> None:
+        logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
         try:
             execute(run)
         except ServiceError as err:
@@ -215,11 +224,13 @@ class RunManager:
             raise TooManyRuns("too many open event streams; retry later", code="too_many_streams",
                               headers={"Retry-After": "5"})
         released = threading.Event()
+        metrics.stream_opened()
 
         def release() -> None:
             if not released.is_set():
                 released.set()
                 self.streams.release()
+                metrics.stream_closed()
         return release
 
     def get(self, run_id: str, actor_id: str) -> Run:

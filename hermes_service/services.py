@@ -12,6 +12,7 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import metrics
 from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations
@@ -19,7 +20,7 @@ from .errors import TooManyRuns, Unconfigured
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
-from .runner import HermesRunner
+from .runner import CliProcess, HermesRunner
 from .runs import RunManager
 from .security import Guard
 from .session_store import SessionStore
@@ -118,7 +119,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     homes = UserHomes(config)
     runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs")
     acp = AcpRunner(hermes, runner) if hermes["runner"] == "acp" else None
-    return Services(
+    services = Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
         conversations=Conversations(config, store, homes, runner, acp),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
@@ -127,3 +128,10 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]))
+    # gauges read at scrape time (README §Operations → Metrics)
+    metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
+    if acp is not None:
+        metrics.watch("runner_processes", acp.processes, runner="acp")
+    metrics.watch("registry_sessions", store.count)
+    metrics.watch("runs_active", services.runs.active)
+    return services

@@ -91,6 +91,10 @@ class SessionStore:
         rec = self._read().get(session_id)
         return copy.deepcopy(rec) if rec is not None else None
 
+    def count(self) -> int:
+        """How many records the registry holds (the ``registry_sessions`` gauge)."""
+        return len(self._read())
+
     def list(self, where: Callable[[dict], bool] = lambda r: True) -> list[dict]:
         """Copies of the records matching ``where``, oldest first (by ``created_at``)."""
         out = [copy.deepcopy(r) for r in self._read().values() if where(r)]

@@ -14,10 +14,11 @@ import requests
 class SSEStream:
     """Iterate ``(id, data_dict)`` frames of one event stream; comments are kept in ``comments``."""
 
-    def __init__(self, url: str, headers: dict, timeout: float = 120, last_event_id: str | None = None):
+    def __init__(self, url: str, headers: dict, timeout: float = 120, last_event_id: str | None = None,
+                 session: requests.Session | None = None):
         if last_event_id is not None:
             headers = {**headers, "Last-Event-ID": last_event_id}
-        self.response = requests.get(url, headers=headers, stream=True, timeout=timeout)
+        self.response = (session or requests).get(url, headers=headers, stream=True, timeout=timeout)
         self.response.raise_for_status()
         self.comments: list[str] = []
         self.first_byte_at: float | None = None

@@ -395,3 +395,14 @@ def test_dead_or_reused_service_pids_are_not_alive():
     assert not _alive(zombie.pid, None)
     zombie.wait()
     assert not _alive(zombie.pid, None)
+
+
+def test_v1_session_ids_carry_the_node_id_when_there_is_one(app_factory):
+    """service.node_id: new v1 session ids are <node_id>.<uuid> (docs/scaling.md)."""
+    import uuid
+    for node, prefix in (("n7", "n7."), (None, "")):
+        c = app_factory({"service": {"node_id": node}}).test_client()
+        sid = c.post("/api/v1/sessions", json={"user_id": "alice"},
+                     headers={"X-API-Key": API_KEY}).json["session_id"]
+        assert sid.startswith(prefix) and uuid.UUID(sid[len(prefix):]).version == 4
+        assert c.get(f"/api/v1/sessions/{sid}", headers={"X-API-Key": API_KEY}).status_code == 200

@@ -256,3 +256,25 @@ def test_service_refuses_to_start_on_what_check_config_reports(tmp_path):
     assert any(line.startswith(f"{path}:paths.users_template:") for line in lines)
     assert all(line in serve.stderr.splitlines() for line in lines)
     assert not (tmp_path / "data" / "service-pids").exists()
+
+
+def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch):
+    monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
+    monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
+    issues = " ".join(load_config(ROOT / "config.yaml").provider_issues)
+    assert "hermes.model.base_url and hermes.model.default" in issues
+    assert "HERMES_PROVIDER_API_KEY" in issues
+
+
+@pytest.mark.parametrize("service, ok", [
+    ({"log_format": "json"}, True), ({"log_format": "text"}, True), ({"log_format": "xml"}, False),
+    ({"node_id": "n1"}, True), ({"node_id": "eu-west_2"}, True), ({"node_id": None}, True),
+    ({"node_id": "n.1"}, False), ({"node_id": "-n1"}, False), ({"node_id": "n" * 33}, False),
+])
+def test_log_format_and_node_id(tmp_path, service, ok):
+    cfg = deep_merge(base_config(tmp_path), {"service": service})
+    if ok:
+        build_config(cfg)
+    else:
+        [problem] = problems(cfg)
+        assert problem.startswith("c.yaml:service.")

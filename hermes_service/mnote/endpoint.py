@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
+from .. import metrics
 from ..web import parse_json, services
 from ..errors import ServiceError
 from .gateway import ToolRefused
@@ -48,9 +49,13 @@ def invoke():
         envelope = parse_json(request.get_data())
     except ServiceError:
         envelope = None
+    tool = envelope.get("toolName") if isinstance(envelope, dict) else None
     try:
-        return jsonify(gateway.invoke(request.headers.get("Authorization"), envelope))
+        out = gateway.invoke(request.headers.get("Authorization"), envelope)
+        metrics.tool_call(tool, (out.get("error") or {}).get("code"))
+        return jsonify(out)
     except ToolRefused as exc:
+        metrics.tool_call(tool, exc.code)
         resp = jsonify(failure_envelope(exc.code, exc.message, envelope))
         resp.status_code = exc.status
         return resp

@@ -1,0 +1,221 @@
+"""Prometheus metrics (README §Operations → Metrics), served at ``GET /metrics``.
+
+The rest of the service reports through the small functions below, one call per event;
+this module owns every metric, its labels and the label-value rules, so no caller can put a
+user id, message text or key into a label:
+
+* :func:`http_request` — one finished HTTP request (called by the access-log hook);
+* :class:`TurnClock` / :func:`turn_finished` — one turn of a runner (queue wait, duration,
+  outcome code);
+* :func:`tool_call` — one call on the mnote tool endpoint;
+* :func:`stream_opened` / :func:`stream_closed` — event streams open now;
+* :func:`watch` — gauges read at scrape time from a callback (processes, registry size).
+
+Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
+``python_*`` collectors), one per service process; scrape every process. Units are
+seconds (Prometheus naming conventions). The route is ``/metrics`` in :data:`bp`:
+allowlist and API key like every route, and when the key lists ``scopes``
+(``security.api_keys[].scopes``) it must include ``metrics`` (403 ``insufficient_scope``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from flask import Blueprint, Response, g, request
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from .errors import Forbidden
+
+NAMESPACE = "hermes_service"
+METRICS_SCOPE = "metrics"
+UNMATCHED_ROUTE = "(unmatched)"        # 404/405 before routing: the raw path is never a label
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+disable_created_metrics()     # no *_created series: Prometheus does not need them
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)      # process_resident_memory_bytes, process_cpu_seconds_total, …
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+# Turns last seconds to minutes (one CLI turn ≈ 3–7 s on a scripted model; limit 300 s).
+TURN_BUCKETS = (0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
+HTTP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+HTTP_REQUESTS = Counter(
+    "http_requests", "HTTP requests answered, by route template (never the raw path), "
+    "method and status code.", ["route", "method", "status"], namespace=NAMESPACE,
+    registry=REGISTRY)
+HTTP_DURATION = Histogram(
+    "http_request_duration_seconds", "Time to the response headers, by route template "
+    "(an event stream counts until its headers are sent).", ["route", "method"],
+    namespace=NAMESPACE, buckets=HTTP_BUCKETS, registry=REGISTRY)
+TURNS = Counter(
+    "turns", "Turns that reached a runner, by runner (cli | acp), route family (v1 | mnote) "
+    "and outcome (ok, or the core error code, e.g. upstream_unavailable, run_cancelled, "
+    "too_many_runs).", ["runner", "family", "outcome"], namespace=NAMESPACE, registry=REGISTRY)
+TURN_DURATION = Histogram(
+    "turn_duration_seconds", "From the runner starting the turn (CLI spawned) to its end, any "
+    "outcome.", ["runner", "family"], namespace=NAMESPACE, buckets=TURN_BUCKETS,
+    registry=REGISTRY)
+TURN_QUEUE_WAIT = Histogram(
+    "turn_queue_wait_seconds", "From the turn holding its session to the runner starting it "
+    "(waiting for a CLI slot); a turn refused or aborted while waiting counts its whole wait.",
+    ["runner", "family"], namespace=NAMESPACE, buckets=WAIT_BUCKETS, registry=REGISTRY)
+TOOL_CALLS = Counter(
+    "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "
+    "any other) and outcome (ok, or the envelope's error code).", ["tool", "outcome"],
+    namespace=NAMESPACE, registry=REGISTRY)
+EVENT_STREAMS = Gauge(
+    "event_streams_open", "Server-Sent Events streams open now (at most "
+    "mnote.max_event_streams).", namespace=NAMESPACE, registry=REGISTRY)
+
+
+class _Watched:
+    """Gauges whose value a callback gives at scrape time (see :func:`watch`)."""
+
+    HELP = {
+        "runner_processes": ("Runner processes (Hermes CLI / ACP) running now, by runner.",
+                             ["runner"]),
+        "registry_sessions": ("Session records in the session registry (sessions.json).", []),
+        "runs_active": ("mnote runs queued or running now.", []),
+    }
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._callbacks: dict[tuple[str, tuple], Callable[[], float]] = {}
+
+    def set(self, name: str, labels: dict, fn: Callable[[], float]) -> None:
+        if name not in self.HELP or sorted(labels) != sorted(self.HELP[name][1]):
+            raise ValueError(f"unknown watched gauge {name} {sorted(labels)}")
+        with self._lock:
+            self._callbacks[(name, tuple(labels[k] for k in self.HELP[name][1]))] = fn
+
+    def describe(self):
+        return [GaugeMetricFamily(f"{NAMESPACE}_{name}", text, labels=labels)
+                for name, (text, labels) in self.HELP.items()]
+
+    def collect(self):
+        with self._lock:
+            callbacks = dict(self._callbacks)
+        families = {name: GaugeMetricFamily(f"{NAMESPACE}_{name}", text, labels=labels)
+                    for name, (text, labels) in self.HELP.items()}
+        for (name, values), fn in callbacks.items():
+            try:
+                families[name].add_metric(list(values), float(fn()))
+            except Exception:      # a broken callback must not break the scrape
+                continue
+        return [f for f in families.values() if f.samples]
+
+
+_WATCHED = _Watched()
+REGISTRY.register(_WATCHED)
+
+
+def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
+    """Report ``fn()`` as gauge ``hermes_service_<name>`` at every scrape.
+
+    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions`` or
+    ``runs_active``. A later call with the same name and labels replaces the callback (the
+    newest app of a process wins). Raises ValueError for an unknown name or label set.
+    """
+    _WATCHED.set(name, labels, fn)
+
+
+# -- events ------------------------------------------------------------------------
+def http_request(route: str | None, method: str, status: int, seconds: float) -> None:
+    """One answered request. ``route``: the Flask rule (``request.url_rule.rule``), None if
+    no route matched; ``seconds``: time to the response headers."""
+    route = route or UNMATCHED_ROUTE
+    method = method if method in HTTP_METHODS else "other"
+    HTTP_REQUESTS.labels(route, method, str(int(status))).inc()
+    HTTP_DURATION.labels(route, method).observe(max(0.0, seconds))
+
+
+def turn_finished(runner: str, family: str, outcome: str, seconds: float | None,
+                  queue_wait: float) -> None:
+    """One finished turn. ``outcome``: ``ok`` or a core error code; ``seconds``: its running
+    time, None if the runner never started it (refused or aborted while queued);
+    ``queue_wait``: seconds until it started (or gave up)."""
+    TURNS.labels(runner, family, outcome).inc()
+    TURN_QUEUE_WAIT.labels(runner, family).observe(max(0.0, queue_wait))
+    if seconds is not None:
+        TURN_DURATION.labels(runner, family).observe(max(0.0, seconds))
+
+
+class TurnClock:
+    """Times one turn for :func:`turn_finished`: create it when the turn holds its session, call
+    :meth:`started` when the runner starts it (idempotent: a retried spawn keeps the first
+    time), and :meth:`finished` once with the outcome."""
+
+    def __init__(self, runner: str, family: str | None):
+        self.runner, self.family = runner, family or "other"
+        self.asked = time.monotonic()
+        self.begun: float | None = None
+        self._done = False
+
+    def started(self) -> None:
+        if self.begun is None:
+            self.begun = time.monotonic()
+
+    def on_spawn(self, then: Callable | None = None) -> Callable:
+        """A runner ``on_spawn`` callback that marks the start, then calls ``then(proc)``."""
+        def hook(proc):
+            self.started()
+            if then is not None:
+                then(proc)
+        return hook
+
+    def finished(self, outcome: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        now = time.monotonic()
+        began = self.begun
+        turn_finished(self.runner, self.family, outcome, None if began is None else now - began,
+                      (began if began is not None else now) - self.asked)
+
+
+def tool_call(tool, outcome: str | None) -> None:
+    """One tool-endpoint call. ``tool``: the envelope's ``toolName`` (anything not a known
+    contract tool name is counted as ``unknown``); ``outcome``: None/``ok`` or an error code."""
+    from .mnote.tools import TOOLS_BY_NAME
+    name = tool if isinstance(tool, str) and tool in TOOLS_BY_NAME else "unknown"
+    TOOL_CALLS.labels(name, outcome or "ok").inc()
+
+
+def stream_opened() -> None:
+    """An event stream took its slot."""
+    EVENT_STREAMS.inc()
+
+
+def stream_closed() -> None:
+    """An event stream gave its slot back (call exactly once per :func:`stream_opened`)."""
+    EVENT_STREAMS.dec()
+
+
+# -- the route ---------------------------------------------------------------------
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def metrics():
+    """Prometheus text format (OpenMetrics when the scraper asks for it).
+
+    Needs what every route needs (allowlist, API key); a key that lists ``scopes`` must list
+    ``metrics``, else 403 ``insufficient_scope``.
+    """
+    scopes = getattr(g.get("api_key"), "scopes", None)
+    if scopes is not None and METRICS_SCOPE not in scopes:
+        raise Forbidden("this API key lacks the 'metrics' scope", code="insufficient_scope")
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return Response(encoder(REGISTRY), content_type=content_type,
+                    headers={"Cache-Control": "no-store"})
