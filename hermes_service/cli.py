@@ -1,8 +1,9 @@
 """Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``mnote``.
 
 ``python3 main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
-with waitress. A config with any problem ``check-config`` reports, or a corrupt
-``sessions.json``, exits non-zero before anything listens.
+with waitress. A config with any problem ``check-config`` reports (exit 2), or a session
+registry that cannot be opened (exit 3: its layout file, or a legacy ``sessions.json`` to
+migrate), exits non-zero before anything listens.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def serve(config_path, host=None, port=None, threads=None):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
-    corrupt ``sessions.json``. Warnings (no usable provider, expired keys) are logged and
+    session registry that cannot be opened. Warnings (no usable provider, expired keys) are logged and
     the service starts.
     """
     config = _load(config_path)
@@ -111,7 +112,7 @@ def serve(config_path, host=None, port=None, threads=None):
 @cli.command("check-config")
 @click.pass_context
 def check_config(ctx):
-    """Validate the config and what it names (command, template, data dir, sessions.json);
+    """Validate the config and what it names (command, template, data dir, session registry);
     print ``file:key: problem`` lines and exit 2 if any. Warnings (``warning: file:key: …``:
     expired keys, no usable provider) are printed too but do not fail."""
     config = _load(ctx.obj["config_path"])

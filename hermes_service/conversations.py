@@ -76,8 +76,7 @@ class Conversations:
         """Records of one user (or all), filtered by equal fields, oldest first."""
         if user_id is not None:
             check_id(user_id, "user_id")
-        return self.store.list(lambda r: (user_id is None or r.get("user_id") == user_id)
-                               and all(r.get(k) == v for k, v in match.items()))
+        return self.store.list(user_id, lambda r: all(r.get(k) == v for k, v in match.items()))
 
     def delete(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
         """Forget a session (the Hermes transcript stays in the user's state.db)."""
