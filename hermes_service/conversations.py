@@ -85,6 +85,16 @@ class Conversations:
             self.store.delete(session_id)
         return rec
 
+    def prune_idle_locks(self) -> int:
+        """Drop entries of the in-memory turn-lock table that no turn holds (retention, README
+        §Retention and cleanup); returns how many. A thread that fetched an entry just before
+        it was dropped still serializes with later turns through the session's file lock."""
+        with self._guard:
+            idle = [sid for sid, lock in self._local_locks.items() if not lock.locked()]
+            for sid in idle:
+                del self._local_locks[sid]
+        return len(idle)
+
     # -- turns -----------------------------------------------------------
     def check_message(self, message: str) -> None:
         """Raise BadRequest (NUL: a CLI argument cannot carry it) or TooLarge (413

@@ -3,8 +3,9 @@
 Data flows one way: blueprint → these objects → runner/store. :func:`build_services`
 constructs every object from the config and wires them together; :meth:`Services.apply`
 hands a reloaded config to the same objects (README §Reload). Process reaping (killing CLI
-groups a crashed service left) is the serve command's job (:mod:`hermes_service.cli`), not
-a side effect of building these.
+groups a crashed service left) and the periodic cleanup
+(:class:`~hermes_service.retention.RetentionJob`) are the serve command's job
+(:mod:`hermes_service.cli`), not a side effect of building these.
 """
 from __future__ import annotations
 
