@@ -4,8 +4,9 @@ PY      ?= python3
 VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup run test bench check-config clean
+.PHONY: setup run test bench bench-registry check-config clean
 setup: $(VENV)/.installed $(HVENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
@@ -41,6 +42,11 @@ test: setup
 
 bench: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+# Session registry at 1 000 / 10 000 / 100 000 sessions (no CLI; ~4 min; up to ~150 MB and
+# 100 000 small files in a temp folder, removed afterwards). BENCH_ARGS="--ops 200" etc.
+bench-registry: setup
+	$(VENV)/bin/python bench/registry_scale.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV)

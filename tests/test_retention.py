@@ -183,6 +183,26 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
     assert report.counts["session mappings"] == 0 and len(svc.store.list("alice")) == 1
 
 
+def test_periodic_job_runs_until_stopped_and_survives_a_failed_pass(make_config):
+    job = RetentionJob(build_services(make_config()))
+    passes = []
+
+    def run_once():
+        passes.append(time.monotonic())
+        if len(passes) == 1:
+            raise OSError("disk hiccup")          # logged; the next pass still runs
+    job.run_once, job.interval = run_once, 0.02
+    assert job.start()
+    deadline = time.monotonic() + 10
+    while len(passes) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job.stop()
+    job._thread.join(5)
+    assert len(passes) >= 3 and not job._thread.is_alive()
+    off = RetentionJob(build_services(make_config({"retention": {"interval_seconds": 0}})))
+    assert off.start() is False and off._thread is None
+
+
 def test_damaged_shard_is_reported_and_the_rest_is_cleaned(stale_world):
     shard = stale_world.config.data_dir / "sessions" / "bob" / "sessions.json"
     shard.write_text("{")
