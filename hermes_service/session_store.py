@@ -141,7 +141,7 @@ def _encode(sessions: dict) -> bytes:
                       ensure_ascii=False, sort_keys=True).encode()
 
 
-def _parse_file(path: Path, raw: bytes, owner: str | None) -> dict:
+def _parse_file(raw: bytes, owner: str | None) -> dict:
     """The ``sessions`` mapping of a sessions.json file's bytes; ``owner``: every record's
     ``user_id`` (a shard) or None (the legacy file: any valid id). Raises ValueError (reason)."""
     try:
@@ -160,7 +160,7 @@ def _parse_file(path: Path, raw: bytes, owner: str | None) -> dict:
                if not isinstance(r, dict) or r.get("session_id") != k or not _ID.fullmatch(k)
                or not isinstance(r.get("user_id"), str) or not _ID.fullmatch(r["user_id"])]
     if bad:
-        what = f"not records of user {owner}" if owner else "not records with a valid session_id and user_id"
+        what = f"not records of user {owner}" if owner else "no valid session_id and user_id"
         raise ValueError(f"invalid session record(s) {bad[:3]} ({what})")
     return sessions
 
@@ -211,7 +211,7 @@ class SessionStore:
             problems.append(_format_problem(root / FORMAT_FILE))
         if legacy.exists():
             try:
-                _parse_file(legacy, legacy.read_bytes(), None)
+                _parse_file(legacy.read_bytes(), None)
             except ValueError as exc:
                 problems.append(f"{legacy}: {exc}; fix or move it away (it is never overwritten)")
         return [p for p in problems if p]
@@ -291,7 +291,7 @@ class SessionStore:
         except OSError as exc:
             raise CorruptShard(path, f"unreadable ({exc.strerror})") from None
         try:
-            return _parse_file(path, raw, user_id)
+            return _parse_file(raw, user_id)
         except ValueError as exc:
             raise CorruptShard(path, str(exc)) from None
 
@@ -453,7 +453,7 @@ class SessionStore:
             except FileNotFoundError:
                 return 0               # another process migrated it meanwhile
             try:
-                legacy = _parse_file(self.legacy, raw, None)
+                legacy = _parse_file(raw, None)
             except ValueError as exc:
                 raise CorruptStore(f"{self.legacy}: {exc}; fix or move it away (it is never "
                                    "overwritten)") from None

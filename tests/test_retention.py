@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import pytest
 import yaml
 
-from conftest import API_KEY, ROOT, base_config, hermes_bin
+from conftest import API_KEY, ROOT, base_config
 from hermes_service.config import ConfigError
 from hermes_service.retention import RetentionJob, collect
 from hermes_service.services import build_services
@@ -295,4 +295,3 @@ def test_purge_transcripts_deletes_them_with_the_hermes_cli(start_service, tmp_p
     assert session_summary(hermes_home, sids[1][1])["messageCount"] >= 2   # the other stays
     remaining = json.loads(shard.read_text())["sessions"]
     assert list(remaining) == [sids[1][0]]
-    assert hermes_bin()
