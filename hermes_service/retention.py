@@ -85,7 +85,8 @@ class GcReport:
         done = ", ".join(f"{self.counts[k]} {k}" for k in KINDS if self.counts[k]) or "nothing"
         verb = "would remove" if self.dry_run else "removed"
         tail = f"; {len(self.problems)} problem(s)" if self.problems else ""
-        return f"gc: {verb} {done}{tail}" + (" (dry run: nothing was removed)" if self.dry_run else "")
+        note = " (dry run: nothing was removed)" if self.dry_run else ""
+        return f"gc: {verb} {done}{tail}{note}"
 
 
 def last_used(record: dict) -> float | None:
@@ -284,7 +285,7 @@ def _lock_files(svc, report: GcReport, dry_run: bool, locks_dir: Path, known: _K
             _owner, present = known.owner_and_state(sid)
         except ServiceError:               # not a session id of ours: not ours to remove
             continue
-        if present is not False:           # a live session's lock (used on its next turn), or damaged
+        if present is not False:           # a live session's (used on its next turn), or damaged
             continue
         with _try_lock(path, create=False) as held:
             if not held:
@@ -305,7 +306,8 @@ class RetentionJob:
         from .config import parse_duration
         self.svc = svc
         self.interval = float(cfg["interval_seconds"])
-        self.older_than = parse_duration(cfg["sessions_older_than"]) if cfg["sessions_older_than"] else None
+        older = cfg["sessions_older_than"]
+        self.older_than = parse_duration(older) if older else None
         self.purge = bool(cfg["purge_transcripts"])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
