@@ -374,6 +374,20 @@ def test_kill_9_at_random_moments_of_a_migration_loses_nothing(tmp_path):
     assert_migrated(tmp_path, sessions)
 
 
+def test_service_migrates_an_existing_data_dir_on_first_start(tmp_path):
+    sessions = legacy_file(tmp_path / "data", 30, 3)
+    svc = ServiceProcess(tmp_path, base_config(tmp_path)).start()
+    try:
+        listed = svc.get("/api/v1/sessions?user_id=user1").json()["sessions"]
+        assert {s["local_session_id"] for s in listed} == \
+            {sid for sid, r in sessions.items() if r["user_id"] == "user1"}
+        assert svc.get("/api/v1/sessions/s4").json()["message_count"] == 4
+    finally:
+        svc.stop()
+    assert not (tmp_path / "data" / "sessions.json").exists()
+    assert len(list((tmp_path / "data").glob("sessions.json.migrated-*"))) == 1
+
+
 def test_service_refuses_to_start_on_a_corrupt_legacy_file(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sessions.json").write_text("{oops")
