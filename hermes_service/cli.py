@@ -95,6 +95,8 @@ def serve(config_path, host=None, port=None, threads=None):
     if retention.start():
         log.info("retention: a cleanup pass every %g s (session mappings: %s)",
                  retention.interval, config["retention"]["sessions_older_than"] or "kept")
+    else:
+        log.info("retention: no periodic cleanup (retention.interval_seconds: 0)")
     preflight.raise_fd_limit(config)
     socket_map: dict = {}
     server = create_server(app, map=socket_map, host=host, port=port,

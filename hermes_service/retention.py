@@ -299,23 +299,32 @@ def _lock_files(svc, report: GcReport, dry_run: bool, locks_dir: Path, known: _K
 class RetentionJob:
     """The service's periodic cleanup (``retention`` in config): every ``interval_seconds``
     one :func:`collect` pass with ``in_service=True``; mappings only when
-    ``sessions_older_than`` is set. Started by the serve command; a daemon thread."""
+    ``sessions_older_than`` is set. Started by the serve command; a daemon thread.
+
+    The settings are read from ``svc.config`` at every pass, so a reload (README §Reload)
+    applies from the next one; while ``interval_seconds`` is 0 no pass runs (the thread looks
+    again every :attr:`idle_check` seconds)."""
+    idle_check = 60.0
 
     def __init__(self, svc: "Services"):
-        cfg = svc.config["retention"]
-        from .config import parse_duration
         self.svc = svc
-        self.interval = float(cfg["interval_seconds"])
-        older = cfg["sessions_older_than"]
-        self.older_than = parse_duration(older) if older else None
-        self.purge = bool(cfg["purge_transcripts"])
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def interval(self) -> float:
+        return float(self.svc.config["retention"]["interval_seconds"])
+
+    @property
+    def older_than(self) -> float | None:
+        from .config import parse_duration
+        older = self.svc.config["retention"]["sessions_older_than"]
+        return parse_duration(older) if older else None
+
     def run_once(self) -> GcReport:
         """One pass; logs each removal at info and problems at warning."""
-        report = collect(self.svc, older_than=self.older_than, purge_transcripts=self.purge,
-                         in_service=True)
+        report = collect(self.svc, older_than=self.older_than, in_service=True,
+                         purge_transcripts=bool(self.svc.config["retention"]["purge_transcripts"]))
         for line in report.lines:
             log.info("retention: %s", line)
         for problem in report.problems:
@@ -325,19 +334,23 @@ class RetentionJob:
         return report
 
     def start(self) -> bool:
-        """Start the periodic thread (no-op when ``interval_seconds`` is 0). Returns whether
-        it runs."""
-        if self.interval <= 0 or self._thread is not None:
-            return self._thread is not None
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
-        self._thread.start()
-        return True
+        """Start the thread (once). Returns whether passes run now (``interval_seconds`` > 0)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
+            self._thread.start()
+        return self.interval > 0
 
     def stop(self) -> None:
+        """End the thread after the pass in progress, if any."""
         self._stop.set()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            interval = self.interval
+            if self._stop.wait(interval if interval > 0 else self.idle_check):
+                return
+            if self.interval <= 0:
+                continue
             try:
                 self.run_once()
             except Exception:     # a failed pass must not end the thread; the next one retries

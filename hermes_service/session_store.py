@@ -46,7 +46,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -57,7 +56,7 @@ from typing import Callable, Iterator
 
 from filelock import FileLock
 
-from .errors import ID_PATTERN, ServiceError, check_id
+from .errors import ServiceError, check_id, is_id
 
 FORMAT_VERSION = 1          # of a sessions.json file (a shard, or the legacy single file)
 LAYOUT_VERSION = 1          # of the sessions/ folder (_format.json)
@@ -67,7 +66,6 @@ FORMAT_FILE = "_format.json"
 _LINK_PREFIX = "../../"
 _TMP_PREFIX = ".sessions."
 _STRIPES = 64               # thread locks in front of the file locks (bounded memory)
-_ID = re.compile(ID_PATTERN)
 
 log = logging.getLogger("hermes_service.session_store")
 
@@ -154,11 +152,11 @@ def _parse_file(raw: bytes, owner: str | None) -> dict:
     sessions = data["sessions"]
     if owner is not None:      # a shard: every record is the owner's (a valid id already)
         bad = [k for k, r in sessions.items() if not isinstance(r, dict)
-               or r.get("session_id") != k or r.get("user_id") != owner or not _ID.fullmatch(k)]
+               or r.get("session_id") != k or r.get("user_id") != owner or not is_id(k)]
     else:
         bad = [k for k, r in sessions.items()
-               if not isinstance(r, dict) or r.get("session_id") != k or not _ID.fullmatch(k)
-               or not isinstance(r.get("user_id"), str) or not _ID.fullmatch(r["user_id"])]
+               if not isinstance(r, dict) or r.get("session_id") != k or not is_id(k)
+               or not is_id(r.get("user_id"))]
     if bad:
         what = f"not records of user {owner}" if owner else "no valid session_id and user_id"
         raise ValueError(f"invalid session record(s) {bad[:3]} ({what})")
@@ -248,7 +246,7 @@ class SessionStore:
         except OSError:
             raise CorruptShard(link, "not a symbolic link to ../../<user_id>") from None
         user_id = target[len(_LINK_PREFIX):] if target.startswith(_LINK_PREFIX) else ""
-        if not _ID.fullmatch(user_id):
+        if not is_id(user_id):
             raise CorruptShard(link, f"points to {target!r}, not to ../../<user_id>")
         return user_id
 
@@ -334,7 +332,7 @@ class SessionStore:
         """Every user id that has a shard folder, sorted."""
         with os.scandir(self.root) as entries:
             return sorted(e.name for e in entries
-                          if e.is_dir(follow_symlinks=False) and _ID.fullmatch(e.name))
+                          if e.is_dir(follow_symlinks=False) and is_id(e.name))
 
     # -- writing ---------------------------------------------------------
     def create(self, record: dict) -> dict:
@@ -399,7 +397,7 @@ class SessionStore:
                     continue
                 with os.scandir(fan.path) as entries:
                     for entry in entries:
-                        if _ID.fullmatch(entry.name):
+                        if is_id(entry.name):
                             yield entry.name, Path(entry.path)
 
     def drop_dangling_link(self, session_id: str, min_age: float, dry_run: bool = False) -> bool:

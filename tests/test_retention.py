@@ -183,24 +183,27 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
     assert report.counts["session mappings"] == 0 and len(svc.store.list("alice")) == 1
 
 
-def test_periodic_job_runs_until_stopped_and_survives_a_failed_pass(make_config):
-    job = RetentionJob(build_services(make_config()))
+def test_periodic_job_follows_the_config_and_survives_a_failed_pass(make_config, monkeypatch):
+    svc = build_services(make_config({"retention": {"interval_seconds": 0}}))
+    job = RetentionJob(svc)
     passes = []
 
     def run_once():
         passes.append(time.monotonic())
         if len(passes) == 1:
             raise OSError("disk hiccup")          # logged; the next pass still runs
-    job.run_once, job.interval = run_once, 0.02
-    assert job.start()
+    monkeypatch.setattr(job, "run_once", run_once)
+    monkeypatch.setattr(RetentionJob, "idle_check", 0.02)
+    assert job.start() is False                   # interval 0: the thread idles
+    time.sleep(0.2)
+    assert passes == []
+    svc.config.raw["retention"]["interval_seconds"] = 0.02    # what a reload hands over
     deadline = time.monotonic() + 10
     while len(passes) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     job.stop()
     job._thread.join(5)
     assert len(passes) >= 3 and not job._thread.is_alive()
-    off = RetentionJob(build_services(make_config({"retention": {"interval_seconds": 0}})))
-    assert off.start() is False and off._thread is None
 
 
 def test_damaged_shard_is_reported_and_the_rest_is_cleaned(stale_world):
