@@ -49,8 +49,8 @@ def serve(config_path, host=None, port=None, threads=None):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
-    session registry that cannot be opened. Warnings (no usable provider, expired keys) are logged and
-    the service starts.
+    session registry that cannot be opened. Warnings (no usable provider, expired keys) are
+    logged and the service starts.
     """
     config = _load(config_path)
     from . import preflight
