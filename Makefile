@@ -4,8 +4,9 @@ PY      ?= python3
 VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup setup-service nginx run test bench check-config clean
+.PHONY: setup setup-service nginx run test bench bench-registry check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI.
 setup-service: $(VENV)/.installed $(HVENV)/.installed
@@ -61,8 +62,15 @@ check-config: setup-service
 test: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
 
+# The runners side by side (bench/runners.py, ~3 min) and the service's overhead per CLI turn.
 bench: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/runners.py $(BENCH_ARGS)
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+# Session registry at 1 000 / 10 000 / 100 000 sessions (no CLI; ~4 min; up to ~150 MB and
+# 100 000 small files in a temp folder, removed afterwards). BENCH_ARGS="--ops 200" etc.
+bench-registry: setup
+	$(VENV)/bin/python bench/registry_scale.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV)

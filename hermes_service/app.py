@@ -26,8 +26,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     ``service_url`` is where the Hermes CLI reaches this service for tool calls
     (default ``mnote.service_url`` or ``http://127.0.0.1:<service.port>``).
 
-    Raises :class:`~hermes_service.session_store.CorruptStore` if
-    ``sessions.json`` is unreadable (the service must not start).
+    Raises :class:`~hermes_service.session_store.CorruptStore` if the session
+    registry cannot be opened (the service must not start).
     """
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]

@@ -1,8 +1,10 @@
-"""Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``mnote``.
+"""Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``gc``,
+``mnote``.
 
 ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
-with waitress. A config with any problem ``check-config`` reports, or a corrupt
-``sessions.json``, exits non-zero before anything listens.
+with waitress. A config with any problem ``check-config`` reports (exit 2), or a session
+registry that cannot be opened (exit 3: its layout file, or a legacy ``sessions.json`` to
+migrate), exits non-zero before anything listens.
 """
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ def serve(config_path, host=None, port=None, threads=None):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
-    corrupt ``sessions.json``. Warnings (no usable provider, expired keys) are logged and
-    the service starts.
+    session registry that cannot be opened. Warnings (no usable provider, expired keys) are
+    logged and the service starts.
     """
     config = _load(config_path)
     from . import preflight
@@ -90,6 +92,13 @@ def serve(config_path, host=None, port=None, threads=None):
     reaped = runner.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
+    from .retention import RetentionJob
+    retention = RetentionJob(svc)
+    if retention.start():
+        log.info("retention: a cleanup pass every %g s (session mappings: %s)",
+                 retention.interval, config["retention"]["sessions_older_than"] or "kept")
+    else:
+        log.info("retention: no periodic cleanup (retention.interval_seconds: 0)")
     preflight.raise_fd_limit(config)
     socket_map: dict = {}
     server = create_server(app, map=socket_map, host=host, port=port,
@@ -104,6 +113,7 @@ def serve(config_path, host=None, port=None, threads=None):
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
+        retention.stop()
         killed = svc.shutdown()
         record.remove()
         if killed:
@@ -113,7 +123,7 @@ def serve(config_path, host=None, port=None, threads=None):
 @cli.command("check-config")
 @click.pass_context
 def check_config(ctx):
-    """Validate the config and what it names (command, template, data dir, sessions.json);
+    """Validate the config and what it names (command, template, data dir, session registry);
     print ``file:key: problem`` lines and exit 2 if any. Warnings (``warning: file:key: …``:
     expired keys, no usable provider) are printed too but do not fail."""
     config = _load(ctx.obj["config_path"])
@@ -167,6 +177,47 @@ def keygen():
     key = secrets.token_urlsafe(32)
     click.echo(f"key:        {key}")
     click.echo(f"key_sha256: {hashlib.sha256(key.encode()).hexdigest()}")
+
+
+@cli.command()
+@click.option("--older-than", default="30d", show_default=True,
+              help="Remove session mappings unused this long: a duration like 30d, 12h, 2w "
+                   "(units s m h d w; at least 1h).")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; remove nothing.")
+@click.option("--purge-transcripts", is_flag=True,
+              help="Also delete the removed sessions' Hermes transcripts (`hermes sessions "
+                   "delete` in the user's home).")
+@click.pass_context
+def gc(ctx, older_than, dry_run, purge_transcripts):
+    """Remove stale session mappings, lock files nobody holds, leftovers of killed writes and
+    page-store idempotency records past their retry window; print each removal.
+
+    Never touches a session whose turn lock is held. Exit 0; 1 if something was skipped (a
+    damaged shard, a failed purge); 3 if the registry cannot be opened. README §Retention
+    and cleanup."""
+    from .config import MIN_SESSION_AGE_SECONDS, parse_duration
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    if seconds < MIN_SESSION_AGE_SECONDS:
+        raise click.BadParameter("must be at least 1h (a mapping used within the last hour is "
+                                 "never removed)", param_hint="--older-than")
+    config = _load(ctx.obj["config_path"], need_keys=False)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    from .retention import collect
+    from .services import build_services
+    try:
+        services = build_services(config)
+    except CorruptStore as exc:
+        click.echo(f"refusing to run: {exc}", err=True)
+        sys.exit(3)
+    report = collect(services, older_than=seconds, dry_run=dry_run,
+                     purge_transcripts=purge_transcripts)
+    for line in report.lines:
+        click.echo(line)
+    click.echo(report.summary())
+    sys.exit(1 if report.problems else 0)
 
 
 @cli.group()

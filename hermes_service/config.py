@@ -2,8 +2,8 @@
 
 The file layout follows the spec's example config (hermes-service-api-v1.3.0
 §配置文件) plus the keys added by issue #2 (``hermes.*``, ``paths.*``,
-``key_sha256``), #3 (``mnote.*``) and #8 (``service.connection_limit``,
-``service.idle_timeout_seconds``, ``api_keys[].scopes``). Validation uses jsonschema plus
+``key_sha256``), #3 (``mnote.*``), #8 (``service.connection_limit``,
+``service.idle_timeout_seconds``, ``api_keys[].scopes``) and #9 (``retention.*``). Validation uses jsonschema plus
 the cross-field checks below; every problem is reported as ``file:dotted.key: problem`` so
 ``check-config`` can print it and a bad file never starts a half-working server.
 
@@ -22,6 +22,7 @@ import difflib
 import hashlib
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -80,6 +81,12 @@ DEFAULTS: dict[str, Any] = {
         "default_capability_scope": ["page.read", "page.write", "artifact.write"],
         "service_url": None,
     },
+    "retention": {
+        "interval_seconds": 3600,
+        "sessions_older_than": None,
+        "purge_transcripts": False,
+        "idempotency_window_seconds": 86400,
+    },
 }
 
 #: API key scopes (README §API keys): which route families a key may call.
@@ -96,6 +103,21 @@ SPARE_CONNECTIONS = 100
 # service.node_id: the tag new v1 session ids carry (``<node_id>.<uuid>``) so a proxy in
 # front of several nodes routes a session to the node that owns it (docs/scaling.md).
 NODE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$"
+
+#: ``<count><unit>``, unit s, m, h, d or w (``30d``): ``retention.sessions_older_than``,
+#: ``gc --older-than``.
+DURATION_PATTERN = r"^[0-9]{1,6}[smhdw]$"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: A session mapping used within the last hour is never removed by retention.
+MIN_SESSION_AGE_SECONDS = 3600
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a :data:`DURATION_PATTERN` duration (``"30d"`` → 2592000.0); ValueError if
+    the text is not one."""
+    if not isinstance(text, str) or not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m (units s m h d w)")
+    return float(int(text[:-1]) * _UNIT_SECONDS[text[-1]])
 
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -182,6 +204,12 @@ SCHEMA = _obj({
         "max_event_streams": _POS_INT,
         "default_capability_scope": _STR_LIST,
         "service_url": {"type": ["string", "null"]},
+    }),
+    "retention": _obj({
+        "interval_seconds": {"type": "number", "minimum": 0},
+        "sessions_older_than": {"type": ["string", "null"], "pattern": DURATION_PATTERN},
+        "purge_transcripts": {"type": "boolean"},
+        "idempotency_window_seconds": _POS_NUM,
     }),
 })
 
@@ -381,6 +409,18 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         problems.append(f"{source}:hermes.model.context_length: {ctx_len} is below Hermes's minimum "
                         f"of {HERMES_MIN_CONTEXT_LENGTH} tokens (Hermes refuses to run with less: "
                         "every turn would fail)")
+    ret = raw["retention"]
+    if 0 < ret["interval_seconds"] < 60:
+        problems.append(f"{source}:retention.interval_seconds: {ret['interval_seconds']} is too "
+                        "short; use 0 (no periodic cleanup) or at least 60")
+    older = ret["sessions_older_than"]
+    if older and parse_duration(older) < MIN_SESSION_AGE_SECONDS:
+        problems.append(f"{source}:retention.sessions_older_than: must be at least 1h (a mapping "
+                        "used within the last hour is never removed)")
+    if ret["idempotency_window_seconds"] < h["timeout_seconds"]:
+        problems.append(f"{source}:retention.idempotency_window_seconds: must be at least "
+                        f"hermes.timeout_seconds ({h['timeout_seconds']}): a run's retries must "
+                        "find their first response")
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
         if argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "

@@ -94,8 +94,7 @@ class Conversations:
         """Records of one user (or all), filtered by equal fields, oldest first."""
         if user_id is not None:
             check_id(user_id, "user_id")
-        return self.store.list(lambda r: (user_id is None or r.get("user_id") == user_id)
-                               and all(r.get(k) == v for k, v in match.items()))
+        return self.store.list(user_id, lambda r: all(r.get(k) == v for k, v in match.items()))
 
     def delete(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
         """Forget a session (the Hermes transcript stays in the user's state.db)."""
@@ -103,6 +102,16 @@ class Conversations:
         with self.turn_lock(session_id, wait=self.turn_wait):
             self.store.delete(session_id)
         return rec
+
+    def prune_idle_locks(self) -> int:
+        """Drop entries of the in-memory turn-lock table that no turn holds (retention, README
+        §Retention and cleanup); returns how many. A thread that fetched an entry just before
+        it was dropped still serializes with later turns through the session's file lock."""
+        with self._guard:
+            idle = [sid for sid, lock in self._local_locks.items() if not lock.locked()]
+            for sid in idle:
+                del self._local_locks[sid]
+        return len(idle)
 
     # -- turns -----------------------------------------------------------
     def check_message(self, message: str) -> None:

@@ -78,6 +78,15 @@ def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[
     return rows[::-1]
 
 
+def lineage_ids(hermes_home: Path, session_id: str | None) -> list[str]:
+    """Ids of ``session_id``'s lineage, oldest first (empty if unknown or no state.db)."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return []
+    with closing(conn):
+        return [r["id"] for r in lineage(conn, session_id)]
+
+
 def session_source(hermes_home: Path, session_id: str | None) -> str | None:
     """The ``source`` Hermes recorded for a session (``tool`` for CLI turns, ``acp`` for ACP
     sessions), or None when the session does not exist."""

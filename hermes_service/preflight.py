@@ -1,8 +1,8 @@
 """Checks of the world a config points at (README §Configuring, §Health).
 
 :mod:`.config` judges the file; these judge what it names: the Hermes command, the users
-template, the data dir, ``sessions.json`` and the file-descriptor limit the connection limit
-needs. Every finding is a ``file:key: problem`` line, like the config's own.
+template, the data dir, the session registry and the file-descriptor limit the connection
+limit needs. Every finding is a ``file:key: problem`` line, like the config's own.
 
 * ``check-config`` prints :func:`problems` (exit 2 on any) and the config's warnings;
 * ``serve`` refuses to start on any of them (same lines, exit 2);
@@ -66,16 +66,12 @@ def data_dir_problem(config: Config) -> str | None:
 
 
 def store_problem(config: Config) -> str | None:
-    """``sessions.json`` in the data dir, when present, must parse."""
-    from .session_store import CorruptStore, SessionStore
-    path = config.data_dir / "sessions.json"
-    if not path.exists():
-        return None
-    try:
-        SessionStore(path)
-    except CorruptStore as exc:
-        return str(exc)
-    return None
+    """The session registry must open: its layout file and a legacy ``sessions.json`` still to
+    migrate, when present, must parse (checked without writing; a damaged user shard stops
+    only that user and is reported by ``gc``)."""
+    from .session_store import SessionStore
+    found = SessionStore.check(config.data_dir)
+    return "; ".join(found) if found else None
 
 
 def fds_needed(config: Config) -> int:
@@ -107,8 +103,8 @@ def raise_fd_limit(config: Config) -> None:
 def problems(config: Config, store: bool = True) -> list[str]:
     """Every finding that stops ``serve`` and fails ``check-config`` and a reload.
 
-    ``store=False`` skips ``sessions.json`` (``serve`` reports a corrupt store itself, with
-    exit 3)."""
+    ``store=False`` skips the session registry (``serve`` reports one it cannot open itself,
+    with exit 3)."""
     checks = [command_problem(config), template_problem(config), data_dir_problem(config),
               fd_problem(config)]
     if store:

@@ -173,6 +173,14 @@ class RunManager:
             if run_id not in self._runs:
                 del self._by_session[key]
 
+    def sweep(self) -> int:
+        """Forget finished runs older than ``events_retention_seconds`` (also done on every
+        access; the service's retention job calls this periodically). Returns how many."""
+        with self._lock:
+            before = len(self._runs)
+            self._sweep()
+            return before - len(self._runs)
+
     def start(self, session_key: str, session_id: str, actor_id: str, trace_id: str,
               execute: Callable[[Run], None]) -> Run:
         """Start a run on a session (``session_key``: its store key; ``session_id``: the id the

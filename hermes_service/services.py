@@ -3,8 +3,9 @@
 Data flows one way: blueprint → these objects → runner/store. :func:`build_services`
 constructs every object from the config and wires them together; :meth:`Services.apply`
 hands a reloaded config to the same objects (README §Reload). Process reaping (killing CLI
-groups a crashed service left) is the serve command's job (:mod:`hermes_service.cli`), not
-a side effect of building these.
+groups a crashed service left) and the periodic cleanup
+(:class:`~hermes_service.retention.RetentionJob`) are the serve command's job
+(:mod:`hermes_service.cli`), not a side effect of building these.
 """
 from __future__ import annotations
 
@@ -110,12 +111,13 @@ def default_service_url(config: Config, host: str | None = None, port: int | Non
 def build_services(config: Config, service_url: str | None = None) -> Services:
     """Construct every service object for ``config``.
 
-    Raises :class:`~hermes_service.session_store.CorruptStore` if ``sessions.json`` is
-    unreadable (the service must not start).
+    Raises :class:`~hermes_service.session_store.CorruptStore` if the session registry
+    cannot be opened (its layout file, or a legacy ``sessions.json`` to migrate, is
+    unusable): the service must not start.
     """
     config.data_dir.mkdir(parents=True, exist_ok=True)
     hermes = config["hermes"]
-    store = SessionStore(config.data_dir / "sessions.json")
+    store = SessionStore(config.data_dir)
     homes = UserHomes(config)
     runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs")
     acp = AcpRunner(hermes, runner) if hermes["runner"] == "acp" else None

@@ -1,37 +1,98 @@
-"""Session registry persisted in ``data/sessions.json`` (spec §会话持久化, issue #2 item 9).
+"""Session registry: one ``sessions.json`` per user plus an owner index (README §Data and
+durability; issue #9 item 1; the file format is the design card's ``sessions.json``).
 
-File shape::
+Layout under ``paths.data_dir``::
+
+    sessions/_format.json                   {"version": 1}: the layout (start-up refuses others)
+    sessions/<user_id>/sessions.json        that user's records (the shard)
+    sessions/<user_id>/sessions.json.lock   the shard's file lock
+    sessions/_owners/<hh>/<session_id>      symlink -> ../../<user_id>: who owns a session id
+                                            (<hh>: first two hex digits of sha256(session_id))
+    sessions.json                           the single file of earlier versions: merged into the
+                                            shards on open, then renamed sessions.json.migrated-<time>
+
+A shard has the format the single file had::
 
     {"version": 1, "sessions": {"<session_id>": {<record>}, ...}}
 
 A record holds the mapping only (who owns the session, which Hermes session
 continues it); conversation content lives in the user's Hermes ``state.db``.
 
-Durability: every change re-reads the file under a :class:`filelock.FileLock`
-(``sessions.json.lock``), applies the change, writes a temp file in the same
-folder, fsyncs it, renames it over the old file and fsyncs the folder. So
-two service processes sharing one data dir lose nothing, and ``kill -9`` at
-any moment leaves either the old or the new file. A file that does not parse
-raises :class:`CorruptStore`; it is never overwritten.
+Invariants: a session exists iff its owner link exists and its record is in that
+owner's shard; a record is only ever in a shard whose owner link exists (the link is
+made before the record is written and removed after it is gone); every change to a
+user's links and shard happens under that user's shard lock (a thread lock, then a
+:class:`filelock.FileLock`). A link without a record (a ``kill -9`` between the two
+steps) reads as absent, is reused by the same user's next create of that id, and is
+removed by ``gc``.
+
+Cost: ``get`` is one ``readlink`` plus one shard read; ``list(user_id)`` reads one shard;
+``create``/``update``/``delete`` lock, read and rewrite one shard (create/delete also
+make/remove one link). None depends on the total number of sessions, only on that
+user's own count (which ``gc`` bounds).
+
+Durability: a shard is written as a temp file in its folder, fsynced, renamed over the
+old one, and the folder fsynced; links are fsynced with their folder. So two service
+processes sharing one data dir lose nothing, and ``kill -9`` at any moment leaves
+every acknowledged change in place. A shard that does not parse raises
+:class:`CorruptShard` (503 ``session_store_corrupt`` for that user only) and is never
+overwritten; an unusable ``_format.json`` or legacy ``sessions.json`` raises
+:class:`CorruptStore` (the service refuses to start).
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
+import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from filelock import FileLock
 
-FORMAT_VERSION = 1
+from .errors import ServiceError, check_id, is_id
+
+FORMAT_VERSION = 1          # of a sessions.json file (a shard, or the legacy single file)
+LAYOUT_VERSION = 1          # of the sessions/ folder (_format.json)
+SHARD = "sessions.json"
+OWNERS = "_owners"
+FORMAT_FILE = "_format.json"
+_LINK_PREFIX = "../../"
+_TMP_PREFIX = ".sessions."
+_STRIPES = 64               # thread locks in front of the file locks (bounded memory)
+
+log = logging.getLogger("hermes_service.session_store")
 
 
 class CorruptStore(Exception):
-    """``sessions.json`` exists but is not a valid session file; the service must not start."""
+    """The registry cannot be opened: ``sessions/_format.json`` or a legacy
+    ``sessions.json`` is unusable. The message names the file and the reason; the
+    file is never overwritten and the service must not start."""
+
+
+class CorruptShard(CorruptStore, ServiceError):
+    """One user's ``sessions.json`` (or one owner link) is damaged.
+
+    Requests touching it get 503 ``session_store_corrupt`` (the detail names no path;
+    the path and reason are logged and are ``str(exc)``); other users keep working.
+    ``path`` is the damaged file, ``reason`` what is wrong with it.
+    """
+    status, code = 503, "session_store_corrupt"
+
+    def __init__(self, path: Path, reason: str):
+        ServiceError.__init__(self, "the session registry of this user is damaged and is not "
+                                    "overwritten; an operator must repair it (see the service log)")
+        self.path, self.reason = Path(path), reason
+        log.error("session registry damaged: %s", self)
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}; fix or move it away (it is never overwritten)"
 
 
 def now_iso() -> str:
@@ -39,115 +100,418 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-class SessionStore:
-    """CRUD on session records, safe across threads and processes.
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    Reads use a cache keyed by the file's (inode, mtime_ns, size), so a
-    change made by another process is seen on the next read.
+
+def _mkdir(path: Path) -> None:
+    """Create one folder if missing and make its name durable (fsync the parent)."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return
+    _fsync_dir(path.parent)
+
+
+def _atomic_write(path: Path, payload: bytes, prefix: str) -> None:
+    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _encode(sessions: dict) -> bytes:
+    """A sessions.json file (compact, keys sorted: json's C encoder; an indented dump goes
+    through its pure-Python encoder, several times slower on a large shard)."""
+    return json.dumps({"version": FORMAT_VERSION, "sessions": sessions},
+                      ensure_ascii=False, sort_keys=True).encode()
+
+
+def _parse_file(raw: bytes, owner: str | None) -> dict:
+    """The ``sessions`` mapping of a sessions.json file's bytes; ``owner``: every record's
+    ``user_id`` (a shard) or None (the legacy file: any valid id). Raises ValueError (reason)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if (not isinstance(data, dict) or data.get("version") != FORMAT_VERSION
+            or not isinstance(data.get("sessions"), dict)):
+        raise ValueError(f"expected {{\"version\": {FORMAT_VERSION}, \"sessions\": {{...}}}}")
+    sessions = data["sessions"]
+    if owner is not None:      # a shard: every record is the owner's (a valid id already)
+        bad = [k for k, r in sessions.items() if not isinstance(r, dict)
+               or r.get("session_id") != k or r.get("user_id") != owner or not is_id(k)]
+    else:
+        bad = [k for k, r in sessions.items()
+               if not isinstance(r, dict) or r.get("session_id") != k or not is_id(k)
+               or not is_id(r.get("user_id"))]
+    if bad:
+        what = f"not records of user {owner}" if owner else "no valid session_id and user_id"
+        raise ValueError(f"invalid session record(s) {bad[:3]} ({what})")
+    return sessions
+
+
+class SessionStore:
+    """CRUD on session records, safe across threads and processes (module doc).
+
+    ``data_dir`` is ``paths.data_dir``. Opening creates the layout, migrates a legacy
+    ``data/sessions.json`` (:meth:`migrate_legacy`) and raises :class:`CorruptStore` if
+    the layout file or the legacy file is unusable. ``lock_timeout`` (seconds) bounds the
+    wait for a shard lock (then :class:`filelock.Timeout`).
     """
 
-    def __init__(self, path: Path, lock_timeout: float = 30.0):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = FileLock(str(self.path) + ".lock", timeout=lock_timeout)
-        self._mutex = threading.Lock()
-        self._cache: tuple[tuple, dict] | None = None
-        self._read()   # fail fast on a corrupt file
-        with self._lock:   # no writer is mid-write now: drop temp files a kill -9 left behind
-            for stale in self.path.parent.glob(".sessions.*.tmp"):
-                stale.unlink(missing_ok=True)
+    def __init__(self, data_dir: Path, lock_timeout: float = 30.0):
+        self.data_dir = Path(data_dir)
+        self.root = self.data_dir / "sessions"
+        self.owners = self.root / OWNERS
+        self.legacy = self.data_dir / "sessions.json"
+        self.lock_timeout = lock_timeout
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.root.exists() and not self.root.is_dir():
+            raise CorruptStore(f"{self.root}: not a folder; move it away")
+        _mkdir(self.root)
+        self._open_format()
+        _mkdir(self.owners)
+        if self.legacy.exists():
+            self.migrate_legacy()
 
-    # -- reading ---------------------------------------------------------
-    def _read(self) -> dict:
+    # -- layout ----------------------------------------------------------
+    def _open_format(self) -> None:
+        path = self.root / FORMAT_FILE
+        if not path.exists():
+            _atomic_write(path, json.dumps({"version": LAYOUT_VERSION}).encode(), "._format.")
+            return
+        problem = _format_problem(path)
+        if problem:
+            raise CorruptStore(problem)
+
+    @staticmethod
+    def check(data_dir: Path) -> list[str]:
+        """Problems that would stop :class:`SessionStore` from opening ``data_dir`` (layout
+        file, legacy file), as ``path: reason`` lines; writes nothing (``check-config``)."""
+        root, legacy, problems = Path(data_dir) / "sessions", Path(data_dir) / "sessions.json", []
+        if root.exists() and not root.is_dir():
+            problems.append(f"{root}: not a folder; move it away")
+        elif (root / FORMAT_FILE).exists():
+            problems.append(_format_problem(root / FORMAT_FILE))
+        if legacy.exists():
+            try:
+                _parse_file(legacy.read_bytes(), None)
+            except ValueError as exc:
+                problems.append(f"{legacy}: {exc}; fix or move it away (it is never overwritten)")
+        return [p for p in problems if p]
+
+    # -- paths, locks, links ---------------------------------------------
+    def _shard(self, user_id: str) -> Path:
+        return self.root / check_id(user_id, "user_id") / SHARD
+
+    def link_path(self, session_id: str) -> Path:
+        """Where the owner link of ``session_id`` lives (BadRequest for an unsafe id)."""
+        check_id(session_id, "session_id")
+        return self.owners / hashlib.sha256(session_id.encode()).hexdigest()[:2] / session_id
+
+    @contextmanager
+    def _locked(self, user_id: str) -> Iterator[Path]:
+        """Hold ``user_id``'s shard lock (thread stripe, then file lock); yields the shard path."""
+        shard = self._shard(user_id)
+        _mkdir(shard.parent)
+        with self._stripes[hash(user_id) % _STRIPES], \
+                FileLock(str(shard) + ".lock", timeout=self.lock_timeout, poll_interval=0.005):
+            yield shard
+
+    def owner(self, session_id: str) -> str | None:
+        """The ``user_id`` the owner link of ``session_id`` names, or None if there is none.
+
+        The record itself may still be absent (a create or delete killed half-way).
+        Raises BadRequest (unsafe id) or :class:`CorruptShard` (the link is damaged).
+        """
+        link = self.link_path(session_id)
         try:
-            st = self.path.stat()
+            target = os.readlink(link)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            raise CorruptShard(link, "not a symbolic link to ../../<user_id>") from None
+        user_id = target[len(_LINK_PREFIX):] if target.startswith(_LINK_PREFIX) else ""
+        if not is_id(user_id):
+            raise CorruptShard(link, f"points to {target!r}, not to ../../<user_id>")
+        return user_id
+
+    def _claim(self, session_id: str, user_id: str, sync: bool = True) -> Path | None:
+        """Make the owner link (caller holds ``user_id``'s lock). Returns the link's folder if
+        a link was made (for a deferred fsync when ``sync`` is false), None if this user's link
+        was already there. Raises KeyError if another user owns the id."""
+        link = self.link_path(session_id)
+        _mkdir(link.parent)
+        try:
+            os.symlink(_LINK_PREFIX + user_id, link)
+        except FileExistsError:
+            if self.owner(session_id) == user_id:
+                return None          # left by a create killed before its shard write: reuse
+            raise KeyError(session_id) from None
+        if sync:
+            _fsync_dir(link.parent)
+        return link.parent
+
+    def _unclaim(self, session_id: str, user_id: str) -> bool:
+        """Remove the owner link if it names ``user_id`` (caller holds that user's lock)."""
+        try:
+            if self.owner(session_id) != user_id:
+                return False
+        except CorruptShard:
+            return False
+        link = self.link_path(session_id)
+        link.unlink(missing_ok=True)
+        _fsync_dir(link.parent)
+        return True
+
+    # -- shards ------------------------------------------------------------
+    def _load(self, user_id: str) -> dict:
+        """``user_id``'s records (a fresh dict; {} if the user has none)."""
+        path = self._shard(user_id)
+        try:
+            raw = path.read_bytes()
         except FileNotFoundError:
             return {}
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._mutex:
-            if self._cache and self._cache[0] == stamp:
-                return self._cache[1]
+        except OSError as exc:
+            raise CorruptShard(path, f"unreadable ({exc.strerror})") from None
         try:
-            data = json.loads(self.path.read_bytes())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptStore(f"{self.path}: not valid JSON ({exc}); fix or move it away — "
-                               "the service will not overwrite it") from exc
-        if (not isinstance(data, dict) or data.get("version") != FORMAT_VERSION
-                or not isinstance(data.get("sessions"), dict)):
-            raise CorruptStore(f"{self.path}: expected {{\"version\": {FORMAT_VERSION}, "
-                               "\"sessions\": {...}}; fix or move it away")
-        sessions = data["sessions"]
-        bad = [k for k, r in sessions.items() if not isinstance(r, dict)
-               or r.get("session_id") != k or not isinstance(r.get("user_id"), str)]
-        if bad:
-            raise CorruptStore(f"{self.path}: invalid session record(s) {bad[:3]}; fix or move "
-                               "the file away")
-        with self._mutex:
-            self._cache = (stamp, sessions)
-        return sessions
+            return _parse_file(raw, user_id)
+        except ValueError as exc:
+            raise CorruptShard(path, str(exc)) from None
 
+    def _store(self, shard: Path, sessions: dict) -> None:
+        """Write a shard (caller holds its lock); temp files a killed writer left are dropped
+        first (no writer can be mid-write under the lock)."""
+        self._sweep_temp(shard.parent, dry_run=False)
+        _atomic_write(shard, _encode(sessions), _TMP_PREFIX)
+
+    @staticmethod
+    def _sweep_temp(folder: Path, dry_run: bool) -> list[Path]:
+        found = []
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith(_TMP_PREFIX) and entry.name.endswith(".tmp"):
+                    found.append(Path(entry.path))
+                    if not dry_run:
+                        Path(entry.path).unlink(missing_ok=True)
+        return found
+
+    # -- reading ---------------------------------------------------------
     def get(self, session_id: str) -> dict | None:
-        """A copy of one record, or None."""
-        rec = self._read().get(session_id)
-        return copy.deepcopy(rec) if rec is not None else None
+        """The record of ``session_id`` (a copy), or None.
 
-    def count(self) -> int:
-        """How many records the registry holds (the ``registry_sessions`` gauge)."""
-        return len(self._read())
+        Raises BadRequest (unsafe id) or :class:`CorruptShard` (its owner's shard or its link
+        is damaged)."""
+        user_id = self.owner(session_id)
+        return None if user_id is None else self._load(user_id).get(session_id)
 
-    def list(self, where: Callable[[dict], bool] = lambda r: True) -> list[dict]:
-        """Copies of the records matching ``where``, oldest first (by ``created_at``)."""
-        out = [copy.deepcopy(r) for r in self._read().values() if where(r)]
-        return sorted(out, key=lambda r: r.get("created_at", ""))
+    def list(self, user_id: str | None = None,
+             where: Callable[[dict], bool] | None = None) -> list[dict]:
+        """Copies of ``user_id``'s records (reads that user's shard only; every user's when
+        None — O(all sessions), for operators and tests) matching ``where``, oldest first
+        (by ``created_at``). Raises BadRequest or :class:`CorruptShard`."""
+        users = [user_id] if user_id is not None else self.users()
+        out = [r for u in users for r in self._load(u).values() if where is None or where(r)]
+        return sorted(out, key=lambda r: str(r.get("created_at", "")))
+
+    def users(self) -> list[str]:
+        """Every user id that has a shard folder, sorted."""
+        with os.scandir(self.root) as entries:
+            return sorted(e.name for e in entries
+                          if e.is_dir(follow_symlinks=False) and is_id(e.name))
 
     # -- writing ---------------------------------------------------------
-    def _mutate(self, change: Callable[[dict], object]):
-        with self._lock:
-            sessions = copy.deepcopy(self._read())
-            result = change(sessions)
-            self._write(sessions)
-            return result
-
-    def _write(self, sessions: dict) -> None:
-        payload = json.dumps({"version": FORMAT_VERSION, "sessions": sessions},
-                             ensure_ascii=False, indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(prefix=".sessions.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
     def create(self, record: dict) -> dict:
-        """Insert a new record (must carry ``session_id``). Raises KeyError if the id exists."""
-        def change(sessions):
-            sid = record["session_id"]
-            if sid in sessions:
-                raise KeyError(sid)
-            sessions[sid] = dict(record)
-            return copy.deepcopy(sessions[sid])
-        return self._mutate(change)
+        """Insert a new record (needs ``session_id`` and ``user_id``); returns a copy.
+
+        Raises KeyError if the id exists (for any user), BadRequest for an unsafe id,
+        :class:`CorruptShard` if the user's shard is damaged (nothing is written then)."""
+        session_id = check_id(record.get("session_id"), "session_id")
+        user_id = check_id(record.get("user_id"), "user_id")
+        with self._locked(user_id) as shard:
+            sessions = self._load(user_id)
+            if session_id in sessions:
+                raise KeyError(session_id)
+            self._claim(session_id, user_id)       # the link first: a record always has one
+            sessions[session_id] = copy.deepcopy(record)
+            self._store(shard, sessions)
+            return copy.deepcopy(sessions[session_id])
 
     def update(self, session_id: str, **fields) -> dict | None:
-        """Set fields on a record (and ``updated_at``); returns the new record or None if absent."""
-        def change(sessions):
+        """Set fields on a record (and ``updated_at``); returns the new record or None if absent.
+
+        ``session_id`` and ``user_id`` cannot change (ValueError). Raises BadRequest,
+        :class:`CorruptShard`."""
+        if "session_id" in fields or "user_id" in fields:
+            raise ValueError("session_id and user_id of a session cannot change")
+        user_id = self.owner(session_id)
+        if user_id is None:
+            return None
+        with self._locked(user_id) as shard:
+            sessions = self._load(user_id)
             rec = sessions.get(session_id)
             if rec is None:
                 return None
-            rec.update(fields)
+            rec.update(copy.deepcopy(fields))
             rec["updated_at"] = now_iso()
+            self._store(shard, sessions)
             return copy.deepcopy(rec)
-        return self._mutate(change)
 
-    def delete(self, session_id: str) -> dict | None:
-        """Remove a record; returns it, or None if it was absent."""
-        return self._mutate(lambda sessions: sessions.pop(session_id, None))
+    def delete(self, session_id: str, where: Callable[[dict], bool] | None = None) -> dict | None:
+        """Remove a record (only if ``where(record)`` when given, checked under the lock);
+        returns it, or None if it was absent or kept. Raises BadRequest, :class:`CorruptShard`."""
+        user_id = self.owner(session_id)
+        if user_id is None:
+            return None
+        with self._locked(user_id) as shard:
+            sessions = self._load(user_id)
+            rec = sessions.get(session_id)
+            if rec is not None and where is not None and not where(rec):
+                return None
+            if rec is not None:
+                del sessions[session_id]
+                self._store(shard, sessions)
+            self._unclaim(session_id, user_id)     # after the record: a record always has a link
+            return rec
+
+    def count(self, max_age: float = 30.0) -> int:
+        """How many sessions the registry holds: its owner links (a link without a record, left
+        by a killed create, is counted until gc drops it). Cached ``max_age`` seconds, since it
+        lists the whole index (the ``registry_sessions`` gauge, read at every scrape)."""
+        now = time.monotonic()
+        cached = getattr(self, "_count", None)
+        if cached is None or now - cached[0] >= max_age:
+            cached = self._count = (now, sum(1 for _ in self.links()))
+        return cached[1]
+
+    # -- maintenance (gc) --------------------------------------------------
+    def links(self) -> Iterator[tuple[str, Path]]:
+        """Every ``(session_id, link path)`` of the owner index (O(all sessions))."""
+        with os.scandir(self.owners) as fans:
+            for fan in fans:
+                if not fan.is_dir(follow_symlinks=False):
+                    continue
+                with os.scandir(fan.path) as entries:
+                    for entry in entries:
+                        if is_id(entry.name):
+                            yield entry.name, Path(entry.path)
+
+    def drop_dangling_link(self, session_id: str, min_age: float, dry_run: bool = False) -> bool:
+        """Remove the owner link of ``session_id`` if its owner's shard has no such record and
+        the link is older than ``min_age`` seconds (a create in flight is never touched).
+        Returns whether it was (or, ``dry_run``, would be) removed. Raises CorruptShard."""
+        user_id = self.owner(session_id)
+        if user_id is None:
+            return False
+        try:
+            if time.time() - self.link_path(session_id).lstat().st_mtime < min_age:
+                return False
+        except FileNotFoundError:
+            return False
+        if session_id in self._load(user_id):
+            return False
+        if dry_run:
+            return True
+        with self._locked(user_id):
+            if session_id in self._load(user_id):
+                return False
+            return self._unclaim(session_id, user_id)
+
+    def sweep_temp_files(self, user_id: str, dry_run: bool = False) -> list[Path]:
+        """Temp files a killed writer left in ``user_id``'s shard folder; removed unless
+        ``dry_run`` (under the shard lock, so no writer is mid-write)."""
+        folder = self._shard(user_id).parent
+        if dry_run:
+            return self._sweep_temp(folder, dry_run=True)
+        with self._locked(user_id):
+            return self._sweep_temp(folder, dry_run=False)
+
+    # -- migration ---------------------------------------------------------
+    def migrate_legacy(self) -> int:
+        """Merge the single ``data/sessions.json`` of earlier versions into the shards, then
+        rename it ``sessions.json.migrated-<UTC time>`` (kept as a backup). Returns how many
+        records were added.
+
+        Safe to interrupt at any point (``kill -9``): the legacy file stays until every record
+        is durable in its shard, and a rerun (the next open) adds only what is missing —
+        a record already in a shard wins. Holds the legacy file's lock, so a writer of an
+        earlier version sharing the data dir waits. Order: owner links for every record (each
+        user's under its lock), one fsync per link folder, then one shard write per user.
+
+        Raises :class:`CorruptStore` if the legacy file is unusable, an id in it belongs to
+        another user already, or a shard it must merge into is damaged (nothing is renamed).
+        """
+        with FileLock(str(self.legacy) + ".lock", timeout=self.lock_timeout):
+            try:
+                raw = self.legacy.read_bytes()
+            except FileNotFoundError:
+                return 0               # another process migrated it meanwhile
+            try:
+                legacy = _parse_file(raw, None)
+            except ValueError as exc:
+                raise CorruptStore(f"{self.legacy}: {exc}; fix or move it away (it is never "
+                                   "overwritten)") from None
+            by_user: dict[str, dict] = {}
+            for sid, rec in legacy.items():
+                by_user.setdefault(rec["user_id"], {})[sid] = rec
+            folders: set[Path] = set()
+            for user_id, recs in by_user.items():
+                with self._locked(user_id):
+                    present = self._load(user_id)
+                    for sid in recs:
+                        if sid in present:
+                            continue
+                        try:
+                            made = self._claim(sid, user_id, sync=False)
+                        except KeyError:
+                            raise CorruptStore(
+                                f"{self.legacy}: session {sid} of user {user_id} is already "
+                                f"registered to user {self.owner(sid)}; resolve it by hand") from None
+                        if made is not None:
+                            folders.add(made)
+            for folder in folders:
+                _fsync_dir(folder)
+            added = 0
+            for user_id, recs in by_user.items():
+                with self._locked(user_id) as shard:
+                    present = self._load(user_id)
+                    missing = {sid: rec for sid, rec in recs.items() if sid not in present}
+                    if missing:
+                        present.update(missing)
+                        self._store(shard, present)
+                        added += len(missing)
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            backup = self.data_dir / f"sessions.json.migrated-{stamp}"
+            os.rename(self.legacy, backup)
+            _fsync_dir(self.data_dir)
+            for stale in self.data_dir.glob(_TMP_PREFIX + "*.tmp"):   # a killed legacy writer's
+                stale.unlink(missing_ok=True)
+            log.info("migrated %d session(s) of %d user(s) from %s into %s/<user_id>/%s "
+                     "(the old file is kept as %s)", added, len(by_user), self.legacy, self.root,
+                     SHARD, backup.name)
+            return added
+
+
+def _format_problem(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return f"{path}: unreadable ({exc}); fix or move it away"
+    if not isinstance(data, dict) or data.get("version") != LAYOUT_VERSION:
+        return (f"{path}: expected {{\"version\": {LAYOUT_VERSION}}} (a registry written by "
+                "another version of hermes-service?); fix or move it away")
+    return None

@@ -89,7 +89,7 @@ def test_timeout_kills_the_whole_process_group(start_service, tmp_path):
 def test_unknown_resume_id_recovers_with_a_fresh_conversation(service, tmp_path):
     sid = create(service, "frank")
     assert send(service, sid, "one").status_code == 200
-    path = tmp_path / "data" / "sessions.json"
+    path = tmp_path / "data" / "sessions" / "frank" / "sessions.json"
     data = json.loads(path.read_text())
     data["sessions"][sid]["hermes_session_id"] = "20200101_000000_000000"
     path.write_text(json.dumps(data))

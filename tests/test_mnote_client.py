@@ -291,7 +291,8 @@ def test_keepalive_comments_while_waiting(make, stub):
 
 def test_page_context_is_not_stored_as_session_truth(c, tmp_path):
     wait_done(c, start(c))
-    stored = (tmp_path / "data" / "sessions.json").read_text()
+    stored = "".join(p.read_text() for p in (tmp_path / "data" / "sessions").glob("*/sessions.json"))
+    assert '"mnote_session_id"' in stored
     assert "项目计划" not in stored and "wideLayout" not in stored and "概括" not in stored
 
 

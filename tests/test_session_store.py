@@ -1,5 +1,8 @@
-"""sessions.json durability (issue #2 item 9): threads, processes, kill -9, corruption."""
+"""Session registry durability (issue #2 item 9, issue #9 item 1): per-user shards and the owner
+index under threads, processes, kill -9 and damaged files; migration of the single file."""
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
@@ -10,84 +13,389 @@ import pytest
 import requests
 
 from conftest import API_KEY, ROOT, ServiceProcess, base_config
-from hermes_service.session_store import CorruptStore, SessionStore
+from hermes_service.errors import BadRequest, ServiceError
+from hermes_service.session_store import CorruptShard, CorruptStore, SessionStore
 
 WRITER = """
-import sys, uuid
+import sys
 sys.path.insert(0, {root!r})
 from hermes_service.session_store import SessionStore
-store = SessionStore({path!r})
+store = SessionStore({data!r})
+users = {users!r}
 for i in range({n}):
     sid = "{tag}-" + str(i)
-    store.create({{"session_id": sid, "user_id": "u", "created_at": "x"}})
-    print(sid, flush=True)
+    store.create({{"session_id": sid, "user_id": users[i % len(users)], "created_at": str(i)}})
+    print("c", sid, flush=True)
+    for shared in {shared!r}:
+        store.update(shared, **{{"{tag}" + str(i): i}})
+        print("u", shared, "{tag}" + str(i), flush=True)
 """
 
 
-def writer(path, tag, n):
-    return [sys.executable, "-c", WRITER.format(root=str(ROOT), path=str(path), tag=tag, n=n)]
+def writer(data, tag, n, users=("u",), shared=()):
+    code = WRITER.format(root=str(ROOT), data=str(data), tag=tag, n=n, users=list(users),
+                         shared=list(shared))
+    return [sys.executable, "-c", code]
 
 
-def test_create_get_update_delete_roundtrip(tmp_path):
-    store = SessionStore(tmp_path / "sessions.json")
-    store.create({"session_id": "s1", "user_id": "u", "created_at": "1"})
+def acknowledged(out: str):
+    """(created ids, {session: fields}) a writer printed before it ended."""
+    created, updated = set(), {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "c":
+            created.add(parts[1])
+        elif len(parts) == 3 and parts[0] == "u":
+            updated.setdefault(parts[1], set()).add(parts[2])
+    return created, updated
+
+
+def rec(sid, user="u", **extra):
+    return {"session_id": sid, "user_id": user, "created_at": "2026-01-01T00:00:00+00:00", **extra}
+
+
+def test_create_get_update_delete_list_roundtrip(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", created_at="1"))
+    store.create(rec("s2", "other", created_at="0"))
     assert store.update("s1", hermes_session_id="h")["hermes_session_id"] == "h"
-    assert SessionStore(tmp_path / "sessions.json").get("s1")["hermes_session_id"] == "h"  # restart
+    again = SessionStore(tmp_path)                    # restart
+    assert again.get("s1")["hermes_session_id"] == "h" and again.get("s1")["updated_at"]
+    assert [r["session_id"] for r in again.list("u")] == ["s1"]
+    assert [r["session_id"] for r in again.list()] == ["s2", "s1"]     # oldest first, all users
     with pytest.raises(KeyError):
-        store.create({"session_id": "s1", "user_id": "u"})
+        store.create(rec("s1"))
+    with pytest.raises(KeyError):                     # ids are unique across users
+        store.create(rec("s1", "other"))
+    with pytest.raises(ValueError):
+        store.update("s1", user_id="other")
     assert store.delete("s1")["session_id"] == "s1" and store.get("s1") is None
-    assert store.update("nope", x=1) is None
+    assert store.update("nope", x=1) is None and store.delete("nope") is None
+    assert not store.link_path("s1").is_symlink()     # the owner link goes with the record
+    shard = json.loads((tmp_path / "sessions" / "other" / "sessions.json").read_text())
+    assert shard["version"] == 1 and list(shard["sessions"]) == ["s2"]   # the old file format
 
 
-def test_concurrent_creates_from_threads_lose_nothing(tmp_path):
-    store = SessionStore(tmp_path / "sessions.json")
+ALLOWED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.@:-"
+
+
+def test_ids_with_every_allowed_character_round_trip(tmp_path):
+    store = SessionStore(tmp_path)
+    users = ["U" + ALLOWED[:60], "9" + ALLOWED[60:], "a.", "a@b:c-d_e", "x" * 128, "Ab", "ab"]
+    sids = ["S" + ALLOWED[:60], "0" + ALLOWED[60:], "s.", "s@t:u-v_w.x", "y" * 128, "Cd", "cd",
+            "mnote_doc_1_trace_1.0123456789ab"]
+    for i, sid in enumerate(sids):
+        store.create(rec(sid, users[i % len(users)], n=i))
+    again = SessionStore(tmp_path)
+    for i, sid in enumerate(sids):
+        got = again.get(sid)
+        assert got["session_id"] == sid and got["user_id"] == users[i % len(users)] and got["n"] == i
+        assert again.update(sid, touched=True)["touched"] is True
+    for user in users:                                # "Ab" and "ab" are different users
+        assert {r["session_id"] for r in again.list(user)} == \
+            {s for i, s in enumerate(sids) if users[i % len(users)] == user}
+    for sid in sids:
+        assert again.delete(sid)["session_id"] == sid and again.get(sid) is None
+    assert list(again.links()) == []
+
+
+@pytest.mark.parametrize("bad", ["", "-a", "a/b", "..", "a..b", "a b", "a\x00", "é", "x" * 129,
+                                 "_owners", ".x", 5, None])
+def test_unsafe_ids_are_refused_and_write_nothing(tmp_path, bad):
+    store = SessionStore(tmp_path)
+    before = sorted(p.name for p in (tmp_path / "sessions").rglob("*"))
+    for record in (rec(bad), rec("ok", bad)):
+        with pytest.raises(BadRequest) as exc:
+            store.create(record)
+        assert exc.value.code == "invalid_id"
+    if isinstance(bad, str):
+        with pytest.raises(BadRequest):
+            store.get(bad)
+        with pytest.raises(BadRequest):
+            store.list(bad)
+    assert sorted(p.name for p in (tmp_path / "sessions").rglob("*")) == before
+
+
+def test_concurrent_creates_and_updates_from_threads_lose_nothing(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("shared", "u0"))
+
+    def work(i):
+        store.create(rec(f"t{i}", f"u{i % 7}", created_at=str(i)))
+        store.update("shared", **{f"f{i}": i})       # read-modify-write of one record
+        store.update(f"t{i}", n=i)
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: store.create({"session_id": f"t{i}", "user_id": "u",
-                                              "created_at": str(i)}), range(200)))
-    assert len(SessionStore(tmp_path / "sessions.json").list()) == 200
+        list(pool.map(work, range(200)))
+    again = SessionStore(tmp_path)
+    assert len(again.list()) == 201
+    assert all(again.get(f"t{i}")["n"] == i for i in range(200))
+    shared = again.get("shared")
+    assert all(shared[f"f{i}"] == i for i in range(200))
 
 
-def test_concurrent_creates_from_two_processes_lose_nothing(tmp_path):
-    path = tmp_path / "sessions.json"
-    procs = [subprocess.Popen(writer(path, tag, 60), stdout=subprocess.PIPE, text=True)
-             for tag in ("a", "b")]
-    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+def test_concurrent_creates_and_updates_from_two_processes_lose_nothing(tmp_path):
+    store = SessionStore(tmp_path)
+    for u in ("u1", "u2"):
+        store.create(rec(f"shared-{u}", u))
+    procs = [subprocess.Popen(writer(tmp_path, tag, 40, users=("u1", "u2", "u3"),
+                                     shared=("shared-u1", "shared-u2")),
+                              stdout=subprocess.PIPE, text=True) for tag in ("a", "b")]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    ids = {r["session_id"] for r in SessionStore(path).list()}
-    assert ids == set(outs[0]) | set(outs[1]) and len(ids) == 120
+    again = SessionStore(tmp_path)
+    created = set().union(*(acknowledged(o)[0] for o in outs))
+    assert {r["session_id"] for r in again.list()} == created | {"shared-u1", "shared-u2"}
+    assert len(created) == 80
+    for shared in ("shared-u1", "shared-u2"):
+        fields = set().union(*(acknowledged(o)[1][shared] for o in outs))
+        assert len(fields) == 80 and fields <= set(again.get(shared))
 
 
-def test_kill_9_at_any_moment_keeps_every_acknowledged_session(tmp_path):
-    path = tmp_path / "sessions.json"
+def test_kill_9_during_writes_keeps_every_acknowledged_change(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("shared", "u1"))
     for attempt, delay in enumerate((0.3, 0.55, 0.8)):
-        proc = subprocess.Popen(writer(path, f"k{attempt}", 100000), stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(writer(tmp_path, f"k{attempt}", 100000, users=("u1", "u2"),
+                                       shared=("shared",)), stdout=subprocess.PIPE, text=True)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
-        acknowledged = proc.communicate()[0].split()
-        store = SessionStore(path)          # parses: never a torn file
-        ids = {r["session_id"] for r in store.list()}
-        assert set(acknowledged) <= ids
-        assert not list(tmp_path.glob(".sessions.*.tmp"))  # a killed write's temp file is swept
+        created, updated = acknowledged(proc.communicate()[0])
+        again = SessionStore(tmp_path)                 # every shard parses: never a torn file
+        assert created <= {r["session_id"] for r in again.list()}
+        assert updated.get("shared", set()) <= set(again.get("shared"))
+    for user in ("u1", "u2"):                          # a killed write's temp file goes next time
+        again.create(rec(f"after-{user}", user))
+        assert not list((tmp_path / "sessions" / user).glob(".sessions.*.tmp"))
+
+
+def test_a_link_without_record_reads_as_absent_and_is_reused(tmp_path):
+    """What a kill -9 between the owner link and the shard write leaves behind."""
+    store = SessionStore(tmp_path)
+    link = store.link_path("half")
+    link.parent.mkdir(exist_ok=True)
+    os.symlink("../../u", link)
+    assert store.get("half") is None and store.owner("half") == "u"
+    assert store.update("half", x=1) is None
+    with pytest.raises(KeyError):                      # another user cannot take it meanwhile
+        store.create(rec("half", "v"))
+    assert store.create(rec("half", "u"))["session_id"] == "half"
+    assert store.get("half")["user_id"] == "u"
+
+
+def test_damaged_shard_is_refused_clearly_never_overwritten_and_others_keep_working(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("a1", "alice"))
+    store.create(rec("b1", "bob"))
+    shard = tmp_path / "sessions" / "bob" / "sessions.json"
+    shard.write_text('{"version": 1, "sessions": {oops')
+    for call in (lambda: store.get("b1"), lambda: store.list("bob"),
+                 lambda: store.update("b1", x=1), lambda: store.delete("b1"),
+                 lambda: store.create(rec("b2", "bob"))):
+        with pytest.raises(CorruptShard) as exc:
+            call()
+        assert exc.value.status == 503 and exc.value.code == "session_store_corrupt"
+        assert str(shard) in str(exc.value) and "not valid JSON" in str(exc.value)
+        assert str(shard) not in exc.value.detail        # the HTTP detail names no path
+    assert shard.read_text() == '{"version": 1, "sessions": {oops'
+    assert store.get("b2") is None and not store.link_path("b2").exists()   # nothing half-made
+    store.create(rec("a2", "alice"))                     # alice is unaffected
+    assert store.update("a1", x=1)["x"] == 1 and len(store.list("alice")) == 2
+    assert SessionStore(tmp_path).get("a2")              # and the service still opens
+
+
+@pytest.mark.parametrize("content", [b"[]", b'{"version": 2, "sessions": {}}', b"\xff\xfe",
+                                     b'{"version": 1, "sessions": {"b1": {"session_id": "b1", '
+                                     b'"user_id": "alice"}}}'])
+def test_every_kind_of_damaged_shard_is_refused(tmp_path, content):
+    store = SessionStore(tmp_path)
+    store.create(rec("b1", "bob"))
+    (tmp_path / "sessions" / "bob" / "sessions.json").write_bytes(content)
+    with pytest.raises(CorruptShard):
+        store.get("b1")
+    assert (tmp_path / "sessions" / "bob" / "sessions.json").read_bytes() == content
+
+
+def test_damaged_owner_link_is_refused_for_that_session_only(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("ok", "alice"))
+    link = store.link_path("bad")
+    link.parent.mkdir(exist_ok=True)
+    os.symlink("/etc", link)
+    with pytest.raises(CorruptShard):
+        store.get("bad")
+    assert store.get("ok")["user_id"] == "alice"
+
+
+def test_damaged_shard_through_the_api_refuses_only_that_user(stubbed_app):
+    app = stubbed_app()
+    c, h = app.test_client(), {"X-API-Key": API_KEY}
+    alice = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=h).json["session_id"]
+    bob = c.post("/api/v1/sessions", json={"user_id": "bob"}, headers=h).json["session_id"]
+    data_dir = app.extensions["hermes_service"].config.data_dir
+    (data_dir / "sessions" / "bob" / "sessions.json").write_text("{")
+    res = c.get(f"/api/v1/sessions/{bob}", headers=h)
+    assert res.status_code == 503 and res.json["code"] == "session_store_corrupt"
+    assert "damaged" in res.json["detail"] and "sessions.json" not in res.json["detail"]
+    assert c.get("/api/v1/sessions?user_id=bob", headers=h).status_code == 503
+    res = c.get("/api/hermes/client/sessions", headers={**h, "X-Mnote-Actor-Id": "bob"})
+    assert res.status_code == 503 and res.json["ok"] is False and "damaged" in res.json["message"]
+    assert c.post(f"/api/v1/sessions/{alice}/messages", json={"message": "hi"},
+                  headers=h).status_code == 200
+    assert len(c.get("/api/v1/sessions?user_id=alice", headers=h).json["sessions"]) == 1
+    assert (data_dir / "sessions" / "bob" / "sessions.json").read_text() == "{"
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"version": 99}', b"\xff\xfe"])
+def test_damaged_layout_file_is_refused_at_open_and_never_overwritten(tmp_path, content):
+    SessionStore(tmp_path)
+    fmt = tmp_path / "sessions" / "_format.json"
+    fmt.write_bytes(content)
+    with pytest.raises(CorruptStore) as exc:
+        SessionStore(tmp_path)
+    assert str(fmt) in str(exc.value) and fmt.read_bytes() == content
+    assert SessionStore.check(tmp_path) == [str(exc.value)]
+
+
+# -- migration of the single data/sessions.json ------------------------------------------
+def legacy_file(data_dir, n: int, users: int) -> dict:
+    sessions = {f"s{i}": {"session_id": f"s{i}", "user_id": f"user{i % users}",
+                          "created_at": f"2026-01-01T00:00:{i % 60:02d}+00:00", "status": "active",
+                          "hermes_session_id": f"h{i}", "message_count": i, "kind": "v1"}
+                for i in range(n)}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "sessions.json").write_text(json.dumps({"version": 1, "sessions": sessions}))
+    return sessions
+
+
+def assert_migrated(data_dir, sessions: dict) -> None:
+    store = SessionStore(data_dir)
+    assert not (data_dir / "sessions.json").exists()
+    [backup] = data_dir.glob("sessions.json.migrated-*")
+    assert json.loads(backup.read_text())["sessions"] == sessions    # kept as it was
+    assert {r["session_id"]: r for r in store.list()} == sessions
+    for sid, record in sessions.items():
+        assert store.get(sid) == record
+    assert len(list(store.links())) == len(sessions)
+
+
+def test_single_file_is_migrated_on_first_open(tmp_path):
+    sessions = legacy_file(tmp_path, 250, 30)
+    store = SessionStore(tmp_path)
+    assert len(store.list("user3")) == len([s for s in sessions.values() if s["user_id"] == "user3"])
+    assert_migrated(tmp_path, sessions)
+    SessionStore(tmp_path)                                 # nothing left to do the second time
+
+
+def test_migration_merges_and_keeps_newer_shard_records(tmp_path):
+    """A rerun (after a crash) or a file an earlier-version process wrote later adds only
+    what is missing."""
+    sessions = legacy_file(tmp_path, 20, 3)
+    (tmp_path / "sessions.json").rename(tmp_path / "held")
+    store = SessionStore(tmp_path)
+    store.create({**sessions["s1"], "message_count": 99})
+    (tmp_path / "held").rename(tmp_path / "sessions.json")
+    store = SessionStore(tmp_path)
+    assert store.get("s1")["message_count"] == 99 and store.get("s2") == sessions["s2"]
+    assert len(store.list()) == 20
+
+
+@pytest.mark.parametrize("sessions", [{"x": 5}, {"x": {"session_id": "y", "user_id": "u"}},
+                                      {"x": {"session_id": "x"}},
+                                      {"x/y": {"session_id": "x/y", "user_id": "u"}},
+                                      {"x": {"session_id": "x", "user_id": "../etc"}}])
+def test_invalid_legacy_records_are_refused_and_never_overwritten(tmp_path, sessions):
+    path = tmp_path / "sessions.json"
+    path.write_text(json.dumps({"version": 1, "sessions": sessions}))
+    before = path.read_bytes()
+    with pytest.raises(CorruptStore) as exc:
+        SessionStore(tmp_path)
+    assert str(path) in str(exc.value) and path.read_bytes() == before
+    assert not list((tmp_path / "sessions").glob("*/sessions.json"))
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"version": 99, "sessions": {}}',
                                      b"\xff\xfe"])
-def test_corrupt_file_is_refused_and_never_overwritten(tmp_path, content):
+def test_corrupt_legacy_file_is_refused_and_never_overwritten(tmp_path, content):
     path = tmp_path / "sessions.json"
     path.write_bytes(content)
     with pytest.raises(CorruptStore) as exc:
-        SessionStore(path)
-    assert str(path) in str(exc.value)
-    assert path.read_bytes() == content
+        SessionStore(tmp_path)
+    assert str(path) in str(exc.value) and path.read_bytes() == content
+    assert SessionStore.check(tmp_path) == [str(exc.value)]
 
 
-def test_service_refuses_to_start_on_corrupt_file(tmp_path):
+MIGRATE = """
+import sys
+sys.path.insert(0, {root!r})
+from hermes_service.session_store import SessionStore
+SessionStore({data!r})
+"""
+MIGRATE_AND_DIE = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+name, k, calls = {name!r}, {k}, [0]
+real = getattr(os, name)
+def dying(*a, **kw):
+    calls[0] += 1
+    if calls[0] == k:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **kw)
+setattr(os, name, dying)
+from hermes_service.session_store import SessionStore
+SessionStore({data!r})
+"""
+
+
+@pytest.mark.parametrize("name,k", [("symlink", 1), ("symlink", 61), ("symlink", 120),
+                                    ("fsync", 3), ("fsync", 60), ("fsync", 200), ("replace", 2),
+                                    ("replace", 9), ("replace", 21), ("rename", 1)])
+def test_kill_9_at_each_step_of_the_migration_loses_nothing(tmp_path, name, k):
+    """SIGKILL exactly at the k-th link / fsync / shard rename / final rename, then open again."""
+    sessions = legacy_file(tmp_path, 120, 20)
+    code = MIGRATE_AND_DIE.format(root=str(ROOT), name=name, k=k, data=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert (tmp_path / "sessions.json").exists()         # not committed: still the source
+    assert json.loads((tmp_path / "sessions.json").read_text())["sessions"] == sessions
+    assert_migrated(tmp_path, sessions)
+
+
+def test_kill_9_at_random_moments_of_a_migration_loses_nothing(tmp_path):
+    sessions = legacy_file(tmp_path, 1500, 150)
+    rng = random.Random(9)
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", MIGRATE.format(root=str(ROOT),
+                                                                   data=str(tmp_path))])
+        time.sleep(rng.uniform(0.3, 1.0))     # the interpreter itself starts in ~0.5 s
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if not (tmp_path / "sessions.json").exists():
+            break
+    assert_migrated(tmp_path, sessions)
+
+
+def test_service_migrates_an_existing_data_dir_on_first_start(tmp_path):
+    sessions = legacy_file(tmp_path / "data", 30, 3)
+    svc = ServiceProcess(tmp_path, base_config(tmp_path)).start()
+    try:
+        listed = svc.get("/api/v1/sessions?user_id=user1").json()["sessions"]
+        assert {s["local_session_id"] for s in listed} == \
+            {sid for sid, r in sessions.items() if r["user_id"] == "user1"}
+        assert svc.get("/api/v1/sessions/s4").json()["message_count"] == 4
+    finally:
+        svc.stop()
+    assert not (tmp_path / "data" / "sessions.json").exists()
+    assert len(list((tmp_path / "data").glob("sessions.json.migrated-*"))) == 1
+
+
+def test_service_refuses_to_start_on_a_corrupt_legacy_file(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "sessions.json").write_text("{oops")
     svc = ServiceProcess(tmp_path, base_config(tmp_path))
     with pytest.raises(RuntimeError) as exc:
         svc.start(timeout=15)
     assert "refusing to start" in str(exc.value) and svc.proc.returncode == 3
+    assert "sessions.json: not valid JSON" in str(exc.value)
     assert (tmp_path / "data" / "sessions.json").read_text() == "{oops"
 
 
@@ -116,22 +424,15 @@ def test_two_service_processes_sharing_a_data_dir_lose_no_session_and_survive_re
         assert listed == created and len(created) == 40
     finally:
         c.stop()
-    data = json.loads((tmp_path / "data" / "sessions.json").read_text())
-    assert set(data["sessions"]) == created
+    on_disk = set()
+    for shard in (tmp_path / "data" / "sessions").glob("*/sessions.json"):
+        on_disk |= set(json.loads(shard.read_text())["sessions"])
+    assert on_disk == created
 
 
 def test_reader_sees_other_process_writes(tmp_path):
-    path = tmp_path / "sessions.json"
-    reader = SessionStore(path)
+    reader = SessionStore(tmp_path)
     assert reader.get("p-0") is None
-    subprocess.run(writer(path, "p", 1), check=True, capture_output=True)
+    subprocess.run(writer(tmp_path, "p", 1), check=True, capture_output=True)
     assert reader.get("p-0")["user_id"] == "u"
-
-
-@pytest.mark.parametrize("sessions", [{"x": 5}, {"x": {"session_id": "y", "user_id": "u"}},
-                                      {"x": {"session_id": "x"}}])
-def test_invalid_records_are_refused_at_start(tmp_path, sessions):
-    path = tmp_path / "sessions.json"
-    path.write_text(json.dumps({"version": 1, "sessions": sessions}))
-    with pytest.raises(CorruptStore):
-        SessionStore(path)
+    assert isinstance(CorruptShard(tmp_path, "x"), ServiceError)

@@ -161,6 +161,8 @@ class PageStore(Protocol):
 
     def export_page(self, document_id: str) -> dict: ...
 
+    def prune_idempotency(self, before: datetime, dry_run: bool = False) -> int: ...
+
 
 # --------------------------------------------------------------------------- helpers
 _SCHEMA_SQL = """
@@ -192,6 +194,7 @@ CREATE TABLE IF NOT EXISTS idempotency (
     actor_id TEXT NOT NULL, idem_key TEXT NOT NULL, tool_name TEXT NOT NULL, args_hash TEXT NOT NULL,
     response TEXT NOT NULL, command_id TEXT NOT NULL, created_at TEXT NOT NULL,
     PRIMARY KEY (actor_id, idem_key));
+CREATE INDEX IF NOT EXISTS idempotency_created_at ON idempotency(created_at);
 """
 
 _AUDIT_COLUMNS = {"commandId": "command_id", "commandName": "command_name", "effect": "effect",
@@ -590,6 +593,17 @@ class SQLitePageStore:
                 " a.updated_at AS updatedAt FROM artifacts a JOIN edges e ON e.artifact_id = a.id"
                 " WHERE e.page_id = ? ORDER BY a.created_at, a.id", (document_id,)).fetchall()
         return {**_page_from_row(row), "artifacts": [dict(a) for a in artifacts]}
+
+    def prune_idempotency(self, before: datetime, dry_run: bool = False) -> int:
+        """Delete idempotency records created before ``before`` (an aware datetime: the end of
+        the retry window, README §Retention and cleanup); ``dry_run`` only counts them.
+        Returns how many. A retry after its record is gone runs the command again."""
+        cutoff = before.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+        with self._tx(write=not dry_run) as con:
+            if dry_run:
+                return con.execute("SELECT count(*) FROM idempotency WHERE created_at < ?",
+                                   (cutoff,)).fetchone()[0]
+            return con.execute("DELETE FROM idempotency WHERE created_at < ?", (cutoff,)).rowcount
 
     @staticmethod
     def _require_workspace(con: sqlite3.Connection, workspace_id: str) -> None:

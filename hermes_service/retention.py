@@ -1,0 +1,357 @@
+"""Retention and cleanup: ``.venv/bin/python main.py gc`` and the service's periodic run (README
+§Retention and cleanup; issue #9 item 2).
+
+One pass (:func:`collect`) removes, in this order:
+
+1. **Temp files** a killed writer left in shard folders (a shard write also drops them).
+2. **Session mappings** not used (``updated_at``, else ``created_at``) for ``older_than``
+   seconds — only when ``older_than`` is given. Each is removed while holding its turn lock
+   (``data/locks/session-<id>.lock``, taken without waiting: a session whose lock is held —
+   a running turn, a delete — is kept) and only if it is still stale under its shard lock.
+   With ``purge_transcripts`` its Hermes transcript goes first: every Hermes session of
+   the lineage of its ``hermes_session_id`` that no other mapping of the user still
+   continues, deleted by Hermes's own ``hermes sessions delete --yes <id>`` in the user's
+   home; if that fails the mapping is kept (and retried next time).
+3. **Owner links without a record** (a create or delete killed half-way), older than
+   :data:`LINK_GRACE_SECONDS` (so a create in flight is never touched).
+4. **Lock files** ``data/locks/session-<id>.lock`` of sessions that no longer exist and
+   that nobody holds: taken without waiting and unlinked while held (filelock re-opens a
+   lock file that was unlinked under a waiter, so two holders can never result). Lock
+   files of live sessions and ``home-<user>.lock`` stay (bounded by sessions and users).
+5. **Page-store idempotency records** older than the retry window
+   (``retention.idempotency_window_seconds``, 24 h).
+6. In the service only (``in_service``): idle entries of the in-memory turn-lock table
+   (:meth:`Conversations.prune_idle_locks`) and finished runs' event logs past
+   ``mnote.events_retention_seconds`` (:meth:`RunManager.sweep`) — memory of that process.
+
+Nothing is removed with ``dry_run``; the report says what would be.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from filelock import FileLock, Timeout
+
+from .errors import ServiceError
+from .hermes_state import lineage_ids
+from .session_store import CorruptShard
+
+if TYPE_CHECKING:
+    from .services import Services
+
+log = logging.getLogger("hermes_service.retention")
+
+#: An owner link younger than this is never removed (a create may be between its two steps).
+LINK_GRACE_SECONDS = 3600
+_HERMES_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+# report kinds, in the order the summary lists them
+KINDS = ("temp files", "session mappings", "transcripts", "owner links", "lock files",
+         "idempotency records", "lock-table entries", "event logs")
+
+
+@dataclass
+class GcReport:
+    """What one pass removed (or, ``dry_run``, would remove): ``lines`` for people,
+    ``counts`` per kind (:data:`KINDS`), ``problems`` (damaged shards, failed purges)."""
+    dry_run: bool
+    lines: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    problems: list[str] = field(default_factory=list)
+
+    def removed(self, kind: str, text: str | None, n: int = 1) -> None:
+        self.counts[kind] += n
+        if text:
+            self.lines.append(("would remove " if self.dry_run else "removed ") + text)
+
+    def kept(self, text: str) -> None:
+        self.lines.append("kept " + text)
+
+    def problem(self, text: str) -> None:
+        if text in self.problems:
+            return
+        self.problems.append(text)
+        self.lines.append("problem: " + text)
+
+    def summary(self) -> str:
+        done = ", ".join(f"{self.counts[k]} {k}" for k in KINDS if self.counts[k]) or "nothing"
+        verb = "would remove" if self.dry_run else "removed"
+        tail = f"; {len(self.problems)} problem(s)" if self.problems else ""
+        note = " (dry run: nothing was removed)" if self.dry_run else ""
+        return f"gc: {verb} {done}{tail}{note}"
+
+
+def last_used(record: dict) -> float | None:
+    """Unix time of a record's ``updated_at`` (else ``created_at``); None if neither parses
+    (such a record is never stale)."""
+    for key in ("updated_at", "created_at"):
+        try:
+            value = datetime.fromisoformat(str(record.get(key)))
+        except ValueError:
+            continue
+        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+    return None
+
+
+def _stale(record: dict, cutoff: float) -> bool:
+    used = last_used(record)
+    return used is not None and used < cutoff
+
+
+@contextmanager
+def _try_lock(path: Path, create: bool) -> Iterator[FileLock | bool | None]:
+    """Take the file lock at ``path`` without waiting. Yields the held lock, False if someone
+    else holds it, or True when it does not exist and ``create`` is false (nobody holds it)."""
+    if not create and not path.exists():
+        yield True
+        return
+    lock = FileLock(str(path), timeout=0)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
+            purge_transcripts: bool = False, in_service: bool = False,
+            now: float | None = None) -> GcReport:
+    """One cleanup pass over ``svc``'s data dir (module doc). ``older_than``: seconds a session
+    mapping must be unused to go (None: mappings are kept). Returns the report; never raises
+    for a damaged shard (reported as a problem)."""
+    now = time.time() if now is None else now
+    report = GcReport(dry_run)
+    locks_dir = svc.config.data_dir / "locks"
+    _temp_files(svc, report, dry_run)
+    if older_than is not None:
+        _sessions(svc, report, now - older_than, purge_transcripts, dry_run, locks_dir)
+    known = _Known(svc.store, report)
+    _links(svc, report, dry_run, known)
+    _lock_files(svc, report, dry_run, locks_dir, known)
+    window = float(svc.config["retention"]["idempotency_window_seconds"])
+    before = datetime.fromtimestamp(now - window, timezone.utc)
+    n = svc.tools.store.prune_idempotency(before, dry_run=dry_run)
+    if n:
+        report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
+                       f"before {before.isoformat(timespec='seconds')}", n)
+    if in_service and not dry_run:
+        n = svc.conversations.prune_idle_locks()
+        report.removed("lock-table entries", f"{n} idle turn-lock table entries" if n else None, n)
+        n = svc.runs.sweep()
+        report.removed("event logs", f"{n} finished run(s)' event logs" if n else None, n)
+    return report
+
+
+def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
+              locks_dir: Path) -> None:
+    store = svc.store
+    since = datetime.fromtimestamp(cutoff, timezone.utc).isoformat(timespec="seconds")
+    for user_id in store.users():
+        try:
+            records = store.list(user_id)
+        except CorruptShard as exc:
+            report.problem(f"skipped {exc}")
+            continue
+        remaining = {r["session_id"]: r for r in records}
+        for rec in [r for r in records if _stale(r, cutoff)]:
+            sid = rec["session_id"]
+            what = f"session {sid} of user {user_id} (unused since {rec.get('updated_at')})"
+            lock_path = locks_dir / f"session-{sid}.lock"
+            had_lock_file = lock_path.exists()
+            with _try_lock(lock_path, create=not dry_run) as held:
+                if not held:
+                    report.kept(f"session {sid} of user {user_id}: a turn holds its lock")
+                    continue
+                doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+                if dry_run:
+                    report.removed("session mappings", what)
+                    for hid in doomed:
+                        report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
+                    if had_lock_file:
+                        report.removed("lock files", f"lock file {lock_path}")
+                    remaining.pop(sid)
+                    continue
+                try:
+                    for hid in doomed:
+                        if _delete_transcript(svc, user_id, hid):
+                            report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
+                except ServiceError as err:
+                    report.problem(f"session {sid} of user {user_id}: Hermes session {hid} was not "
+                                   f"deleted ({err.detail}); the mapping is kept")
+                    continue
+                gone = store.delete(sid, where=lambda r: _stale(r, cutoff))
+                if gone is None:
+                    report.kept(f"session {sid} of user {user_id}: used again after {since}")
+                    continue
+                remaining.pop(sid)
+                report.removed("session mappings", what)
+                if isinstance(held, FileLock):       # we hold it: nobody else can be using it
+                    lock_path.unlink(missing_ok=True)
+                    if had_lock_file:
+                        report.removed("lock files", f"lock file {lock_path}")
+
+
+def _transcripts(svc, user_id: str, rec: dict, remaining: dict) -> list[str]:
+    """Hermes session ids of ``rec``'s lineage that no other remaining mapping continues."""
+    home = svc.homes.path(user_id).hermes_home
+    mine = lineage_ids(home, rec.get("hermes_session_id"))
+    if not mine:
+        return []
+    kept: set[str] = set()
+    for other in remaining.values():
+        if other["session_id"] != rec["session_id"]:
+            kept.update(lineage_ids(home, other.get("hermes_session_id")))
+    return [hid for hid in mine if hid not in kept and _HERMES_ID.fullmatch(hid)]
+
+
+def _delete_transcript(svc, user_id: str, hermes_id: str) -> bool:
+    """``hermes sessions delete --yes <id>`` in the user's home (a CLI slot is held).
+    True if Hermes deleted it, False if it was already gone; RunError if the CLI failed."""
+    home = svc.homes.path(user_id)
+    env = svc.homes.cli_env(home, svc.runner.command_path())
+    with svc.runner.slot():
+        out = svc.runner.spawn(["sessions", "delete", "--yes", hermes_id], env, str(home.root),
+                               65536).wait(float(svc.config["hermes"]["execute"]["timeout_seconds"]))
+    if out.returncode == 0 and "Deleted session" in out.stdout:
+        return True
+    if out.returncode == 0 and "not found" in out.stdout:
+        return False
+    raise ServiceError(f"hermes sessions delete exited {out.returncode}: "
+                       f"{(out.stderr or out.stdout).strip()[-300:]}", code="hermes_failed")
+
+
+class _Known:
+    """Which session ids each owner's shard holds, read once per pass (None: damaged)."""
+
+    def __init__(self, store, report: GcReport):
+        self.store, self.report, self.ids = store, report, {}
+
+    def owner_and_state(self, session_id: str) -> tuple[str | None, bool | None]:
+        """(owner, whether its shard holds the record); state None if the link or the shard
+        is damaged (reported once)."""
+        try:
+            owner = self.store.owner(session_id)
+        except CorruptShard as exc:
+            self.report.problem(f"skipped {exc}")
+            return None, None
+        if owner is None:
+            return None, False
+        if owner not in self.ids:
+            try:
+                self.ids[owner] = {r["session_id"] for r in self.store.list(owner)}
+            except CorruptShard as exc:
+                self.ids[owner] = None
+                self.report.problem(f"skipped {exc}")
+        held = self.ids[owner]
+        return owner, None if held is None else session_id in held
+
+
+def _links(svc, report: GcReport, dry_run: bool, known: _Known) -> None:
+    for sid, _path in svc.store.links():
+        owner, present = known.owner_and_state(sid)
+        if owner is None or present is not False:
+            continue
+        try:
+            if svc.store.drop_dangling_link(sid, LINK_GRACE_SECONDS, dry_run=dry_run):
+                report.removed("owner links", f"owner link of {sid} (user {owner}; no record)")
+        except CorruptShard as exc:
+            report.problem(f"skipped {exc}")
+
+
+def _temp_files(svc, report: GcReport, dry_run: bool) -> None:
+    for user_id in svc.store.users():
+        for path in svc.store.sweep_temp_files(user_id, dry_run=dry_run):
+            report.removed("temp files", f"temp file {path}")
+
+
+def _lock_files(svc, report: GcReport, dry_run: bool, locks_dir: Path, known: _Known) -> None:
+    if not locks_dir.is_dir():
+        return
+    for path in sorted(locks_dir.glob("session-*.lock")):
+        sid = path.name[len("session-"):-len(".lock")]
+        try:
+            _owner, present = known.owner_and_state(sid)
+        except ServiceError:               # not a session id of ours: not ours to remove
+            continue
+        if present is not False:           # a live session's (used on its next turn), or damaged
+            continue
+        with _try_lock(path, create=False) as held:
+            if not held:
+                report.kept(f"lock file {path}: held")
+                continue
+            if not dry_run:
+                path.unlink(missing_ok=True)
+            report.removed("lock files", f"lock file {path}")
+
+
+class RetentionJob:
+    """The service's periodic cleanup (``retention`` in config): every ``interval_seconds``
+    one :func:`collect` pass with ``in_service=True``; mappings only when
+    ``sessions_older_than`` is set. Started by the serve command; a daemon thread.
+
+    The settings are read from ``svc.config`` at every pass, so a reload (README §Reload)
+    applies from the next one; while ``interval_seconds`` is 0 no pass runs (the thread looks
+    again every :attr:`idle_check` seconds)."""
+    idle_check = 60.0
+
+    def __init__(self, svc: "Services"):
+        self.svc = svc
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def interval(self) -> float:
+        return float(self.svc.config["retention"]["interval_seconds"])
+
+    @property
+    def older_than(self) -> float | None:
+        from .config import parse_duration
+        older = self.svc.config["retention"]["sessions_older_than"]
+        return parse_duration(older) if older else None
+
+    def run_once(self) -> GcReport:
+        """One pass; logs each removal at info and problems at warning."""
+        report = collect(self.svc, older_than=self.older_than, in_service=True,
+                         purge_transcripts=bool(self.svc.config["retention"]["purge_transcripts"]))
+        for line in report.lines:
+            log.info("retention: %s", line)
+        for problem in report.problems:
+            log.warning("retention: %s", problem)
+        if any(report.counts.values()) or report.problems:
+            log.info("retention: %s", report.summary())
+        return report
+
+    def start(self) -> bool:
+        """Start the thread (once). Returns whether passes run now (``interval_seconds`` > 0)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
+            self._thread.start()
+        return self.interval > 0
+
+    def stop(self) -> None:
+        """End the thread after the pass in progress, if any."""
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while True:
+            interval = self.interval
+            if self._stop.wait(interval if interval > 0 else self.idle_check):
+                return
+            if self.interval <= 0:
+                continue
+            try:
+                self.run_once()
+            except Exception:     # a failed pass must not end the thread; the next one retries
+                log.exception("retention pass failed")
