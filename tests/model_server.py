@@ -148,7 +148,10 @@ __all__ = [
     "DEFAULT_HERMES_BIN",
 ]
 
-DEFAULT_HERMES_BIN = "/work/main/.hermes-venv/bin/hermes"
+# The project's own CLI venv (`make setup`), found from this file, never from one checkout's
+# absolute path; tests that need the CLI take conftest.hermes_bin(), which also honours
+# $HERMES_BIN and PATH and fails (never skips) when no CLI is installed.
+DEFAULT_HERMES_BIN = str(Path(__file__).resolve().parent.parent / ".hermes-venv" / "bin" / "hermes")
 
 AUX_REPLY = "Scripted test conversation"
 

@@ -2,12 +2,12 @@
 
 Three CLI turns (~7 s each on 2 cores): a new session, a resume of it, and a
 resume with every builtin toolset disabled (`-t context_engine`, a valid
-toolset with no tools).  Hermes binary: $HERMES_BIN, else the project venv.
+toolset with no tools).  Hermes binary: conftest.hermes_bin() ($HERMES_BIN, the project's
+.hermes-venv, or PATH); a missing CLI fails the test instead of skipping it.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,17 +17,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_server import DEFAULT_HERMES_BIN, ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
+from conftest import hermes_bin  # noqa: E402
+from model_server import ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
 
-HERMES_BIN = os.environ.get("HERMES_BIN") or DEFAULT_HERMES_BIN
 API_KEY_ENV = "SCRIPTED_MODEL_API_KEY"
 API_KEY = "sk-smoke-test-key"
 SESSION_RE = re.compile(r"^session_id: (\d{8}_\d{6}_[0-9a-f]{6})$")
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not os.access(HERMES_BIN, os.X_OK), reason=f"hermes not found at {HERMES_BIN}"),
-]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +43,7 @@ def hermes_home(tmp_path_factory, model):
 
 def run_hermes(home: Path, query: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [HERMES_BIN, "chat", f"--query={query}", "-Q", "--source", "tool", *extra],
+        [hermes_bin(), "chat", f"--query={query}", "-Q", "--source", "tool", *extra],
         env=hermes_env(home, API_KEY_ENV, API_KEY),
         cwd=home,
         stdin=subprocess.DEVNULL,

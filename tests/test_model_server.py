@@ -436,7 +436,7 @@ def test_raw_http_chunked_stream(model):
 
 
 def test_write_hermes_config(tmp_path):
-    yaml = pytest.importorskip("yaml")
+    import yaml
     path = write_hermes_config(tmp_path / "home", "http://127.0.0.1:1/v1", "m1", "MY_KEY",
                                extra={"plugins": {"enabled": ["p1"]}, "agent": {"max_turns": 5}})
     cfg = yaml.safe_load(path.read_text())
