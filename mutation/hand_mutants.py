@@ -1,0 +1,2 @@
+def run_all(dest, copy_tree, env):
+    return []
