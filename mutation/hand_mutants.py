@@ -1,2 +1,183 @@
-def run_all(dest, copy_tree, env):
-    return []
+"""Hand-made mutants (README §Tests → Mutation testing), run by ``mutation/run.py``.
+
+Two kinds, each a one-line (or one-statement) change that the tests named with it must fail:
+
+* the mutations a review (issue #10) found surviving the fast suite, kept as a regression
+  list: each is killed by a test written for it;
+* changes mutmut cannot make: it never mutates a decorated function (Flask routes, context
+  managers such as the session turn lock, the store's transactions and the shard lock).
+
+A mutant with ``repeat`` > 1 must be killed on every run (a test that catches it only
+sometimes is not enough). Every mutant's tests first run unmutated and must pass.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Hand:
+    name: str            # what the mutation does
+    path: str            # repo-relative file
+    old: str             # a unique substring of that file ...
+    new: str             # ... replaced by this
+    tests: list[str]     # pytest arguments selecting the tests that must fail
+    repeat: int = 1
+
+
+SEC = "tests/test_security.py"
+TOOLS = "tests/test_tool_endpoint.py"
+STORE = "tests/test_session_store.py"
+CLIENT = "tests/test_mnote_client.py"
+TURNS = "tests/test_turns.py"
+
+MUTANTS = [
+    # -- the review's survivors ------------------------------------------------------------
+    Hand("a key bound to an actor may post into another user's v1 session via user_context",
+         "hermes_service/api_v1.py",
+         "    if bound and ctx_user not in (None, bound):\n",
+         "    if False:\n",
+         [f"{SEC}::test_key_bound_to_an_actor_cannot_post_into_another_users_session_via_user_context"]),
+    Hand("a run ignores its key's capability scope (always the configured default)",
+         "hermes_service/mnote/client.py",
+         "    scope = _capability_scope(svc)\n",
+         "    scope = list(svc.config[\"mnote\"][\"default_capability_scope\"])\n",
+         [f"{TOOLS}::test_a_keys_capability_scope_binds_the_runs_it_starts"]),
+    Hand("the gateway accepts the envelope's (wider) capability scope",
+         "hermes_service/mnote/gateway.py",
+         '"capabilityScope": list(claims.capability_scope)}',
+         '"capabilityScope": envelope.get("capabilityScope", list(claims.capability_scope))}',
+         [f"{TOOLS}::test_a_keys_capability_scope_binds_the_runs_it_starts"]),
+    Hand("bearer mode accepts any Authorization scheme",
+         "hermes_service/security.py",
+         'scheme.lower() == "bearer" and token.strip()',
+         'token.strip()',
+         [f"{SEC}::test_bearer_mode_accepts_only_the_bearer_scheme"]),
+    Hand("X-Forwarded-For: the rightmost hop, trusted or not",
+         "hermes_service/security.py",
+         "            if not _in(hop_addr, self.trusted):\n",
+         "            if True:\n",
+         [f"{SEC}::test_forwarded_for_behind_an_allowed_trusted_proxy"]),
+    Hand("X-Forwarded-For: a garbled chain falls back to the (allowed) proxy",
+         "hermes_service/security.py",
+         "                return None   # a garbled chain is not trusted\n",
+         "                continue\n",
+         [f"{SEC}::test_forwarded_for_behind_an_allowed_trusted_proxy"]),
+    Hand("a killed first turn is not matched to its Hermes session by the turn marker",
+         "hermes_service/runner.py",
+         "sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)",
+         "sid = session_id_from_stderr(outcome.stderr)",
+         [TURNS]),
+    Hand("a failed turn that Hermes kept is not mapped to the session",
+         "hermes_service/conversations.py",
+         "            self.store.update(session_id, hermes_session_id=saved)\n",
+         "            pass\n",
+         [TURNS]),
+    Hand("the page-context cap is 10x larger",
+         "hermes_service/mnote/client.py",
+         "CONTEXT_BUDGET = 8192 ",
+         "CONTEXT_BUDGET = 81920 ",
+         [f"{CLIENT}::test_page_context_is_really_capped"]),
+    Hand("the page context drops no whole field",
+         "hermes_service/mnote/client.py",
+         "            ctx.pop(key, None)\n",
+         "            pass\n",
+         [f"{CLIENT}::test_page_context_is_really_capped"]),
+    Hand("the page context cuts long texts before the outline",
+         "hermes_service/mnote/client.py",
+         "    while size() > CONTEXT_BUDGET and ctx.get(\"outline\"):  # 1. the outline, halving\n",
+         "    while False:\n",
+         [f"{CLIENT}::test_page_context_keeps_what_fits_and_cuts_in_order"]),
+    Hand("the turn lock holds within one process only (no file lock)",
+         "hermes_service/conversations.py",
+         "                flock.acquire()\n",
+         "                pass\n",
+         [TURNS]),
+    Hand("a shard is written in place (not temp file + rename)",
+         "hermes_service/session_store.py",
+         '    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""\n',
+         '    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""\n'
+         '    path.write_bytes(payload)\n    return\n',
+         [f"{STORE}::test_kill_9_during_writes_keeps_every_acknowledged_change",
+          f"{STORE}::test_a_writer_killed_inside_a_shard_write_keeps_every_acknowledged_change"],
+         repeat=5),
+    # -- what mutmut cannot reach (decorated functions) --------------------------------------
+    Hand("tool endpoint: a refused call is answered 200",
+         "hermes_service/mnote/endpoint.py",
+         "        resp.status_code = exc.status\n",
+         "        pass\n",
+         [TOOLS]),
+    Hand("tool endpoint: a refusal does not echo the caller's envelope",
+         "hermes_service/mnote/endpoint.py",
+         "failure_envelope(exc.code, exc.message, envelope)",
+         "failure_envelope(exc.code, exc.message, None)",
+         [TOOLS]),
+    Hand("session registry: the shard lock is a thread lock only (no file lock)",
+         "hermes_service/session_store.py",
+         '                FileLock(str(shard) + ".lock", timeout=self.lock_timeout, poll_interval=0.005):',
+         '                threading.Lock():',
+         [f"{STORE}::test_concurrent_creates_and_updates_from_two_processes_lose_nothing"]),
+    Hand("page store: a failed write command leaves its transaction open",
+         "hermes_service/mnote/page_store.py",
+         "            if con.in_transaction:\n                con.execute(\"ROLLBACK\")\n",
+         "            pass\n",
+         ["tests/test_page_store.py"]),
+    Hand("page store: a write command is never committed",
+         "hermes_service/mnote/page_store.py",
+         'con.execute("COMMIT" if write else "ROLLBACK")',
+         'con.execute("ROLLBACK")',
+         ["tests/test_page_store.py"]),
+    Hand("turn lock: a busy session is waited for without a bound",
+         "hermes_service/conversations.py",
+         'flock = FileLock(str(self.locks_dir / f"session-{session_id}.lock"), timeout=wait)',
+         'flock = FileLock(str(self.locks_dir / f"session-{session_id}.lock"), timeout=-1)',
+         [TURNS]),
+]
+
+
+def _pytest(dest: Path, env: dict, tests: list[str]) -> int:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           "-m", "not e2e", *tests], cwd=dest, env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+
+
+def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
+    """Apply each of :data:`MUTANTS` in a fresh copy of the work tree at ``dest``, run its
+    tests, restore the file. Returns ``[{name, path, killed, runs, note}]`` and prints a line
+    per mutant."""
+    copy_tree(dest)
+    env = make_env(dest)
+    print(f"== hand-made mutants: {len(MUTANTS)}", flush=True)
+    out = []
+    for m in MUTANTS:
+        path = dest / m.path
+        original = path.read_text("utf-8")
+        note, codes = "", []
+        if original.count(m.old) != 1:
+            note = f"the text to change occurs {original.count(m.old)} times (not once)"
+        elif _pytest(dest, env, m.tests) != 0:
+            note = "its tests fail without the mutation"
+        else:
+            path.write_text(original.replace(m.old, m.new), "utf-8")
+            try:
+                codes = [_pytest(dest, env, m.tests) for _ in range(m.repeat)]
+            finally:
+                path.write_text(original, "utf-8")
+            if any(c not in (1,) for c in codes):
+                note = f"pytest exit codes {codes} (1 = a test failed)"
+        killed = not note
+        print(f"   {'killed  ' if killed else 'SURVIVED'} {m.name}"
+              + (f" ({len(codes)}/{m.repeat} runs)" if m.repeat > 1 and killed else "")
+              + (f": {note}" if note else ""), flush=True)
+        out.append({"name": m.name, "path": m.path, "killed": killed, "runs": codes, "note": note})
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from mutation.run import BUILD, _copy_tree, _env
+    results = run_all(BUILD / "hand", _copy_tree, _env)
+    sys.exit(0 if all(r["killed"] for r in results) else 1)

@@ -382,10 +382,51 @@ def test_page_context_is_really_capped():
     block = page_context(body)
     assert block.startswith(CONTEXT_HEAD) and block.endswith(CONTEXT_END)
     data = json.loads(block[len(CONTEXT_HEAD):-len(CONTEXT_END)])
-    assert len(json.dumps(data, ensure_ascii=False).encode()) <= CONTEXT_BUDGET
+    assert CONTEXT_BUDGET == 8192                      # README: "at most 8 KiB"
+    assert len(block[len(CONTEXT_HEAD) + 1:-len(CONTEXT_END)].encode()) <= 8192
     assert data["documentId"] == "doc_1" and data["selectedBlockId"] == "b1"
     small = page_context(RUN_BODY)
     assert json.loads(small[len(CONTEXT_HEAD):-len(CONTEXT_END)])["title"] == "项目计划"
+
+
+def context_of(body):
+    from hermes_service.mnote.client import CONTEXT_END, CONTEXT_HEAD, page_context
+    block = page_context({**RUN_BODY, **body})
+    assert block.startswith(CONTEXT_HEAD + "\n") and block.endswith(CONTEXT_END)
+    text = block[len(CONTEXT_HEAD) + 1:-len(CONTEXT_END)]
+    assert len(text.encode()) <= 8192
+    return json.loads(text)
+
+
+def test_page_context_keeps_what_fits_and_cuts_in_order():
+    """README §The mnote client proxy: at most 8 KiB; the outline is cut first, then long
+    texts, then whole fields — and nothing that fits is cut."""
+    options = {"wideLayout": True}
+    outline = [{"id": f"h{i}", "text": f"章节 {i}" * 4} for i in range(400)]
+    # 1. an outline too long alone: only the outline is cut (to a prefix), the rest stays
+    ctx = context_of({"pageContext": {"title": "项目计划", "outline": outline, "pageOptions": options},
+                      "selectedText": "选中的一段", "selectedBlockId": "b1"})
+    assert ctx["title"] == "项目计划" and ctx["pageOptions"] == options
+    assert ctx["selectedText"] == "选中的一段" and ctx["selectedBlockId"] == "b1"
+    assert 0 < len(ctx["outline"]) < len(outline) and ctx["outline"] == outline[:len(ctx["outline"])]
+    # 2. a long selected text: shortened (its beginning kept), every field stays
+    long_text = "正文" * 6000
+    ctx = context_of({"pageContext": {"title": "项目计划", "outline": outline[:3], "pageOptions": options},
+                      "selectedText": long_text, "selectedBlockId": "b1"})
+    assert ctx["outline"] == [] or ctx["outline"] == outline[:len(ctx["outline"])]
+    assert ctx["title"] == "项目计划" and ctx["pageOptions"] == options and ctx["selectedBlockId"] == "b1"
+    assert ctx["selectedText"].endswith("…") and long_text.startswith(ctx["selectedText"][:-1])
+    assert len(ctx["selectedText"]) > 64
+    # 3. a field that cannot be shortened (page options) is dropped, the others stay
+    huge = {f"option{i}": "v" * 100 for i in range(200)}
+    ctx = context_of({"pageContext": {"title": "项目计划", "outline": [], "pageOptions": huge},
+                      "selectedText": "选中的一段", "selectedBlockId": "b1"})
+    assert "pageOptions" not in ctx
+    assert (ctx["title"], ctx["selectedText"], ctx["selectedBlockId"]) == ("项目计划", "选中的一段", "b1")
+    # 4. what fits is handed over whole
+    ctx = context_of({"pageContext": {"title": "项目计划", "outline": outline[:20], "pageOptions": options},
+                      "selectedText": "x" * 3000, "selectedBlockId": "b1"})
+    assert ctx["outline"] == outline[:20] and ctx["selectedText"] == "x" * 3000
 
 
 def test_aborted_turn_that_left_nothing_in_hermes_is_not_mapped(c, stub):

@@ -22,7 +22,8 @@ def test_a_key_without_execute_cannot_export_another_users_transcripts(app):
     for key in (WEB_KEY, "default-scopes-key-0123"):
         res = c.post("/api/v1/execute", json=body, headers={"X-API-Key": key})
         assert res.status_code == 403 and res.json["code"] == "insufficient_scope", res.json
-        assert "execute" in res.json["detail"]
+        assert res.json["detail"] == ("this API key is not granted the 'execute' scope "
+                                      "(security.api_keys[].scopes)")
 
 
 def test_scopes_pick_route_families(app):
@@ -43,6 +44,49 @@ def test_client_routes_render_a_missing_scope_in_the_contract_shape(stubbed_app)
                                 headers={"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"})
     assert res.status_code == 403
     assert res.json["ok"] is False and res.json["code"] == "hermes_client_forbidden"
+
+
+@pytest.mark.parametrize("path, scope", [
+    ("/api/v1/execute", "execute"), ("/api/v1/execute/x", "execute"), ("/api/v1", "v1"),
+    ("/api/v1/sessions", "v1"), ("/api/hermes/client", "client"), ("/api/hermes/client/runs", "client"),
+    ("/api/ai-agent", "client"), ("/api/ai-agent/run", "client"), ("/metrics", "metrics"),
+    ("/health", None), ("/api/v1x", None), ("/api", None), ("/", None),
+    ("/api/hermes/tools/invoke", None),
+])
+def test_the_scope_each_path_needs(path, scope):
+    from hermes_service.hooks import required_scope
+    assert required_scope(path) == scope
+
+
+@pytest.mark.parametrize("addr, loopback", [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("::1%lo", True),
+    ("127.0.0.1%lo", True), ("10.0.0.5", False), ("::ffff:10.0.0.5", False), ("", False),
+    (None, False), ("garbage", False), ("localhost", False),
+])
+def test_which_peers_are_loopback(addr, loopback):
+    from hermes_service.hooks import is_loopback
+    assert is_loopback(addr) is loopback
+
+
+PREFLIGHT = {"Origin": "https://mnote.example", "Access-Control-Request-Method": "POST"}
+
+
+def test_without_cors_an_options_request_needs_a_key_like_any_other(app):
+    res = app.test_client().options("/api/v1/sessions", headers=PREFLIGHT)
+    assert res.status_code == 401 and res.json["code"] == "missing_api_key"
+
+
+def test_with_cors_only_the_preflight_goes_without_a_key(stubbed_app):
+    app = stubbed_app({"cors": {"allow_origins": ["https://mnote.example"]}})
+    c = app.test_client()
+    pre = c.options("/api/v1/sessions", headers=PREFLIGHT)
+    assert pre.status_code == 200
+    assert pre.headers["Access-Control-Allow-Origin"] == "https://mnote.example"
+    for method in ("get", "post", "delete"):
+        res = getattr(c, method)("/api/v1/sessions?user_id=u", headers={"Origin": "https://mnote.example"})
+        assert res.status_code == 401 and res.json["code"] == "missing_api_key"
+    res = c.options("/api/v1/sessions", headers=PREFLIGHT, environ_base={"REMOTE_ADDR": "192.0.2.1"})
+    assert res.status_code == 403                       # but it still needs an allowed address
 
 
 # ---------------------------------------------------------------------------- health

@@ -168,6 +168,43 @@ def test_kill_9_during_writes_keeps_every_acknowledged_change(tmp_path):
         assert not list((tmp_path / "sessions" / user).glob(".sessions.*.tmp"))
 
 
+DIE_MID_WRITE = """
+import resource, signal, sys
+sys.path.insert(0, {root!r})
+from hermes_service.session_store import SessionStore
+store = SessionStore({data!r})
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)    # Python ignores it; now the kernel kills us
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))   # ... inside the write that crosses
+for i in range(100000):
+    store.create({{"session_id": "w{limit}-" + str(i), "user_id": "u1", "created_at": str(i)}})
+    print("c", "w{limit}-" + str(i), flush=True)
+    store.update("shared", **{{"w{limit}-" + str(i): i}})
+    print("u", "shared", "w{limit}-" + str(i), flush=True)
+"""
+
+
+@pytest.mark.parametrize("limit", [1500, 6000])
+def test_a_writer_killed_inside_a_shard_write_keeps_every_acknowledged_change(tmp_path, limit):
+    """Deterministic half of "kill -9 at any moment": the kernel kills the writer (SIGXFSZ)
+    in the middle of the write(2) that makes a file of it cross ``limit`` bytes, so the shard
+    write in flight is always torn. An atomic write tears only its temp file; writing the
+    shard in place would leave a shard that does not parse, every time."""
+    store = SessionStore(tmp_path)
+    store.create(rec("shared", "u1"))
+    code = DIE_MID_WRITE.format(root=str(ROOT), data=str(tmp_path), limit=limit)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGXFSZ, proc.stderr      # died mid-write, not by an error
+    created, updated = acknowledged(proc.stdout)
+    assert created, "the writer acknowledged nothing before the limit"
+    again = SessionStore(tmp_path)                 # the shard parses: never a torn file
+    assert created <= {r["session_id"] for r in again.list("u1")}
+    assert updated["shared"] <= set(again.get("shared"))
+    assert list((tmp_path / "sessions" / "u1").glob(".sessions.*.tmp"))    # the torn temp file
+    again.create(rec("after", "u1"))                                         # goes next write
+    assert not list((tmp_path / "sessions" / "u1").glob(".sessions.*.tmp"))
+
+
 def test_a_link_without_record_reads_as_absent_and_is_reused(tmp_path):
     """What a kill -9 between the owner link and the shard write leaves behind."""
     store = SessionStore(tmp_path)
@@ -436,3 +473,123 @@ def test_reader_sees_other_process_writes(tmp_path):
     subprocess.run(writer(tmp_path, "p", 1), check=True, capture_output=True)
     assert reader.get("p-0")["user_id"] == "u"
     assert isinstance(CorruptShard(tmp_path, "x"), ServiceError)
+
+
+# -- sharper cases (README §Tests → Mutation testing: each kills mutants that survived) ------
+def test_records_are_stamped_in_utc_and_fields_that_name_a_session_cannot_change(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1"))
+    assert store.update("s1", x=1)["updated_at"].endswith("+00:00")
+    with pytest.raises(ValueError) as exc:
+        store.update("s1", user_id="other")
+    assert str(exc.value) == "session_id and user_id of a session cannot change"
+    with pytest.raises(KeyError) as exc:
+        store.create(rec("s1"))
+    assert exc.value.args == ("s1",)
+    for record, field in ((rec("bad id"), "session_id"), (rec("s2", "bad user"), "user_id")):
+        with pytest.raises(BadRequest) as exc:
+            store.create(record)
+        assert exc.value.detail.startswith(f"{field} must be ")
+
+
+def test_delete_removes_the_record_from_its_shard_and_honours_where(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", x=1))
+    store.create(rec("s2", x=2))
+    assert store.delete("s1", where=lambda r: r["x"] == 2) is None       # kept
+    assert store.get("s1")["x"] == 1 and store.link_path("s1").is_symlink()
+    assert store.delete("s1", where=lambda r: r["x"] == 1)["x"] == 1      # removed
+    assert [r["session_id"] for r in store.list("u")] == ["s2"]            # from the shard too
+    shard = json.loads((tmp_path / "sessions" / "u" / "sessions.json").read_text())
+    assert list(shard["sessions"]) == ["s2"] and not store.link_path("s1").is_symlink()
+
+
+def test_a_link_is_removed_only_for_its_owner(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", "alice"))
+    assert store._unclaim("s1", "mallory") is False and store.owner("s1") == "alice"
+    bad = store.link_path("bad")
+    bad.parent.mkdir(exist_ok=True)
+    os.symlink("/etc", bad)
+    assert store._unclaim("bad", "alice") is False and bad.is_symlink()
+
+
+def test_check_reports_a_sessions_path_that_is_not_a_folder(tmp_path):
+    (tmp_path / "sessions").write_text("not a folder")
+    assert SessionStore.check(tmp_path) == [f"{tmp_path / 'sessions'}: not a folder; move it away"]
+    with pytest.raises(CorruptStore):
+        SessionStore(tmp_path)
+
+
+def test_damaged_shard_detail_is_the_documented_sentence(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("b1", "bob"))
+    (tmp_path / "sessions" / "bob" / "sessions.json").write_text("{")
+    with pytest.raises(CorruptShard) as exc:
+        store.get("b1")
+    assert exc.value.detail == ("the session registry of this user is damaged and is not "
+                                "overwritten; an operator must repair it (see the service log)")
+
+
+def test_migration_counts_what_it_added_names_the_backup_in_utc_and_drops_stale_temp_files(
+        tmp_path, monkeypatch):
+    import re
+    from datetime import datetime, timedelta, timezone
+    store = SessionStore(tmp_path)
+    assert store.migrate_legacy() == 0                    # nothing to migrate
+    sessions = legacy_file(tmp_path, 12, 3)
+    store.create({**sessions["s1"], "message_count": 99})     # already there: kept, not added
+    (tmp_path / ".sessions.killed.tmp").write_text("{")       # a killed legacy writer's
+    monkeypatch.setenv("TZ", "Etc/GMT-14")                     # a local time far from UTC
+    time.tzset()
+    try:
+        before = datetime.now(timezone.utc)
+        assert store.migrate_legacy() == 11
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    [backup] = tmp_path.glob("sessions.json.migrated-*")
+    stamp = re.fullmatch(r"sessions\.json\.migrated-(\d{8}T\d{12}Z)", backup.name).group(1)
+    when = datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc)
+    assert before - timedelta(minutes=1) <= when <= datetime.now(timezone.utc) + timedelta(minutes=1)
+    assert not (tmp_path / ".sessions.killed.tmp").exists()
+    for sid, record in sessions.items():                      # every record, in every shard
+        assert store.get(sid) == ({**record, "message_count": 99} if sid == "s1" else record)
+
+
+def test_migration_refuses_an_id_another_user_owns(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", "zed"))
+    legacy_file(tmp_path, 3, 3)                          # s1 belongs to user1 there
+    with pytest.raises(CorruptStore) as exc:
+        store.migrate_legacy()
+    assert str(exc.value) == (f"{tmp_path / 'sessions.json'}: session s1 of user user1 is already "
+                              "registered to user zed; resolve it by hand")
+    assert (tmp_path / "sessions.json").exists()
+
+
+HOLD_LEGACY = """
+import sys
+from filelock import FileLock
+with FileLock({path!r}):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_migration_waits_for_an_older_writer_holding_the_legacy_lock(tmp_path):
+    """An older version writing data/sessions.json holds sessions.json.lock: the migration
+    waits for it (at most lock_timeout), never merges under it."""
+    from filelock import Timeout
+    sessions = legacy_file(tmp_path, 5, 2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LEGACY.format(
+        path=str(tmp_path / "sessions.json.lock"))], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(Timeout):
+            SessionStore(tmp_path, lock_timeout=0.2)
+        assert (tmp_path / "sessions.json").exists()
+    finally:
+        holder.communicate("done\n", timeout=30)
+    assert_migrated(tmp_path, sessions)

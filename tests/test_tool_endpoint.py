@@ -1,6 +1,7 @@
 """The run-scoped tool endpoint (issue #4): tokens, envelope binding, events, plugin definitions."""
 import json
 import threading
+import time
 
 import pytest
 
@@ -92,12 +93,22 @@ def test_envelope_naming_another_actor_session_or_run_is_refused(env, field, val
     res = post(app, envelope(run_env, **{field: value}), run_env["runToken"])
     assert res.status_code == 403 and res.json["error"]["code"] == "mnote_tool_permission_denied"
     assert "项目计划" not in res.get_data(as_text=True) and run.events == []
+    # contract §3: the failure envelope echoes what the caller sent
+    assert (res.json["toolName"], res.json["toolCallId"], res.json["traceId"]) == \
+        ("mnote.page.get", "call_1", "trace_1")
+    assert res.json["audit"] == {"effect": "none", "commandId": None, "workspaceId": "ws_1",
+                                 "documentId": "doc_1"}
 
 
-def test_only_loopback_peers(env):
-    app, _, _, run_env = env
-    res = post(app, envelope(run_env), run_env["runToken"], ip="10.0.0.5")
-    assert res.status_code == 403
+@pytest.mark.parametrize("ip", ["10.0.0.5", "::ffff:10.0.0.5", "192.0.2.1"])
+def test_only_loopback_peers(env, ip):
+    app, _, run, run_env = env
+    res = post(app, envelope(run_env), run_env["runToken"], ip=ip)
+    assert res.status_code == 403 and res.json["error"] == {
+        "code": "mnote_tool_unauthorized", "message": "tool calls are accepted from the local CLI only"}
+    assert run.events == []
+    for ip in ("127.0.0.1", "::1", "127.0.0.2"):
+        assert post(app, envelope(run_env), run_env["runToken"], ip=ip).json["ok"] is True
 
 
 def test_bad_body_is_a_tool_error_not_a_500(env):
@@ -197,3 +208,66 @@ def test_overflowing_numbers_are_refused_before_the_store(env):
                                           "Content-Type": "application/json"})
     assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
     assert svc.tools.store.export_page("doc_1")["revision"] == 1
+
+
+# -- a key's capability scope, end to end (client route → run file → tool endpoint) ---------
+def seeded(app):
+    store = app.extensions["hermes_service"].tools.store
+    store.add_workspace("ws_1")
+    store.add_member("ws_1", "user_1", "owner")
+    store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划"})
+    return store
+
+
+def run_calling_tools(app, stub, headers, envelopes):
+    """Start a client run whose (stubbed) CLI turn makes the tool calls ``envelopes`` with the
+    run file's token, as the mnote plugin would; returns (run file, responses)."""
+    from conftest import API_KEY
+    answers = []
+
+    def plugin():
+        binding = stub.calls[-1]["run_file"]
+        for env in envelopes:
+            body = {**env, "actorId": binding["actorId"], "sessionId": binding["sessionId"],
+                    "runId": binding["runId"], "toolCallId": f"call_{len(answers)}"}
+            answers.append(post(app, body, binding["runToken"]).json)
+    stub.block = plugin
+    res = app.test_client().post("/api/hermes/client/runs", headers={
+        "X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1", **headers}, json={
+        "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "s_1", "message": "hi",
+        "traceId": "trace_1"})
+    assert res.status_code == 200, res.json
+    run = app.extensions["hermes_service"].runs.get(res.json["runId"], "user_1")
+    deadline = time.monotonic() + 10
+    while not run.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert run.done
+    return stub.calls[-1]["run_file"], answers
+
+
+SAVE = {"toolName": "mnote.page.save", "workspaceId": "ws_1", "documentId": "doc_1",
+        "idempotencyKey": "k1", "dryRun": False,
+        "args": {"content": [{"type": "paragraph", "text": "新段落"}]}}
+GET = {"toolName": "mnote.page.get", "workspaceId": "ws_1", "documentId": "doc_1", "args": {}}
+
+
+def test_a_keys_capability_scope_binds_the_runs_it_starts(stubbed_app, stub):
+    from conftest import API_KEY
+    app = stubbed_app({"security": {"api_keys": [{"key": API_KEY, "capability_scope": ["page.read"]}]}})
+    store = seeded(app)
+    # the envelope asks for more than the token grants: the token's scope wins
+    wider = {**SAVE, "capabilityScope": ["page.read", "page.write", "artifact.write"]}
+    run_file, (got, saved) = run_calling_tools(app, stub, {}, [GET, wider])
+    assert run_file["capabilityScope"] == ["page.read"]
+    assert got["ok"] is True and got["result"]["title"] == "项目计划"
+    assert saved["ok"] is False and saved["error"]["code"] == "mnote_tool_permission_denied"
+    assert "page.write" in saved["error"]["message"]
+    assert store.export_page("doc_1")["revision"] == 1 and store.audit_rows() == []
+
+
+def test_runs_of_a_key_without_capability_scope_get_the_configured_default(stubbed_app, stub):
+    app = stubbed_app({"mnote": {"default_capability_scope": ["page.read", "page.write"]}})
+    store = seeded(app)
+    run_file, (saved,) = run_calling_tools(app, stub, {}, [{**SAVE, "capabilityScope": []}])
+    assert run_file["capabilityScope"] == ["page.read", "page.write"]
+    assert saved["ok"] is True and store.export_page("doc_1")["revision"] == 2

@@ -1,0 +1,50 @@
+"""A user's Hermes ``state.db`` as the real CLI leaves it, for unit tests whose CLI turn is
+stubbed: the ``sessions`` and ``messages`` tables with hermes-agent 0.19.0's column names and
+types (schema 22, hermes_state.py of the CLI), restricted to the columns the service reads."""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT, parent_session_id TEXT,
+    started_at REAL NOT NULL, ended_at REAL, message_count INTEGER DEFAULT 0,
+    tool_call_count INTEGER DEFAULT 0, input_tokens INTEGER DEFAULT 0,
+    output_tokens INTEGER DEFAULT 0, title TEXT, rewind_count INTEGER NOT NULL DEFAULT 0,
+    FOREIGN KEY (parent_session_id) REFERENCES sessions(id));
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id),
+    role TEXT NOT NULL, content TEXT, tool_call_id TEXT, tool_calls TEXT, tool_name TEXT,
+    timestamp REAL NOT NULL, finish_reason TEXT, reasoning TEXT, reasoning_content TEXT,
+    active INTEGER NOT NULL DEFAULT 1, compacted INTEGER NOT NULL DEFAULT 0);
+"""
+
+
+def record_turn(hermes_home: Path, session_id: str, message: str, *, tool_call: str | None = None,
+                answer: str | None = None) -> None:
+    """Append one turn to ``session_id`` (created when new): the user's ``message``, then an
+    assistant step calling ``tool_call`` (a tool name) and/or an ``answer``."""
+    hermes_home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.executescript(SCHEMA)
+        db.execute("INSERT OR IGNORE INTO sessions (id, source, started_at) VALUES (?, 'tool', ?)",
+                   (session_id, time.time()))
+        rows = [("user", message, None)]
+        if tool_call:
+            rows.append(("assistant", "", json.dumps([{"id": "call_1", "type": "function",
+                                                       "function": {"name": tool_call,
+                                                                    "arguments": "{}"}}])))
+        if answer is not None:
+            rows.append(("assistant", answer, None))
+        for role, content, calls in rows:
+            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp)"
+                       " VALUES (?, ?, ?, ?, ?)", (session_id, role, content, calls, time.time()))
+
+
+def active_roles(hermes_home: Path, session_id: str) -> list[str]:
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        return [r[0] for r in db.execute("SELECT role FROM messages WHERE session_id = ? AND "
+                                         "active = 1 ORDER BY id", (session_id,))]

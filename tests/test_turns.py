@@ -1,0 +1,110 @@
+"""Turns on one session (README §Runners, §The v1 API): a killed turn is matched to its Hermes
+session by the turn marker, and the turn lock holds across service processes. The CLI is
+stubbed at its seam (``HermesRunner._turn``); Hermes's record is a real ``state.db``
+(tests/hermes_record.py) and the other process is a real one."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from conftest import API_KEY, ROOT
+from hermes_record import active_roles, record_turn
+from hermes_service.runner import Outcome
+
+H = {"X-API-Key": API_KEY}
+HERMES_SID = "20260101_000001_aaaaaa"
+
+
+def killed_turn(stub, *, kept_work: bool, marker: str | None = HERMES_SID):
+    """The stubbed CLI turn: the hermes_service plugin writes the turn marker (its Hermes
+    session id), Hermes records the user message (and, with ``kept_work``, a tool call),
+    then the process is killed before it prints ``session_id: …``."""
+    def turn():
+        call = stub.calls[-1]
+        if marker is not None:
+            Path(call["env"]["HERMES_SERVICE_TURN_FILE"]).write_text(marker + "\n")
+        record_turn(Path(call["env"]["HERMES_HOME"]), HERMES_SID, call["message"],
+                    tool_call="mnote_page_get" if kept_work else None)
+    stub.block = turn
+    stub.outcomes = [Outcome(-9, "", "", 1.0, killed="timeout")]
+
+
+def new_session(c, user="alice"):
+    return c.post("/api/v1/sessions", json={"user_id": user}, headers=H).json["session_id"]
+
+
+def test_a_killed_first_turn_that_hermes_kept_is_continued_by_the_next_turn(stubbed_app, stub):
+    app = stubbed_app()
+    c, store = app.test_client(), app.extensions["hermes_service"].store
+    sid = new_session(c)
+    killed_turn(stub, kept_work=True)
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "first"}, headers=H)
+    assert res.status_code == 504 and res.json["code"] == "run_timeout"
+    assert store.get(sid)["hermes_session_id"] == HERMES_SID      # found by the marker
+    home = app.extensions["hermes_service"].config.data_dir / "users" / "alice" / ".hermes"
+    assert active_roles(home, HERMES_SID) == ["user", "assistant"]   # the work stays
+    stub.block = None
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "second"}, headers=H)
+    assert res.status_code == 200
+    assert stub.calls[-1]["resume_id"] == HERMES_SID                # the model sees its work
+    assert not list((app.extensions["hermes_service"].config.data_dir / "runs").rglob("*.turn"))
+
+
+def test_a_killed_first_turn_that_left_only_the_question_is_taken_back_and_not_mapped(
+        stubbed_app, stub):
+    app = stubbed_app()
+    c, store = app.test_client(), app.extensions["hermes_service"].store
+    sid = new_session(c)
+    killed_turn(stub, kept_work=False)
+    assert c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "first"},
+                  headers=H).status_code == 504
+    home = app.extensions["hermes_service"].config.data_dir / "users" / "alice" / ".hermes"
+    assert active_roles(home, HERMES_SID) == []          # rewound, as Hermes's /rewind does
+    assert store.get(sid)["hermes_session_id"] is None   # the retry starts afresh
+    stub.block = None
+    c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "first"}, headers=H)
+    assert stub.calls[-1]["resume_id"] is None
+
+
+HOLDER = """
+import sys, threading
+from pathlib import Path
+from types import SimpleNamespace
+sys.path.insert(0, {root!r})
+from hermes_service.conversations import Conversations
+me = SimpleNamespace(_guard=threading.Lock(), _local_locks={{}}, locks_dir=Path({locks!r}))
+with Conversations.turn_lock(me, {sid!r}, wait=30):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_the_turn_lock_holds_across_service_processes(stubbed_app, stub):
+    """Another service process sharing the data dir runs a turn on the session (it holds the
+    session's turn lock): this process answers 409 session_busy after queue_wait_seconds,
+    runs no CLI, and runs the turn once the other process is done."""
+    app = stubbed_app({"hermes": {"queue_wait_seconds": 0.5}})
+    c, svc = app.test_client(), app.extensions["hermes_service"]
+    sid = new_session(c)
+    other = subprocess.Popen([sys.executable, "-c", HOLDER.format(
+        root=str(ROOT), locks=str(svc.config.data_dir / "locks"), sid=sid)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "held\n"
+        answers = []
+        turn = threading.Thread(target=lambda: answers.append(c.post(
+            f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)))
+        turn.start()
+        turn.join(60)          # a hang guard, not a timing assert: the wait is bounded
+        assert answers, "a busy session was waited for without a bound"
+        [res] = answers
+        assert res.status_code == 409 and res.json["code"] == "session_busy"
+        assert stub.calls == [] and svc.store.get(sid)["message_count"] == 0
+    finally:
+        other.communicate("done\n", timeout=30)
+        turn.join(60)
+    assert other.returncode == 0
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)
+    assert res.status_code == 200 and len(stub.calls) == 1
