@@ -271,3 +271,125 @@ def test_runs_of_a_key_without_capability_scope_get_the_configured_default(stubb
     run_file, (saved,) = run_calling_tools(app, stub, {}, [{**SAVE, "capabilityScope": []}])
     assert run_file["capabilityScope"] == ["page.read", "page.write"]
     assert saved["ok"] is True and store.export_page("doc_1")["revision"] == 2
+
+
+# -- sharper cases (README §Tests → Mutation testing) ----------------------------------------
+def events(run):
+    return [{k: v for k, v in e.items() if k not in ("run_id", "session_id")} for e in run.events]
+
+
+def test_the_run_binding_is_exactly_what_the_plugin_reads(env):
+    _, svc, run, run_env = env
+    token = run_env.pop("runToken")
+    assert run_env == {"toolUrl": svc.tools.service_url.rstrip("/") + URL, "actorId": "user_a",
+                       "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": run.session_id,
+                       "runId": run.run_id, "traceId": "trace_1",
+                       "capabilityScope": ["page.read", "page.write", "artifact.write"]}
+    assert svc.tools.claims_for(f"Bearer {token}")[1] is run
+
+
+def test_the_tool_url_is_built_from_the_service_url(tmp_path):
+    from types import SimpleNamespace
+    from hermes_service.mnote.gateway import ToolGateway
+    from hermes_service.mnote.page_store import SQLitePageStore
+    store = SQLitePageStore(tmp_path / "mnote.db")
+    run = SimpleNamespace(actor_id="a", session_id="s", run_id="r", trace_id="t")
+    for url in ("http://127.0.0.1:9123", "http://127.0.0.1:9123/", "http://[::1]:9123/"):
+        binding = ToolGateway(store, url).run_binding(run, "w", "d", [])
+        assert binding["toolUrl"] == url.rstrip("/") + URL
+    with pytest.raises(RuntimeError) as exc:
+        ToolGateway(store).run_binding(run, "w", "d", [])
+    assert str(exc.value) == "ToolGateway.service_url is not set"
+    store.close()
+
+
+@pytest.mark.parametrize("authorization, message", [
+    (None, "a run token is required"), ("", "a run token is required"),
+    ("Bearer", "a run token is required"), ("Bearer   ", "a run token is required"),
+    ("Basic TOKEN", "a run token is required"), ("TOKEN", "a run token is required"),
+    ("Bearer forged-token", "unknown or expired run token"),
+])
+def test_a_token_is_only_taken_from_the_bearer_scheme(env, authorization, message):
+    from hermes_service.mnote.gateway import ToolRefused
+    _, svc, _, run_env = env
+    with pytest.raises(ToolRefused) as exc:
+        svc.tools.claims_for(authorization and authorization.replace("TOKEN", run_env["runToken"]))
+    assert (exc.value.status, exc.value.code, exc.value.message) == (401, "mnote_tool_unauthorized", message)
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("authorization", ["Bearer TOKEN", "bearer TOKEN", "Bearer  TOKEN "])
+def test_the_bearer_scheme_is_case_insensitive_and_spaces_are_allowed(env, authorization):
+    _, svc, run, run_env = env
+    assert svc.tools.claims_for(authorization.replace("TOKEN", run_env["runToken"]))[1] is run
+
+
+def test_a_run_token_can_be_revoked_twice_and_a_run_without_one_too(env):
+    _, svc, run, run_env = env
+    from types import SimpleNamespace
+    svc.tools.end_run(run)
+    svc.tools.end_run(run)
+    svc.tools.end_run(SimpleNamespace(run_id="never-bound"))
+
+
+def test_tool_events_name_the_call_and_its_outcome(env):
+    app, _, run, run_env = env
+    post(app, envelope(run_env), run_env["runToken"])
+    post(app, envelope(run_env, "mnote.page.save", documentId="doc_2", toolCallId="call_2",
+                       idempotencyKey="k", dryRun=False, args={"content": []}), run_env["runToken"])
+    post(app, envelope(run_env, toolName=123, toolCallId=456), run_env["runToken"])
+    assert events(run) == [
+        {"event": "tool.started", "tool_call_id": "call_1", "tool_name": "mnote.page.get"},
+        {"event": "tool.completed", "tool_call_id": "call_1", "tool_name": "mnote.page.get",
+         "ok": True, "error_code": None},
+        {"event": "tool.started", "tool_call_id": "call_2", "tool_name": "mnote.page.save"},
+        {"event": "tool.completed", "tool_call_id": "call_2", "tool_name": "mnote.page.save",
+         "ok": False, "error_code": "mnote_tool_permission_denied"},
+        {"event": "tool.started", "tool_call_id": None, "tool_name": None},
+        {"event": "tool.completed", "tool_call_id": None, "tool_name": None, "ok": False,
+         "error_code": "mnote_tool_bad_request"},
+    ]
+
+
+def test_a_call_outside_the_runs_page_is_denied_with_the_contract_message_and_echo(env):
+    app, svc, _, run_env = env
+    svc.tools.store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
+    res = post(app, envelope(run_env, "mnote.page.save", documentId="doc_2", toolCallId="call_9",
+                             idempotencyKey="k", dryRun=False, args={"content": []}), run_env["runToken"])
+    assert res.json["error"] == {"code": "mnote_tool_permission_denied", "message": "无页面写权限"}
+    assert (res.json["toolName"], res.json["toolCallId"], res.json["audit"]["documentId"]) == \
+        ("mnote.page.save", "call_9", "doc_2")
+    res = post(app, envelope(run_env, workspaceId="ws_9"), run_env["runToken"])
+    assert res.json["error"] == {"code": "mnote_tool_permission_denied", "message": "无页面读取权限"}
+    assert res.json["audit"]["workspaceId"] == "ws_9"
+
+
+def test_the_envelope_may_leave_out_the_runs_ids(env):
+    app, _, _, run_env = env
+    body = {k: v for k, v in envelope(run_env).items() if k not in ("actorId", "sessionId", "runId")}
+    res = post(app, body, run_env["runToken"])
+    assert res.json["ok"] is True and res.json["result"]["documentId"] == "doc_1"
+
+
+def test_refusals_say_why(env):
+    app, svc, run, run_env = env
+    res = post(app, envelope(run_env, sessionId="mnote_other"), run_env["runToken"])
+    assert res.json["error"]["message"] == "sessionId does not match the run token"
+    res = app.test_client().post(URL, data=b"[1]", headers={
+        "Authorization": f"Bearer {run_env['runToken']}", "Content-Type": "application/json"},
+        environ_base={"REMOTE_ADDR": "127.0.0.1"})
+    assert res.status_code == 400 and res.json["error"] == {
+        "code": "mnote_tool_bad_request", "message": "the body must be a JSON object"}
+    svc.runs.abort(run)
+    res = post(app, envelope(run_env), run_env["runToken"])
+    assert res.status_code == 401 and res.json["error"] == {
+        "code": "mnote_tool_unauthorized", "message": "the run has ended or was aborted"}
+
+
+def test_errors_raised_under_the_tool_prefix_become_envelopes_with_contract_codes():
+    from hermes_service.errors import ServiceError
+    from hermes_service.mnote.endpoint import render_error_body
+    assert render_error_body(ServiceError("boom"))["error"] == {
+        "code": "mnote_tool_internal_error", "message": "boom"}
+    assert render_error_body(ServiceError("far", code="ip_not_allowed"))["error"]["code"] == \
+        "mnote_tool_unauthorized"
