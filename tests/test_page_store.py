@@ -195,3 +195,49 @@ def test_two_processes_share_the_file(store):
     page = store.export_page("doc_1")
     assert page["revision"] == 22 and len(page["blocks"]) == 22 and count(store, "audit_log") == 21
     assert [b["id"] for b in page["blocks"]].count("shared") == 1
+
+
+# -- sharper cases (README §Tests → Mutation testing) ----------------------------------------
+def test_a_replayed_write_says_so_and_returns_the_first_answer(store):
+    content = [{"type": "paragraph", "text": "一段"}]
+    first = store.page_save(ctx(idempotency_key="k1"), content=content)
+    again = store.page_save(ctx(idempotency_key="k1"), content=content)
+    assert first.replayed is False and again.replayed is True
+    assert (again.result, again.command_id) == (first.result, first.command_id)
+    assert store.export_page("doc_1")["revision"] == 2 and len(store.audit_rows()) == 1
+
+
+def test_options_ai_may_not_change_are_refused_with_the_contract_message(store):
+    with pytest.raises(ps.UnsupportedOption) as exc:
+        store.update_options(ctx(idempotency_key="k1"),
+                             options={"protectEditing": True, "showToc": True, "bogus": True})
+    assert exc.value.message == "页面选项 protectEditing, bogus 的 runtimeSupport 不是 wired，AI 不可修改"
+    assert store.export_page("doc_1")["revision"] == 1
+    dry = store.update_options(ctx(dry_run=True), options={"showToc": True})
+    assert dry.result == {"dryRun": True, "diff": [{"op": "set", "option": "showToc", "from": False,
+                                                    "to": True}]}          # no warnings key
+    dry = store.update_options(ctx(dry_run=True), options={"protectEditing": True, "bogus": True})
+    assert dry.result["diff"] == [] and dry.result["warnings"] == [
+        {"option": "protectEditing", "code": "mnote_tool_unsupported_option",
+         "runtimeSupport": "not_wired",
+         "message": "页面选项 protectEditing 的 runtimeSupport 不是 wired，实际执行会失败"},
+        {"option": "bogus", "code": "mnote_tool_unsupported_option", "runtimeSupport": "unknown",
+         "message": "页面选项 bogus 的 runtimeSupport 不是 wired，实际执行会失败"}]
+
+
+def test_idempotency_records_are_pruned_by_utc_time_and_the_default_deletes(store, monkeypatch):
+    import time
+    from datetime import datetime, timedelta, timezone
+    store.page_save(ctx(idempotency_key="k1"), content=[{"type": "p", "text": "x"}])
+    now = datetime.now(timezone.utc)
+    monkeypatch.setenv("TZ", "Etc/GMT-14")       # local time 14 h ahead of UTC
+    time.tzset()
+    try:
+        assert store.prune_idempotency(now - timedelta(minutes=5)) == 0     # not old enough
+        assert store.prune_idempotency(now + timedelta(minutes=5), dry_run=True) == 1
+        assert count(store, "idempotency") == 1
+        assert store.prune_idempotency(now + timedelta(minutes=5)) == 1     # default: delete
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert count(store, "idempotency") == 0
