@@ -593,3 +593,205 @@ def test_migration_waits_for_an_older_writer_holding_the_legacy_lock(tmp_path):
     finally:
         holder.communicate("done\n", timeout=30)
     assert_migrated(tmp_path, sessions)
+
+
+def test_count_is_the_number_of_owner_links_cached_for_max_age(tmp_path):
+    store = SessionStore(tmp_path)
+    assert store.count() == 0
+    store.create(rec("s1"))
+    store.create(rec("s2", "v"))
+    assert store.count() == 0                      # the cached value, within max_age (30 s)
+    assert store.count(max_age=0) == 2             # re-read
+    half = store.link_path("half")                 # a link without a record counts until gc
+    half.parent.mkdir(exist_ok=True)
+    os.symlink("../../u", half)
+    (store.owners / "not-a-fan").write_text("")    # only fan folders hold links
+    assert store.count(max_age=0) == 3 and store.count() == 3
+    assert sorted(sid for sid, _ in store.links()) == ["half", "s1", "s2"]
+
+
+def test_a_shard_is_the_documented_format_utf8_compact_with_sorted_keys(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", title="项目计划", b=1, a=2))
+    raw = (tmp_path / "sessions" / "u" / "sessions.json").read_bytes()
+    assert raw == json.dumps(json.loads(raw), ensure_ascii=False, sort_keys=True).encode()
+    assert "项目计划".encode() in raw and b'"a": 2, "b": 1' in raw
+
+
+def test_every_refusal_of_a_damaged_file_names_the_problem(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("b1", "bob"))
+    shard = tmp_path / "sessions" / "bob" / "sessions.json"
+    for content, reason in (
+            (b'{"version": 1, "sessions": {"b1": 5}}', "invalid session record(s) ['b1'] (not records of user bob)"),
+            (b'{"version": 1}', 'expected {"version": 1, "sessions": {...}}'),
+            (b'{"version": 1, "sessions": {"b1": {"session_id": "b1", "user_id": "al"}, '
+             b'"b2": {"session_id": "b2", "user_id": "al"}, "b3": {"session_id": "x", "user_id": "bob"}, '
+             b'"b4": {"session_id": "b4", "user_id": "al"}}}',
+             "invalid session record(s) ['b1', 'b2', 'b3'] (not records of user bob)")):
+        shard.write_bytes(content)
+        with pytest.raises(CorruptShard) as exc:
+            store.get("b1")
+        assert (exc.value.path, exc.value.reason) == (shard, reason)
+    shard.unlink()
+    shard.mkdir()                                                   # unreadable
+    with pytest.raises(CorruptShard) as exc:
+        store.get("b1")
+    assert (exc.value.path, exc.value.reason) == (shard, "unreadable (Is a directory)")
+    legacy = tmp_path / "sessions.json"
+    legacy.write_text(json.dumps({"version": 1, "sessions": {"x": 5}}))
+    assert SessionStore.check(tmp_path) == [
+        f"{legacy}: invalid session record(s) ['x'] (no valid session_id and user_id); fix or move it "
+        "away (it is never overwritten)"]
+    legacy.unlink()
+    fmt = tmp_path / "sessions" / "_format.json"
+    fmt.write_text('{"version": 7}')
+    assert SessionStore.check(tmp_path) == [
+        f'{fmt}: expected {{"version": 1}} (a registry written by another version of '
+        "hermes-service?); fix or move it away"]
+
+
+def test_damaged_owner_links_name_the_problem(tmp_path):
+    store = SessionStore(tmp_path)
+    for sid, make, reason in (
+            ("f1", lambda p: p.write_text("../../alice"), "not a symbolic link to ../../<user_id>"),
+            ("f2", lambda p: os.symlink("/etc", p), "points to '/etc', not to ../../<user_id>"),
+            ("f3", lambda p: os.symlink("/data/alice", p), "points to '/data/alice', not to ../../<user_id>")):
+        link = store.link_path(sid)
+        link.parent.mkdir(exist_ok=True)
+        make(link)
+        with pytest.raises(CorruptShard) as exc:
+            store.owner(sid)
+        assert (exc.value.path, exc.value.reason) == (link, reason)
+
+
+def test_ids_are_refused_with_the_field_they_came_in(tmp_path):
+    store = SessionStore(tmp_path)
+    for call, field in ((lambda: store.get("bad id"), "session_id"),
+                        (lambda: store.list("bad id"), "user_id")):
+        with pytest.raises(BadRequest) as exc:
+            call()
+        assert exc.value.detail.startswith(f"{field} must be ")
+    with pytest.raises(KeyError) as exc:
+        store.create(rec("s1", "a")) and store.create(rec("s1", "b"))
+    assert exc.value.args == ("s1",)
+
+
+def test_the_owner_index_fans_out_by_two_hex_digits(tmp_path):
+    import hashlib
+    store = SessionStore(tmp_path)
+    store.create(rec("s1"))
+    link = store.link_path("s1")
+    assert link.parent.name == hashlib.sha256(b"s1").hexdigest()[:2] and link.is_symlink()
+
+
+def test_a_data_dir_is_made_with_its_parents_and_a_sessions_file_is_refused_clearly(tmp_path):
+    SessionStore(tmp_path / "a" / "b" / "data").create(rec("s1"))
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "sessions").write_text("")
+    with pytest.raises(CorruptStore) as exc:
+        SessionStore(tmp_path / "x")
+    assert str(exc.value) == f"{tmp_path / 'x' / 'sessions'}: not a folder; move it away"
+
+
+def test_list_is_oldest_first_by_created_at_across_users(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("late", "a", created_at="2026-03"))
+    store.create(rec("early", "b", created_at="2026-01"))
+    store.create(rec("mid", "a", created_at="2026-02"))
+    store.create({"session_id": "undated", "user_id": "b"})      # no created_at: first
+    assert [r["session_id"] for r in store.list()] == ["undated", "early", "mid", "late"]
+    assert [r["session_id"] for r in store.list("a")] == ["mid", "late"]
+
+
+def test_only_the_registrys_own_temp_files_are_swept(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1"))
+    folder = tmp_path / "sessions" / "u"
+    for name in (".sessions.left.tmp", "notes.tmp", ".sessions.keep"):
+        (folder / name).write_text("x")
+    assert [p.name for p in store.sweep_temp_files("u", dry_run=True)] == [".sessions.left.tmp"]
+    assert (folder / ".sessions.left.tmp").exists()
+    assert [p.name for p in store.sweep_temp_files("u")] == [".sessions.left.tmp"]   # default: remove
+    assert sorted(p.name for p in folder.iterdir()) == [".sessions.keep", "notes.tmp",
+                                                         "sessions.json", "sessions.json.lock"]
+    (folder / ".sessions.again.tmp").write_text("x")
+    store.update("s1", x=1)                                         # a write sweeps them too
+    assert not (folder / ".sessions.again.tmp").exists() and (folder / "notes.tmp").exists()
+
+
+def test_users_are_shard_folders_not_symlinks_or_files(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("s1", "alice"))
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "sessions" / "mallory")
+    (tmp_path / "sessions" / "file").write_text("")
+    assert store.users() == ["alice"]
+
+
+def test_a_dangling_link_is_dropped_only_when_old_and_without_record(tmp_path):
+    store = SessionStore(tmp_path)
+    store.create(rec("kept"))
+    half = store.link_path("half")
+    half.parent.mkdir(exist_ok=True)
+    os.symlink("../../u", half)
+    assert store.drop_dangling_link("nothing", 0) is False             # no link
+    assert store.drop_dangling_link("half", 3600) is False              # too young
+    assert store.drop_dangling_link("kept", 0) is False                 # it has its record
+    assert store.drop_dangling_link("half", 0, dry_run=True) is True and half.is_symlink()
+    assert store.drop_dangling_link("half", 0) is True                  # default: remove
+    assert not half.is_symlink() and store.get("kept")
+
+
+FILE_TOO_LARGE = """
+import errno, resource, sys
+sys.path.insert(0, {root!r})
+from hermes_service.session_store import SessionStore
+store = SessionStore({data!r})
+store.create({{"session_id": "small", "user_id": "u"}})
+resource.setrlimit(resource.RLIMIT_FSIZE, (400, 400))   # SIGXFSZ ignored: write() fails EFBIG
+try:
+    store.create({{"session_id": "big", "user_id": "u", "blob": "x" * 1000}})
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno])
+"""
+
+
+def test_a_failed_shard_write_raises_its_error_and_leaves_no_temp_file(tmp_path):
+    out = subprocess.run([sys.executable, "-c", FILE_TOO_LARGE.format(root=str(ROOT), data=str(tmp_path))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == "refused EFBIG\n", out.stderr
+    assert sorted(p.name for p in (tmp_path / "sessions" / "u").iterdir()) == ["sessions.json",
+                                                                               "sessions.json.lock"]
+    store = SessionStore(tmp_path)
+    assert store.get("small") and store.get("big") is None
+
+
+def test_a_change_is_durable_before_it_is_acknowledged(tmp_path, monkeypatch):
+    """What kill -9 cannot show (the page cache survives a killed process), a power loss would:
+    the owner link's folder is fsynced before the record is written, the record's data before
+    its rename, and the shard's folder after it (README §Data and durability)."""
+    store = SessionStore(tmp_path)
+    store.create(rec("first"))                      # the user's folders exist from here on
+    steps, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        steps.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        steps.append(("replace", str(dst)))
+        return real_replace(src, dst)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store.create(rec("s2"))
+    shard = str(tmp_path / "sessions" / "u" / "sessions.json")
+    fan = str(store.link_path("s2").parent)
+    names = [(op, "tmp" if ".sessions." in p else p) for op, p in steps]
+    assert names[-4:] == [("fsync", fan), ("fsync", "tmp"), ("replace", shard),
+                          ("fsync", str(tmp_path / "sessions" / "u"))]
+    assert names[:-4] in ([], [("fsync", str(store.owners))])    # a new fan folder: its parent
+    steps.clear()
+    store.update("s2", x=1)
+    assert [(op, "tmp" if ".sessions." in p else p) for op, p in steps] == [
+        ("fsync", "tmp"), ("replace", shard), ("fsync", str(tmp_path / "sessions" / "u"))]
