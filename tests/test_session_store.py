@@ -758,6 +758,7 @@ except OSError as exc:
 
 
 def test_a_failed_shard_write_raises_its_error_and_leaves_no_temp_file(tmp_path):
+    SessionStore(tmp_path)                  # the layout file: written in this process too
     out = subprocess.run([sys.executable, "-c", FILE_TOO_LARGE.format(root=str(ROOT), data=str(tmp_path))],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout == "refused EFBIG\n", out.stderr
