@@ -64,7 +64,7 @@ test: setup
 
 # Mutation testing of the security- and durability-critical modules (README §Tests → Mutation
 # testing): mutmut module by module, then the hand-made mutants. Not part of `make test` or CI:
-# ~1 h on 2 cores. MUTATION_ARGS="security hooks" runs some modules; "--hand-only" the hand ones.
+# ~35 min on 2 cores. MUTATION_ARGS="security hooks" runs some modules; "--hand-only" the hand ones.
 MUTATION_ARGS ?=
 mutation: setup
 	$(VENV)/bin/python mutation/run.py $(MUTATION_ARGS)

@@ -1,5 +1,6 @@
 """Mutation testing of the security- and durability-critical code (README §Tests → Mutation
-testing). Run by ``make mutation``; not part of ``make test`` or CI (it takes ~1 h on 2 cores).
+testing). Run by ``make mutation``; not part of ``make test`` or CI (~35 min on the shared
+2-core machine).
 
 Two parts, run one after the other (never two mutation runs at once):
 
