@@ -76,7 +76,8 @@ class _Sink:
     held: str | None = None          # the first message chunk, until a second one arrives
     delivered: int = 0               # message chunks handed to the listener
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
-    tools_running: set[str] = field(default_factory=set)
+    tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
+    #                                                None for an mnote tool (the gateway reports it)
     kill_reason: str | None = None
 
     def touch(self) -> None:
@@ -139,16 +140,17 @@ class _Client:
             if listener is not None and text:
                 listener.reasoning(text)
         elif kind == "tool_call":
-            call_id, name = update.tool_call_id, update.title
-            sink.tools_running.add(call_id)
-            if listener is not None and not str(name).startswith("mnote_"):
-                listener.tool("tool.started", call_id, name, None)
+            call_id, title = update.tool_call_id, update.title or "tool"
+            mnote = title.startswith("mnote_")
+            sink.tools_running[call_id] = None if mnote else title
+            if listener is not None and not mnote:
+                listener.tool("tool.started", call_id, title, None)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
-            sink.tools_running.discard(call_id)
-            name = getattr(update, "title", None)
-            if listener is not None and not str(name).startswith("mnote_"):
-                listener.tool("tool.completed", call_id, name, update.status == "completed")
+            known = call_id in sink.tools_running
+            title = sink.tools_running.pop(call_id, None)
+            if listener is not None and known and title is not None:
+                listener.tool("tool.completed", call_id, title, update.status == "completed")
 
     async def request_permission(self, options, session_id, tool_call, **_kw):
         from acp.schema import DeniedOutcome, RequestPermissionResponse
