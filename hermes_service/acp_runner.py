@@ -24,9 +24,9 @@ process has not loaded; its history replay is discarded), and ``session/prompt``
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
 model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
-(except the first, held until a second one arrives or the turn ends: Hermes 0.19.0 sends
-provider errors and its own hints as one ordinary chunk at the end of a turn, and a turn
-that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
+(except the first, held until a second one arrives, 0.2 s pass or the turn ends: Hermes
+0.19.0 sends provider errors and its own hints as one ordinary chunk right at the end of a
+turn, and a turn that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
 ``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
 tool calls are reported by the tool gateway). The answer is read from Hermes's record,
 exactly as for the CLI runner.
@@ -64,6 +64,7 @@ from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, Tur
 log = logging.getLogger("hermes_service.acp")
 
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
+FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
 POLL_SECONDS = 0.05
 STDERR_TAIL_BYTES = 16384
 
@@ -79,6 +80,8 @@ class _Sink:
     tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
     #                                                None for an mnote tool (the gateway reports it)
     kill_reason: str | None = None
+    ended: bool = False              # the prompt has answered: the runner decides what is shown
+    _timer: object = None
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -87,12 +90,23 @@ class _Sink:
         self.text.append(text)
         if not self.delivered and self.held is None:
             self.held = text
+            # a turn's error text comes alone, right before the prompt's answer; a real
+            # first piece is followed by more, or the turn keeps going past the hold
+            self._timer = asyncio.get_running_loop().call_later(FIRST_CHUNK_HOLD, self._hold_over)
             return
         self.release()
         self._deliver(text)
 
+    def _hold_over(self) -> None:
+        if not self.ended:
+            self.release()
+
     def release(self) -> None:
-        """Hand the held first chunk over (a second chunk arrived, or the turn answered)."""
+        """Hand the held first chunk over (a second chunk arrived, the hold is over, or the
+        turn answered)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.held is not None:
             held, self.held = self.held, None
             self._deliver(held)
@@ -537,6 +551,7 @@ class AcpRunner:
                 err = RunError(detail, code=code, status=status)
                 err.hermes_session_id = sid
                 raise err
+            sink.ended = True
             try:
                 response = task.result()
             except Exception as exc:
