@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,8 +57,7 @@ from pathlib import Path
 from . import hermes_state
 from .errors import RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _proc_start, answer_from_record, classify_text, empty_answer, failure_reason,
-                     kill_group)
+                     _ctx, _proc_start, answer_from_record, classify_text, failure_reason, kill_group)
 
 log = logging.getLogger("hermes_service.acp")
 
@@ -374,11 +372,9 @@ class AcpRunner:
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
             try:
                 sid, response, resumed = fut.result()
-            except UseCli:
-                raise
             except ServiceError as err:
                 if getattr(err, "code", "") not in ("run_cancelled", "service_stopping"):
-                    log.warning("hermes acp turn failed %s code=%s", _ctx(req), err.code)
+                    log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
@@ -387,7 +383,7 @@ class AcpRunner:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
                 err = classify_text("".join(sink.text))   # a provider error, sent as text
-                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req), err.code,
+                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req.log_ctx), err.code,
                             failure_reason("".join(sink.text)))
             err.hermes_session_id = sid
             # its in-memory history may hold the turn the record takes back: no further turn there
@@ -610,6 +606,3 @@ class AcpRunner:
                 self._replace(proc)
         task.cancel()
 
-
-def _ctx(req: TurnRequest) -> str:
-    return " ".join(f"{k}={v}" for k, v in req.log_ctx.items())

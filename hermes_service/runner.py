@@ -44,11 +44,14 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import hermes_state
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
 from .limits import Limiter
+
+if TYPE_CHECKING:
+    from .user_homes import UserHome
 
 log = logging.getLogger("hermes_service.runner")
 
@@ -294,7 +297,7 @@ class TurnRequest:
     binding (see :mod:`hermes_service.mnote.gateway`) written to the run file."""
     message: str
     resume_id: str | None
-    home: "UserHome"                 # noqa: F821 (user_homes.UserHome)
+    home: "UserHome"
     env: dict
     model: str | None = None
     toolsets: list[str] = field(default_factory=list)
@@ -366,13 +369,18 @@ class RunFiles:
         os.replace(tmp, path)
         return path
 
-    def sweep(self) -> int:
-        """Remove every run file (start-up: no run of this data dir is alive). Returns how many."""
-        removed = 0
+    def sweep(self, older_than: float) -> int:
+        """Remove run files older than ``older_than`` seconds — left by a service that died
+        (a live turn's file is younger than the turn time limit; another service process may
+        share the data dir). Returns how many."""
+        removed, cutoff = 0, time.time() - older_than
         for f in self.root.glob("*/*"):
-            if f.is_file():
-                f.unlink(missing_ok=True)
-                removed += 1
+            try:
+                if f.is_file() and f.stat().st_mtime < cutoff:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+            except OSError:
+                continue
         return removed
 
 
@@ -545,7 +553,7 @@ class HermesRunner:
 
     def reap_orphans(self) -> int:
         """See :meth:`ProcessGroups.reap_orphans`; also drops run files a crash left."""
-        self.run_files.sweep()
+        self.run_files.sweep(older_than=self.timeout + 60)
         return self.groups.reap_orphans()
 
     def chat_args(self, message: str, resume_id: str | None, model: str | None = None,
