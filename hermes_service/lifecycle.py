@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import preflight
+from .files import atomic_write
 from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
@@ -75,10 +75,7 @@ def _proc_start(pid: int) -> str | None:
 
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data), durable=False)
 
 
 class ServiceRecord:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import hermes_state
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
+from .files import atomic_write
 from .limits import Limiter
 
 if TYPE_CHECKING:
@@ -362,12 +363,9 @@ class RunFiles:
         return path
 
     def write(self, path: Path, data: dict) -> Path:
-        """Write ``data`` as JSON atomically with mode 0600."""
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".run.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, ensure_ascii=False)
-        os.replace(tmp, path)
-        return path
+        """Write ``data`` as JSON atomically with mode 0600 (a throwaway file: not fsynced)."""
+        return atomic_write(path, json.dumps(data, ensure_ascii=False), durable=False,
+                            prefix=".run.")
 
     def sweep(self, older_than: float) -> int:
         """Remove run files older than ``older_than`` seconds — left by a service that died
