@@ -31,6 +31,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .errors import schema_error
+
 ENV_CONFIG = "HERMES_SERVICE_CONFIG"
 
 DEFAULTS: dict[str, Any] = {
@@ -287,7 +289,8 @@ def _schema_problem(err: jsonschema.ValidationError) -> str:
         return f"{_dotted(err.absolute_path)}: " + "; ".join(parts)
     if err.validator == "oneOf" and isinstance(err.instance, dict):
         return f"{_dotted(err.absolute_path)}: give exactly one of 'key', 'key_sha256' or 'key_env'"
-    return f"{_dotted(err.absolute_path)}: {err.message}"
+    path, reason = schema_error(err)
+    return f"{_dotted(path)}: {reason}"
 
 
 def parse_network(text: str):

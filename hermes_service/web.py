@@ -2,7 +2,7 @@
 
 * :func:`services` — the :class:`~hermes_service.services.Services` of the current app;
 * :func:`parse_json` / :func:`json_body` — strict JSON request bodies, validated with jsonschema;
-* :func:`schema_problem` — the one formatter of a jsonschema error (``path: message``);
+* :func:`schema_problem` — a request body's jsonschema error as ``path: message``;
 * :func:`register_error_shape` / :func:`render_error` — each route family renders a
   :class:`~hermes_service.errors.ServiceError` in its own contract's shape, chosen by URL prefix
   (v1 API: ``{"detail", "code", "requestId"}``; the mnote blueprints register theirs).
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import jsonschema
 from flask import current_app, g, jsonify, request
 
-from .errors import BadRequest, ServiceError
+from .errors import BadRequest, ServiceError, schema_error
 
 if TYPE_CHECKING:
     from .services import Services
@@ -58,27 +58,9 @@ def parse_json(raw: bytes):
 
 
 def schema_problem(err: jsonschema.ValidationError, limit: int = 300) -> str:
-    """One jsonschema error as ``a/b/0: message`` (message cut at ``limit`` characters).
-
-    ``required`` and ``additionalProperties`` errors name the offending field in the path,
-    so every caller reports the same shape (request bodies, tool envelopes, config).
-    """
-    path, reason = [str(p) for p in err.absolute_path], err.message
-    if err.validator == "required" and isinstance(err.instance, dict):
-        missing = [p for p in err.validator_value if p not in err.instance]
-        if missing:
-            path.append(missing[0])
-            reason = "is required"
-    elif err.validator == "additionalProperties" and isinstance(err.instance, dict):
-        allowed = err.schema.get("properties", {})
-        extra = sorted(k for k in err.instance if k not in allowed)
-        if extra:
-            path.append(extra[0])
-            reason = "is not an allowed field"
-    if len(reason) > limit:
-        reason = reason[:limit] + "…"
-    where = "/".join(path)
-    return f"{where}: {reason}" if where else reason
+    """A request body's schema error as ``a/b/0: message`` (:func:`~hermes_service.errors.schema_error`)."""
+    path, reason = schema_error(err, limit)
+    return f"{'/'.join(path)}: {reason}" if path else reason
 
 
 def first_schema_error(validator: jsonschema.protocols.Validator, instance) -> jsonschema.ValidationError | None:
