@@ -355,8 +355,8 @@ class AcpRunner:
         if self.processes() >= self.max_processes and not self._idle():
             return
         fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
-        fut.add_done_callback(lambda f: f.exception() and log.info("ACP pre-warm failed: %s",
-                                                                   f.exception()))
+        fut.add_done_callback(lambda f: not f.cancelled() and f.exception()
+                              and log.info("ACP pre-warm failed: %s", f.exception()))
 
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
@@ -372,10 +372,14 @@ class AcpRunner:
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
             try:
                 sid, response, resumed = fut.result()
-            except ServiceError as err:
-                if getattr(err, "code", "") not in ("run_cancelled", "service_stopping"):
+            except (ServiceError, UseCli) as err:
+                if getattr(err, "code", "") not in ("run_cancelled", "service_stopping", None):
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
+            except Exception as exc:     # the protocol failed (process died mid-request, ...)
+                log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
+                self._call(self._retire_key((req.home.user_id, req.family))).result(5)
+                raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
             answer, reasoning = answer_from_record(req, sid)
