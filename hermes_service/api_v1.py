@@ -12,9 +12,10 @@ import uuid
 from flask import Blueprint, g, jsonify, request
 
 from .web import json_body, services
-from .errors import BadRequest, Forbidden, NotFound, check_id
+from .errors import BadRequest, Forbidden, check_id
 from .preflight import describe, health_checks
 from .runner import classify_failure
+from .security import acting_user
 
 log = logging.getLogger("hermes_service")
 
@@ -38,12 +39,10 @@ _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
 
 
 def _user(user_id: str | None) -> str | None:
-    """The user a request may act for. A key bound to an actor (``api_keys[].actor_id``)
-    acts only for that user: another ``user_id`` is 403 ``actor_mismatch``."""
-    bound = getattr(g.get("api_key"), "actor_id", None)
-    if bound and user_id not in (None, bound):
-        raise Forbidden("this API key is bound to another user", code="actor_mismatch")
-    return check_id(user_id, "user_id") if user_id else bound
+    """The user a request may act for (:func:`~hermes_service.security.acting_user`): a key
+    bound to an actor (``api_keys[].actor_id``) acts only for that user — another ``user_id``
+    is 403 ``actor_mismatch``."""
+    return acting_user(g.get("api_key"), check_id(user_id, "user_id") if user_id else None)
 
 
 def _public(rec: dict) -> dict:
@@ -150,14 +149,12 @@ def send_message(session_id):
     check_id(session_id, "session_id")
     body = json_body(SEND_MESSAGE)
     ctx_user = (body.get("user_context") or {}).get("user_id")
-    bound = _user(None)
-    if bound and ctx_user not in (None, bound):
-        raise NotFound(f"session {session_id} not found", code="session_not_found")
+    owner = _user(ctx_user)           # a bound key naming another user: 403 actor_mismatch
     svc = services()
-    svc.conversations.get(session_id, owner=ctx_user or bound, kind="v1")   # 404 first
+    svc.conversations.get(session_id, owner=owner, kind="v1")   # 404 first
     svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
     with svc.admission():
-        rec, result = svc.conversations.send(session_id, body["message"], owner=ctx_user or bound,
+        rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": result.hermes_session_id, "resumed": result.resumed,

@@ -21,6 +21,7 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import json_body, parse_json, services
 from ..errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..security import acting_user
 from ..hermes_state import session_summary, transcript
 
 PREFIX = "/api/hermes/client"
@@ -84,7 +85,9 @@ def public_event(event: dict) -> dict:
 
 
 def _status(err: ServiceError) -> int:
-    return 429 if err.code == "upstream_rate_limited" else err.status
+    """The proxy answers a provider 429 with 429, and an actor the key is not bound to as the
+    contract's 401 ``hermes_client_unauthorized`` (core: 403 ``actor_mismatch``)."""
+    return {"upstream_rate_limited": 429, "actor_mismatch": 401}.get(err.code, err.status)
 
 
 def trace_id() -> str:
@@ -118,18 +121,15 @@ def render_error_body(err: ServiceError) -> dict:
 def actor_id() -> str:
     """The acting mnote user (``X-Mnote-Actor-Id``, or the key's bound actor). 401 if missing/invalid."""
     header = request.headers.get(ACTOR_HEADER)
-    bound = getattr(g.get("api_key"), "actor_id", None)
     if header is not None:
         try:
             check_id(header, ACTOR_HEADER)
         except BadRequest:
             raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id", code="missing_actor") from None
-        if bound and header != bound:
-            raise Unauthorized("this API key is bound to another actor", code="actor_mismatch")
-        return header
-    if bound:
-        return bound
-    raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
+    actor = acting_user(g.get("api_key"), header)     # the key's actor when bound (401 below)
+    if actor is None:
+        raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
+    return actor
 
 
 def ok(**fields):
