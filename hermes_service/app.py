@@ -9,7 +9,7 @@ import logging
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, metrics
+from . import hooks, metrics, openapi
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, TooLarge
@@ -27,7 +27,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     (default ``mnote.service_url`` or ``http://127.0.0.1:<service.port>``).
 
     Raises :class:`~hermes_service.session_store.CorruptStore` if
-    ``sessions.json`` is unreadable (the service must not start).
+    ``sessions.json`` is unreadable (the service must not start), and
+    :class:`~hermes_service.openapi.UndocumentedRoute` if a route declares no contract.
     """
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]
@@ -66,4 +67,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     app.register_blueprint(v1)
     app.register_blueprint(metrics.bp)
     register_mnote(app)
+    app.register_blueprint(openapi.bp)
+    # every route must declare its contract: an undocumented one stops the app here
+    # (UndocumentedRoute), so no test and no start passes with it (README §API description)
+    openapi.build_document(app, config)
     return app
