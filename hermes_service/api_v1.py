@@ -16,7 +16,7 @@ import uuid
 from flask import Blueprint, g, jsonify, request
 
 from .web import V1_ERRORS, Param, Reply, documented, json_body, services
-from .errors import ID_SCHEMA, BadRequest, Forbidden, NotFound, check_id
+from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, NotFound, check_id
 from .preflight import describe, health_checks
 from .runner import classify_failure
 
@@ -33,7 +33,7 @@ CREATE_SESSION = {"type": "object", "required": ["user_id"], "additionalProperti
                                                      "description": "accepted, unused (spec)"}},
                   "examples": [{"user_id": "user123"}]}
 SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties": False,
-                "properties": {"message": {"type": "string", "minLength": 1,
+                "properties": {"message": {"type": "string", "minLength": 1, "pattern": NO_NUL,
                                            "description": "at most hermes.max_message_bytes "
                                                           "(UTF-8; else 413), no NUL"},
                                "user_context": _USER_CONTEXT},
@@ -100,7 +100,7 @@ EXECUTE_RESULT = {"type": "object",
                                  "returncode": {"type": ["integer", "null"]},
                                  "truncated": {"type": "boolean"}}}
 
-_SESSION_ID = Param("session_id", "path", {"type": "string"}, "a v1 session id")
+_SESSION_ID = Param("session_id", "path", ID_SCHEMA, "a v1 session id")
 # what a turn may answer (README §The v1 API, error table)
 _TURN_ERRORS = {409: ("session_busy",), 429: ("too_many_runs",),
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
@@ -219,7 +219,8 @@ def list_sessions():
 
 @bp.get("/api/v1/sessions/<session_id>")
 @documented(summary="A session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
-            replies={200: Reply("the session", SESSION)}, errors={404: ("session_not_found",)})
+            replies={200: Reply("the session", SESSION)},
+            errors={400: ("invalid_id",), 404: ("session_not_found",)})
 def get_session(session_id):
     """Spec §6: ``{user_id, local_session_id, created_at, status, ...}``; 404 if unknown."""
     return jsonify(_public(services().conversations.get(session_id, owner=_user(None), kind="v1")))
@@ -229,7 +230,7 @@ def get_session(session_id):
 @documented(summary="Forget a session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
             replies={200: Reply("deleted (the transcript stays in the user's state.db)",
                                 SESSION_DELETED)},
-            errors={404: ("session_not_found",), 409: ("session_busy",),
+            errors={400: ("invalid_id",), 404: ("session_not_found",), 409: ("session_busy",),
                     429: ("too_many_runs",)})
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""

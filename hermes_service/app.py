@@ -55,8 +55,12 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
             return render_error(TooLarge(f"request body exceeds {app.config['MAX_CONTENT_LENGTH']} "
                                          "bytes", code="payload_too_large"))
         codes = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request"}
+        # keep what the exception says besides its body: a 405 must name the methods the
+        # route answers (Allow, RFC 9110 §15.5.6)
+        headers = {k: v for k, v in err.get_headers() if k.lower() != "content-type"}
         return render_error(ServiceError(err.description or err.name,
-                                         code=codes.get(err.code, "http_error"), status=err.code))
+                                         code=codes.get(err.code, "http_error"), status=err.code,
+                                         headers=headers))
 
     @app.errorhandler(Exception)
     def on_unexpected(err):

@@ -27,7 +27,6 @@ an outside service, is off) under a Content-Security-Policy that allows this ori
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from importlib.util import find_spec
 from pathlib import Path
@@ -114,7 +113,12 @@ def _operation_ids(app: Flask) -> dict[tuple[str, str], str]:
 
 
 def _mentions_id(schema) -> bool:
-    return ID_PATTERN in json.dumps(schema)
+    """True if an id field (errors.ID_SCHEMA) is anywhere in ``schema``."""
+    if isinstance(schema, dict):
+        return schema.get("pattern") == ID_PATTERN or any(_mentions_id(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_mentions_id(v) for v in schema)
+    return False
 
 
 def _common_errors(contract: Contract, path: str, config) -> dict[int, list[str]]:

@@ -24,7 +24,7 @@ from datetime import datetime
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import ErrorFamily, Param, Reply, documented, json_body, parse_json, services
-from ..errors import ID_SCHEMA, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
 from ..hermes_state import session_summary, transcript
 
 PREFIX = "/api/hermes/client"
@@ -92,18 +92,22 @@ def _status(err: ServiceError) -> int:
 
 
 def trace_id() -> str:
-    """traceId of this request (validated, generated if absent)."""
+    """traceId of this request: the first of body ``traceId``, query ``traceId`` and header
+    ``X-Trace-Id`` that is given, else a generated one. Every one given must be an id (400
+    ``invalid_id`` otherwise, even when an earlier one is used); empty counts as not given."""
     if "trace_id" not in g:
         try:
             body = parse_json(request.get_data()) if request.is_json else None
         except Exception:   # oversized or malformed: the route reports that itself
             body = None
-        value = ((body or {}).get("traceId") if isinstance(body, dict) else None) \
-            or request.args.get("traceId") or request.headers.get("X-Trace-Id")
+        given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
+                             request.args.get("traceId"), request.headers.get("X-Trace-Id"))
+                 if v not in (None, "")]
         g.trace_id = "trace_" + secrets.token_hex(8)
-        if value is not None:
+        for value in given:
             check_id(value, "traceId")
-            g.trace_id = value
+        if given:
+            g.trace_id = given[0]
     return g.trace_id
 
 
@@ -151,9 +155,13 @@ ERRORS = ErrorFamily("ClientError", CLIENT_ERROR, client_code,
 _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
                "user_id); may be left out only when the API key is bound to an actor",
                required=True)
-_TRACE = (Param("X-Trace-Id", "header", ID_SCHEMA, "the request's traceId (a body or query "
-                "traceId wins)"),
-          Param("traceId", "query", ID_SCHEMA, "the request's traceId (a body traceId wins)"))
+# the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
+# one given must be an id (trace_id())
+_TRACE_ID = {"anyOf": [ID_SCHEMA, {"const": ""}], "description": "an id, or empty (none)"}
+_TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
+                "the request's traceId unless the body or the query names one"),
+          Param("traceId", "query", _TRACE_ID,
+                "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
 #: what every client route may answer: a bad trace id; a missing, invalid or foreign actor
 _COMMON = {400: ("invalid_id",), 401: ("missing_actor", "actor_mismatch")}
@@ -210,15 +218,21 @@ TOOL_LIST = _ok(["tools"], {"tools": {"type": "array", "items": {
     "type": "object", "required": ["name", "scope", "schemaVersion"],
     "properties": {"name": {"type": "string"}, "scope": {"type": "string"},
                    "schemaVersion": {"type": "string"}}}}})
-#: GET /events: the stream, and what each ``data:`` line carries (``x-sse-data``)
+#: GET /events: one event of the stream. OpenAPI 3.1 has no model of a stream; as OpenAPI 3.2's
+#: ``itemSchema`` does (and schemathesis reads a 3.1 stream schema), the schema describes each
+#: event: its ``id:`` and its ``data:``, a JSON RunEvent (``contentSchema``)
 EVENT_STREAM = {"text/event-stream": {
-    "schema": {"type": "string", "description": (
-        "Server-Sent Events: `: stream open`, then per event `id: <seq>` and "
-        "`data: <RunEvent as JSON>`; `: keepalive` comments every mnote.keepalive_seconds; the "
-        "stream ends after run.completed, run.failed or run.cancelled")},
-    "x-sse-data": {"$ref": "#/components/schemas/RunEvent"},
-    "example": ": stream open\n\nid: 1\ndata: {\"event\": \"run.started\", \"run_id\": "
-               "\"run_123\", \"session_id\": \"mnote_doc_1_trace_1\"}\n\n"}}
+    "schema": {"type": "object", "required": ["id", "data"], "description": (
+        "one Server-Sent Event. The stream opens with the comment `: stream open`, sends "
+        "`: keepalive` every mnote.keepalive_seconds, and ends after run.completed, run.failed "
+        "or run.cancelled"),
+        "properties": {
+            "id": {"type": "string", "pattern": "^[0-9]+$",
+                   "description": "the event's sequence number in its run (Last-Event-ID)"},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"$ref": "#/components/schemas/RunEvent"}}},
+        "examples": [{"id": "1", "data": '{"event": "run.started", "run_id": "run_123", '
+                                         '"session_id": "mnote_doc_1_trace_1"}'}]}}}
 
 
 MAX_SESSION_ID = 115    # + "." + 12 hex of the actor = a 128-char store key
@@ -394,7 +408,7 @@ RUN = {
     "properties": {
         "workspaceId": ID_SCHEMA, "documentId": ID_SCHEMA,
         "sessionId": {**ID_SCHEMA, "maxLength": MAX_SESSION_ID},
-        "message": {"type": "string", "minLength": 1,
+        "message": {"type": "string", "minLength": 1, "pattern": NO_NUL,
                     "description": "at most hermes.max_message_bytes (UTF-8; else 413), no NUL"},
         "model": {"type": ["string", "null"], "description": "an id of mnote.models "
                   "(GET /models); null: mnote.default_model"},
@@ -546,8 +560,9 @@ def _capability_scope(svc) -> list[str]:
                           "404 unless the run is on this session"),
                     Param("Last-Event-ID", "header", {"type": "integer"},
                           "replay every event after this id"),
-                    Param("lastEventId", "query", {"type": "integer"},
-                          "as Last-Event-ID (the header wins)")),
+                    Param("lastEventId", "query", {"type": "string"},
+                          "as Last-Event-ID, when that header is absent or empty: then it must "
+                          "be an integer (400 otherwise)")),
             replies={200: Reply("the run's events, replayed and then live, until its last",
                                 media=EVENT_STREAM,
                                 headers=("Cache-Control", "X-Accel-Buffering", "X-Trace-Id"))},

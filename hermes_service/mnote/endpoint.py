@@ -19,6 +19,7 @@ from ..web import ErrorFamily, Reply, documented, parse_json, services
 from ..errors import ServiceError
 from .gateway import ToolRefused
 from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
+from .tools import echo_fields
 
 PREFIX = "/api/hermes/tools"
 bp = Blueprint("mnote_tools", __name__)
@@ -29,12 +30,13 @@ _CODES = {"ip_not_allowed": "mnote_tool_unauthorized", "payload_too_large": "mno
 
 
 def failure_envelope(code: str, message: str, body: dict | None = None) -> dict:
-    """Contract §3 failure envelope, echoing what the caller sent."""
-    body = body if isinstance(body, dict) else {}
-    return {"ok": False, "toolName": body.get("toolName"), "toolCallId": body.get("toolCallId"),
-            "traceId": body.get("traceId"), "result": None,
-            "audit": {"effect": "none", "commandId": None, "workspaceId": body.get("workspaceId"),
-                      "documentId": body.get("documentId")},
+    """Contract §3 failure envelope, echoing what the caller sent the way the executor does
+    (:func:`~.tools.echo_fields`: strings of at most 256 characters, else null)."""
+    echo = echo_fields(body)
+    return {"ok": False, "toolName": echo["toolName"], "toolCallId": echo["toolCallId"],
+            "traceId": echo["traceId"], "result": None,
+            "audit": {"effect": "none", "commandId": None, "workspaceId": echo["workspaceId"],
+                      "documentId": echo["documentId"]},
             "error": {"code": code, "message": message}}
 
 
