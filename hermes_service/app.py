@@ -30,7 +30,7 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     ``sessions.json`` is unreadable (the service must not start), and
     :class:`~hermes_service.openapi.UndocumentedRoute` if a route declares no contract.
     """
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)   # no /static route: every route is documented
     app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]
     app.json.ensure_ascii = False
     app.json.sort_keys = False

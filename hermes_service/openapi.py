@@ -270,8 +270,6 @@ def build_document(app: Flask, config) -> dict:
     op_ids = _operation_ids(app)
     families, paths, missing = {}, {}, []
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
-        if rule.endpoint == "static":
-            continue
         view = app.view_functions[rule.endpoint]
         contract = contract_of(view)
         if contract is None:

@@ -27,9 +27,9 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.e2e    # real CLI turns (the hanging run, valid runs)
+from conftest import API_KEY
 
-from conftest import API_KEY, ROOT
+pytestmark = pytest.mark.e2e    # real CLI turns (the hanging run, valid runs)
 
 P = "/api/hermes/client"
 TOOL_PATH = "/api/hermes/tools/invoke"
