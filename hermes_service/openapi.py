@@ -155,7 +155,8 @@ def _code_schema(family, codes: list[str]) -> dict:
 
 
 def _headers(names, status: int, bearer: bool) -> dict:
-    out = {"X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": True}}
+    # every answer of the service carries X-Request-Id; waitress's own 413 does not
+    out = {"X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": status != 413}}
     for name in names:
         out[name] = RESPONSE_HEADERS[name]
     if status in (429, 503):

@@ -1,21 +1,24 @@
 """Property-based fuzzing of the live service from its own OpenAPI document (README §Tests).
 
-schemathesis reads ``GET /openapi.json`` of a real service (``main.py``, waitress, the test
-config) and sends every operation bounded numbers of generated requests — the schema's
-examples, boundary ("coverage") cases and random valid and invalid inputs — and fails on any
-5xx, on a status code the document does not list for the operation, on a body, content type
-or header that does not match the documented response (error codes included: each status's
-codes are an enum of its error body), on invalid input accepted, on valid input refused with
-400/422, on a missing required header or API key accepted, and on an undocumented method
-answered without 405 + ``Allow``.
+schemathesis (its CLI, pinned in requirements-dev.txt) reads ``GET /openapi.json`` of a real
+service (``main.py``, waitress, the test config) and sends every operation bounded numbers of
+generated requests — the schema's examples, boundary ("coverage") cases, undeclared methods
+and random valid and invalid inputs, at most ``MAX_EXAMPLES`` per operation and phase, with a
+fixed seed — with all its checks: it fails on any 5xx, on a status code the document does not
+list for the operation, on a body, content type or header that does not match the documented
+response (error codes included: each status's codes are an enum of its error body; every
+Server-Sent Event's payload against ``RunEvent``), on invalid input accepted, on valid input
+refused, on a missing required header or API key accepted, and on a 405 without ``Allow``.
+:data:`SCHEMATHESIS_TOML` names the few documented exceptions, each with its reason.
 
 Real CLI turns: a run started with valid input (``POST /api/hermes/client/runs``) runs the
 real ``hermes`` CLI against the scripted model (tests/model_server.py), at most
-``max_concurrent_runs`` at a time; more valid runs get the documented 429. v1 messages only
-reach their validation paths (the fuzzer never knows a v1 session id: 400/404), as does
-``/api/v1/execute`` (an argv outside the allowlist: 403) except its example, which runs
-``hermes sessions list`` once. The tool endpoint gets the run token of a run held open by
-``[[hang]]``, so tool envelopes reach the executor and the page store.
+``max_concurrent_runs`` at a time (more valid runs get the documented 429), and its event
+stream is validated when the fuzzer reads it. v1 messages are kept to their validation paths
+(the fuzzer never reuses a v1 session id it saw: 400/404), because a v1 turn blocks the
+fuzzer for the CLI's ~4 s; ``/api/v1/execute`` runs its example. The tool endpoint gets the
+run token of a run the scripted model keeps open (``[[hang]]``), so tool envelopes reach the
+executor and the page store. The test prints requests, seconds and CLI processes per route.
 """
 from __future__ import annotations
 
