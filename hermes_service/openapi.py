@@ -211,6 +211,10 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
     errors = _common_errors(contract, path, config)
     for status, codes in contract.errors.items():
         errors.setdefault(status, []).extend(codes)
+    both = set(errors) & set(contract.replies)
+    if both:
+        raise UndocumentedRoute(f"{method} {path}: status {sorted(both)} is both a reply and an "
+                                "error of the contract")
     for status in sorted(errors):
         mapped = list(dict.fromkeys(family.code(c) for c in errors[status]))
         content = {"application/json": {"schema": _code_schema(family, mapped)}}
