@@ -78,6 +78,11 @@ class RunError(ServiceError):
 ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}(?!\n)$"
 _ID = re.compile(ID_PATTERN)
 ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . @ : - starting with a letter or digit, without '..'"
+#: the id rule as JSON Schema, for request schemas and the OpenAPI document (a request body
+#: field failing it is answered 400 ``invalid_id``, like :func:`check_id`)
+ID_SCHEMA = {"type": "string", "pattern": ID_PATTERN, "description": f"an id: {ID_RULE}"}
+#: a JSON Schema pattern for text without NUL (messages: NUL cannot travel in a CLI argument)
+NO_NUL = "^[^\\u0000]*$"
 
 
 def is_id(value) -> bool:

@@ -100,6 +100,17 @@ def _first_error(validator: Draft202012Validator, instance: Any, prefix: Callabl
     raise BadToolInput(f"{json_pointer(prefix(path))}: {reason}")
 
 
+def echo_fields(envelope) -> dict:
+    """What an output envelope echoes of the caller's input: ``toolName``, ``toolCallId``,
+    ``traceId``, ``workspaceId``, ``documentId`` when each is a string of at most 256
+    characters, else None (contract §3 types them string | null; a failure envelope must
+    never carry an object or a huge string back)."""
+    raw = envelope if isinstance(envelope, dict) else {}
+    return {k: v if isinstance(v, str) and len(v) <= 256 else None
+            for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
+            for v in [raw.get(k)]}
+
+
 def body_summary(blocks: list[dict], limit: int = BODY_SUMMARY_CHARS) -> str:
     """The blocks' text, whitespace-collapsed, cut to ``limit`` chars (+ "…")."""
     text = re.sub(r"\s+", " ", " ".join(str(b.get("text", "")) for b in blocks)).strip()
@@ -204,10 +215,7 @@ class ToolExecutor:
 
     @staticmethod
     def _echo(envelope) -> dict:
-        raw = envelope if isinstance(envelope, dict) else {}
-        return {k: v if isinstance(v, str) and len(v) <= 256 else None
-                for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
-                for v in [raw.get(k)]}
+        return echo_fields(envelope)
 
     @staticmethod
     def _envelope(echo: dict, res: CommandResult | None, error: dict | None = None) -> dict:
