@@ -5,7 +5,7 @@ VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-service nginx run test bench check-config clean
+.PHONY: setup setup-service nginx run test bench bench-streams check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI.
 setup-service: $(VENV)/.installed $(HVENV)/.installed
@@ -63,6 +63,12 @@ test: setup
 
 bench: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+# Event-stream fan-out: 100, 500 and 1000 subscribers on one live run (README §Event-stream
+# fan-out); ~2 minutes. BENCH_ARGS="--subscribers 1000" for one size.
+BENCH_ARGS ?=
+bench-streams: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/stream_fanout.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV)

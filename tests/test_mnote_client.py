@@ -339,6 +339,31 @@ def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
     assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 200
 
 
+def test_many_followers_get_every_event_in_order_in_coalesced_batches():
+    """runs.FANOUT_SPACING_SECONDS: a busy run is sent to many subscribers in fewer writes."""
+    from hermes_service.runs import Run
+    run = Run("run_x", "s", "user_1", "t")
+    got = {i: [] for i in range(4)}
+
+    def follow(i):
+        for batch in run.follow(0, keepalive=5):
+            got[i].append([seq for seq, _ in batch])
+    threads = [threading.Thread(target=follow, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while len(run._wakers) < 4:
+        time.sleep(0.001)
+    for n in range(200):
+        run.emit("message.delta", delta=str(n))
+        time.sleep(0.0002)
+    run.emit("run.completed", output="", usage={})
+    for t in threads:
+        t.join(10)
+    for batches in got.values():
+        assert [seq for batch in batches for seq in batch] == list(range(1, 202))
+        assert len(batches) < 100          # coalesced (one batch per event without the spacing)
+
+
 def test_keepalive_comments_while_waiting(make, stub):
     c = make({"mnote": {"keepalive_seconds": 0.1}})
     stub.gate = threading.Event()
