@@ -53,10 +53,10 @@ TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 DISCONNECT_CHECK_SECONDS = 1.0
 #: After writing, a subscriber of a run with n subscribers waits n × this (seconds) before its
 #: next write, and then writes everything that arrived meanwhile at once. One write costs
-#: ~0.2 ms of CPU (bench/stream_fanout.py), so a run streaming many deltas to many subscribers
-#: keeps its fan-out to about a fifth of one core (1 000 subscribers: one write per second
-#: each) instead of taking every core. An event after a quiet spell leaves at once; the
-#: terminal event never waits.
+#: ~0.2-0.6 ms of CPU (bench/stream_fanout.py), so a run streaming many deltas to many
+#: subscribers makes about 1 000 writes per second in all, however many subscribers (1 000
+#: subscribers: one write per second each), instead of taking every core. An event after a
+#: quiet spell leaves at once; the terminal event never waits.
 FANOUT_SPACING_SECONDS = 0.001
 
 

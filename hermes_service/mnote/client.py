@@ -442,7 +442,8 @@ def events(run_id):
             if not batch:
                 yield ": keepalive\n\n"
             else:      # everything that arrived since the last write, in one write
-                yield "".join(f"id: {seq}\ndata: {json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+                yield "".join(f"id: {seq}\ndata: "
+                              f"{json.dumps(public_event(event), ensure_ascii=False)}\n\n"
                               for seq, event in batch)
 
     resp = Response(stream_with_context(stream()), mimetype="text/event-stream", headers=headers)
