@@ -453,8 +453,10 @@ class _Handler(BaseHTTPRequestHandler):
         stop = self.server.scripted._stop_event
         if stop.is_set():
             return True
-        try:
-            r, _, _ = select.select([self.connection], [], [], timeout)
+        try:      # poll, not select: select() fails for descriptors >= 1024 (a process with
+            poller = select.poll()       # many sockets, e.g. bench/stream_fanout.py's clients)
+            poller.register(self.connection, select.POLLIN)
+            r = poller.poll(timeout * 1000)
         except (OSError, ValueError):
             return True
         if r:
