@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from datetime import datetime
 
@@ -36,6 +37,7 @@ legacy_bp = Blueprint("mnote_legacy", __name__)
 ACTOR_HEADER = "X-Mnote-Actor-Id"
 MNOTE_TOOLSET = "mnote"
 PREVIEW_CHARS = 200
+EVENT_ID = re.compile(r"[0-9]{1,18}")     # Server-Sent Events ids: the run's sequence numbers
 
 # core code -> contract code (§3 stable codes first, then our documented additions)
 CODE_MAP = {
@@ -565,15 +567,24 @@ def _capability_scope(svc) -> list[str]:
                           "be an integer (400 otherwise)")),
             replies={200: Reply("the run's events, replayed and then live, until its last",
                                 media=EVENT_STREAM,
-                                headers=("Cache-Control", "X-Accel-Buffering", "X-Trace-Id"))},
+                                headers=("Cache-Control", "X-Accel-Buffering", "X-Trace-Id")),
+                     204: Reply("Last-Event-ID is the last event of a finished run: nothing "
+                                "follows (an EventSource stops reconnecting)")},
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
                     429: ("too_many_streams",)})
 def events(run_id):
-    """§2 GET /events/{run_id}: Server-Sent Events.
+    """§2 GET /events/{run_id}: Server-Sent Events (README §The mnote client proxy → Events).
 
     Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
     ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
     replays every event after that id. The stream ends after the terminal event.
+
+    * ``Last-Event-ID`` above the run's last id (never issued): 400 ``hermes_client_bad_request``
+      naming the run's last id; not an integer (or negative): 400 too;
+    * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
+      204 No Content, which tells a browser EventSource to stop reconnecting;
+    * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
+      that disconnects frees its slot within ~1 s (:class:`~hermes_service.runs.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")
@@ -582,28 +593,43 @@ def events(run_id):
     sid = request.args.get("sessionId")
     if sid is not None and sid != run.session_id:
         raise NotFound(f"run {run_id} not found", code="run_not_found")
-    last = request.headers.get("Last-Event-ID") or request.args.get("lastEventId") or "0"
-    try:
-        after = int(last)
-    except ValueError:
-        raise BadRequest("Last-Event-ID must be an event id (integer)", code="invalid_request") from None
+    after = _last_event_id()
+    last, done = run.position()
+    if after > last:
+        raise BadRequest(
+            f"Last-Event-ID {after} was never issued by run {run_id}: its last event id is "
+            f"{last}{' (the run has ended)' if done else ' so far'}; reconnect without "
+            "Last-Event-ID to replay the run from its first event", code="invalid_request")
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
+    if done and after == last:      # the client has the terminal event: nothing will follow
+        return Response(status=204, headers=headers)
     keepalive = float(svc.config["mnote"]["keepalive_seconds"])
-    release = svc.runs.stream_slot()      # 429 when mnote.max_event_streams are open
+    # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
+    sub = svc.runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
 
     def stream():
         yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
-        for item in run.follow(after, keepalive):
-            if item is None:
+        for batch in sub.events(after, keepalive):
+            if not batch:
                 yield ": keepalive\n\n"
-            else:
-                seq, event = item
-                yield f"id: {seq}\ndata: {json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+            else:      # everything that arrived since the last write, in one write
+                yield "".join(f"id: {seq}\ndata: "
+                              f"{json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+                              for seq, event in batch)
 
-    resp = Response(stream_with_context(stream()), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                             "X-Trace-Id": run.trace_id})
-    resp.call_on_close(release)   # also for HEAD and for clients that disconnect
+    resp = Response(stream_with_context(stream()), mimetype="text/event-stream", headers=headers)
+    resp.call_on_close(sub.close)   # also for HEAD and for clients that disconnect
     return resp
+
+
+def _last_event_id() -> int:
+    """The ``Last-Event-ID`` header (or ``lastEventId`` query) as an event id; 0 when absent.
+    400 unless it is a non-negative integer."""
+    text = request.headers.get("Last-Event-ID") or request.args.get("lastEventId") or "0"
+    if not EVENT_ID.fullmatch(text):
+        raise BadRequest("Last-Event-ID must be an event id (a non-negative integer)",
+                         code="invalid_request")
+    return int(text)
 
 
 ABORT = {"type": "object", "additionalProperties": False,
