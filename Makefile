@@ -6,7 +6,7 @@ HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup setup-service nginx run test mutation bench bench-registry check-config clean
+.PHONY: setup setup-service nginx run test mutation bench bench-registry bench-streams check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI.
 setup-service: $(VENV)/.installed $(HVENV)/.installed
@@ -78,6 +78,11 @@ bench: setup
 # 100 000 small files in a temp folder, removed afterwards). BENCH_ARGS="--ops 200" etc.
 bench-registry: setup
 	$(VENV)/bin/python bench/registry_scale.py $(BENCH_ARGS)
+
+# Event-stream fan-out: 100, 500 and 1000 subscribers on one live run (README §Event-stream
+# fan-out); ~2 minutes. BENCH_ARGS="--subscribers 1000" for one size.
+bench-streams: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/stream_fanout.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV)

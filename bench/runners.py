@@ -24,18 +24,18 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
-from conftest import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config, deep_merge  # noqa: E402
+from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 from model_server import ScriptedModel  # noqa: E402
 from sse_client import SSEStream  # noqa: E402
+from turn_overhead import bare_turns  # noqa: E402
 
 P = "/api/hermes/client"
 
@@ -60,21 +60,6 @@ def cold_first_turns(svc: ServiceProcess, n: int) -> list[float]:
         res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "first"})
         times.append(time.perf_counter() - t)
         assert res.status_code == 200, res.text
-    return times
-
-
-def bare_turns(hermes: str, home_root: Path, n: int) -> list[float]:
-    env = {"PATH": os.environ["PATH"], "HOME": str(home_root), "HERMES_HOME": str(home_root / ".hermes"),
-           "LANG": "C.UTF-8", PROVIDER_KEY_ENV: "sk-scripted", "HERMES_STREAM_RETRIES": "0"}
-    times, resume = [], []
-    for i in range(n):
-        t = time.perf_counter()
-        res = subprocess.run([hermes, "chat", f"--query=turn {i}", "-Q", "--source", "tool",
-                              "-t", "context_engine", *resume], env=env, cwd=home_root,
-                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-        times.append(time.perf_counter() - t)
-        assert res.returncode == 0, res.stdout + res.stderr
-        resume = ["--resume", res.stderr.strip().splitlines()[-1].split()[-1]]
     return times
 
 

@@ -24,9 +24,9 @@ process has not loaded; its history replay is discarded), and ``session/prompt``
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
 model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
-(except the first, held until a second one arrives or the turn ends: Hermes 0.19.0 sends
-provider errors and its own hints as one ordinary chunk at the end of a turn, and a turn
-that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
+(except the first, held until a second one arrives, 0.2 s pass or the turn ends: Hermes
+0.19.0 sends provider errors and its own hints as one ordinary chunk right at the end of a
+turn, and a turn that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
 ``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
 tool calls are reported by the tool gateway). The answer is read from Hermes's record,
 exactly as for the CLI runner.
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,12 +57,12 @@ from pathlib import Path
 from . import hermes_state
 from .errors import RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _proc_start, answer_from_record, classify_text, empty_answer, failure_reason,
-                     kill_group)
+                     _ctx, _proc_start, answer_from_record, classify_text, failure_reason, kill_group)
 
 log = logging.getLogger("hermes_service.acp")
 
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
+FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
 POLL_SECONDS = 0.05
 STDERR_TAIL_BYTES = 16384
 
@@ -76,8 +75,11 @@ class _Sink:
     held: str | None = None          # the first message chunk, until a second one arrives
     delivered: int = 0               # message chunks handed to the listener
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
-    tools_running: set[str] = field(default_factory=set)
+    tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
+    #                                                None for an mnote tool (the gateway reports it)
     kill_reason: str | None = None
+    ended: bool = False              # the prompt has answered: the runner decides what is shown
+    _timer: object = None
 
     def touch(self) -> None:
         self.last_activity = time.monotonic()
@@ -86,12 +88,23 @@ class _Sink:
         self.text.append(text)
         if not self.delivered and self.held is None:
             self.held = text
+            # a turn's error text comes alone, right before the prompt's answer; a real
+            # first piece is followed by more, or the turn keeps going past the hold
+            self._timer = asyncio.get_running_loop().call_later(FIRST_CHUNK_HOLD, self._hold_over)
             return
         self.release()
         self._deliver(text)
 
+    def _hold_over(self) -> None:
+        if not self.ended:
+            self.release()
+
     def release(self) -> None:
-        """Hand the held first chunk over (a second chunk arrived, or the turn answered)."""
+        """Hand the held first chunk over (a second chunk arrived, the hold is over, or the
+        turn answered)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.held is not None:
             held, self.held = self.held, None
             self._deliver(held)
@@ -139,16 +152,17 @@ class _Client:
             if listener is not None and text:
                 listener.reasoning(text)
         elif kind == "tool_call":
-            call_id, name = update.tool_call_id, update.title
-            sink.tools_running.add(call_id)
-            if listener is not None and not str(name).startswith("mnote_"):
-                listener.tool("tool.started", call_id, name, None)
+            call_id, title = update.tool_call_id, update.title or "tool"
+            mnote = title.startswith("mnote_")
+            sink.tools_running[call_id] = None if mnote else title
+            if listener is not None and not mnote:
+                listener.tool("tool.started", call_id, title, None)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
-            sink.tools_running.discard(call_id)
-            name = getattr(update, "title", None)
-            if listener is not None and not str(name).startswith("mnote_"):
-                listener.tool("tool.completed", call_id, name, update.status == "completed")
+            known = call_id in sink.tools_running
+            title = sink.tools_running.pop(call_id, None)
+            if listener is not None and known and title is not None:
+                listener.tool("tool.completed", call_id, title, update.status == "completed")
 
     async def request_permission(self, options, session_id, tool_call, **_kw):
         from acp.schema import DeniedOutcome, RequestPermissionResponse
@@ -341,8 +355,8 @@ class AcpRunner:
         if self.processes() >= self.max_processes and not self._idle():
             return
         fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
-        fut.add_done_callback(lambda f: f.exception() and log.info("ACP pre-warm failed: %s",
-                                                                   f.exception()))
+        fut.add_done_callback(lambda f: not f.cancelled() and f.exception()
+                              and log.info("ACP pre-warm failed: %s", f.exception()))
 
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
@@ -358,12 +372,14 @@ class AcpRunner:
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
             try:
                 sid, response, resumed = fut.result()
-            except UseCli:
+            except (ServiceError, UseCli) as err:
+                if getattr(err, "code", "") not in ("run_cancelled", "service_stopping", None):
+                    log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
-            except ServiceError as err:
-                if getattr(err, "code", "") not in ("run_cancelled", "service_stopping"):
-                    log.warning("hermes acp turn failed %s code=%s", _ctx(req), err.code)
-                raise
+            except Exception as exc:     # the protocol failed (process died mid-request, ...)
+                log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
+                self._call(self._retire_key((req.home.user_id, req.family))).result(5)
+                raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
             answer, reasoning = answer_from_record(req, sid)
@@ -371,7 +387,7 @@ class AcpRunner:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
                 err = classify_text("".join(sink.text))   # a provider error, sent as text
-                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req), err.code,
+                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req.log_ctx), err.code,
                             failure_reason("".join(sink.text)))
             err.hermes_session_id = sid
             # its in-memory history may hold the turn the record takes back: no further turn there
@@ -535,6 +551,7 @@ class AcpRunner:
                 err = RunError(detail, code=code, status=status)
                 err.hermes_session_id = sid
                 raise err
+            sink.ended = True
             try:
                 response = task.result()
             except Exception as exc:
@@ -593,6 +610,3 @@ class AcpRunner:
                 self._replace(proc)
         task.cancel()
 
-
-def _ctx(req: TurnRequest) -> str:
-    return " ".join(f"{k}={v}" for k, v in req.log_ctx.items())

@@ -2,6 +2,10 @@
 
 Error body: ``{"detail": str, "code": str, "requestId": str}`` with the
 HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
+
+Each route declares its contract (:func:`~hermes_service.web.documented`): the request
+schemas below are what :func:`~hermes_service.web.json_body` validates with, and, with the
+response schemas, what ``GET /openapi.json`` shows (README §API description).
 """
 from __future__ import annotations
 
@@ -11,39 +15,111 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
-from .web import json_body, services
-from .errors import BadRequest, Forbidden, NotFound, check_id
+from .web import V1_ERRORS, Param, Reply, documented, json_body, services
+from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, check_id
 from .preflight import describe, health_checks
 from .runner import classify_failure
+from .security import acting_user
 
 log = logging.getLogger("hermes_service")
 
 bp = Blueprint("api_v1", __name__)
 
-_USER_CONTEXT = {"type": "object", "properties": {"user_id": {"type": "string"}}}
+# -- request schemas (spec §3-§5) ---------------------------------------------------------
+_USER_CONTEXT = {"type": "object", "properties": {"user_id": ID_SCHEMA},
+                 "description": "the user the request acts for (`user_id`)"}
 CREATE_SESSION = {"type": "object", "required": ["user_id"], "additionalProperties": False,
-                  "properties": {"user_id": {"type": "string"},
-                                 "initial_message": {"type": ["string", "null"]}}}
+                  "properties": {"user_id": ID_SCHEMA,
+                                 "initial_message": {"type": ["string", "null"],
+                                                     "description": "accepted, unused (spec)"}},
+                  "examples": [{"user_id": "user123"}]}
 SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties": False,
-                "properties": {"message": {"type": "string", "minLength": 1},
-                               "user_context": _USER_CONTEXT}}
+                "properties": {"message": {"type": "string", "minLength": 1, "pattern": NO_NUL,
+                                           "description": "at most hermes.max_message_bytes "
+                                                          "(UTF-8; else 413), no NUL"},
+                               "user_context": _USER_CONTEXT},
+                "examples": [{"message": "What is Python?"}]}
 EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
            "properties": {"command": {"type": "array", "minItems": 1,
-                                      "items": {"type": "string", "minLength": 1}},
+                                      "items": {"type": "string", "minLength": 1},
+                                      "description": "hermes argv; must start with an entry of "
+                                                     "hermes.execute.allowed"},
                           "user_context": _USER_CONTEXT,
-                          "timeout": {"type": "number", "exclusiveMinimum": 0}}}
+                          "timeout": {"type": "number", "exclusiveMinimum": 0,
+                                      "description": "seconds, capped at "
+                                                     "hermes.execute.timeout_seconds"}},
+           "examples": [{"command": ["sessions", "list", "--source", "tool"],
+                         "user_context": {"user_id": "user123"}}]}
+
+# -- response schemas --------------------------------------------------------------------
+_HEALTH_CHECKS = {"type": "object", "description": "each part: `ok` or a short reason",
+                  "properties": {k: {"type": "string"} for k in
+                                 ("hermes_command", "users_template", "data_dir", "provider")}}
+HEALTH = {"type": "object", "required": ["status", "service", "multi_user"],
+          "properties": {"status": {"enum": ["healthy", "degraded", "stopping"]},
+                         "service": {"const": "hermes-service"},
+                         "multi_user": {"const": True}, "checks": _HEALTH_CHECKS}}
+STATUS = {"type": "object", "required": ["status", "version"],
+          "properties": {"status": {"const": "running"},
+                         "version": {"type": "string", "description": "first line of "
+                                                                      "`hermes --version`"}}}
+SESSION_CREATED = {"type": "object", "required": ["session_id", "user_id", "hermes_path", "status"],
+                   "properties": {"session_id": {"type": "string"}, "user_id": {"type": "string"},
+                                  "hermes_path": {"type": "string"},
+                                  "status": {"const": "created"}}}
+SESSION = {"type": "object",
+           "required": ["user_id", "local_session_id", "created_at", "status", "updated_at",
+                        "message_count", "hermes_session_id"],
+           "properties": {"user_id": {"type": "string"}, "local_session_id": {"type": "string"},
+                          "created_at": {"type": "string", "description": "ISO 8601"},
+                          "status": {"type": "string"},
+                          "updated_at": {"type": ["string", "null"]},
+                          "message_count": {"type": "integer", "minimum": 0},
+                          "hermes_session_id": {"type": ["string", "null"]}}}
+SESSION_LIST = {"type": "object", "required": ["user_id", "sessions"],
+                "properties": {"user_id": {"type": "string"},
+                               "sessions": {"type": "array", "items": SESSION}}}
+SESSION_DELETED = {"type": "object", "required": ["session_id", "status"],
+                   "properties": {"session_id": {"type": "string"},
+                                  "status": {"const": "deleted"}}}
+MESSAGE_REPLY = {"type": "object",
+                 "required": ["session_id", "response", "success", "hermes_session_id", "resumed",
+                              "reasoning"],
+                 "properties": {"session_id": {"type": "string"},
+                                "response": {"type": "string",
+                                             "description": "the answer Hermes recorded"},
+                                "success": {"const": True},
+                                "hermes_session_id": {"type": ["string", "null"]},
+                                "resumed": {"type": "boolean"},
+                                "reasoning": {"type": ["string", "null"]},
+                                "notice": {"type": "string", "description": "set when a new "
+                                           "Hermes conversation had to be started"}}}
+EXECUTE_RESULT = {"type": "object",
+                  "required": ["success", "stdout", "stderr", "returncode", "truncated"],
+                  "properties": {"success": {"type": "boolean"}, "stdout": {"type": "string"},
+                                 "stderr": {"type": "string"},
+                                 "returncode": {"type": ["integer", "null"]},
+                                 "truncated": {"type": "boolean"}}}
+
+_SESSION_ID = Param("session_id", "path", ID_SCHEMA, "a v1 session id")
+# what a turn may answer (README §The v1 API, error table)
+_TURN_ERRORS = {409: ("session_busy",), 429: ("too_many_runs",),
+                502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
+                      "hermes_failed"),
+                503: ("upstream_rate_limited", "hermes_unavailable", "hermes_unconfigured",
+                      "service_stopping"),
+                504: ("run_timeout", "run_stalled")}
+_NEW_SESSION = {"session_id": "$response.body#/session_id"}
 # Extra arguments after an allowed subcommand: plain words and --options only,
 # never a path (so e.g. `sessions export <file>` cannot write anywhere).
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
 
 
 def _user(user_id: str | None) -> str | None:
-    """The user a request may act for. A key bound to an actor (``api_keys[].actor_id``)
-    acts only for that user: another ``user_id`` is 403 ``actor_mismatch``."""
-    bound = getattr(g.get("api_key"), "actor_id", None)
-    if bound and user_id not in (None, bound):
-        raise Forbidden("this API key is bound to another user", code="actor_mismatch")
-    return check_id(user_id, "user_id") if user_id else bound
+    """The user a request may act for (:func:`~hermes_service.security.acting_user`): a key
+    bound to an actor (``api_keys[].actor_id``) acts only for that user — another ``user_id``
+    is 403 ``actor_mismatch``."""
+    return acting_user(g.get("api_key"), check_id(user_id, "user_id") if user_id else None)
 
 
 def _public(rec: dict) -> dict:
@@ -58,6 +134,9 @@ _last_health: list = [None]    # the last reported problems, so a change is logg
 
 
 @bp.get("/health")
+@documented(summary="Liveness and readiness", family=V1_ERRORS, auth="health", tags=("health",),
+            replies={200: Reply("healthy, or degraded without a usable model provider", HEALTH),
+                     503: Reply("degraded (the node cannot work) or stopping", HEALTH)})
 def health():
     """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
     answer (a few stat calls). When the node cannot work (``hermes_command``,
@@ -86,6 +165,10 @@ def health():
 
 
 @bp.get("/api/v1/status")
+@documented(summary="Hermes version", family=V1_ERRORS, tags=("v1",),
+            replies={200: Reply("the service runs", STATUS)},
+            errors={429: ("too_many_runs",), 502: ("hermes_failed",),
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_stopping")})
 def status():
     """Spec §2: ``{"status": "running", "version": "<hermes --version first line>"}``."""
     svc = services()
@@ -101,9 +184,16 @@ def new_session_id(node_id: str | None) -> str:
 
 
 @bp.post("/api/v1/sessions")
+@documented(summary="Create a session", family=V1_ERRORS, tags=("v1",), body=CREATE_SESSION,
+            replies={200: Reply("created", SESSION_CREATED)},
+            errors={403: ("actor_mismatch",), 409: ("session_exists",),
+                    503: ("hermes_unconfigured",)},
+            links={"GetSession": ("api_v1.get_session", _NEW_SESSION),
+                   "SendMessage": ("api_v1.send_message", _NEW_SESSION),
+                   "DeleteSession": ("api_v1.delete_session", _NEW_SESSION)})
 def create_session():
     """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
-    body = json_body(CREATE_SESSION)
+    body = json_body()
     svc = services()
     rec = svc.conversations.create(_user(body["user_id"]),
                                    new_session_id(svc.config["service"]["node_id"]), kind="v1")
@@ -113,6 +203,10 @@ def create_session():
 
 
 @bp.get("/api/v1/sessions")
+@documented(summary="A user's sessions", family=V1_ERRORS, tags=("v1",),
+            params=(Param("user_id", "query", ID_SCHEMA, "the user", required=True),),
+            replies={200: Reply("the user's v1 sessions, oldest first", SESSION_LIST)},
+            errors={400: ("invalid_request", "invalid_id"), 403: ("actor_mismatch",)})
 def list_sessions():
     """``?user_id=`` (required): ``{"user_id", "sessions": [<session>...]}``, oldest first."""
     user_id = request.args.get("user_id")
@@ -123,12 +217,20 @@ def list_sessions():
 
 
 @bp.get("/api/v1/sessions/<session_id>")
+@documented(summary="A session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
+            replies={200: Reply("the session", SESSION)},
+            errors={400: ("invalid_id",), 404: ("session_not_found",)})
 def get_session(session_id):
     """Spec §6: ``{user_id, local_session_id, created_at, status, ...}``; 404 if unknown."""
     return jsonify(_public(services().conversations.get(session_id, owner=_user(None), kind="v1")))
 
 
 @bp.delete("/api/v1/sessions/<session_id>")
+@documented(summary="Forget a session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
+            replies={200: Reply("deleted (the transcript stays in the user's state.db)",
+                                SESSION_DELETED)},
+            errors={400: ("invalid_id",), 404: ("session_not_found",), 409: ("session_busy",),
+                    429: ("too_many_runs",)})
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
     svc = services()
@@ -138,6 +240,11 @@ def delete_session(session_id):
 
 
 @bp.post("/api/v1/sessions/<session_id>/messages")
+@documented(summary="Send a message (one Hermes turn)", family=V1_ERRORS, tags=("v1",),
+            params=(_SESSION_ID,), body=SEND_MESSAGE,
+            replies={200: Reply("Hermes's answer", MESSAGE_REPLY)},
+            errors={400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
+                    404: ("session_not_found",), 413: ("message_too_large",), **_TURN_ERRORS})
 def send_message(session_id):
     """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
     ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``)
@@ -148,16 +255,14 @@ def send_message(session_id):
     ``upstream_empty_answer``)/503/504.
     """
     check_id(session_id, "session_id")
-    body = json_body(SEND_MESSAGE)
+    body = json_body()
     ctx_user = (body.get("user_context") or {}).get("user_id")
-    bound = _user(None)
-    if bound and ctx_user not in (None, bound):
-        raise NotFound(f"session {session_id} not found", code="session_not_found")
+    owner = _user(ctx_user)           # a bound key naming another user: 403 actor_mismatch
     svc = services()
-    svc.conversations.get(session_id, owner=ctx_user or bound, kind="v1")   # 404 first
+    svc.conversations.get(session_id, owner=owner, kind="v1")   # 404 first
     svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
     with svc.admission():
-        rec, result = svc.conversations.send(session_id, body["message"], owner=ctx_user or bound,
+        rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": result.hermes_session_id, "resumed": result.resumed,
@@ -175,6 +280,13 @@ def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
 
 
 @bp.post("/api/v1/execute")
+@documented(summary="Run an allowed hermes command", family=V1_ERRORS, tags=("v1",), body=EXECUTE,
+            replies={200: Reply("the command ran (success false: it exited non-zero)",
+                                EXECUTE_RESULT)},
+            errors={403: ("command_not_allowed", "actor_mismatch"), 429: ("too_many_runs",),
+                    502: ("hermes_failed",),
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_stopping"),
+                    504: ("run_timeout",)})
 def execute():
     """Spec §4, restricted: only argv matching ``hermes.execute.allowed`` runs (no shell).
 
@@ -182,7 +294,7 @@ def execute():
     command exits non-zero — that is the command's result). 403 ``command_not_allowed``;
     504 ``run_timeout``; timeout capped at ``hermes.execute.timeout_seconds``.
     """
-    body = json_body(EXECUTE)
+    body = json_body()
     svc = services()
     ex = svc.config["hermes"]["execute"]
     argv = body["command"]

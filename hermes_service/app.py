@@ -9,7 +9,7 @@ import logging
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, metrics
+from . import hooks, metrics, openapi
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, TooLarge
@@ -27,9 +27,10 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     (default ``mnote.service_url`` or ``http://127.0.0.1:<service.port>``).
 
     Raises :class:`~hermes_service.session_store.CorruptStore` if the session
-    registry cannot be opened (the service must not start).
+    registry cannot be opened (the service must not start), and
+    :class:`~hermes_service.openapi.UndocumentedRoute` if a route declares no contract.
     """
-    app = Flask(__name__)
+    app = Flask(__name__, static_folder=None)   # no /static route: every route is documented
     app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]
     app.json.ensure_ascii = False
     app.json.sort_keys = False
@@ -54,8 +55,12 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
             return render_error(TooLarge(f"request body exceeds {app.config['MAX_CONTENT_LENGTH']} "
                                          "bytes", code="payload_too_large"))
         codes = {404: "not_found", 405: "method_not_allowed", 400: "invalid_request"}
+        # keep what the exception says besides its body: a 405 must name the methods the
+        # route answers (Allow, RFC 9110 §15.5.6)
+        headers = {k: v for k, v in err.get_headers() if k.lower() != "content-type"}
         return render_error(ServiceError(err.description or err.name,
-                                         code=codes.get(err.code, "http_error"), status=err.code))
+                                         code=codes.get(err.code, "http_error"), status=err.code,
+                                         headers=headers))
 
     @app.errorhandler(Exception)
     def on_unexpected(err):
@@ -66,4 +71,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     app.register_blueprint(v1)
     app.register_blueprint(metrics.bp)
     register_mnote(app)
+    app.register_blueprint(openapi.bp)
+    # every route must declare its contract: an undocumented one stops the app here
+    # (UndocumentedRoute), so no test and no start passes with it (README §API description)
+    openapi.build_document(app, config)
     return app

@@ -31,6 +31,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from .errors import schema_error
+
 ENV_CONFIG = "HERMES_SERVICE_CONFIG"
 
 DEFAULTS: dict[str, Any] = {
@@ -42,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
         "api_key_header": "X-API-Key",
         "api_keys": [],
         "health_requires_api_key": False,
+        "docs_requires_api_key": True,
     },
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
     "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "log_format": "text",
@@ -136,6 +139,7 @@ SCHEMA = _obj({
         "auth_method": {"enum": ["header", "bearer"]},
         "api_key_header": {"type": "string", "pattern": r"^[A-Za-z0-9-]+$"},
         "health_requires_api_key": {"type": "boolean"},
+        "docs_requires_api_key": {"type": "boolean"},
         "api_keys": {"type": "array", "items": _obj({
             "key": {"type": "string", "minLength": 16},
             "key_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -287,7 +291,8 @@ def _schema_problem(err: jsonschema.ValidationError) -> str:
         return f"{_dotted(err.absolute_path)}: " + "; ".join(parts)
     if err.validator == "oneOf" and isinstance(err.instance, dict):
         return f"{_dotted(err.absolute_path)}: give exactly one of 'key', 'key_sha256' or 'key_env'"
-    return f"{_dotted(err.absolute_path)}: {err.message}"
+    path, reason = schema_error(err)
+    return f"{_dotted(path)}: {reason}"
 
 
 def parse_network(text: str):

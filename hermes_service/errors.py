@@ -78,6 +78,11 @@ class RunError(ServiceError):
 ID_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.@:-]{0,127}(?!\n)$"
 _ID = re.compile(ID_PATTERN)
 ID_RULE = "1-128 characters of A-Z a-z 0-9 _ . @ : - starting with a letter or digit, without '..'"
+#: the id rule as JSON Schema, for request schemas and the OpenAPI document (a request body
+#: field failing it is answered 400 ``invalid_id``, like :func:`check_id`)
+ID_SCHEMA = {"type": "string", "pattern": ID_PATTERN, "description": f"an id: {ID_RULE}"}
+#: a JSON Schema pattern for text without NUL (messages: NUL cannot travel in a CLI argument)
+NO_NUL = "^[^\\u0000]*$"
 
 
 def is_id(value) -> bool:
@@ -95,3 +100,30 @@ def check_id(value, field: str) -> str:
     if not is_id(value):
         raise BadRequest(f"{field} must be {ID_RULE}", code="invalid_id")
     return value
+
+
+def schema_error(err, limit: int = 300) -> tuple[list[str], str]:
+    """A jsonschema ``ValidationError`` as ``(path, reason)``: the one reading of a schema
+    error every caller formats (request bodies ``a/b: …``, tool envelopes and pages as JSON
+    pointers, config as ``a.b: …``). ``required`` and ``additionalProperties`` errors name the
+    offending field in the path; the reason is cut at ``limit`` characters."""
+    path, reason = [str(p) for p in err.absolute_path], err.message
+    if err.validator == "required" and isinstance(err.instance, dict):
+        missing = [p for p in err.validator_value if p not in err.instance]
+        if missing:
+            path.append(str(missing[0]))
+            reason = "is required"
+    elif err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        allowed = err.schema.get("properties", {})
+        extra = sorted(k for k in err.instance if k not in allowed)
+        if extra:
+            path.append(str(extra[0]))
+            reason = "is not an allowed field"
+    if len(reason) > limit:
+        reason = reason[:limit] + "…"
+    return path, reason
+
+
+def json_pointer(path: list) -> str:
+    """``["args", "content", 0]`` → ``/args/content/0`` (RFC 6901 escaping); ``[]`` → ``/``."""
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"

@@ -6,7 +6,8 @@
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
 3. :func:`authenticate` — IP allowlist, API key (``g.api_key``) and the key's scope for the
    route (:func:`required_scope`); the tool endpoint authenticates itself with a run token and
-   only admits loopback peers without proxy headers;
+   only admits loopback peers without proxy headers; ``/health`` and the API description
+   (:func:`is_docs_path`) need a key only when the config says so;
 4. :func:`access_log` — one line per request (client, method, path; request id, trace id, run
    id, route template, status, duration) and the request's metrics
    (:func:`hermes_service.metrics.http_request`).
@@ -39,8 +40,14 @@ ROUTE_SCOPES = (("/api/v1/execute", "execute"), ("/api/v1/", "v1"),
                 ("/metrics", "metrics"))
 
 
+def is_docs_path(path: str) -> bool:
+    """``/openapi.json``, ``/docs`` and its files: open to allowed addresses without a key
+    when ``security.docs_requires_api_key`` is false (README §API description)."""
+    return path in ("/openapi.json", "/docs") or path.startswith("/docs/")
+
+
 def required_scope(path: str) -> str | None:
-    """The scope a key needs for ``path`` (None: any valid key, e.g. ``/health``)."""
+    """The scope a key needs for ``path`` (None: any valid key, e.g. ``/health``, ``/docs``)."""
     for prefix, scope in ROUTE_SCOPES:
         if path == prefix.rstrip("/") or path.startswith(prefix):
             return scope
@@ -91,6 +98,8 @@ def authenticate() -> None:
     if request.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
         return    # CORS preflight carries no credentials
     if request.path == "/health" and not svc.config["security"]["health_requires_api_key"]:
+        return
+    if is_docs_path(request.path) and not svc.config["security"]["docs_requires_api_key"]:
         return
     g.api_key = svc.guard.check_key(request.headers)
     scope = required_scope(request.path)

@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import signal
-import tempfile
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import preflight
+from .files import atomic_write
 from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
@@ -45,7 +45,12 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       completed) is closed 1–1.25 × ``idle_timeout_seconds`` after its last byte; requests
       being answered (long turns, event streams) are never cut;
     * ``max_request_body_size`` = ``max_body_bytes`` + 1: a larger declared Content-Length
-      is refused (413) right after the headers, a chunked body is cut at the limit.
+      is refused (413) right after the headers, a chunked body is cut at the limit;
+    * ``channel_request_lookahead`` = 1: waitress keeps reading a connection while its request
+      is answered, so it sees at once when a client closes an event stream (and can read one
+      pipelined request ahead); :class:`~hermes_service.runs.ClientWatch` then ends the
+      stream through ``waitress.client_disconnected``, freeing its slot and thread within
+      ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
     """
     svc = config["service"]
     idle = svc["idle_timeout_seconds"]
@@ -55,6 +60,7 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
         "channel_timeout": idle,
         "cleanup_interval": max(1, idle // 4),
         "max_request_body_size": svc["max_body_bytes"] + 1,   # waitress refuses >= this
+        "channel_request_lookahead": 1,   # see a client close while its stream is answered
         "asyncore_use_poll": True,     # select() breaks on descriptors above 1024
         "ident": "hermes-service",
         # X-Forwarded-For is judged by security.Guard (nginx.trusted_proxies); waitress
@@ -75,10 +81,7 @@ def _proc_start(pid: int) -> str | None:
 
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data), durable=False)
 
 
 class ServiceRecord:

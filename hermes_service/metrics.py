@@ -33,6 +33,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from .errors import Forbidden
+from .web import V1_ERRORS, Reply, documented
 
 NAMESPACE = "hermes_service"
 METRICS_SCOPE = "metrics"
@@ -206,7 +207,17 @@ def stream_closed() -> None:
 bp = Blueprint("metrics", __name__)
 
 
+_EXPOSITION = {"text/plain": {"schema": {"type": "string",
+                                         "description": "Prometheus text format 0.0.4"}},
+               "application/openmetrics-text": {"schema": {
+                   "type": "string", "description": "OpenMetrics 1.0 (when Accept asks for it)"}}}
+
+
 @bp.get("/metrics")
+@documented(summary="Prometheus metrics", family=V1_ERRORS, tags=("operations",),
+            replies={200: Reply("this process's metrics (README §Operations → Metrics)",
+                                media=_EXPOSITION, headers=("Cache-Control",))},
+            errors={403: ("insufficient_scope",)})
 def metrics():
     """Prometheus text format (OpenMetrics when the scraper asks for it).
 

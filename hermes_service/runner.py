@@ -44,11 +44,15 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from . import hermes_state
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
+from .files import atomic_write
 from .limits import Limiter
+
+if TYPE_CHECKING:
+    from .user_homes import UserHome
 
 log = logging.getLogger("hermes_service.runner")
 
@@ -294,7 +298,7 @@ class TurnRequest:
     binding (see :mod:`hermes_service.mnote.gateway`) written to the run file."""
     message: str
     resume_id: str | None
-    home: "UserHome"                 # noqa: F821 (user_homes.UserHome)
+    home: "UserHome"
     env: dict
     model: str | None = None
     toolsets: list[str] = field(default_factory=list)
@@ -359,20 +363,22 @@ class RunFiles:
         return path
 
     def write(self, path: Path, data: dict) -> Path:
-        """Write ``data`` as JSON atomically with mode 0600."""
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".run.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, ensure_ascii=False)
-        os.replace(tmp, path)
-        return path
+        """Write ``data`` as JSON atomically with mode 0600 (a throwaway file: not fsynced)."""
+        return atomic_write(path, json.dumps(data, ensure_ascii=False), durable=False,
+                            prefix=".run.")
 
-    def sweep(self) -> int:
-        """Remove every run file (start-up: no run of this data dir is alive). Returns how many."""
-        removed = 0
+    def sweep(self, older_than: float) -> int:
+        """Remove run files older than ``older_than`` seconds — left by a service that died
+        (a live turn's file is younger than the turn time limit; another service process may
+        share the data dir). Returns how many."""
+        removed, cutoff = 0, time.time() - older_than
         for f in self.root.glob("*/*"):
-            if f.is_file():
-                f.unlink(missing_ok=True)
-                removed += 1
+            try:
+                if f.is_file() and f.stat().st_mtime < cutoff:
+                    f.unlink(missing_ok=True)
+                    removed += 1
+            except OSError:
+                continue
         return removed
 
 
@@ -545,7 +551,7 @@ class HermesRunner:
 
     def reap_orphans(self) -> int:
         """See :meth:`ProcessGroups.reap_orphans`; also drops run files a crash left."""
-        self.run_files.sweep()
+        self.run_files.sweep(older_than=self.timeout + 60)
         return self.groups.reap_orphans()
 
     def chat_args(self, message: str, resume_id: str | None, model: str | None = None,

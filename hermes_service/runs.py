@@ -19,6 +19,14 @@ then the live ones. Event payloads follow the contract::
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
+Subscribers (README §The mnote client proxy → Events, §Event-stream fan-out): each open stream
+is a :class:`Subscription` — one of ``mnote.max_event_streams`` slots, and the waitress thread
+that serves it. The thread sleeps on its own :class:`threading.Event` between events (set by
+:meth:`Run.emit`, so an idle subscriber costs no CPU, apart from a keepalive comment every
+``mnote.keepalive_seconds``); one :class:`ClientWatch` thread per service notices clients that
+went away (waitress's ``waitress.client_disconnected``) within
+:data:`DISCONNECT_CHECK_SECONDS` and ends their streams, which frees slot and thread.
+
 The event path does not care where deltas come from: the CLI runner has the
 answer only at the end (one ``message.delta`` precedes ``run.completed``); the
 ACP runner streams a ``message.delta`` per piece the model generates, through
@@ -40,6 +48,16 @@ from .limits import Limiter
 log = logging.getLogger("hermes_service.runs")
 
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
+#: How often :class:`ClientWatch` asks whether the clients of open event streams are still
+#: connected (seconds): a vanished client's slot is freed within about this long.
+DISCONNECT_CHECK_SECONDS = 1.0
+#: After writing, a subscriber of a run with n subscribers waits n × this (seconds) before its
+#: next write, and then writes everything that arrived meanwhile at once. One write costs
+#: ~0.2-0.6 ms of CPU (bench/stream_fanout.py), so a run streaming many deltas to many
+#: subscribers makes about 1 000 writes per second in all, however many subscribers (1 000
+#: subscribers: one write per second each), instead of taking every core. An event after a
+#: quiet spell leaves at once; the terminal event never waits.
+FANOUT_SPACING_SECONDS = 0.001
 
 
 @dataclass
@@ -55,9 +73,12 @@ class Run:
     process: object = None          # the CliProcess while it runs
     events: list = field(default_factory=list)
     _cond: threading.Condition = field(default_factory=threading.Condition)
+    _wakers: set = field(default_factory=set)      # the wake Event of each follower
+    _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
 
     def emit(self, event: str, **fields) -> int:
-        """Append an event; returns its sequence number (1-based). Ignored after a terminal event."""
+        """Append an event; returns its sequence number (1-based). Ignored after a terminal event.
+        Wakes every follower (:meth:`follow`)."""
         with self._cond:
             if self.done:
                 return len(self.events)
@@ -67,7 +88,9 @@ class Run:
                 self.status = {"run.completed": "completed", "run.failed": "failed",
                                "run.cancelled": "cancelled"}[event]
                 self.finished = time.time()
-            self._cond.notify_all()
+                self._ended.set()
+            for wake in self._wakers:
+                wake.set()
             return len(self.events)
 
     def finish(self, events: list[tuple[str, dict]]) -> None:
@@ -85,6 +108,12 @@ class Run:
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
 
+    def position(self) -> tuple[int, bool]:
+        """``(last_id, done)`` read together: the id of the newest event (0 before the first;
+        the run has issued exactly the ids 1..last_id) and whether it is the terminal one."""
+        with self._cond:
+            return len(self.events), self.done
+
     def listener(self) -> "RunListener":
         """The turn listener that turns a runner's live events into this run's events."""
         return RunListener(self)
@@ -95,26 +124,44 @@ class Run:
         if proc is not None:
             proc.touch()
 
-    def follow(self, after: int, keepalive: float) -> Iterator[tuple[int, dict] | None]:
-        """Yield ``(seq, event)`` for every event with seq > ``after``, live, until the terminal
-        event; yields ``None`` when ``keepalive`` seconds pass without an event."""
+    def follow(self, after: int, keepalive: float, wake: threading.Event | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, dict]]]:
+        """Yield the events with id > ``after``, live, in batches ``[(id, event), …]`` (everything
+        that arrived since the previous batch), until the batch with the terminal event; an
+        empty batch when ``keepalive`` seconds pass without an event.
+
+        Between events the caller's thread sleeps on ``wake`` (its own Event; set by
+        :meth:`emit`). Whoever sets ``wake`` after making ``stop()`` true ends the iteration
+        early, without the terminal event (a client that went away). With n followers, a
+        batch is followed by a pause of n × :data:`FANOUT_SPACING_SECONDS` (cut short by the
+        terminal event), so busy runs are sent in fewer, larger batches."""
+        wake = wake or threading.Event()
+        stop = stop or (lambda: False)
         seq = max(0, after)
-        while True:
-            with self._cond:
-                if seq >= len(self.events) and not self.done:
-                    self._cond.wait(keepalive)
-                pending = self.events[seq:]
-                finished = self.done
-            if not pending:
-                if finished:
+        with self._cond:
+            self._wakers.add(wake)
+        try:
+            while not stop():
+                with self._cond:
+                    batch = list(enumerate(self.events[seq:], seq + 1))
+                    finished = self.done
+                    if not batch and not finished:
+                        wake.clear()     # under the lock: an emit after this sets it again
+                if batch:
+                    seq += len(batch)
+                    yield batch
+                    if finished:         # the batch ends with the terminal event
+                        return
+                    followers = len(self._wakers)
+                    if followers > 1:    # coalesce what comes next (see FANOUT_SPACING_SECONDS)
+                        self._ended.wait(followers * FANOUT_SPACING_SECONDS)
+                elif finished:
                     return
-                yield None
-                continue
-            for event in pending:
-                seq += 1
-                yield seq, event
-            if finished and seq >= len(self.events):
-                return
+                elif not wake.wait(keepalive):
+                    yield []
+        finally:
+            with self._cond:
+                self._wakers.discard(wake)
 
 
 class RunListener:
@@ -159,6 +206,7 @@ class RunManager:
     def __init__(self, retention_seconds: float, max_active: int, max_streams: int = 12):
         self.retention = retention_seconds
         self.streams = Limiter(max_streams)   # open event streams (threads); resizable on reload
+        self.watch = ClientWatch()
         self.max_active = max_active
         self._runs: dict[str, Run] = {}
         self._by_session: dict[str, str] = {}
@@ -241,6 +289,18 @@ class RunManager:
                 metrics.stream_closed()
         return release
 
+    def subscribe(self, run: Run, client_gone: Callable[[], bool] | None = None) -> "Subscription":
+        """Open an event stream on ``run``: takes a slot (TooManyRuns ``too_many_streams`` when
+        ``mnote.max_event_streams`` are open) until :meth:`Subscription.close`.
+
+        ``client_gone``: a check whether the client has disconnected (waitress's
+        ``waitress.client_disconnected``); when given, the stream ends within
+        :data:`DISCONNECT_CHECK_SECONDS` of the client going away."""
+        sub = Subscription(run, self.stream_slot(), client_gone, self.watch)
+        if client_gone is not None:
+            self.watch.add(sub)
+        return sub
+
     def get(self, run_id: str, actor_id: str) -> Run:
         """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail leaked)."""
         with self._lock:
@@ -264,3 +324,86 @@ class RunManager:
         if proc is not None:
             threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()
         return [{"event": "abort.started", "run_id": run.run_id}]
+
+
+class Subscription:
+    """One open event stream of a run (:meth:`RunManager.subscribe`): its slot, the Event its
+    thread sleeps on, and whether its client went away (:attr:`gone`, set by
+    :class:`ClientWatch`)."""
+
+    def __init__(self, run: Run, release: Callable[[], None],
+                 client_gone: Callable[[], bool] | None, watch: "ClientWatch"):
+        self.run = run
+        self.client_gone = client_gone
+        self.gone = False
+        self.wake = threading.Event()
+        self._release = release
+        self._watch = watch
+
+    def events(self, after: int, keepalive: float) -> Iterator[list[tuple[int, dict]]]:
+        """:meth:`Run.follow` for this subscriber; ends early once the client is gone."""
+        return self.run.follow(after, keepalive, self.wake, lambda: self.gone)
+
+    def close(self) -> None:
+        """Give the slot back and stop watching the client (safe to call twice)."""
+        self._watch.discard(self)
+        self._release()
+
+
+class ClientWatch:
+    """One daemon thread that asks, every :data:`DISCONNECT_CHECK_SECONDS`, whether the client
+    of each watched :class:`Subscription` is still connected, and wakes the stream of one that
+    went away (it then ends: its slot and its waitress thread are free again).
+
+    waitress notices a closed connection while the stream's request is in progress only with
+    ``channel_request_lookahead`` > 0 (:func:`hermes_service.lifecycle.waitress_options`);
+    without this watch the stream would hold its slot until a keepalive write failed.
+    The thread starts with the first watched stream and sleeps while none is open; one check
+    is a flag read, so 1 000 streams cost ~0.1 ms per check."""
+
+    def __init__(self, interval: float = DISCONNECT_CHECK_SECONDS):
+        self.interval = interval
+        self._subs: set[Subscription] = set()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, sub: Subscription) -> None:
+        with self._cond:
+            self._subs.add(sub)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="stream-client-watch",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def discard(self, sub: Subscription) -> None:
+        with self._cond:
+            self._subs.discard(sub)
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def check(self) -> int:
+        """Check every watched client once; returns how many were found gone."""
+        with self._cond:
+            subs = list(self._subs)
+        found = 0
+        for sub in subs:
+            try:
+                gone = sub.client_gone()
+            except Exception:      # a broken check never ends a stream
+                gone = False
+            if gone:
+                found += 1
+                sub.gone = True
+                sub.wake.set()
+                self.discard(sub)
+        return found
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._subs:
+                    self._cond.wait()
+            self.check()
+            time.sleep(self.interval)

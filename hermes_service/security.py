@@ -100,3 +100,15 @@ class Guard:
         if found.expires_at and (now or datetime.now(timezone.utc)) >= found.expires_at:
             raise Unauthorized("API key expired", code="api_key_expired", headers=challenge)
         return found
+
+
+def acting_user(api_key: ApiKey | None, requested: str | None) -> str | None:
+    """The user (mnote actor) a request acts for — the one actor-binding rule of every route
+    family (README §API keys): ``requested`` (already a valid id) or, when the request names
+    none, the key's bound ``actor_id``. A key bound to an actor acts only for that actor:
+    naming another raises :class:`Forbidden` ``actor_mismatch`` (each blueprint renders it in
+    its contract's shape). Returns None when neither names a user."""
+    bound = getattr(api_key, "actor_id", None)
+    if bound and requested is not None and requested != bound:
+        raise Forbidden("this API key is bound to another user", code="actor_mismatch")
+    return requested if requested is not None else bound

@@ -46,7 +46,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -57,6 +56,7 @@ from typing import Callable, Iterator
 from filelock import FileLock
 
 from .errors import ServiceError, check_id, is_id
+from .files import atomic_write, fsync_dir
 
 FORMAT_VERSION = 1          # of a sessions.json file (a shard, or the legacy single file)
 LAYOUT_VERSION = 1          # of the sessions/ folder (_format.json)
@@ -100,36 +100,13 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _mkdir(path: Path) -> None:
     """Create one folder if missing and make its name durable (fsync the parent)."""
     try:
         path.mkdir()
     except FileExistsError:
         return
-    _fsync_dir(path.parent)
-
-
-def _atomic_write(path: Path, payload: bytes, prefix: str) -> None:
-    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _encode(sessions: dict) -> bytes:
@@ -192,7 +169,7 @@ class SessionStore:
     def _open_format(self) -> None:
         path = self.root / FORMAT_FILE
         if not path.exists():
-            _atomic_write(path, json.dumps({"version": LAYOUT_VERSION}).encode(), "._format.")
+            atomic_write(path, json.dumps({"version": LAYOUT_VERSION}), prefix="._format.")
             return
         problem = _format_problem(path)
         if problem:
@@ -263,7 +240,7 @@ class SessionStore:
                 return None          # left by a create killed before its shard write: reuse
             raise KeyError(session_id) from None
         if sync:
-            _fsync_dir(link.parent)
+            fsync_dir(link.parent)
         return link.parent
 
     def _unclaim(self, session_id: str, user_id: str) -> bool:
@@ -275,7 +252,7 @@ class SessionStore:
             return False
         link = self.link_path(session_id)
         link.unlink(missing_ok=True)
-        _fsync_dir(link.parent)
+        fsync_dir(link.parent)
         return True
 
     # -- shards ------------------------------------------------------------
@@ -297,7 +274,7 @@ class SessionStore:
         """Write a shard (caller holds its lock); temp files a killed writer left are dropped
         first (no writer can be mid-write under the lock)."""
         self._sweep_temp(shard.parent, dry_run=False)
-        _atomic_write(shard, _encode(sessions), _TMP_PREFIX)
+        atomic_write(shard, _encode(sessions), prefix=_TMP_PREFIX)
 
     @staticmethod
     def _sweep_temp(folder: Path, dry_run: bool) -> list[Path]:
@@ -484,7 +461,7 @@ class SessionStore:
                         if made is not None:
                             folders.add(made)
             for folder in folders:
-                _fsync_dir(folder)
+                fsync_dir(folder)
             added = 0
             for user_id, recs in by_user.items():
                 with self._locked(user_id) as shard:
@@ -497,7 +474,7 @@ class SessionStore:
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
             backup = self.data_dir / f"sessions.json.migrated-{stamp}"
             os.rename(self.legacy, backup)
-            _fsync_dir(self.data_dir)
+            fsync_dir(self.data_dir)
             for stale in self.data_dir.glob(_TMP_PREFIX + "*.tmp"):   # a killed legacy writer's
                 stale.unlink(missing_ok=True)
             log.info("migrated %d session(s) of %d user(s) from %s into %s/<user_id>/%s "

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from filelock import FileLock
 
 from .config import Config
 from .errors import Unconfigured, check_id
+from .files import atomic_write
 
 MARKER = ".hermes-service.json"
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -135,9 +135,9 @@ class UserHomes:
                     dst = home.hermes_home / src.relative_to(self.template)
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(src, dst)
-            _atomic_write(home.hermes_home / "config.yaml",
+            atomic_write(home.hermes_home / "config.yaml",
                           yaml.safe_dump(rendered, sort_keys=False, allow_unicode=True))
-            _atomic_write(marker, json.dumps({"fingerprint": fp}))
+            atomic_write(marker, json.dumps({"fingerprint": fp}))
         return home
 
     @staticmethod
@@ -164,12 +164,3 @@ class UserHomes:
         env.update(self.extra_env)
         env.update(extra or {})
         return env
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -58,10 +58,10 @@ Directives (in the last user message; first match in this order wins)
 ``[[recall]]``
     Reply with the text of every EARLIER user message joined by `` | ``
     (proves the model saw the previous turns of a resumed session).
-``[[slow:S]]``
+``[[slow:S]]``, ``[[slow:S:N]]``
     Modifier, combinable with the text replies above (echo, recall,
-    tools-offered, tools done): the text is streamed in ~5 pieces spread over
-    S seconds (float).  Stops early on ``stop()`` or a closed client.
+    tools-offered, tools done): the text is streamed in ~N pieces (default 5)
+    spread over S seconds (float).  Stops early on ``stop()`` or a closed client.
 ``[[reasoning]]``
     Modifier: before the text, stream :data:`REASONING_TEXT` as
     ``reasoning_content`` deltas (what DeepSeek/Qwen-style providers send).
@@ -168,7 +168,7 @@ AUX_MAIN_MARKER = "Hermes Agent"
 
 _STATUS_RE = re.compile(r"\[\[status:(\d{3})\]\]")
 _HANG_RE = re.compile(r"\[\[hang\]\]")
-_SLOW_RE = re.compile(r"\[\[slow:(\d+(?:\.\d+)?)\]\]")
+_SLOW_RE = re.compile(r"\[\[slow:(\d+(?:\.\d+)?)(?::(\d+))?\]\]")
 _RECALL_RE = re.compile(r"\[\[recall\]\]")
 _OFFERED_RE = re.compile(r"\[\[tools-offered\]\]")
 _REASONING_RE = re.compile(r"\[\[reasoning\]\]")
@@ -328,6 +328,7 @@ class _Plan:
         self.tool_name: str = kw.get("tool_name", "")
         self.tool_args: dict = kw.get("tool_args", {})
         self.slow: float = kw.get("slow", 0.0)
+        self.pieces: int = kw.get("pieces", 5)          # text pieces of a slow reply
         self.reasoning: str = kw.get("reasoning", "")   # streamed as reasoning_content
         self.cut: bool = kw.get("cut", False)           # drop the stream mid-answer
         self.prompt_tokens: int | None = kw.get("prompt_tokens")
@@ -369,6 +370,7 @@ def _plan_reply(body: dict) -> _Plan:
     user_text = content_text(msgs[li].get("content")) if li >= 0 else ""
     slow_m = _SLOW_RE.search(user_text)
     slow = float(slow_m.group(1)) if slow_m else 0.0
+    pieces = int(slow_m.group(2)) if slow_m and slow_m.group(2) else 5
 
     m = _STATUS_RE.search(user_text)
     if m:
@@ -383,18 +385,18 @@ def _plan_reply(body: dict) -> _Plan:
         if step < len(calls):
             name, args = calls[step]
             if name not in _offered_tools(body):
-                return _Plan("text", text=f"tool not offered: {name}", slow=slow)
+                return _Plan("text", text=f"tool not offered: {name}", slow=slow, pieces=pieces)
             return _Plan("tool_call", tool_name=name, tool_args=args)
         if _THEN_HANG_RE.search(user_text):
             return _Plan("hang")
-        return _Plan("text", text="tools done: " + " || ".join(results), slow=slow)
+        return _Plan("text", text="tools done: " + " || ".join(results), slow=slow, pieces=pieces)
     if _OFFERED_RE.search(user_text):
         names = sorted(_offered_tools(body))
-        return _Plan("text", text=",".join(names) if names else "(none)", slow=slow)
+        return _Plan("text", text=",".join(names) if names else "(none)", slow=slow, pieces=pieces)
     user_msgs = [content_text(x.get("content")) for x in msgs if x.get("role") == "user"]
     if _RECALL_RE.search(user_text):
-        return _Plan("text", text=" | ".join(user_msgs[:-1]), slow=slow)
-    return _Plan("text", text=f"echo #{len(user_msgs)}: {user_text}", slow=slow)
+        return _Plan("text", text=" | ".join(user_msgs[:-1]), slow=slow, pieces=pieces)
+    return _Plan("text", text=f"echo #{len(user_msgs)}: {user_text}", slow=slow, pieces=pieces)
 
 
 # --------------------------------------------------------------------------
@@ -454,8 +456,10 @@ class _Handler(BaseHTTPRequestHandler):
         stop = self.server.scripted._stop_event
         if stop.is_set():
             return True
-        try:
-            r, _, _ = select.select([self.connection], [], [], timeout)
+        try:      # poll, not select: select() fails for descriptors >= 1024 (a process with
+            poller = select.poll()       # many sockets, e.g. bench/stream_fanout.py's clients)
+            poller.register(self.connection, select.POLLIN)
+            r = poller.poll(timeout * 1000)
         except (OSError, ValueError):
             return True
         if r:
@@ -595,7 +599,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             for piece in _split(plan.reasoning, 3) if plan.reasoning else []:
                 self._write_chunk(frame({"reasoning_content": piece}))
-            pieces = _split(plan.text, 5 if plan.slow else 3)
+            pieces = _split(plan.text, plan.pieces if plan.slow else 3)
             delay = plan.slow / len(pieces) if plan.slow else 0.0
             for i, piece in enumerate(pieces):
                 if delay and self._client_gone_or_stopped(delay):

@@ -18,7 +18,17 @@ class SSEStream:
                  session: requests.Session | None = None):
         if last_event_id is not None:
             headers = {**headers, "Last-Event-ID": last_event_id}
-        self.response = (session or requests).get(url, headers=headers, stream=True, timeout=timeout)
+        self._attach((session or requests).get(url, headers=headers, stream=True, timeout=timeout))
+
+    @classmethod
+    def of(cls, response: requests.Response) -> "SSEStream":
+        """Read a stream already requested (``stream=True``)."""
+        stream = cls.__new__(cls)
+        stream._attach(response)
+        return stream
+
+    def _attach(self, response: requests.Response) -> None:
+        self.response = response
         self.response.raise_for_status()
         self.comments: list[str] = []
         self.first_byte_at: float | None = None

@@ -198,6 +198,20 @@ def test_connection_limit_must_fit_threads_and_streams():
     assert cfg["service"]["connection_limit"] >= 500 and cfg["service"]["idle_timeout_seconds"] <= 20
 
 
+def test_the_1000_subscriber_settings_the_readme_recommends_pass_and_fit():
+    """README §Event-stream fan-out; bench/stream_fanout.py runs with these."""
+    profile = {"mnote": {"max_event_streams": 1000},
+               "service": {"threads": 1024, "connection_limit": 1200}}
+    cfg = build_config(deep_merge(base_config(ROOT), profile))
+    from hermes_service.preflight import fds_needed
+    assert fds_needed(cfg) == 1400
+    for key, value in (("threads", 1011), ("connection_limit", 1123)):
+        too_few = deep_merge(base_config(ROOT), {**profile, "service": {
+            **profile["service"], key: value}})
+        assert any(p.startswith(f"c.yaml:service.{key}: {value} is too few")
+                   for p in problems(too_few)), key
+
+
 def test_scopes_default_and_validation():
     cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
         {"key": "k" * 20}, {"key": "j" * 20, "scopes": ["client"]}]}}))

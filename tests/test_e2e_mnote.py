@@ -1,12 +1,37 @@
-"""End to end: the mnote page AI panel flow over HTTP → real service → real hermes CLI."""
+"""End to end: the mnote page AI panel flow over HTTP → real service → real Hermes, on both
+runners (``hermes.runner: cli`` — the real ``hermes chat`` — and ``acp`` — real ``hermes acp``
+processes): the contract's behaviour is the same on both (README §Runners)."""
 import time
 
 import pytest
 
-from conftest import API_KEY, hermes_bin, hermes_processes
+from conftest import API_KEY, deep_merge, hermes_bin, hermes_processes
 from sse_client import SSEStream, read_all
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(params=["cli", "acp"])
+def runner(request):
+    return request.param
+
+
+@pytest.fixture
+def start_service(start_service, runner):
+    """Every service of this module runs on ``runner``."""
+    def start(overrides=None, **kw):
+        return start_service(deep_merge({"hermes": {"runner": runner}}, overrides or {}), **kw)
+    return start
+
+
+def gone(pids, home, within=2.0):
+    """Wait up to ``within`` s for the process groups ``pids`` (of ``home``) to end; True if
+    they did. (A runner may start a fresh process for the user afterwards: the ACP runner
+    replaces a killed process at once.)"""
+    deadline = time.monotonic() + within
+    while set(pids) & set(hermes_processes(home)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not set(pids) & set(hermes_processes(home))
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_a"}
@@ -30,6 +55,16 @@ def names(frames):
     return [data["event"] for _, data in frames]
 
 
+def steps(frames):
+    """The events with each run of ``message.delta`` as one step: the CLI runner sends the
+    answer in one delta, the ACP runner a delta per piece the model generates."""
+    out = []
+    for name in names(frames):
+        if not (name == "message.delta" and out and out[-1] == "message.delta"):
+            out.append(name)
+    return out
+
+
 def test_panel_flow_list_create_run_stream_reload(service):
     res = service.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                               "traceId": "t1", "title": "当前页问答"}, headers=A)
@@ -43,8 +78,8 @@ def test_panel_flow_list_create_run_stream_reload(service):
     done_at = time.monotonic()
     # waitress really streams: the opening comment arrived long before the turn ended
     assert stream.comments[0] == "stream open" and done_at - stream.first_byte_at > 1.0
-    assert names(frames) == ["run.started", "message.delta", "run.completed"]
-    assert [f[0] for f in frames] == ["1", "2", "3"]
+    assert steps(frames) == ["run.started", "message.delta", "run.completed"]
+    assert [f[0] for f in frames] == [str(i) for i in range(1, len(frames) + 1)]
     completed = frames[-1][1]
     # (the scripted model echoes what it received: the message, then this run's page context)
     assert completed["output"].startswith("echo #1: 第一个问题")
@@ -80,49 +115,52 @@ def test_reconnect_with_last_event_id_gets_exactly_the_missing_events(service):
     stream.close()                                  # disconnect mid-run
     assert first == ("1", first[1]) and first[1]["event"] == "run.started"
     rest = read_all(url, A, last_event_id="1")
-    assert names(rest) == ["message.delta", "run.completed"] and [f[0] for f in rest] == ["2", "3"]
+    assert steps(rest) == ["message.delta", "run.completed"]
+    assert [f[0] for f in rest] == [str(i) for i in range(2, len(rest) + 2)]
     late = read_all(url, A)                          # a late client gets everything
     assert [first] + rest == late
 
 
-def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, tmp_path):
-    marker = "[[hang]] abort-me"
+def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, tmp_path, runner):
+    marker = f"[[hang]] abort-me {runner}"
     run_id = start_run(service, "mnote_doc_1_abort", marker)
     stream = SSEStream(service.url + f"{P}/events/{run_id}", A)
     deadline = time.monotonic() + 60
-    while not model.requests_with("abort-me"):       # hermes is now waiting on the model
+    while not model.requests_with(f"abort-me {runner}"):   # hermes is now waiting on the model
         assert time.monotonic() < deadline
         time.sleep(0.1)
     home = str(tmp_path / "data" / "users" / "user_a")
-    assert hermes_processes(home)
+    pids = hermes_processes(home)
+    assert pids
     res = service.post(f"{P}/runs/{run_id}/abort", json={"sessionId": "mnote_doc_1_abort"}, headers=A)
-    aborted_at = time.monotonic()
     assert res.json()["events"] == [{"event": "abort.started", "run_id": run_id}]
     frames = list(stream)
     assert names(frames) == ["run.started", "abort.started", "run.cancelled"]
-    while hermes_processes(home) and time.monotonic() - aborted_at < 2.0:
-        time.sleep(0.05)
-    assert hermes_processes(home) == []             # gone within 2 s of the abort
+    assert gone(pids, home)                          # killed within 2 s of the abort
     again = service.post(f"{P}/runs/{run_id}/abort", json={}, headers=A).json()
     assert again["events"][0]["event"] == "run.cancelled"      # the final state, not an error
     # the aborted first turn got no answer: Hermes's record of it is taken back, so the panel
     # shows no unanswered question and asking again reaches the model once
     got = service.get(f"{P}/sessions/mnote_doc_1_abort", headers=A).json()
     assert got["messages"] == []
-    run2 = start_run(service, "mnote_doc_1_abort", "asked again")
+    run2 = start_run(service, "mnote_doc_1_abort", f"asked again {runner}")
     assert read_all(service.url + f"{P}/events/{run2}", A)[-1][1]["event"] == "run.completed"
-    [req] = model.requests_with("asked again")
+    [req] = model.requests_with(f"asked again {runner}")
     users = [m["content"] for m in req["messages"] if m["role"] == "user"]
     assert len(users) == 1 and users[0].startswith("asked again")   # the aborted one is gone
 
 
-def test_hung_model_ends_in_run_failed_by_the_stall_watchdog(start_service, tmp_path):
+def test_hung_model_ends_in_run_failed_by_the_stall_watchdog(start_service, tmp_path, model, runner):
     svc = start_service({"hermes": {"stall_timeout_seconds": 14}})
-    run_id = start_run(svc, "mnote_doc_1_stall", "[[hang]] stall")
+    run_id = start_run(svc, "mnote_doc_1_stall", f"[[hang]] stall {runner}")
+    home = str(tmp_path / "data" / "users" / "user_a")
+    while not model.requests_with(f"stall {runner}"):
+        time.sleep(0.1)
+    pids = hermes_processes(home)
     frames = read_all(svc.url + f"{P}/events/{run_id}", A)
     assert names(frames) == ["run.started", "run.failed"]
     assert frames[-1][1]["code"] == "hermes_client_run_stalled"
-    assert hermes_processes(str(tmp_path / "data" / "users" / "user_a")) == []
+    assert gone(pids, home)
 
 
 @pytest.mark.parametrize("directive, code", [
@@ -152,8 +190,9 @@ def test_request_level_error_codes_from_real_causes(start_service, tmp_path):
     assert svc.post("/api/ai-agent/run", json={}, headers=A).status_code == 410
 
 
-def test_no_cli_process_outlives_the_service(start_service, model, tmp_path):
-    """SIGTERM kills running CLI groups; after kill -9 the next start reaps them."""
+def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, runner):
+    """SIGTERM kills running Hermes groups (CLI turns, ACP processes); after kill -9 the next
+    start reaps them."""
     import signal
     home = str(tmp_path / "data" / "users" / "user_a")
 
@@ -166,13 +205,13 @@ def test_no_cli_process_outlives_the_service(start_service, model, tmp_path):
         assert hermes_processes(home)
 
     svc = start_service(tmp=tmp_path)
-    hang_until_model_sees(svc, "term1")
+    hang_until_model_sees(svc, f"term1-{runner}")
     svc.stop(signal.SIGTERM)
     assert hermes_processes(home) == []
     assert "killed 1 Hermes process group" in svc.log()
 
     svc = start_service(tmp=tmp_path)
-    hang_until_model_sees(svc, "kill9")
+    hang_until_model_sees(svc, f"kill9-{runner}")
     svc.stop(signal.SIGKILL)
     assert hermes_processes(home)                  # orphaned by the crash...
     svc = start_service(tmp=tmp_path)              # ...and reaped by the next start

@@ -50,8 +50,10 @@ def events_of(c, run_id, headers=A, last=None, query=""):
         h["Last-Event-ID"] = str(last)
     res = c.get(f"{P}/events/{run_id}{query}", headers=h)
     assert res.status_code == 200, res.get_data(as_text=True)
+    body = res.get_data(as_text=True)
+    res.close()                  # what the server does after the last chunk: frees the slot
     frames, cur = [], {}
-    for line in res.get_data(as_text=True).split("\n"):
+    for line in body.split("\n"):
         if line.startswith("id: "):
             cur["id"] = int(line[4:])
         elif line.startswith("data: "):
@@ -271,13 +273,95 @@ def test_last_event_id_replays_exactly_the_missing_events(c):
     run_id = start(c)
     wait_done(c, run_id)
     _, all_frames = events_of(c, run_id)
-    for last in range(0, 4):
+    assert len(all_frames) == 3
+    for last in range(0, 3):
         _, frames = events_of(c, run_id, last=last)
         assert frames == all_frames[last:]
     _, frames = events_of(c, run_id, query="?lastEventId=2")
     assert frames == all_frames[2:]
-    bad = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": "x"})
-    assert bad.status_code == 400
+    for bad in ("x", "-1", "1_0", "+1", " 1", "٣"):
+        res = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": bad})
+        assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request", bad
+
+
+def test_last_event_id_the_run_never_issued_is_a_bad_request_naming_its_last_id(c, stub):
+    """Issue #8 item 10: no silent empty stream, during the run or after it."""
+    stub.gate = threading.Event()
+    run_id = start(c)
+    run = c.svc.runs.get(run_id, "user_1")
+    while not run.events:             # run.started: the turn began
+        time.sleep(0.01)
+    res = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": "2"})
+    assert res.status_code == 400 and set(res.json) == ERROR_KEYS
+    assert res.json["code"] == "hermes_client_bad_request"
+    assert "its last event id is 1 so far" in res.json["message"]
+    stub.gate.set()
+    wait_done(c, run_id)
+    for query, headers in (("", {**A, "Last-Event-ID": "4"}), ("?lastEventId=99", A)):
+        res = c.get(f"{P}/events/{run_id}{query}", headers=headers)
+        assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
+        assert "its last event id is 3 (the run has ended)" in res.json["message"]
+    assert c.svc.runs.streams.held == 0          # refused before taking a stream slot
+
+
+def test_reconnect_after_the_terminal_event_gets_204_so_eventsource_stops(make):
+    c = make({"mnote": {"max_event_streams": 1}})
+    run_id = start(c)
+    wait_done(c, run_id)
+    _, frames = events_of(c, run_id)
+    assert frames[-1]["data"]["event"] == "run.completed" and frames[-1]["id"] == 3
+    for headers, query in (({**A, "Last-Event-ID": "3"}, ""), (A, "?lastEventId=3")):
+        res = c.get(f"{P}/events/{run_id}{query}", headers=headers)
+        assert res.status_code == 204 and res.get_data() == b""
+        assert res.headers["X-Trace-Id"] == "trace_1"
+    assert c.svc.runs.streams.held == 0
+    _, frames = events_of(c, run_id, last=2)        # one before the end: the terminal event
+    assert [f["data"]["event"] for f in frames] == ["run.completed"]
+
+
+def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
+    """waitress's ``waitress.client_disconnected`` (the real server: test_e2e_streams.py)."""
+    c = make({"mnote": {"max_event_streams": 1}})
+    stub.gate = threading.Event()
+    run_id = start(c)
+    gone = threading.Event()
+    first = c.get(f"{P}/events/{run_id}", headers=A, buffered=False,
+                  environ_overrides={"waitress.client_disconnected": gone.is_set})
+    assert next(first.response) == b": stream open\n\n"
+    assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 429
+    gone.set()
+    rest = b"".join(first.response)        # ends (ClientWatch) without the run's terminal event
+    assert b"run.completed" not in rest
+    first.close()
+    assert c.svc.runs.streams.held == 0 and len(c.svc.runs.watch) == 0
+    stub.gate.set()
+    wait_done(c, run_id)
+    assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 200
+
+
+def test_many_followers_get_every_event_in_order_in_coalesced_batches():
+    """runs.FANOUT_SPACING_SECONDS: a busy run is sent to many subscribers in fewer writes."""
+    from hermes_service.runs import Run
+    run = Run("run_x", "s", "user_1", "t")
+    got = {i: [] for i in range(4)}
+
+    def follow(i):
+        for batch in run.follow(0, keepalive=5):
+            got[i].append([seq for seq, _ in batch])
+    threads = [threading.Thread(target=follow, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while len(run._wakers) < 4:
+        time.sleep(0.001)
+    for n in range(200):
+        run.emit("message.delta", delta=str(n))
+        time.sleep(0.0002)
+    run.emit("run.completed", output="", usage={})
+    for t in threads:
+        t.join(10)
+    for batches in got.values():
+        assert [seq for batch in batches for seq in batch] == list(range(1, 202))
+        assert len(batches) < 100          # coalesced (one batch per event without the spacing)
 
 
 def test_keepalive_comments_while_waiting(make, stub):

@@ -146,6 +146,8 @@ def test_options_requests_are_ip_checked_too(app):
     ("post", "/api/v1/sessions", {"user_id": "bob"}),
     ("get", "/api/v1/sessions?user_id=bob", None),
     ("post", "/api/v1/execute", {"command": ["version"], "user_context": {"user_id": "bob"}}),
+    ("post", "/api/v1/sessions/any-session/messages",
+     {"message": "x", "user_context": {"user_id": "bob"}}),
 ])
 def test_key_bound_to_an_actor_cannot_act_for_another_user_on_v1(app_factory, method, path, body):
     app = app_factory({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice",

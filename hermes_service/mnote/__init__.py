@@ -4,7 +4,8 @@ mnote-hermes-plugin-tool-contract-v1).
 * :mod:`.client` — ``/api/hermes/client/*``, the page AI panel's routes (runs, events, abort);
 * :mod:`.endpoint` + :mod:`.gateway` — ``POST /api/hermes/tools/invoke`` and run tokens;
 * :mod:`.tools` + :mod:`.schemas` — the six ``mnote.*`` tools: registry, schemas, executor;
-* :mod:`.page_store` — the page store interface and its SQLite adapter.
+* :mod:`.page_store` — the page store interface and its SQLite adapter;
+* :mod:`.events` — the run events as JSON schemas (the OpenAPI document).
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from flask import Flask
 
 def register(app: Flask) -> None:
     """Register the mnote blueprints and their error shapes on ``app``."""
-    from ..web import register_error_shape
-    from . import client, endpoint
+    from ..web import register_components, register_error_shape
+    from . import client, endpoint, events
     app.register_blueprint(client.bp)
     app.register_blueprint(client.legacy_bp)
     app.register_blueprint(endpoint.bp)
     register_error_shape(app, client.PREFIX, client.render_error_body)
     register_error_shape(app, client.LEGACY_PREFIX, client.render_error_body)
     register_error_shape(app, endpoint.PREFIX, endpoint.render_error_body)
+    register_components(app, events.COMPONENTS)     # the run events in /openapi.json

@@ -9,18 +9,24 @@ Every response carries ``traceId`` (body ``traceId``, query ``traceId``,
 header ``X-Trace-Id``, or generated). Errors are exactly
 ``{"ok": false, "code", "message", "traceId", "requestId"}``; codes are the
 contract's six (§3) plus the documented additions in :data:`EXTRA_CODES`.
+
+Each route declares its contract (:func:`~hermes_service.web.documented`): the request schemas
+here are what :func:`~hermes_service.web.json_body` validates with and what ``GET
+/openapi.json`` shows; the event payloads are in :mod:`.events` (README §API description).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from ..web import json_body, parse_json, services
-from ..errors import BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..web import ErrorFamily, Param, Reply, documented, json_body, parse_json, services
+from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..security import acting_user
 from ..hermes_state import session_summary, transcript
 
 PREFIX = "/api/hermes/client"
@@ -31,6 +37,7 @@ legacy_bp = Blueprint("mnote_legacy", __name__)
 ACTOR_HEADER = "X-Mnote-Actor-Id"
 MNOTE_TOOLSET = "mnote"
 PREVIEW_CHARS = 200
+EVENT_ID = re.compile(r"[0-9]{1,18}")     # Server-Sent Events ids: the run's sequence numbers
 
 # core code -> contract code (§3 stable codes first, then our documented additions)
 CODE_MAP = {
@@ -84,22 +91,28 @@ def public_event(event: dict) -> dict:
 
 
 def _status(err: ServiceError) -> int:
-    return 429 if err.code == "upstream_rate_limited" else err.status
+    """The proxy answers a provider 429 with 429, and an actor the key is not bound to as the
+    contract's 401 ``hermes_client_unauthorized`` (core: 403 ``actor_mismatch``)."""
+    return {"upstream_rate_limited": 429, "actor_mismatch": 401}.get(err.code, err.status)
 
 
 def trace_id() -> str:
-    """traceId of this request (validated, generated if absent)."""
+    """traceId of this request: the first of body ``traceId``, query ``traceId`` and header
+    ``X-Trace-Id`` that is given, else a generated one. Every one given must be an id (400
+    ``invalid_id`` otherwise, even when an earlier one is used); empty counts as not given."""
     if "trace_id" not in g:
         try:
             body = parse_json(request.get_data()) if request.is_json else None
         except Exception:   # oversized or malformed: the route reports that itself
             body = None
-        value = ((body or {}).get("traceId") if isinstance(body, dict) else None) \
-            or request.args.get("traceId") or request.headers.get("X-Trace-Id")
+        given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
+                             request.args.get("traceId"), request.headers.get("X-Trace-Id"))
+                 if v not in (None, "")]
         g.trace_id = "trace_" + secrets.token_hex(8)
-        if value is not None:
+        for value in given:
             check_id(value, "traceId")
-            g.trace_id = value
+        if given:
+            g.trace_id = given[0]
     return g.trace_id
 
 
@@ -118,22 +131,110 @@ def render_error_body(err: ServiceError) -> dict:
 def actor_id() -> str:
     """The acting mnote user (``X-Mnote-Actor-Id``, or the key's bound actor). 401 if missing/invalid."""
     header = request.headers.get(ACTOR_HEADER)
-    bound = getattr(g.get("api_key"), "actor_id", None)
     if header is not None:
         try:
             check_id(header, ACTOR_HEADER)
         except BadRequest:
             raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id", code="missing_actor") from None
-        if bound and header != bound:
-            raise Unauthorized("this API key is bound to another actor", code="actor_mismatch")
-        return header
-    if bound:
-        return bound
-    raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
+    actor = acting_user(g.get("api_key"), header)     # the key's actor when bound (401 below)
+    if actor is None:
+        raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
+    return actor
 
 
 def ok(**fields):
     return jsonify({"ok": True, "traceId": trace_id(), **fields})
+
+
+# -- the routes' contracts (README §API description) --------------------------------------
+#: contract §3 error body
+CLIENT_ERROR = {"type": "object", "required": ["ok", "code", "message", "traceId", "requestId"],
+                "properties": {"ok": {"const": False}, "code": {"type": "string"},
+                               "message": {"type": "string"}, "traceId": {"type": "string"},
+                               "requestId": {"type": "string"}}}
+ERRORS = ErrorFamily("ClientError", CLIENT_ERROR, client_code,
+                     "client proxy error (contract §3; codes: README's client table)")
+_ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
+               "user_id); may be left out only when the API key is bound to an actor",
+               required=True)
+# the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
+# one given must be an id (trace_id())
+_TRACE_ID = {"anyOf": [ID_SCHEMA, {"const": ""}], "description": "an id, or empty (none)"}
+_TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
+                "the request's traceId unless the body or the query names one"),
+          Param("traceId", "query", _TRACE_ID,
+                "the request's traceId unless the body names one"))
+_PARAMS = (_ACTOR, *_TRACE)
+#: what every client route may answer: a bad trace id; a missing, invalid or foreign actor
+_COMMON = {400: ("invalid_id",), 401: ("missing_actor", "actor_mismatch")}
+_OK = {"ok": {"const": True}, "traceId": {"type": "string"}}
+
+
+def _ok(required: list[str], properties: dict) -> dict:
+    """A contract §2 success body: ``{"ok": true, "traceId", …}``."""
+    return {"type": "object", "required": ["ok", "traceId", *required],
+            "properties": {**_OK, **properties}}
+
+
+_NULLABLE = {"type": ["string", "null"]}
+SESSIONS_PAGE = _ok(["sessions"], {"sessions": {"type": "array", "items": {
+    "type": "object",
+    "required": ["sessionId", "title", "preview", "messageCount", "toolCallCount", "updatedAt",
+                 "model"],
+    "properties": {"sessionId": {"type": "string"}, "title": _NULLABLE, "preview": _NULLABLE,
+                   "messageCount": {"type": "integer", "minimum": 0},
+                   "toolCallCount": {"type": "integer", "minimum": 0},
+                   "updatedAt": {"type": "integer", "description": "unix seconds"},
+                   "model": {"type": "string"}}}}})
+SESSION_CREATED = _ok(["sessionId", "persistence"], {
+    "sessionId": {"type": "string"}, "persistence": {"const": "hermes_on_first_run"}})
+_TOKENS = {"type": "integer", "minimum": 0}
+TRANSCRIPT = _ok(["sessionId", "messages", "usage"], {
+    "sessionId": {"type": "string"},
+    "messages": {"type": "array", "items": {
+        "type": "object",
+        "required": ["messageId", "role", "content", "toolCallId", "toolName", "timestamp",
+                     "reasoning"],
+        "properties": {"messageId": {"type": "string"}, "role": {"type": "string"},
+                       "content": _NULLABLE, "toolCallId": _NULLABLE, "toolName": _NULLABLE,
+                       "timestamp": {"type": "integer", "description": "unix seconds"},
+                       "reasoning": _NULLABLE}}},
+    "usage": {"type": "object", "required": ["inputTokens", "outputTokens", "totalTokens"],
+              "properties": {"inputTokens": _TOKENS, "outputTokens": _TOKENS,
+                             "totalTokens": _TOKENS}}})
+_EVENT_LIST = {"type": "array", "items": {"$ref": "#/components/schemas/RunEvent"}}
+RUN_STARTED = _ok(["sessionId", "runId", "messageId", "events"], {
+    "sessionId": {"type": "string"}, "runId": {"type": "string"}, "messageId": {"type": "null"},
+    "events": {"type": "array", "maxItems": 0}})
+ABORTED = _ok(["runId", "sessionId", "events"], {
+    "runId": {"type": "string"}, "sessionId": {"type": "string"},
+    "events": {**_EVENT_LIST, "description": "abort.started, or the final event of a run that "
+                                             "had already ended"}})
+MODELS = _ok(["defaultModel", "models"], {
+    "defaultModel": {"type": "string"},
+    "models": {"type": "array", "items": {
+        "type": "object", "required": ["id", "label", "provider"],
+        "properties": {"id": {"type": "string"}, "label": {"type": "string"},
+                       "provider": {"type": "string"}}}}})
+TOOL_LIST = _ok(["tools"], {"tools": {"type": "array", "items": {
+    "type": "object", "required": ["name", "scope", "schemaVersion"],
+    "properties": {"name": {"type": "string"}, "scope": {"type": "string"},
+                   "schemaVersion": {"type": "string"}}}}})
+#: GET /events: one event of the stream. OpenAPI 3.1 has no model of a stream; as OpenAPI 3.2's
+#: ``itemSchema`` does (and schemathesis reads a 3.1 stream schema), the schema describes each
+#: event: its ``id:`` and its ``data:``, a JSON RunEvent (``contentSchema``)
+EVENT_STREAM = {"text/event-stream": {
+    "schema": {"type": "object", "required": ["id", "data"], "description": (
+        "one Server-Sent Event. The stream opens with the comment `: stream open`, sends "
+        "`: keepalive` every mnote.keepalive_seconds, and ends after run.completed, run.failed "
+        "or run.cancelled"),
+        "properties": {
+            "id": {"type": "string", "pattern": "^[0-9]+$",
+                   "description": "the event's sequence number in its run (Last-Event-ID)"},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"$ref": "#/components/schemas/RunEvent"}}},
+        "examples": [{"id": "1", "data": '{"event": "run.started", "run_id": "run_123", '
+                                         '"session_id": "mnote_doc_1_trace_1"}'}]}}}
 
 
 MAX_SESSION_ID = 115    # + "." + 12 hex of the actor = a 128-char store key
@@ -169,6 +270,15 @@ def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | Non
 
 # -- sessions ------------------------------------------------------------
 @bp.get("/sessions")
+@documented(summary="The actor's sessions of a page", family=ERRORS, tags=("client",),
+            params=(*_PARAMS,
+                    Param("workspaceId", "query", ID_SCHEMA, "only sessions of this workspace"),
+                    Param("documentId", "query", ID_SCHEMA, "only sessions of this page"),
+                    Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": 100,
+                                             "default": 20}, "at most this many")),
+            replies={200: Reply("newest first; titles and counts from Hermes's record",
+                                SESSIONS_PAGE)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request")})
 def list_sessions():
     """§2 GET /sessions: the actor's sessions of one page, newest first (titles, counts from state.db)."""
     actor = actor_id()
@@ -206,17 +316,29 @@ def _unix(iso: str) -> int:
 
 CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
                   "additionalProperties": False,
-                  "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
-                                 "traceId": {"type": "string"},
-                                 "title": {"type": ["string", "null"], "maxLength": 200}}}
+                  "properties": {"workspaceId": ID_SCHEMA, "documentId": ID_SCHEMA,
+                                 "traceId": ID_SCHEMA,
+                                 "title": {"type": ["string", "null"], "maxLength": 200}},
+                  "description": f"the session id is mnote_<documentId>_<traceId>: at most "
+                                 f"{MAX_SESSION_ID} characters together (else 400)",
+                  "examples": [{"workspaceId": "ws_1", "documentId": "doc_1",
+                                "traceId": "trace_1", "title": "当前页问答"}]}
 
 
 @bp.post("/sessions")
+@documented(summary="Create (or find) the session of a page", family=ERRORS, tags=("client",),
+            params=_PARAMS, body=CREATE_SESSION,
+            replies={200: Reply("the session (idempotent for the same traceId)",
+                                SESSION_CREATED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
+                    404: ("session_not_found",)},
+            links={"GetSession": ("mnote_client.get_session",
+                                  {"session_id": "$response.body#/sessionId"})})
 def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
     same session (idempotent). Chat history is persisted by Hermes on the first run."""
     actor = actor_id()
-    body = json_body(CREATE_SESSION)
+    body = json_body()
     tid = trace_id()
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
     sid = f"mnote_{doc}_{tid}"
@@ -251,6 +373,15 @@ def _ensure_session(sid: str, actor: str, ws: str, doc: str, title: str | None =
 
 
 @bp.get("/sessions/<session_id>")
+@documented(summary="A session's messages and usage", family=ERRORS, tags=("client",),
+            params=(Param("session_id", "path", {**ID_SCHEMA, "maxLength": MAX_SESSION_ID},
+                          "the session id"), *_PARAMS,
+                    Param("workspaceId", "query", {"type": "string"},
+                          "404 unless the session is on this workspace"),
+                    Param("documentId", "query", {"type": "string"},
+                          "404 unless the session is on this page")),
+            replies={200: Reply("the newest 1000 messages, from Hermes's record", TRANSCRIPT)},
+            errors={**_COMMON, 400: ("invalid_id",), 404: ("session_not_found",)})
 def get_session(session_id):
     """§2 GET /sessions/{id}: messages and usage from Hermes's state.db; 404 for another actor."""
     actor = actor_id()
@@ -271,10 +402,19 @@ def get_session(session_id):
 RUN = {
     "type": "object", "required": ["workspaceId", "documentId", "sessionId", "message"],
     "additionalProperties": False,
+    "examples": [{"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_doc_1_trace_1",
+                  "message": "概括当前页面标题和第一段", "model": "hermes-agent",
+                  "pageContext": {"title": "项目计划", "outline": [],
+                                  "pageOptions": {"wideLayout": True}},
+                  "selectedBlockId": None, "selectedText": None, "traceId": "trace_1"}],
     "properties": {
-        "workspaceId": {"type": "string"}, "documentId": {"type": "string"},
-        "sessionId": {"type": "string"}, "message": {"type": "string", "minLength": 1},
-        "model": {"type": ["string", "null"]}, "traceId": {"type": "string"},
+        "workspaceId": ID_SCHEMA, "documentId": ID_SCHEMA,
+        "sessionId": {**ID_SCHEMA, "maxLength": MAX_SESSION_ID},
+        "message": {"type": "string", "minLength": 1, "pattern": NO_NUL,
+                    "description": "at most hermes.max_message_bytes (UTF-8; else 413), no NUL"},
+        "model": {"type": ["string", "null"], "description": "an id of mnote.models "
+                  "(GET /models); null: mnote.default_model"},
+        "traceId": ID_SCHEMA,
         "pageContext": {"type": ["object", "null"], "properties": {
             "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"]},
             "pageOptions": {"type": ["object", "null"]}}},
@@ -328,7 +468,24 @@ def strip_context(content: str | None) -> str | None:
     return content
 
 
+def _configured_models(schema: dict, config) -> dict:
+    """RUN as the document shows it for ``config``: ``model`` is one of ``mnote.models``."""
+    ids = [m["id"] for m in config["mnote"]["models"]]
+    model = {**schema["properties"]["model"], "enum": [*ids, None]}
+    return {**schema, "properties": {**schema["properties"], "model": model}}
+
+
 @bp.post("/runs")
+@documented(summary="Start a run (returns at once)", family=ERRORS, tags=("client",),
+            params=_PARAMS, body=RUN, body_for_config=_configured_models,
+            replies={200: Reply("the run was started; follow it on GET /events/{runId}",
+                                RUN_STARTED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
+                    404: ("session_not_found",), 409: ("session_busy",),
+                    413: ("message_too_large",), 429: ("too_many_runs",),
+                    503: ("hermes_unavailable", "hermes_unconfigured")},
+            links={"Events": ("mnote_client.events", {"run_id": "$response.body#/runId"}),
+                   "Abort": ("mnote_client.abort", {"run_id": "$response.body#/runId"})})
 def start_run():
     """§2 POST /runs: start a run in the background, return at once with ``runId``.
 
@@ -337,7 +494,7 @@ def start_run():
     is active on the session; 429 ``hermes_client_busy`` when every run slot is queued.
     """
     actor = actor_id()
-    body = json_body(RUN)
+    body = json_body()
     tid = trace_id()
     svc = services()
     svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
@@ -399,12 +556,35 @@ def _capability_scope(svc) -> list[str]:
 
 
 @bp.get("/events/<run_id>")
+@documented(summary="A run's events (Server-Sent Events)", family=ERRORS, tags=("client",),
+            params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS,
+                    Param("sessionId", "query", {"type": "string"},
+                          "404 unless the run is on this session"),
+                    Param("Last-Event-ID", "header", {"type": "integer"},
+                          "replay every event after this id"),
+                    Param("lastEventId", "query", {"type": "string"},
+                          "as Last-Event-ID, when that header is absent or empty: then it must "
+                          "be an integer (400 otherwise)")),
+            replies={200: Reply("the run's events, replayed and then live, until its last",
+                                media=EVENT_STREAM,
+                                headers=("Cache-Control", "X-Accel-Buffering", "X-Trace-Id")),
+                     204: Reply("Last-Event-ID is the last event of a finished run: nothing "
+                                "follows (an EventSource stops reconnecting)")},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
+                    429: ("too_many_streams",)})
 def events(run_id):
-    """§2 GET /events/{run_id}: Server-Sent Events.
+    """§2 GET /events/{run_id}: Server-Sent Events (README §The mnote client proxy → Events).
 
     Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
     ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
     replays every event after that id. The stream ends after the terminal event.
+
+    * ``Last-Event-ID`` above the run's last id (never issued): 400 ``hermes_client_bad_request``
+      naming the run's last id; not an integer (or negative): 400 too;
+    * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
+      204 No Content, which tells a browser EventSource to stop reconnecting;
+    * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
+      that disconnects frees its slot within ~1 s (:class:`~hermes_service.runs.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")
@@ -413,41 +593,66 @@ def events(run_id):
     sid = request.args.get("sessionId")
     if sid is not None and sid != run.session_id:
         raise NotFound(f"run {run_id} not found", code="run_not_found")
-    last = request.headers.get("Last-Event-ID") or request.args.get("lastEventId") or "0"
-    try:
-        after = int(last)
-    except ValueError:
-        raise BadRequest("Last-Event-ID must be an event id (integer)", code="invalid_request") from None
+    after = _last_event_id()
+    last, done = run.position()
+    if after > last:
+        raise BadRequest(
+            f"Last-Event-ID {after} was never issued by run {run_id}: its last event id is "
+            f"{last}{' (the run has ended)' if done else ' so far'}; reconnect without "
+            "Last-Event-ID to replay the run from its first event", code="invalid_request")
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
+    if done and after == last:      # the client has the terminal event: nothing will follow
+        return Response(status=204, headers=headers)
     keepalive = float(svc.config["mnote"]["keepalive_seconds"])
-    release = svc.runs.stream_slot()      # 429 when mnote.max_event_streams are open
+    # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
+    sub = svc.runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
 
     def stream():
         yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
-        for item in run.follow(after, keepalive):
-            if item is None:
+        for batch in sub.events(after, keepalive):
+            if not batch:
                 yield ": keepalive\n\n"
-            else:
-                seq, event = item
-                yield f"id: {seq}\ndata: {json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+            else:      # everything that arrived since the last write, in one write
+                yield "".join(f"id: {seq}\ndata: "
+                              f"{json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+                              for seq, event in batch)
 
-    resp = Response(stream_with_context(stream()), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                             "X-Trace-Id": run.trace_id})
-    resp.call_on_close(release)   # also for HEAD and for clients that disconnect
+    resp = Response(stream_with_context(stream()), mimetype="text/event-stream", headers=headers)
+    resp.call_on_close(sub.close)   # also for HEAD and for clients that disconnect
     return resp
+
+
+def _last_event_id() -> int:
+    """The ``Last-Event-ID`` header (or ``lastEventId`` query) as an event id; 0 when absent.
+    400 unless it is a non-negative integer."""
+    text = request.headers.get("Last-Event-ID") or request.args.get("lastEventId") or "0"
+    if not EVENT_ID.fullmatch(text):
+        raise BadRequest("Last-Event-ID must be an event id (a non-negative integer)",
+                         code="invalid_request")
+    return int(text)
 
 
 ABORT = {"type": "object", "additionalProperties": False,
          "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
-                        "sessionId": {"type": "string"}, "traceId": {"type": "string"}}}
+                        "sessionId": {"type": "string",
+                                      "description": "404 unless the run is on this session"},
+                        "traceId": ID_SCHEMA},
+         "examples": [{"workspaceId": "ws_1", "documentId": "doc_1",
+                       "sessionId": "mnote_doc_1_trace_1", "traceId": "trace_1"}]}
 
 
 @bp.post("/runs/<run_id>/abort")
+@documented(summary="Abort a run", family=ERRORS, tags=("client",),
+            params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=ABORT,
+            body_required=False,
+            replies={200: Reply("abort.started (run.cancelled follows on the stream), or the "
+                                "final event of a finished run", ABORTED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",)})
 def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
     run's process group and emits ``run.cancelled``. A finished run returns its final event."""
     actor = actor_id()
-    body = json_body(ABORT) if request.data else {}
+    body = json_body() if request.data else {}
     check_id(run_id, "runId")
     svc = services()
     run = svc.runs.get(run_id, actor)
@@ -460,6 +665,8 @@ def abort(run_id):
 
 
 @bp.get("/models")
+@documented(summary="Models the panel may choose", family=ERRORS, tags=("client",),
+            params=_PARAMS, replies={200: Reply("mnote.models", MODELS)}, errors=_COMMON)
 def models():
     """§2 GET /models: from ``mnote.models`` with ``defaultModel``."""
     actor_id()
@@ -470,6 +677,8 @@ def models():
 
 
 @bp.get("/tools")
+@documented(summary="The mnote tools", family=ERRORS, tags=("client",), params=_PARAMS,
+            replies={200: Reply("the tool registry", TOOL_LIST)}, errors=_COMMON)
 def tools():
     """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion)."""
     actor_id()
@@ -480,6 +689,8 @@ def tools():
 
 
 @legacy_bp.route("/api/ai-agent/run", methods=["GET", "POST"])
+@documented(summary="Retired legacy endpoint", family=ERRORS, tags=("client",), replies={},
+            errors={410: ("legacy_endpoint_gone",)}, deprecated=True)
 def legacy_run():
     """Contract §4: the legacy endpoint is gone; answers 410 pointing at the new routes."""
     raise ServiceError("the legacy /api/ai-agent/run endpoint is retired; use "

@@ -15,9 +15,11 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from .. import metrics
-from ..web import parse_json, services
+from ..web import ErrorFamily, Reply, documented, parse_json, services
 from ..errors import ServiceError
 from .gateway import ToolRefused
+from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
+from .tools import echo_fields
 
 PREFIX = "/api/hermes/tools"
 bp = Blueprint("mnote_tools", __name__)
@@ -28,22 +30,63 @@ _CODES = {"ip_not_allowed": "mnote_tool_unauthorized", "payload_too_large": "mno
 
 
 def failure_envelope(code: str, message: str, body: dict | None = None) -> dict:
-    """Contract §3 failure envelope, echoing what the caller sent."""
-    body = body if isinstance(body, dict) else {}
-    return {"ok": False, "toolName": body.get("toolName"), "toolCallId": body.get("toolCallId"),
-            "traceId": body.get("traceId"), "result": None,
-            "audit": {"effect": "none", "commandId": None, "workspaceId": body.get("workspaceId"),
-                      "documentId": body.get("documentId")},
+    """Contract §3 failure envelope, echoing what the caller sent the way the executor does
+    (:func:`~.tools.echo_fields`: strings of at most 256 characters, else null)."""
+    echo = echo_fields(body)
+    return {"ok": False, "toolName": echo["toolName"], "toolCallId": echo["toolCallId"],
+            "traceId": echo["traceId"], "result": None,
+            "audit": {"effect": "none", "commandId": None, "workspaceId": echo["workspaceId"],
+                      "documentId": echo["documentId"]},
             "error": {"code": code, "message": message}}
+
+
+def tool_code(code: str) -> str:
+    """The envelope code for a core error code raised before a call reached the gateway (an
+    envelope code stays as it is)."""
+    if code.startswith("mnote_tool_"):
+        return code
+    return _CODES.get(code, "mnote_tool_internal_error")
 
 
 def render_error_body(err: ServiceError) -> dict:
     """Errors under this prefix are output envelopes too (registered by :func:`..register`)."""
-    return failure_envelope(_CODES.get(err.code, "mnote_tool_internal_error"), err.detail)
+    return failure_envelope(tool_code(err.code), err.detail)
+
+
+def _schema(schema: dict) -> dict:
+    """A contract schema as an OpenAPI 3.1 schema object (its ``$schema`` names the dialect the
+    document already uses)."""
+    return {k: v for k, v in schema.items() if k != "$schema"}
+
+
+#: every answer of the endpoint, errors included, is a contract §3 output envelope
+ERRORS = ErrorFamily("ToolEnvelope", _schema(OUTPUT_ENVELOPE_SCHEMA), tool_code,
+                     "tool contract §3 output envelope", code_path=("error", "code"))
+#: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py)
+CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
+                 "mnote_tool_permission_denied", "mnote_tool_conflict",
+                 "mnote_tool_idempotency_conflict", "mnote_tool_unsupported_option",
+                 "mnote_tool_internal_error")
 
 
 @bp.post(f"{PREFIX}/invoke")
+@documented(summary="Invoke an mnote tool (the Hermes plugin, loopback only)", family=ERRORS,
+            auth="run_token", tags=("tools",), body=_schema(ENVELOPE_SCHEMA),
+            replies={200: Reply("the call was executed: ok true, or ok false with the reason",
+                                {"allOf": [{"$ref": "#/components/schemas/ToolEnvelope"},
+                                           {"properties": {"error": {"oneOf": [
+                                               {"type": "null"},
+                                               {"type": "object", "properties": {
+                                                   "code": {"enum": list(CALL_FAILURES)}}}]}}}]})},
+            errors={400: ("mnote_tool_bad_request",),
+                    401: ("mnote_tool_unauthorized",),
+                    403: ("mnote_tool_unauthorized", "mnote_tool_permission_denied")})
 def invoke():
+    """Contract §2 input envelope in, §3 output envelope out. The run token (``Authorization:
+    Bearer``) is the run's, from its run file; only loopback peers without proxy headers
+    (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
+    is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown
+    tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (README §The mnote tools)."""
     gateway = services().tools
     try:
         envelope = parse_json(request.get_data())

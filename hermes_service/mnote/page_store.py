@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from ..errors import ID_RULE, is_id
+from ..errors import ID_RULE, is_id, json_pointer, schema_error
 from .schemas import PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
 
 ROLES = ("owner", "editor", "viewer")
@@ -560,8 +560,8 @@ class SQLitePageStore:
         """
         err = best_match(_IMPORT_VALIDATOR.iter_errors(page))
         if err is not None:
-            where = "/" + "/".join(map(str, err.absolute_path))
-            raise StoreInputError(f"invalid page at {where}: {err.message[:200]}")
+            path, reason = schema_error(err, limit=200)
+            raise StoreInputError(f"invalid page at {json_pointer(path)}: {reason}")
         doc_id, ws_id = page["documentId"], page["workspaceId"]
         try:
             blocks = normalize_blocks(page.get("blocks", []))

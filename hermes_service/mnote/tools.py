@@ -24,6 +24,7 @@ from typing import Any, Callable
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from ..errors import json_pointer, schema_error
 from .schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
 from .page_store import (CMD_AI_NOTE, CMD_PAGE_SAVE, CMD_SUMMARY, CMD_UPDATE_OPTIONS, CMD_UPDATE_TITLE,
                          BadToolInput, CommandContext, CommandResult, PageStore, PermissionDenied,
@@ -90,26 +91,24 @@ _ARGS_VALIDATORS = {t.name: Draft202012Validator(t.model_parameters) for t in TO
 _INPUT_VALIDATORS = {t.name: Draft202012Validator(t.schema) for t in TOOLS}
 
 
-def _pointer(path: list) -> str:
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"
-
-
 def _first_error(validator: Draft202012Validator, instance: Any, prefix: Callable[[list], list]) -> None:
     """Raise BadToolInput naming the JSON pointer of the most relevant schema error."""
     err: ValidationError | None = best_match(validator.iter_errors(instance))
     if err is None:
         return
-    path, reason = list(err.absolute_path), err.message
-    if err.validator == "required":
-        path.append(next(p for p in err.validator_value if p not in err.instance))
-        reason = "is required"
-    elif err.validator == "additionalProperties":
-        allowed = err.schema.get("properties", {})
-        path.append(sorted(k for k in err.instance if k not in allowed)[0])
-        reason = "is not an allowed field"
-    if len(reason) > 200:
-        reason = reason[:200] + "…"
-    raise BadToolInput(f"{_pointer(prefix(path))}: {reason}")
+    path, reason = schema_error(err, limit=200)
+    raise BadToolInput(f"{json_pointer(prefix(path))}: {reason}")
+
+
+def echo_fields(envelope) -> dict:
+    """What an output envelope echoes of the caller's input: ``toolName``, ``toolCallId``,
+    ``traceId``, ``workspaceId``, ``documentId`` when each is a string of at most 256
+    characters, else None (contract §3 types them string | null; a failure envelope must
+    never carry an object or a huge string back)."""
+    raw = envelope if isinstance(envelope, dict) else {}
+    return {k: v if isinstance(v, str) and len(v) <= 256 else None
+            for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
+            for v in [raw.get(k)]}
 
 
 def body_summary(blocks: list[dict], limit: int = BODY_SUMMARY_CHARS) -> str:
@@ -188,7 +187,7 @@ class ToolExecutor:
         for key, value in args.items():
             size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode())
             if size > self.max_content_bytes:
-                raise BadToolInput(f"{_pointer(['args', key])}: {size} bytes exceeds the limit of "
+                raise BadToolInput(f"{json_pointer(['args', key])}: {size} bytes exceeds the limit of "
                                    f"{self.max_content_bytes} bytes")
         _first_error(_ARGS_VALIDATORS[spec.name], args, lambda p: ["args", *p])
         merged = {**{k: env[k] for k in INPUT_ENVELOPE_FIELDS if k in env}, **args}
@@ -216,10 +215,7 @@ class ToolExecutor:
 
     @staticmethod
     def _echo(envelope) -> dict:
-        raw = envelope if isinstance(envelope, dict) else {}
-        return {k: v if isinstance(v, str) and len(v) <= 256 else None
-                for k in ("toolName", "toolCallId", "traceId", "workspaceId", "documentId")
-                for v in [raw.get(k)]}
+        return echo_fields(envelope)
 
     @staticmethod
     def _envelope(echo: dict, res: CommandResult | None, error: dict | None = None) -> dict:

@@ -1,0 +1,70 @@
+"""The client proxy's run events as JSON schemas (contract hermes-client-proxy-contract-v1 §2
+GET /events; README §The mnote client proxy, Events).
+
+:mod:`hermes_service.runs` emits them (its module doc lists the payloads) and
+:func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
+schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
+component per event), each ``data:`` line of ``GET /events/{run_id}`` and each item of an abort's
+``events``. ``reasoning.delta`` and ``run.completed``'s ``notice`` are additions to the
+contract. Fields beyond these may be added later; clients ignore what they do not know.
+"""
+from __future__ import annotations
+
+from .client import CODE_MAP, EXTRA_CODES, client_code
+
+_STR = {"type": "string"}
+_NULLABLE = {"type": ["string", "null"]}
+_TOKENS = {"type": "integer", "minimum": 0}
+#: contract codes a ``run.failed`` may carry (every core code the client maps, and the fallback)
+RUN_FAILED_CODES = sorted({client_code(c) for c in (*CODE_MAP, *EXTRA_CODES)}
+                          | {client_code(None)})
+
+
+def _event(name: str, description: str, required: tuple[str, ...] = (),
+           properties: dict | None = None, session: bool = True) -> dict:
+    return {"type": "object", "description": description,
+            "required": ["event", "run_id", *(["session_id"] if session else []), *required],
+            "properties": {"event": {"const": name}, "run_id": _STR, "session_id": _STR,
+                           **(properties or {})}}
+
+
+#: event name → (component name, schema)
+EVENTS = {
+    "run.started": ("RunStartedEvent", _event(
+        "run.started", "Hermes started the turn (a run still queued for a slot has no events)")),
+    "reasoning.delta": ("ReasoningDeltaEvent", _event(
+        "reasoning.delta", "added: a piece of the model's reasoning, never part of the answer",
+        ("delta",), {"delta": _STR})),
+    "message.delta": ("MessageDeltaEvent", _event(
+        "message.delta", "a piece of the answer (the CLI runner: the whole answer at once)",
+        ("delta",), {"delta": _STR})),
+    "tool.started": ("ToolStartedEvent", _event(
+        "tool.started", "the model called a tool", ("tool_call_id", "tool_name"),
+        {"tool_call_id": _NULLABLE, "tool_name": _NULLABLE})),
+    "tool.completed": ("ToolCompletedEvent", _event(
+        "tool.completed", "a tool call ended", ("tool_call_id", "tool_name", "ok", "error_code"),
+        {"tool_call_id": _NULLABLE, "tool_name": _NULLABLE, "ok": {"type": ["boolean", "null"]},
+         "error_code": _NULLABLE})),
+    "run.completed": ("RunCompletedEvent", _event(
+        "run.completed", "the run answered (ends the stream)", ("output", "usage"),
+        {"output": {"type": "string", "description": "the answer Hermes recorded"},
+         "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
+                   "properties": {"input_tokens": _TOKENS, "output_tokens": _TOKENS,
+                                  "total_tokens": _TOKENS}},
+         "notice": {"type": "string", "description": "added: the old Hermes conversation was "
+                                                     "gone and a new one was started"}})),
+    "run.failed": ("RunFailedEvent", _event(
+        "run.failed", "the run failed (ends the stream)", ("code", "error"),
+        {"code": {"enum": RUN_FAILED_CODES}, "error": _STR})),
+    "abort.started": ("AbortStartedEvent", _event(
+        "abort.started", "an abort was asked for (no session_id in the abort response)",
+        session=False)),
+    "run.cancelled": ("RunCancelledEvent", _event(
+        "run.cancelled", "the run was aborted (ends the stream)")),
+}
+#: any one event
+RUN_EVENT = {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name, _ in EVENTS.values()],
+             "discriminator": {"propertyName": "event", "mapping": {
+                 event: f"#/components/schemas/{name}" for event, (name, _) in EVENTS.items()}}}
+#: the document's components: ``RunEvent`` and one per event
+COMPONENTS = {"RunEvent": RUN_EVENT, **{name: schema for name, schema in EVENTS.values()}}
