@@ -38,8 +38,8 @@ MUTANTS = [
     # -- the review's survivors ------------------------------------------------------------
     Hand("a key bound to an actor may post into another user's v1 session via user_context",
          "hermes_service/api_v1.py",
-         "    if bound and ctx_user not in (None, bound):\n",
-         "    if False:\n",
+         "    owner = _user(ctx_user)  ",
+         "    owner = ctx_user or _user(None)  ",
          [f"{SEC}::test_key_bound_to_an_actor_cannot_post_into_another_users_session_via_user_context"]),
     Hand("a run ignores its key's capability scope (always the configured default)",
          "hermes_service/mnote/client.py",
@@ -97,10 +97,10 @@ MUTANTS = [
          "                pass\n",
          [TURNS]),
     Hand("a shard is written in place (not temp file + rename)",
-         "hermes_service/session_store.py",
-         '    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""\n',
-         '    """Temp file in the same folder, fsync, rename over ``path``, fsync the folder."""\n'
-         '    path.write_bytes(payload)\n    return\n',
+         "hermes_service/files.py",
+         '    payload = data.encode("utf-8") if isinstance(data, str) else data\n',
+         '    payload = data.encode("utf-8") if isinstance(data, str) else data\n'
+         '    path.write_bytes(payload)\n    return path\n',
          [f"{STORE}::test_kill_9_during_writes_keeps_every_acknowledged_change",
           f"{STORE}::test_a_writer_killed_inside_a_shard_write_keeps_every_acknowledged_change"],
          repeat=5),

@@ -85,6 +85,11 @@ MODULES: dict[str, Module] = {
         "--deselect", "tests/test_session_store.py::test_service_refuses_to_start_on_a_corrupt_legacy_file",
         "--deselect", "tests/test_session_store.py::"
                       "test_two_service_processes_sharing_a_data_dir_lose_no_session_and_survive_restart"]),
+    # the one atomic-write rule (temp file, fsync, rename, folder fsync): the registry's tests
+    # kill a writer mid-write, count its fsyncs and make a write fail
+    "files": Module("hermes_service/files.py", [
+        "tests/test_session_store.py",
+        "-k", "killed_inside or durable_before or failed_shard_write or roundtrip or format_utf8"]),
     "gateway": Module("hermes_service/mnote/gateway.py", [
         "tests/test_tool_endpoint.py"]),
     "endpoint": Module("hermes_service/mnote/endpoint.py", [

@@ -287,7 +287,7 @@ def test_refused_address_is_named_in_the_detail(app):
 def test_key_bound_to_an_actor_cannot_post_into_another_users_session_via_user_context(
         stubbed_app, stub):
     """user_context.user_id names the session's owner: a key bound to alice may not use it to
-    reach bob's session (404 as for any session not its own); no turn runs."""
+    reach bob's session (403 actor_mismatch, the one actor-binding rule); no turn runs."""
     app = stubbed_app({"security": {"api_keys": [{"key": API_KEY, "actor_id": "alice"},
                                                  {"key": "admin-key-0123456789"}]}})
     c, h = app.test_client(), {"X-API-Key": API_KEY}
@@ -295,7 +295,7 @@ def test_key_bound_to_an_actor_cannot_post_into_another_users_session_via_user_c
                  headers={"X-API-Key": "admin-key-0123456789"}).json["session_id"]
     res = c.post(f"/api/v1/sessions/{bob}/messages",
                  json={"message": "x", "user_context": {"user_id": "bob"}}, headers=h)
-    assert res.status_code == 404 and res.json["code"] == "session_not_found"
+    assert res.status_code == 403 and res.json["code"] == "actor_mismatch"
     assert stub.calls == [] and app.extensions["hermes_service"].store.get(bob)["message_count"] == 0
     # alice's own session, with or without her own user_context, runs the turn
     mine = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=h).json["session_id"]
