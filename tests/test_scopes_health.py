@@ -138,3 +138,16 @@ def test_health_reports_an_unconfigured_provider(app_factory, monkeypatch):
     # as well as any other node of the same config
     assert res.status_code == 200 and res.json["status"] == "degraded"
     assert res.json["checks"]["provider"] == "unconfigured"
+
+
+def test_the_api_description_needs_a_key_unless_configured_open(app_factory):
+    """README §API description: /openapi.json and /docs need an allowed address, and a key
+    unless security.docs_requires_api_key is false; every other route still needs its key."""
+    closed = app_factory().test_client()
+    res = closed.get("/openapi.json")
+    assert res.status_code == 401 and res.json["code"] == "missing_api_key"
+    assert closed.get("/openapi.json", headers={"X-API-Key": API_KEY}).status_code == 200
+    c = app_factory({"security": {"docs_requires_api_key": False}}).test_client()
+    assert c.get("/openapi.json").status_code == 200
+    assert c.get("/openapi.json", environ_base={"REMOTE_ADDR": "192.0.2.1"}).status_code == 403
+    assert c.get("/api/v1/sessions?user_id=u").status_code == 401       # not opened with it

@@ -393,3 +393,5 @@ def test_errors_raised_under_the_tool_prefix_become_envelopes_with_contract_code
         "code": "mnote_tool_internal_error", "message": "boom"}
     assert render_error_body(ServiceError("far", code="ip_not_allowed"))["error"]["code"] == \
         "mnote_tool_unauthorized"
+    assert render_error_body(ServiceError("x", code="mnote_tool_bad_request"))["error"]["code"] == \
+        "mnote_tool_bad_request"                     # an envelope code stays as it is
