@@ -57,7 +57,8 @@ from pathlib import Path
 from . import hermes_state
 from .errors import RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _ctx, _proc_start, answer_from_record, classify_text, failure_reason, kill_group)
+                     _ctx, _proc_start, _stopping, answer_from_record, classify_text, failure_reason,
+                     kill_group)
 
 log = logging.getLogger("hermes_service.acp")
 
@@ -200,6 +201,7 @@ class AcpProcess:
         self.ready: asyncio.Future | None = None
         self.sessions: set[str] = set()
         self.inflight: dict[str, _Sink] = {}
+        self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
         self.spare: asyncio.Task | None = None   # a session/new made ahead for the next conversation
         self.last_used = time.monotonic()
@@ -241,6 +243,11 @@ class AcpProcess:
         self.dead = True
         self.runner.cli.groups.forget(self)
         self.runner._gone(self)
+        if self.conn is not None:       # its pending requests fail (ConnectionError) instead of
+            try:                        # waiting for ever; its tasks end instead of being dropped
+                await self.conn.close()
+            except Exception:           # noqa: BLE001 - the process is gone either way
+                pass
         if self.kill_reason is None and not self.retired:
             log.warning("ACP process of user=%s exited rc=%s: %s", self.key[0], rc,
                         failure_reason(self.stderr_tail.decode("utf-8", "replace")[-2000:]))
@@ -286,6 +293,11 @@ class AcpProcess:
             self.spare = asyncio.get_running_loop().create_task(make())
             self.spare.add_done_callback(lambda t: t.cancelled() or t.exception())
 
+    @property
+    def busy(self) -> bool:
+        """Is a turn using (or about to use) this process?"""
+        return bool(self.inflight) or self.reserved > 0
+
     async def kill_async(self, reason: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.kill, reason)
 
@@ -321,12 +333,13 @@ class AcpRunner:
         self.start_timeout = float(acp_cfg["start_timeout_seconds"])
         self.default_model = (hermes_cfg.get("model") or {}).get("default")
 
-    def reconfigure(self, hermes_cfg: dict) -> None:
-        """Apply a reloaded ``hermes`` section (README §Reload). Warm processes were started
-        with the old environment, toolsets and model: every one is retired (it ends its
-        running turns; the next turn starts a new process)."""
+    def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
+        """Apply a reloaded ``hermes`` section (README §Reload). ``retire``: the section or
+        the users' template changed, and warm processes run with the old environment,
+        toolsets, model and template: every one is retired (it ends its running turns; the
+        next turn starts a new process)."""
         self._configure(hermes_cfg)
-        if self._loop is not None:
+        if retire and self._loop is not None:
             async def retire_all():
                 for proc in list(self._procs.values()):
                     self._retire(proc, "the configuration was reloaded")
@@ -373,10 +386,15 @@ class AcpRunner:
             try:
                 sid, response, resumed = fut.result()
             except (ServiceError, UseCli) as err:
+                if self.cli.stopping and isinstance(err, ServiceError) \
+                        and err.code not in ("run_cancelled", "service_stopping"):
+                    raise _stopping() from None  # the shutdown killed the process it needed
                 if getattr(err, "code", "") not in ("run_cancelled", "service_stopping", None):
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
             except Exception as exc:     # the protocol failed (process died mid-request, ...)
+                if self.cli.stopping:    # the shutdown killed the process and ended the loop
+                    raise _stopping() from None
                 log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
                 self._call(self._retire_key((req.home.user_id, req.family))).result(5)
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
@@ -427,21 +445,37 @@ class AcpRunner:
     # -- pool (loop thread) ------------------------------------------------------------
     def _idle(self) -> list[AcpProcess]:
         procs = list(self._procs.values()) + list(self._retired)
-        return sorted((p for p in procs if not p.inflight and not p.dead),
+        return sorted((p for p in procs if not p.busy and not p.dead
+                       and p.ready is not None and p.ready.done()),   # not while it starts
                       key=lambda p: p.last_used)
 
-    async def _acquire(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
-        proc = self._procs.get(key)
-        if proc is not None and not proc.dead:
-            await asyncio.shield(proc.ready)
-            if not proc.dead:
-                proc.last_used = time.monotonic()
-                return proc
-        while self.processes() >= self.max_processes:
-            idle = self._idle()
-            if not idle:
-                raise UseCli("the ACP process pool is full")
-            await self._close(idle[0], "evicted")
+    async def _acquire(self, key, home, env: dict, toolsets: list[str],
+                       reserve: bool = False) -> AcpProcess:
+        """The user's process for ``key``, started if needed. ``reserve``: for a turn, which
+        must release it (``proc.reserved -= 1``); a reserved process is never idle."""
+        while True:       # every await below may change the pool: look again after it
+            proc = self._procs.get(key)
+            if proc is not None and not proc.dead:
+                ok = await asyncio.shield(proc.ready)
+                if ok and not proc.dead and not proc.retired:
+                    proc.last_used = time.monotonic()
+                    proc.reserved += reserve
+                    return proc
+                continue
+            if self.processes() >= self.max_processes:
+                idle = self._idle()
+                if not idle:
+                    raise UseCli("the ACP process pool is full")
+                await self._close(idle[0], "evicted")
+                continue
+            proc = await self._start(key, home, env, toolsets)
+            if proc.retired:      # retired while it started (a reload): start a fresh one
+                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+                continue
+            proc.reserved += reserve
+            return proc
+
+    async def _start(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
         env.pop("MNOTE_RUN_FILE", None)
@@ -452,17 +486,22 @@ class AcpRunner:
         self._procs[key] = proc
         try:
             await proc.start()
+            if proc.ready.done() or proc.dead:      # closed while it started
+                raise RuntimeError("the process was closed while it started")
         except Exception as exc:
-            self._procs.pop(key, None)
-            proc.ready.set_exception(exc)
-            proc.ready.exception()          # retrieved: no "never retrieved" warning
+            if self._procs.get(key) is proc:
+                del self._procs[key]
+            if not proc.ready.done():
+                proc.ready.set_exception(exc)
+                proc.ready.exception()      # retrieved: no "never retrieved" warning
             proc.kill("start failed")
             log.warning("ACP process for user=%s could not start: %s %s", key[0], exc,
                         failure_reason(proc.stderr_tail.decode("utf-8", "replace")[-2000:]))
             raise RunError("the Hermes ACP process could not be started (see the service log)",
                            code="hermes_failed") from None
         proc.ready.set_result(True)
-        proc.make_spare()
+        if not proc.retired:
+            proc.make_spare()
         return proc
 
     def _gone(self, proc: AcpProcess) -> None:
@@ -487,7 +526,7 @@ class AcpRunner:
         if self._procs.get(proc.key) is proc:
             del self._procs[proc.key]
         self._retired.add(proc)
-        if not proc.inflight:
+        if not proc.busy and (proc.ready is None or proc.ready.done()):
             asyncio.get_running_loop().create_task(self._close(proc, why))
 
     async def _retire_key(self, key) -> None:
@@ -508,8 +547,8 @@ class AcpRunner:
             await asyncio.sleep(min(10.0, max(1.0, self.idle_seconds / 4)))
             now = time.monotonic()
             for proc in list(self._procs.values()) + list(self._retired):
-                if proc.dead or proc.inflight:
-                    continue
+                if proc.dead or proc.busy or proc.ready is None or not proc.ready.done():
+                    continue          # in use, or still starting
                 if proc.retired:
                     await self._close(proc, "retired")
                 elif now - proc.last_used >= self.idle_seconds:
@@ -518,10 +557,20 @@ class AcpRunner:
     # -- one turn (loop thread) --------------------------------------------------------
     async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool):
         """Returns (ACP session id, PromptResponse, resumed). Raises RunError/UseCli."""
+        key = (req.home.user_id, req.family)
+        proc = await self._acquire(key, req.home, req.env, self.cli.toolset_names(req.toolsets),
+                                   reserve=True)
+        try:
+            return await self._turn_in(proc, req, sink, lost)
+        finally:
+            proc.reserved -= 1
+            if proc.retired and not proc.busy and not proc.dead:
+                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+
+    async def _turn_in(self, proc: AcpProcess, req: TurnRequest, sink: _Sink, lost: bool):
         from acp import text_block
         from acp.schema import ImageContentBlock
-        key = (req.home.user_id, req.family)
-        proc = await self._acquire(key, req.home, req.env, self.cli.toolset_names(req.toolsets))
+        key = proc.key
         sid = None if lost else req.resume_id
         resumed = sid is not None
         if sid is None:
@@ -542,6 +591,7 @@ class AcpRunner:
                                           ImageContentBlock(type="image", data="", mime_type="image/png")],
                                   session_id=sid)
         task = asyncio.get_running_loop().create_task(prompt)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
         try:
             reason = await self._watch(task, proc, sink, req)
             if reason is not None:
@@ -566,8 +616,6 @@ class AcpRunner:
             proc.last_used = time.monotonic()
             if run_file is not None:
                 run_file.unlink(missing_ok=True)
-            if proc.retired and not proc.inflight and not proc.dead:
-                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb:
             self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB")
             self._replace(proc)
@@ -580,7 +628,7 @@ class AcpRunner:
         deadline = time.monotonic() + self.cli.timeout
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
-            if done:
+            if done and not (proc.dead and not task.cancelled() and task.exception() is not None):
                 return None
             if proc.dead:
                 return proc.kill_reason if proc.kill_reason in KILLED else "died"

@@ -181,6 +181,9 @@ class Conversations:
                               log_ctx={"user": rec["user_id"], "session": session_id,
                                        "family": family,
                                        **({"run": plugin_run["runId"]} if plugin_run else {})})
+            if hermes_state.rewind_orphan(home.hermes_home, req.resume_id):
+                log.warning("took back the unanswered last turn of session %s: the service "
+                            "died during it", session_id)
             try:
                 result = self._run(req, clock)
             except ServiceError as err:

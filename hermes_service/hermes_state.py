@@ -142,10 +142,10 @@ def _is_turn_of(content, message: str) -> bool:
     return stored == sent or stored.endswith("\n" + sent)
 
 
-def _turn_rows(conn, session_id: str, message: str) -> list[sqlite3.Row]:
+def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
     """The active rows of the session's newest turn — its user message (which must be
-    ``message``) and everything after it — or [] when the newest real user message is
-    another one (Hermes saved nothing of this turn).
+    ``message``; None: whatever it is) and everything after it — or [] when the newest real
+    user message is another one (Hermes saved nothing of this turn).
 
     Rows are found by position, not by id: the ACP adapter rewrites a restored session's
     active rows (new ids, new timestamps) when it saves it; a turn holds the session's turn
@@ -158,7 +158,7 @@ def _turn_rows(conn, session_id: str, message: str) -> list[sqlite3.Row]:
         r = rows[i]
         if r["role"] == "user" and display_content("user", r["content"]) is not None \
                 and not r["content"].lstrip().startswith(MERGED_HEADER):
-            return rows[i:] if _is_turn_of(r["content"], message) else []
+            return rows[i:] if message is None or _is_turn_of(r["content"], message) else []
     return []
 
 
@@ -203,11 +203,7 @@ def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -
         conn.execute("BEGIN IMMEDIATE")
         try:
             rows = _turn_rows(conn, session_id, message)
-
-            def unanswered(r) -> bool:
-                return r["role"] == "user" or (r["role"] == "assistant" and not r["tool_calls"]
-                                               and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
-            if not rows or not all(unanswered(r) for r in rows):
+            if not rows or not all(_unanswered(r) for r in rows):
                 conn.execute("ROLLBACK")
                 return False
             conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
@@ -220,6 +216,30 @@ def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+
+def _unanswered(r) -> bool:
+    """A row of a turn that has no answer: its user message, Hermes's nudges, an empty or
+    ``(empty)`` assistant message without tool calls."""
+    return r["role"] == "user" or (r["role"] == "assistant" and not r["tool_calls"]
+                                   and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
+
+
+def rewind_orphan(hermes_home: Path, session_id: str | None) -> bool:
+    """Before a turn (holding the session's turn lock): take back the session's newest turn
+    if it has no answer. Only a service that died during that turn (``kill -9``, a crash,
+    a power cut) leaves one — every turn it sees end is taken back at once — and left in
+    place Hermes would merge it into the next message (``repair_message_sequence``): the
+    model would be asked the dead turn's question again and the panel would show it
+    unanswered. Reads first; writes only when there is something to take back."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return False
+    with closing(conn):
+        rows = _turn_rows(conn, session_id, None)
+    if not rows or not all(_unanswered(r) for r in rows):
+        return False
+    return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
 
 
 def has_messages(hermes_home: Path, session_id: str | None) -> bool:

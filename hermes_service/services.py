@@ -61,10 +61,13 @@ class Services:
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
         h = config["hermes"]
+        before = (self.config["hermes"], self.homes.configured)
         self.homes.configure(config)
         self.runner.reconfigure(h)
         if self.conversations.acp is not None:
-            self.conversations.acp.reconfigure(h)
+            # warm processes run with the old settings and template: retire them only when
+            # those changed (a reload that rotates a key keeps every user's process warm)
+            self.conversations.acp.reconfigure(h, retire=(h, self.homes.configured) != before)
         self.conversations.max_message_bytes = h["max_message_bytes"]
         self.conversations.turn_wait = float(h["queue_wait_seconds"])
         self.runs.retention = config["mnote"]["events_retention_seconds"]

@@ -61,6 +61,7 @@ class UserHomes:
         self.template = config.users_template
         self.model = config["hermes"]["model"]
         self.extra_env = config["hermes"]["extra_env"]
+        self.configured = self.fingerprint()     # what this configuration renders homes to
 
     def path(self, user_id: str) -> UserHome:
         """The home's paths (nothing created). Raises BadRequest for an unsafe id."""
@@ -99,6 +100,14 @@ class UserHomes:
         approvals.setdefault("cron_mode", "deny")
         cfg["approvals"] = approvals
         return cfg
+
+    def fingerprint(self) -> str | None:
+        """What every home is refreshed to (the rendered config and the template's files);
+        None when the template is unreadable."""
+        try:
+            return self._fingerprint(self.render_config())
+        except (Unconfigured, OSError):
+            return None
 
     def _fingerprint(self, rendered: dict) -> str:
         h = hashlib.sha256(json.dumps(rendered, sort_keys=True).encode())

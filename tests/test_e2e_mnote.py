@@ -217,3 +217,30 @@ def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, 
     svc = start_service(tmp=tmp_path)              # ...and reaped by the next start
     assert hermes_processes(home) == []
     assert "left by a service that died" in svc.log()
+
+
+def test_a_turn_the_service_died_during_is_taken_back(start_service, model, tmp_path, runner):
+    """kill -9 during a turn of a conversation, restart: the dead turn's question is not
+    left in Hermes's record, where Hermes would merge it into the next message (the model
+    asked it again, the panel showing it unanswered); the next message reaches the model
+    alone."""
+    import signal
+    sid = f"mnote_doc_1_died-{runner}"
+    svc = start_service(tmp=tmp_path)
+    assert names(read_all(svc.url + f"{P}/events/{start_run(svc, sid, 'first')}", A))[-1] \
+        == "run.completed"
+    start_run(svc, sid, f"[[hang]] died-{runner}")
+    deadline = time.monotonic() + 60
+    while not model.requests_with(f"died-{runner}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    svc.stop(signal.SIGKILL)
+    svc = start_service(tmp=tmp_path)
+    frames = read_all(svc.url + f"{P}/events/{start_run(svc, sid, f'after-{runner}')}", A)
+    assert names(frames)[-1] == "run.completed", frames[-1]
+    sent = model.requests_with(f"after-{runner}")[-1]
+    assert not any(f"died-{runner}" in str(m.get("content")) for m in sent["messages"])
+    assert "service died during it" in svc.log()
+    messages = svc.get(f"{P}/sessions/{sid}", headers=A).json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 2
+    assert not any(f"died-{runner}" in m["content"] for m in messages)

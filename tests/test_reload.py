@@ -120,3 +120,36 @@ def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
                       headers={"X-API-Key": NEW_KEY})
     assert res.status_code == 200
     assert "-t" in stub.calls[-1]["args"] and "web" in stub.calls[-1]["args"]
+
+
+def test_a_reload_retires_warm_acp_processes_only_when_hermes_or_the_template_changed(
+        app_factory, tmp_path, monkeypatch):
+    """Rotating a key (or any change outside ``hermes`` and the template) keeps every
+    user's warm ACP process: retiring them all made every user's next turn a cold start
+    (~3-5 s and a burst of process starts) for nothing."""
+    from hermes_service.lifecycle import reload_config
+    acp = {"hermes": {"runner": "acp"}}
+    svc = app_factory(acp).extensions["hermes_service"]
+    retired = []
+    monkeypatch.setattr(svc.conversations.acp, "reconfigure",
+                        lambda h, retire=True: retired.append(retire))
+    path = tmp_path / "new.yaml"
+
+    def reload(cfg):
+        path.write_text(yaml.safe_dump(cfg))
+        ok, lines = reload_config(svc, str(path))
+        assert ok, lines
+        return retired[-1]
+    cfg = base_config(tmp_path)
+    cfg["hermes"]["runner"] = "acp"
+    cfg["security"]["api_keys"].append({"key": NEW_KEY, "scopes": ["v1"]})
+    assert reload(cfg) is False                          # a new key: processes stay warm
+    cfg["hermes"]["model"]["default"] = "another-model"
+    assert reload(cfg) is True                           # the model changed
+    template = tmp_path / "template"
+    import shutil
+    shutil.copytree(ROOT / "users_template", template)
+    cfg["paths"]["users_template"] = str(template)
+    assert reload(cfg) is False                          # the same files elsewhere
+    (template / "config.yaml").write_text((template / "config.yaml").read_text() + "\n# edited\n")
+    assert reload(cfg) is True                           # the template's files changed

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A stand-in for ``hermes acp`` in the ACP pool's unit tests (tests/test_acp_pool.py):
+a real Agent Client Protocol agent on stdio (the ``agent-client-protocol`` package the
+service itself speaks it with) that starts at once and answers ``session/new`` after
+``FAKE_ACP_NEW_SESSION_DELAY`` seconds (default 0; a large value stands for a Hermes that
+never answers). No model, no state.db: the pool, not the turn, is under test."""
+import asyncio
+import os
+import sys
+import uuid
+
+import acp
+from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
+
+
+class FakeAgent:
+    def on_connect(self, conn) -> None:
+        self.conn = conn
+
+    async def initialize(self, protocol_version, client_capabilities=None, client_info=None, **_kw):
+        return InitializeResponse(protocol_version=protocol_version,
+                                  agent_capabilities=AgentCapabilities(load_session=True))
+
+    async def new_session(self, cwd, mcp_servers=None, **_kw):
+        await asyncio.sleep(float(os.environ.get("FAKE_ACP_NEW_SESSION_DELAY", "0")))
+        return NewSessionResponse(session_id=str(uuid.uuid4()))
+
+    async def load_session(self, cwd, session_id, mcp_servers=None, **_kw):
+        return None
+
+    async def prompt(self, prompt, session_id, **_kw):
+        return PromptResponse(stop_reason="end_turn")
+
+    async def cancel(self, session_id, **_kw):
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(acp.run_agent(FakeAgent())))

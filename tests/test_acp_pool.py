@@ -1,0 +1,164 @@
+"""The ACP runner's process pool under concurrency (README §Runners, "The ACP runner in
+detail"), against ``tests/fake_acp_agent.py`` — a real Agent Client Protocol agent that
+starts in a fraction of a second — instead of ``hermes acp`` (1-3 s of start-up each), so
+the interleavings are deterministic and cheap.
+
+Found by the pre-ship review: with ``hermes.acp.max_processes`` reached and several users
+at once, a user's turn could evict a process another turn was starting or was about to
+prompt (InvalidStateError -> ``hermes_failed``; or the turn waited forever on the killed
+process's ``session/new``, holding a turn slot and the session, deaf to abort), two turns of
+one user could start two processes (one untracked: above the cap, never closed), and a
+killed process's pending requests never returned.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import base_config, deep_merge
+from hermes_service.acp_runner import AcpRunner
+from hermes_service.config import build_config
+from hermes_service.errors import RunError
+from hermes_service.runner import HermesRunner, UseCli
+
+AGENT = Path(__file__).with_name("fake_acp_agent.py")
+
+
+@pytest.fixture
+def pool(tmp_path):
+    made = []
+
+    def make(max_processes=1, new_session_delay=0.0):
+        cfg = build_config(deep_merge(base_config(tmp_path), {
+            "hermes": {"command": str(AGENT), "runner": "acp",
+                       "acp": {"max_processes": max_processes, "start_timeout_seconds": 20}}}))
+        h = cfg["hermes"]
+        runner = AcpRunner(h, HermesRunner(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
+        runner.env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
+                      "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay)}
+        made.append(runner)
+        return runner
+    yield make
+    for runner in made:
+        runner.close()
+
+
+def home(tmp_path, user):
+    root = tmp_path / "users" / user
+    root.mkdir(parents=True, exist_ok=True)
+    return SimpleNamespace(user_id=user, root=root, hermes_home=root / ".hermes")
+
+
+def acquire(runner, tmp_path, user, **kw):
+    """Start ``_acquire`` on the runner's loop; returns its concurrent future."""
+    return runner._call(runner._acquire((user, "mnote"), home(tmp_path, user), runner.env, [], **kw))
+
+
+def alive(runner):
+    """pids of live fake agents started by this runner (tracked or not)."""
+    with runner.cli.groups._lock:
+        members = list(runner.cli.groups._live)
+    return [m.pgid for m in members if m.pgid and _alive(m.pgid)]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_starting_process_is_never_evicted_for_another_user(pool, tmp_path):
+    runner = pool(max_processes=1)
+    first = acquire(runner, tmp_path, "u1")
+    second = acquire(runner, tmp_path, "u2")        # while u1's process is still starting
+    proc = first.result(20)                          # u1 gets a live process, no InvalidStateError
+    assert not proc.dead and not proc.retired
+    with pytest.raises(UseCli):                      # the pool is full of a starting process:
+        second.result(20)                            # u2's turn runs on the CLI instead
+    assert len(alive(runner)) == 1
+
+
+def test_two_turns_of_one_user_share_one_process(pool, tmp_path):
+    runner = pool(max_processes=1)
+    acquire(runner, tmp_path, "u0").result(20)       # an idle process: both must evict it
+    a, b = acquire(runner, tmp_path, "u1"), acquire(runner, tmp_path, "u1")
+    assert a.result(20) is b.result(20)
+    time.sleep(1.5)
+    assert len(alive(runner)) == 1 and runner.processes() == 1
+
+
+def test_a_process_acquired_for_a_turn_is_not_idle(pool, tmp_path):
+    runner = pool(max_processes=1)
+    proc = acquire(runner, tmp_path, "u1", reserve=True).result(20)
+    with pytest.raises(UseCli):                      # not evicted between acquire and prompt
+        acquire(runner, tmp_path, "u2").result(20)
+    assert not proc.dead and not proc.retired
+
+
+def test_a_killed_process_fails_its_pending_requests(pool, tmp_path):
+    runner = pool(max_processes=1, new_session_delay=3600)
+    proc = acquire(runner, tmp_path, "u1").result(20)
+    pending = runner._call(proc.conn.new_session(cwd=str(tmp_path)))
+    time.sleep(0.3)
+    proc.kill("test")
+    started = time.monotonic()
+    with pytest.raises(Exception):                   # ConnectionError, not a wait for ever
+        pending.result(10)
+    assert time.monotonic() - started < 5
+
+
+def test_a_process_closed_while_it_starts_fails_the_turn_cleanly(pool, tmp_path):
+    runner = pool(max_processes=1)
+    fut = acquire(runner, tmp_path, "u1")
+    time.sleep(0.05)
+    runner.reconfigure(_cfg(runner))                 # a reload retires it while it starts
+    try:
+        proc = fut.result(20)
+    except RunError as err:                          # told, not InvalidStateError
+        assert err.code == "hermes_failed"
+    else:
+        assert not proc.dead and not proc.retired
+
+
+def _cfg(runner):
+    return {"acp": {"idle_seconds": runner.idle_seconds, "max_processes": runner.max_processes,
+                    "recycle_after_sessions": runner.recycle_after, "max_rss_mb": runner.max_rss_mb,
+                    "start_timeout_seconds": runner.start_timeout},
+            "model": {"default": runner.default_model}}
+
+
+def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
+    """SIGTERM/SIGINT during an ACP turn: the turn ends with ``service_stopping`` (v1 503,
+    panel ``run.failed`` ``hermes_client_service_stopping``), as on the CLI runner — not
+    ``hermes_failed`` (panel: ``hermes_client_upstream_unavailable``)."""
+    import threading
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1, new_session_delay=3600)     # the turn waits in session/new
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote")
+    outcome = {}
+
+    def turn():
+        try:
+            runner.run_turn(req)
+        except RunError as err:
+            outcome["code"] = err.code
+    t = threading.Thread(target=turn)
+    t.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+            p.ready is not None and p.ready.done() for p in list(runner._procs.values())):
+        time.sleep(0.05)                       # started: the turn now waits in session/new
+    time.sleep(0.3)
+    runner.cli.stopping = True                 # what Services.shutdown() does
+    runner.cli.kill_all()
+    runner.close()
+    t.join(10)
+    assert outcome.get("code") == "service_stopping"
