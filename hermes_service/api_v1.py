@@ -26,8 +26,10 @@ log = logging.getLogger("hermes_service")
 bp = Blueprint("api_v1", __name__)
 
 # -- request schemas (spec §3-§5) ---------------------------------------------------------
-_USER_CONTEXT = {"type": "object", "properties": {"user_id": ID_SCHEMA},
-                 "description": "the user the request acts for (`user_id`)"}
+# optional fields may also be sent as null (= absent), as initial_message may
+_USER_CONTEXT = {"type": ["object", "null"],
+                 "properties": {"user_id": {**ID_SCHEMA, "type": ["string", "null"]}},
+                 "description": "the user the request acts for (`user_id`); null: none"}
 CREATE_SESSION = {"type": "object", "required": ["user_id"], "additionalProperties": False,
                   "properties": {"user_id": ID_SCHEMA,
                                  "initial_message": {"type": ["string", "null"],
@@ -45,8 +47,8 @@ EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": Fa
                                       "description": "hermes argv; must start with an entry of "
                                                      "hermes.execute.allowed"},
                           "user_context": _USER_CONTEXT,
-                          "timeout": {"type": "number", "exclusiveMinimum": 0,
-                                      "description": "seconds, capped at "
+                          "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
+                                      "description": "seconds (null: the cap), capped at "
                                                      "hermes.execute.timeout_seconds"}},
            "examples": [{"command": ["sessions", "list", "--source", "tool"],
                          "user_context": {"user_id": "user123"}}]}

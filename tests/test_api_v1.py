@@ -111,6 +111,22 @@ def test_execute_example_shape(client):
     assert res.json["success"] is True and "Hermes Agent" in res.json["stdout"]
 
 
+def test_optional_fields_may_be_null(client):
+    """Spec §3-§5 mark user_context, timeout (and initial_message) optional: null is absent."""
+    c = client()
+    res = c.post("/api/v1/sessions", json={"user_id": "user123", "initial_message": None},
+                 headers=H)
+    assert res.status_code == 200, res.json
+    sid = res.json["session_id"]
+    for ctx in (None, {"user_id": None}):
+        res = c.post(f"/api/v1/sessions/{sid}/messages",
+                     json={"message": "hi", "user_context": ctx}, headers=H)
+        assert res.status_code == 200 and res.json["success"] is True, res.json
+    res = c.post("/api/v1/execute", json={"command": ["version"], "user_context": None,
+                                          "timeout": None}, headers=H)
+    assert res.status_code == 200 and res.json["success"] is True, res.json
+
+
 def test_list_and_delete_sessions(client):
     c = client()
     s1, s2 = new_session(c, "alice"), new_session(c, "alice")

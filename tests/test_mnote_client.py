@@ -169,6 +169,33 @@ def test_trace_id_sources(c):
     assert bad.status_code == 400 and bad.json["code"] == "hermes_client_bad_request"
 
 
+def test_body_trace_id_without_a_json_content_type(c):
+    """The body's traceId counts however the body is labelled (json_body reads it either way):
+    without Content-Type the session id was mnote_doc_1_trace_<random> and traceId generated."""
+    body = json.dumps({"workspaceId": "ws_1", "documentId": "doc_1", "traceId": "trace_1"})
+    res = c.post(f"{P}/sessions", data=body, headers=A)
+    assert res.status_code == 200, res.json
+    assert res.json["sessionId"] == "mnote_doc_1_trace_1" and res.json["traceId"] == "trace_1"
+    res = c.post(f"{P}/runs", data=json.dumps(RUN_BODY), headers=A)
+    assert res.status_code == 200 and res.json["traceId"] == "trace_1", res.json
+
+
+def test_null_trace_id_in_a_body_is_not_given(c):
+    res = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                         "traceId": None}, headers=A)
+    assert res.status_code == 200, res.json
+    assert res.json["traceId"].startswith("trace_")
+    assert res.json["sessionId"] == f"mnote_doc_1_{res.json['traceId']}"
+    run_id = start(c, {**RUN_BODY, "traceId": None})
+    wait_done(c, run_id)
+    res = c.post(f"{P}/runs/{run_id}/abort", json={"sessionId": "mnote_doc_1_trace_1",
+                                                   "traceId": None}, headers=A)
+    assert res.status_code == 200 and res.json["ok"] is True, res.json
+    bad = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                         "traceId": "../x"}, headers=A)
+    assert bad.status_code == 400 and bad.json["code"] == "hermes_client_bad_request"
+
+
 # -- errors ----------------------------------------------------------------------
 def test_error_body_is_exactly_the_contract_shape(c):
     res = c.get(f"{P}/models", headers={"X-API-Key": API_KEY})

@@ -102,7 +102,9 @@ def trace_id() -> str:
     ``invalid_id`` otherwise, even when an earlier one is used); empty counts as not given."""
     if "trace_id" not in g:
         try:
-            body = parse_json(request.get_data()) if request.is_json else None
+            # the body as json_body() reads it: with or without a JSON Content-Type
+            body = parse_json(request.get_data()) if request.content_length or request.data \
+                else None
         except Exception:   # oversized or malformed: the route reports that itself
             body = None
         given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
@@ -165,6 +167,8 @@ _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
           Param("traceId", "query", _TRACE_ID,
                 "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
+#: a request body's traceId: an id, or null (= not given)
+_TRACE_BODY = {**ID_SCHEMA, "type": ["string", "null"]}
 #: what every client route may answer: a bad trace id; a missing, invalid or foreign actor
 _COMMON = {400: ("invalid_id",), 401: ("missing_actor", "actor_mismatch")}
 _OK = {"ok": {"const": True}, "traceId": {"type": "string"}}
@@ -317,7 +321,7 @@ def _unix(iso: str) -> int:
 CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
                   "additionalProperties": False,
                   "properties": {"workspaceId": ID_SCHEMA, "documentId": ID_SCHEMA,
-                                 "traceId": ID_SCHEMA,
+                                 "traceId": _TRACE_BODY,
                                  "title": {"type": ["string", "null"], "maxLength": 200}},
                   "description": f"the session id is mnote_<documentId>_<traceId>: at most "
                                  f"{MAX_SESSION_ID} characters together (else 400)",
@@ -414,7 +418,7 @@ RUN = {
                     "description": "at most hermes.max_message_bytes (UTF-8; else 413), no NUL"},
         "model": {"type": ["string", "null"], "description": "an id of mnote.models "
                   "(GET /models); null: mnote.default_model"},
-        "traceId": ID_SCHEMA,
+        "traceId": _TRACE_BODY,
         "pageContext": {"type": ["object", "null"], "properties": {
             "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"]},
             "pageOptions": {"type": ["object", "null"]}}},
@@ -636,7 +640,7 @@ ABORT = {"type": "object", "additionalProperties": False,
          "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
                         "sessionId": {"type": "string",
                                       "description": "404 unless the run is on this session"},
-                        "traceId": ID_SCHEMA},
+                        "traceId": _TRACE_BODY},
          "examples": [{"workspaceId": "ws_1", "documentId": "doc_1",
                        "sessionId": "mnote_doc_1_trace_1", "traceId": "trace_1"}]}
 
