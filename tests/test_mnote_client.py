@@ -198,7 +198,7 @@ def test_null_trace_id_in_a_body_is_not_given(c):
 
 # -- errors ----------------------------------------------------------------------
 def test_error_body_is_exactly_the_contract_shape(c):
-    res = c.get(f"{P}/models", headers={"X-API-Key": API_KEY})
+    res = c.get(f"{P}/sessions", headers={"X-API-Key": API_KEY})
     assert res.status_code == 401 and set(res.json) == ERROR_KEYS
     assert res.json["ok"] is False and res.json["code"] == "hermes_client_unauthorized"
 
@@ -209,6 +209,18 @@ def test_error_body_is_exactly_the_contract_shape(c):
 def test_unauthorized(c, headers):
     res = c.get(f"{P}/sessions", headers=headers)
     assert res.status_code == 401 and res.json["code"] == "hermes_client_unauthorized"
+
+
+@pytest.mark.parametrize("route", ["models", "tools"])
+def test_models_and_tools_need_no_actor_but_check_one_given(c, route):
+    """§2 GET /models, /tools answer the same for every actor: the contract's call without
+    X-Mnote-Actor-Id works; a malformed actor is still refused; a key is still needed."""
+    res = c.get(f"{P}/{route}", headers={"X-API-Key": API_KEY})
+    assert res.status_code == 200 and res.json["ok"] is True
+    assert res.json == c.get(f"{P}/{route}", headers=A).json | {"traceId": res.json["traceId"]}
+    bad = c.get(f"{P}/{route}", headers={"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "../evil"})
+    assert bad.status_code == 401 and bad.json["code"] == "hermes_client_unauthorized"
+    assert c.get(f"{P}/{route}").status_code == 401
 
 
 def test_key_bound_to_an_actor(make):

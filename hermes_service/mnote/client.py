@@ -130,8 +130,11 @@ def render_error_body(err: ServiceError) -> dict:
 
 
 
-def actor_id() -> str:
-    """The acting mnote user (``X-Mnote-Actor-Id``, or the key's bound actor). 401 if missing/invalid."""
+def actor_id(required: bool = True) -> str | None:
+    """The acting mnote user (``X-Mnote-Actor-Id``, or the key's bound actor). 401
+    ``missing_actor`` if invalid, or missing while ``required``; 401 ``actor_mismatch`` for
+    another actor than the key's. ``required=False`` (routes whose answer is the same for
+    every actor, ``/models`` and ``/tools``): None when no actor is named."""
     header = request.headers.get(ACTOR_HEADER)
     if header is not None:
         try:
@@ -139,7 +142,7 @@ def actor_id() -> str:
         except BadRequest:
             raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id", code="missing_actor") from None
     actor = acting_user(g.get("api_key"), header)     # the key's actor when bound (401 below)
-    if actor is None:
+    if actor is None and required:
         raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
     return actor
 
@@ -167,6 +170,12 @@ _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
           Param("traceId", "query", _TRACE_ID,
                 "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
+#: /models and /tools answer the same for every actor: the header is optional there (checked
+#: when given)
+_ANY_ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "optional: the answer is the same for "
+                   "every actor; when given it must be an id (and the key's actor when bound)",
+                   required=False)
+_OPEN_PARAMS = (_ANY_ACTOR, *_TRACE)
 #: a request body's traceId: an id, or null (= not given)
 _TRACE_BODY = {**ID_SCHEMA, "type": ["string", "null"]}
 #: what every client route may answer: a bad trace id; a missing, invalid or foreign actor
@@ -670,10 +679,11 @@ def abort(run_id):
 
 @bp.get("/models")
 @documented(summary="Models the panel may choose", family=ERRORS, tags=("client",),
-            params=_PARAMS, replies={200: Reply("mnote.models", MODELS)}, errors=_COMMON)
+            params=_OPEN_PARAMS, replies={200: Reply("mnote.models", MODELS)}, errors=_COMMON)
 def models():
-    """§2 GET /models: from ``mnote.models`` with ``defaultModel``."""
-    actor_id()
+    """§2 GET /models: from ``mnote.models`` with ``defaultModel``; the actor header is
+    optional (the list is the same for everyone)."""
+    actor_id(required=False)
     mcfg = services().config["mnote"]
     return ok(defaultModel=mcfg["default_model"],
               models=[{"id": m["id"], "label": m.get("label", m["id"]),
@@ -681,11 +691,12 @@ def models():
 
 
 @bp.get("/tools")
-@documented(summary="The mnote tools", family=ERRORS, tags=("client",), params=_PARAMS,
+@documented(summary="The mnote tools", family=ERRORS, tags=("client",), params=_OPEN_PARAMS,
             replies={200: Reply("the tool registry", TOOL_LIST)}, errors=_COMMON)
 def tools():
-    """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion)."""
-    actor_id()
+    """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion); the actor header
+    is optional (the registry is the same for everyone)."""
+    actor_id(required=False)
     from .tools import SCHEMA_VERSION, TOOLS
     return ok(tools=[{"name": t.name, "scope": t.scope, "schemaVersion": SCHEMA_VERSION}
                      for t in TOOLS])
