@@ -43,7 +43,8 @@ and a replacement is started at once for the next turn.
 **Fallback to the CLI** (:class:`~hermes_service.runner.UseCli`): a session made by the
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
-name), or a full pool.
+name; the user's process is retired when it has that session loaded: its in-memory history
+would miss the CLI's turn), or a full pool.
 """
 from __future__ import annotations
 
@@ -374,9 +375,11 @@ class AcpRunner:
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
         :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
-        if req.model and req.model != self.default_model:
-            raise UseCli(f"model {req.model} is not hermes.model.default")
         source = hermes_state.session_source(req.home.hermes_home, req.resume_id)
+        if req.model and req.model != self.default_model:
+            if source == "acp":       # the CLI turn adds to the record, not to a warm process
+                self._call(self._forget(req)).result(5)
+            raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
         with self.cli.slot(req.cancel) as waited:
@@ -533,6 +536,16 @@ class AcpRunner:
         proc = self._procs.get(key)
         if proc is not None:
             self._retire(proc, "a turn failed")
+            self._replace(proc)
+
+    async def _forget(self, req: TurnRequest) -> None:
+        """A turn of an ACP session runs on the CLI (another model): the user's warm process
+        keeps that conversation in memory and would answer its next turn without the CLI's
+        turn (Hermes reads a loaded session's history from state.db only once), so it takes
+        no further turn; a replacement loads the session afresh."""
+        proc = self._procs.get((req.home.user_id, req.family))
+        if proc is not None and req.resume_id in proc.sessions:
+            self._retire(proc, "a CLI turn continues one of its sessions")
             self._replace(proc)
 
     def _replace(self, old: AcpProcess) -> None:

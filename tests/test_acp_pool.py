@@ -162,3 +162,29 @@ def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
     runner.close()
     t.join(10)
     assert outcome.get("code") == "service_stopping"
+
+
+def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path):
+    """A turn for another model than hermes.model.default runs on the CLI, which continues the
+    ACP session in state.db; the user's warm process still held the conversation in memory
+    (Hermes reads a loaded session's history once) and answered its next turn without the CLI
+    turn (the model never saw it). That process now takes no further turn."""
+    import sqlite3
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    h.hermes_home.mkdir(parents=True)
+    with sqlite3.connect(h.hermes_home / "state.db") as db:
+        db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
+        db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
+    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(20)
+    proc.sessions.add("s1")                          # a turn of s1 ran in it
+    req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
+                      model="other-model")
+    with pytest.raises(UseCli):                      # s2 is not loaded there: stays warm
+        runner.run_turn(req)
+    assert not proc.retired
+    req.resume_id = "s1"
+    with pytest.raises(UseCli):
+        runner.run_turn(req)
+    assert proc.retired and runner._procs.get(("u1", "mnote")) is not proc
