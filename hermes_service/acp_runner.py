@@ -36,7 +36,9 @@ is idle (or just after a turn) wedges it for good, and one during a tool can rai
 internal error. So an abort kills the user's process (SIGTERM, SIGKILL after 1 s) unless
 another turn runs in it; then the aborted prompt gets ``session/cancel`` (not during a
 tool) and the process is retired; if the prompt has not ended 1 s later, the process is
-killed anyway. Timeouts and stalls kill the process. After any failed or aborted turn the
+killed anyway. An abort before the prompt (the process starting, ``session/new`` or
+``session/load`` pending) ends the turn at once and leaves the process to finish its start.
+Timeouts (counted from the turn's start) and stalls kill the process. After any failed or aborted turn the
 process is retired (its in-memory history may hold the turn Hermes's record took back),
 and a replacement is started at once for the next turn.
 
@@ -312,6 +314,12 @@ class AcpProcess:
         return 0.0
 
 
+def _ended(reason: str) -> RunError:
+    """The error of a turn ended early for ``reason`` (a key of ``KILLED``)."""
+    status, code, detail = KILLED[reason]
+    return RunError(detail, code=code, status=status)
+
+
 class AcpRunner:
     """The ACP runner (see the module doc). Shares the CLI runner's command, slots,
     process groups, run files, timeouts and toolsets."""
@@ -571,27 +579,70 @@ class AcpRunner:
     async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool):
         """Returns (ACP session id, PromptResponse, resumed). Raises RunError/UseCli."""
         key = (req.home.user_id, req.family)
-        proc = await self._acquire(key, req.home, req.env, self.cli.toolset_names(req.toolsets),
-                                   reserve=True)
+        deadline = time.monotonic() + self.cli.timeout
+        acquiring = asyncio.ensure_future(self._acquire(
+            key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
+        reason = await self._wait_open(acquiring, req, deadline)
+        if reason is not None:
+            # an abort or the time limit while the process starts: the start goes on (the
+            # user's next turn finds it warm); the turn ends now and gives its reservation back
+            acquiring.add_done_callback(self._unreserve)
+            raise _ended(reason)
+        proc = acquiring.result()
         try:
-            return await self._turn_in(proc, req, sink, lost)
+            return await self._turn_in(proc, req, sink, lost, deadline)
         finally:
-            proc.reserved -= 1
-            if proc.retired and not proc.busy and not proc.dead:
-                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+            self._release(proc)
 
-    async def _turn_in(self, proc: AcpProcess, req: TurnRequest, sink: _Sink, lost: bool):
+    def _release(self, proc: AcpProcess) -> None:
+        proc.reserved -= 1
+        if proc.retired and not proc.busy and not proc.dead:
+            asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+
+    def _unreserve(self, task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._release(task.result())
+
+    async def _wait_open(self, task, req: TurnRequest, deadline: float) -> str | None:
+        """Wait for a step before the prompt (the process, ``session/new``, ``session/load``);
+        the reason to give up on it (an abort, the time limit), or None when it is done."""
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
+            if done:
+                return None
+            if req.cancel is not None and req.cancel.is_set():
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "timeout"
+
+    async def _turn_in(self, proc: AcpProcess, req: TurnRequest, sink: _Sink, lost: bool,
+                       deadline: float):
         from acp import text_block
         from acp.schema import ImageContentBlock
         key = proc.key
         sid = None if lost else req.resume_id
         resumed = sid is not None
+        opening = None
         if sid is None:
-            sid = await proc.new_session()
+            opening = asyncio.ensure_future(proc.new_session())
         elif sid not in proc.sessions:
-            await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
-            proc.sessions.add(sid)
-            proc.sessions_opened += 1
+            async def load(sid=sid):
+                await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
+                proc.sessions.add(sid)
+                proc.sessions_opened += 1
+                return sid
+            opening = asyncio.ensure_future(load())
+        if opening is not None:
+            reason = await self._wait_open(opening, req, deadline)
+            if reason is not None:
+                opening.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
+                if reason != "cancelled":       # Hermes does not answer: end the process
+                    proc.retired = True
+                    self._gone(proc)
+                    await proc.kill_async(reason)
+                    self._replace(proc)
+                raise _ended(reason)
+            sid = opening.result()
         run_file = None
         if req.plugin_run is not None:
             run_file = self.cli.run_files.write(
@@ -606,7 +657,7 @@ class AcpRunner:
         task = asyncio.get_running_loop().create_task(prompt)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
         try:
-            reason = await self._watch(task, proc, sink, req)
+            reason = await self._watch(task, proc, sink, req, deadline)
             if reason is not None:
                 await self._end(task, proc, sid, sink, reason)
                 status, code, detail = KILLED.get(reason, (502, "hermes_failed",
@@ -636,9 +687,9 @@ class AcpRunner:
             asyncio.get_running_loop().call_later(0.5, proc.make_spare)
         return sid, response, resumed
 
-    async def _watch(self, task, proc: AcpProcess, sink: _Sink, req: TurnRequest) -> str | None:
+    async def _watch(self, task, proc: AcpProcess, sink: _Sink, req: TurnRequest,
+                     deadline: float) -> str | None:
         """Wait for the prompt; the reason to end it early, or None when it finished."""
-        deadline = time.monotonic() + self.cli.timeout
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
             if done and not (proc.dead and not task.cancelled() and task.exception() is not None):

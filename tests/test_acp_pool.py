@@ -188,3 +188,49 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     with pytest.raises(UseCli):
         runner.run_turn(req)
     assert proc.retired and runner._procs.get(("u1", "mnote")) is not proc
+
+
+def _turn_in_thread(runner, req):
+    import threading
+    outcome = {}
+
+    def turn():
+        try:
+            runner.run_turn(req)
+            outcome["code"] = "ok"
+        except RunError as err:
+            outcome["code"] = err.code
+    t = threading.Thread(target=turn, daemon=True)
+    t.start()
+    return t, outcome
+
+
+def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
+    """Abort during a turn's start (process start, ``session/new``: 1.5-3 s in Hermes,
+    for ever when it hangs): the turn ends as ``run_cancelled`` at once instead of going on
+    to prompt the model (or waiting for ever, holding a slot and the session)."""
+    import threading
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1, new_session_delay=3600)
+    cancel = threading.Event()
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote", cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    time.sleep(1.0)
+    cancel.set()
+    t.join(5)
+    assert outcome.get("code") == "run_cancelled"
+    # the process it started stays usable (not reserved: another user's turn may evict it)
+    assert runner._call(runner._acquire(("u2", "mnote"), home(tmp_path, "u2"), runner.env,
+                                        [])).result(20) is not None
+
+
+def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1, new_session_delay=3600)
+    runner.cli.timeout = 2.0
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote")
+    t, outcome = _turn_in_thread(runner, req)
+    t.join(8)
+    assert outcome.get("code") == "run_timeout"
