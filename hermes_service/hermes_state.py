@@ -225,13 +225,18 @@ def _unanswered(r) -> bool:
                                    and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
 
 
-def rewind_orphan(hermes_home: Path, session_id: str | None) -> bool:
+def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     """Before a turn (holding the session's turn lock): take back the session's newest turn
     if it has no answer. Only a service that died during that turn (``kill -9``, a crash,
     a power cut) leaves one — every turn it sees end is taken back at once — and left in
     place Hermes would merge it into the next message (``repair_message_sequence``): the
     model would be asked the dead turn's question again and the panel would show it
-    unanswered. Reads first; writes only when there is something to take back."""
+    unanswered. Reads first; writes only when there is something to take back.
+
+    ``reap`` (called first when there is): kills the Hermes processes a dead service left —
+    the dead turn's own process outlives its service (its own process group) and, another
+    service process sharing the data dir not having restarted, is still running it: taken
+    back under it, its answer would land later on a question the record no longer has."""
     conn = _connect(hermes_home) if session_id else None
     if conn is None:
         return False
@@ -239,6 +244,8 @@ def rewind_orphan(hermes_home: Path, session_id: str | None) -> bool:
         rows = _turn_rows(conn, session_id, None)
     if not rows or not all(_unanswered(r) for r in rows):
         return False
+    if reap is not None:
+        reap()
     return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
 
 
