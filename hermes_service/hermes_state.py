@@ -156,9 +156,14 @@ def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
                         "AND active = 1 ORDER BY id", ids).fetchall()
     for i in range(len(rows) - 1, -1, -1):
         r = rows[i]
-        if r["role"] == "user" and display_content("user", r["content"]) is not None \
-                and not r["content"].lstrip().startswith(MERGED_HEADER):
-            return rows[i:] if message is None or _is_turn_of(r["content"], message) else []
+        if r["role"] != "user" or not isinstance(r["content"], str) \
+                or r["content"].lstrip().startswith(MERGED_HEADER):
+            continue
+        # the turn's own message counts even when it looks like Hermes's scaffolding: a user
+        # may type "[System: …]" (else its answer is not found, its failure not taken back)
+        mine = message is not None and _is_turn_of(r["content"], message)
+        if mine or display_content("user", r["content"]) is not None:
+            return rows[i:] if message is None or mine else []
     return []
 
 

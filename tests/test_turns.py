@@ -144,3 +144,19 @@ def test_an_orphaned_turn_still_running_is_killed_before_it_is_taken_back(stubbe
         if orphan.poll() is None:
             orphan.kill()
         orphan.wait()
+
+
+def test_a_message_that_looks_like_hermes_scaffolding_is_still_the_turns_own(tmp_path):
+    """A user's message may start like one of Hermes's own nudges ("[System: …]"). Its answer
+    is found in the record (the ACP runner has no CLI output to fall back on: it answered 502
+    upstream_empty_answer), and a failed one is taken back (left in place, Hermes merged it
+    into every later message: seen live, each later turn re-sent the failed question)."""
+    from hermes_service import hermes_state
+    home = tmp_path / ".hermes"
+    record_turn(home, HERMES_SID, "hello", answer="one")
+    record_turn(home, HERMES_SID, "[System: who am I]", answer="two")
+    rec = hermes_state.turn_record(home, HERMES_SID, "[System: who am I]")
+    assert rec.found and rec.answer == "two"
+    record_turn(home, HERMES_SID, "[System: fail]")
+    assert hermes_state.rewind_unanswered(home, HERMES_SID, "[System: fail]")
+    assert active_roles(home, HERMES_SID) == ["user", "assistant", "user", "assistant"]
