@@ -46,7 +46,9 @@ and a replacement is started at once for the next turn.
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
 name; the user's process is retired when it has that session loaded: its in-memory history
-would miss the CLI's turn), or a full pool.
+would miss the CLI's turn), or a full pool. Likewise a process whose copy of a session is
+stale (its record changed since the process's last turn there: another service process on the
+data dir) is retired before the turn, which then runs on a fresh process.
 """
 from __future__ import annotations
 
@@ -203,6 +205,7 @@ class AcpProcess:
         self.conn = None
         self.ready: asyncio.Future | None = None
         self.sessions: set[str] = set()
+        self.seen: dict[str, tuple | None] = {}   # session -> its record after our last turn
         self.inflight: dict[str, _Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
@@ -393,9 +396,12 @@ class AcpRunner:
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener)
-            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
+            now = hermes_state.fingerprint(req.home.hermes_home, req.resume_id) \
+                if source == "acp" else None
+            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
+                                        record=now))
             try:
-                sid, response, resumed = fut.result()
+                sid, response, resumed, proc = fut.result()
             except (ServiceError, UseCli) as err:
                 if self.cli.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
@@ -412,6 +418,7 @@ class AcpRunner:
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
             answer, reasoning = answer_from_record(req, sid)
+            proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
@@ -576,21 +583,31 @@ class AcpRunner:
                     await self._close(proc, "idle")
 
     # -- one turn (loop thread) --------------------------------------------------------
-    async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool):
-        """Returns (ACP session id, PromptResponse, resumed). Raises RunError/UseCli."""
+    async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool, record: tuple | None = None):
+        """Returns (ACP session id, PromptResponse, resumed, process). Raises RunError/UseCli.
+        ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
         deadline = time.monotonic() + self.cli.timeout
-        acquiring = asyncio.ensure_future(self._acquire(
-            key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
-        reason = await self._wait_open(acquiring, req, deadline)
-        if reason is not None:
-            # an abort or the time limit while the process starts: the start goes on (the
-            # user's next turn finds it warm); the turn ends now and gives its reservation back
-            acquiring.add_done_callback(self._unreserve)
-            raise _ended(reason)
-        proc = acquiring.result()
+        while True:
+            acquiring = asyncio.ensure_future(self._acquire(
+                key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
+            reason = await self._wait_open(acquiring, req, deadline)
+            if reason is not None:
+                # an abort or the time limit while the process starts: the start goes on (the
+                # user's next turn finds it warm); the turn ends now, its reservation given back
+                acquiring.add_done_callback(self._unreserve)
+                raise _ended(reason)
+            proc = acquiring.result()
+            sid = req.resume_id
+            if lost or sid not in proc.seen or proc.seen[sid] == record:
+                break
+            # the record changed since this process's last turn there (another service
+            # process on the data dir, a CLI turn): its in-memory history is stale, and
+            # Hermes reads a loaded session only once. A fresh process loads it again.
+            self._retire(proc, "another process continued one of its sessions")
+            self._release(proc)
         try:
-            return await self._turn_in(proc, req, sink, lost, deadline)
+            return (*await self._turn_in(proc, req, sink, lost, deadline), proc)
         finally:
             self._release(proc)
 

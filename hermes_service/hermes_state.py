@@ -254,6 +254,23 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
 
 
+def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
+    """What the session's record is now: (active messages, newest active message id) of its
+    lineage; None when unknown. A write by anyone else (another service process, a CLI
+    turn, a turn taken back) changes it."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None
+    with closing(conn):
+        ids = [r["id"] for r in lineage(conn, session_id)]
+        if not ids:
+            return None
+        marks = ",".join("?" * len(ids))
+        row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
+                           " AND active = 1", ids).fetchone()
+    return (row[0], row[1])
+
+
 def has_messages(hermes_home: Path, session_id: str | None) -> bool:
     """Does the session's lineage hold any active message?"""
     conn = _connect(hermes_home) if session_id else None

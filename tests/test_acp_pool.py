@@ -234,3 +234,30 @@ def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
     t, outcome = _turn_in_thread(runner, req)
     t.join(8)
     assert outcome.get("code") == "run_timeout"
+
+
+def test_a_session_another_process_continued_is_not_answered_from_stale_memory(pool, tmp_path):
+    """Two service processes on one data dir (or a CLI turn) continue the same ACP session:
+    a warm process that loaded it holds its history as of its own last turn there (Hermes
+    reads a loaded session once), so its next turn there would not see the other's turns
+    (seen live: [[recall]] on one service missed the turn the other had answered). A change
+    of the record since its last turn there sends the turn to a fresh process."""
+    from hermes_record import record_turn
+    from hermes_service import hermes_state
+    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    record_turn(h.hermes_home, "s1", "one", answer="echo one")
+    proc = runner._call(runner._acquire(("u1", "v1"), h, runner.env, [])).result(20)
+    proc.sessions.add("s1")
+    proc.seen["s1"] = hermes_state.fingerprint(h.hermes_home, "s1")     # its last turn there
+    req = TurnRequest(message="again", resume_id="s1", home=h, env=runner.env, family="v1")
+
+    def turn():
+        now = hermes_state.fingerprint(h.hermes_home, "s1")
+        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(20)
+    assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
+    record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
+    used = turn()[3]
+    assert used is not proc and proc.retired
