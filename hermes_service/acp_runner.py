@@ -36,14 +36,19 @@ is idle (or just after a turn) wedges it for good, and one during a tool can rai
 internal error. So an abort kills the user's process (SIGTERM, SIGKILL after 1 s) unless
 another turn runs in it; then the aborted prompt gets ``session/cancel`` (not during a
 tool) and the process is retired; if the prompt has not ended 1 s later, the process is
-killed anyway. Timeouts and stalls kill the process. After any failed or aborted turn the
+killed anyway. An abort before the prompt (the process starting, ``session/new`` or
+``session/load`` pending) ends the turn at once and leaves the process to finish its start.
+Timeouts (counted from the turn's start) and stalls kill the process. After any failed or aborted turn the
 process is retired (its in-memory history may hold the turn Hermes's record took back),
 and a replacement is started at once for the next turn.
 
 **Fallback to the CLI** (:class:`~hermes_service.runner.UseCli`): a session made by the
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
-name), or a full pool.
+name; the user's process is retired when it has that session loaded: its in-memory history
+would miss the CLI's turn), or a full pool. Likewise a process whose copy of a session is
+stale (its record changed since the process's last turn there: another service process on the
+data dir) is retired before the turn, which then runs on a fresh process.
 """
 from __future__ import annotations
 
@@ -200,6 +205,7 @@ class AcpProcess:
         self.conn = None
         self.ready: asyncio.Future | None = None
         self.sessions: set[str] = set()
+        self.seen: dict[str, tuple | None] = {}   # session -> its record after our last turn
         self.inflight: dict[str, _Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
@@ -311,6 +317,12 @@ class AcpProcess:
         return 0.0
 
 
+def _ended(reason: str) -> RunError:
+    """The error of a turn ended early for ``reason`` (a key of ``KILLED``)."""
+    status, code, detail = KILLED[reason]
+    return RunError(detail, code=code, status=status)
+
+
 class AcpRunner:
     """The ACP runner (see the module doc). Shares the CLI runner's command, slots,
     process groups, run files, timeouts and toolsets."""
@@ -374,17 +386,22 @@ class AcpRunner:
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
         :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
-        if req.model and req.model != self.default_model:
-            raise UseCli(f"model {req.model} is not hermes.model.default")
         source = hermes_state.session_source(req.home.hermes_home, req.resume_id)
+        if req.model and req.model != self.default_model:
+            if source == "acp":       # the CLI turn adds to the record, not to a warm process
+                self._call(self._forget(req)).result(5)
+            raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener)
-            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None))
+            now = hermes_state.fingerprint(req.home.hermes_home, req.resume_id) \
+                if source == "acp" else None
+            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
+                                        record=now))
             try:
-                sid, response, resumed = fut.result()
+                sid, response, resumed, proc = fut.result()
             except (ServiceError, UseCli) as err:
                 if self.cli.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
@@ -401,6 +418,7 @@ class AcpRunner:
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
             answer, reasoning = answer_from_record(req, sid)
+            proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
@@ -535,6 +553,16 @@ class AcpRunner:
             self._retire(proc, "a turn failed")
             self._replace(proc)
 
+    async def _forget(self, req: TurnRequest) -> None:
+        """A turn of an ACP session runs on the CLI (another model): the user's warm process
+        keeps that conversation in memory and would answer its next turn without the CLI's
+        turn (Hermes reads a loaded session's history from state.db only once), so it takes
+        no further turn; a replacement loads the session afresh."""
+        proc = self._procs.get((req.home.user_id, req.family))
+        if proc is not None and req.resume_id in proc.sessions:
+            self._retire(proc, "a CLI turn continues one of its sessions")
+            self._replace(proc)
+
     def _replace(self, old: AcpProcess) -> None:
         """Start a replacement for a retired process in the background (the user is active)."""
         task = asyncio.get_running_loop().create_task(
@@ -555,30 +583,83 @@ class AcpRunner:
                     await self._close(proc, "idle")
 
     # -- one turn (loop thread) --------------------------------------------------------
-    async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool):
-        """Returns (ACP session id, PromptResponse, resumed). Raises RunError/UseCli."""
+    async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool, record: tuple | None = None):
+        """Returns (ACP session id, PromptResponse, resumed, process). Raises RunError/UseCli.
+        ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
-        proc = await self._acquire(key, req.home, req.env, self.cli.toolset_names(req.toolsets),
-                                   reserve=True)
+        deadline = time.monotonic() + self.cli.timeout
+        while True:
+            acquiring = asyncio.ensure_future(self._acquire(
+                key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
+            reason = await self._wait_open(acquiring, req, deadline)
+            if reason is not None:
+                # an abort or the time limit while the process starts: the start goes on (the
+                # user's next turn finds it warm); the turn ends now, its reservation given back
+                acquiring.add_done_callback(self._unreserve)
+                raise _ended(reason)
+            proc = acquiring.result()
+            sid = req.resume_id
+            if lost or sid not in proc.seen or proc.seen[sid] == record:
+                break
+            # the record changed since this process's last turn there (another service
+            # process on the data dir, a CLI turn): its in-memory history is stale, and
+            # Hermes reads a loaded session only once. A fresh process loads it again.
+            self._retire(proc, "another process continued one of its sessions")
+            self._release(proc)
         try:
-            return await self._turn_in(proc, req, sink, lost)
+            return (*await self._turn_in(proc, req, sink, lost, deadline), proc)
         finally:
-            proc.reserved -= 1
-            if proc.retired and not proc.busy and not proc.dead:
-                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+            self._release(proc)
 
-    async def _turn_in(self, proc: AcpProcess, req: TurnRequest, sink: _Sink, lost: bool):
+    def _release(self, proc: AcpProcess) -> None:
+        proc.reserved -= 1
+        if proc.retired and not proc.busy and not proc.dead:
+            asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+
+    def _unreserve(self, task) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._release(task.result())
+
+    async def _wait_open(self, task, req: TurnRequest, deadline: float) -> str | None:
+        """Wait for a step before the prompt (the process, ``session/new``, ``session/load``);
+        the reason to give up on it (an abort, the time limit), or None when it is done."""
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
+            if done:
+                return None
+            if req.cancel is not None and req.cancel.is_set():
+                return "cancelled"
+            if time.monotonic() >= deadline:
+                return "timeout"
+
+    async def _turn_in(self, proc: AcpProcess, req: TurnRequest, sink: _Sink, lost: bool,
+                       deadline: float):
         from acp import text_block
         from acp.schema import ImageContentBlock
         key = proc.key
         sid = None if lost else req.resume_id
         resumed = sid is not None
+        opening = None
         if sid is None:
-            sid = await proc.new_session()
+            opening = asyncio.ensure_future(proc.new_session())
         elif sid not in proc.sessions:
-            await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
-            proc.sessions.add(sid)
-            proc.sessions_opened += 1
+            async def load(sid=sid):
+                await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
+                proc.sessions.add(sid)
+                proc.sessions_opened += 1
+                return sid
+            opening = asyncio.ensure_future(load())
+        if opening is not None:
+            reason = await self._wait_open(opening, req, deadline)
+            if reason is not None:
+                opening.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
+                if reason != "cancelled":       # Hermes does not answer: end the process
+                    proc.retired = True
+                    self._gone(proc)
+                    await proc.kill_async(reason)
+                    self._replace(proc)
+                raise _ended(reason)
+            sid = opening.result()
         run_file = None
         if req.plugin_run is not None:
             run_file = self.cli.run_files.write(
@@ -593,7 +674,7 @@ class AcpRunner:
         task = asyncio.get_running_loop().create_task(prompt)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
         try:
-            reason = await self._watch(task, proc, sink, req)
+            reason = await self._watch(task, proc, sink, req, deadline)
             if reason is not None:
                 await self._end(task, proc, sid, sink, reason)
                 status, code, detail = KILLED.get(reason, (502, "hermes_failed",
@@ -623,9 +704,9 @@ class AcpRunner:
             asyncio.get_running_loop().call_later(0.5, proc.make_spare)
         return sid, response, resumed
 
-    async def _watch(self, task, proc: AcpProcess, sink: _Sink, req: TurnRequest) -> str | None:
+    async def _watch(self, task, proc: AcpProcess, sink: _Sink, req: TurnRequest,
+                     deadline: float) -> str | None:
         """Wait for the prompt; the reason to end it early, or None when it finished."""
-        deadline = time.monotonic() + self.cli.timeout
         while True:
             done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
             if done and not (proc.dead and not task.cancelled() and task.exception() is not None):

@@ -181,7 +181,8 @@ class Conversations:
                               log_ctx={"user": rec["user_id"], "session": session_id,
                                        "family": family,
                                        **({"run": plugin_run["runId"]} if plugin_run else {})})
-            if hermes_state.rewind_orphan(home.hermes_home, req.resume_id):
+            if hermes_state.rewind_orphan(home.hermes_home, req.resume_id,
+                                          reap=self._reap_orphans):
                 log.warning("took back the unanswered last turn of session %s: the service "
                             "died during it", session_id)
             try:
@@ -199,6 +200,14 @@ class Conversations:
             raise NotFound(f"session {session_id} was deleted during the turn",
                            code="session_not_found")
         return updated, result
+
+    def _reap_orphans(self) -> None:
+        """Kill the Hermes processes of service processes that died (before a dead turn is
+        taken back: another service process sharing the data dir did not restart, so its
+        orphans may still be running; README "Process lifetime")."""
+        reaped = self.runner.groups.reap_orphans()
+        if reaped:
+            log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
 
     def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
         """Start the user's warm Hermes process for ``family`` in the background, when the

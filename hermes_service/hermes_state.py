@@ -156,9 +156,14 @@ def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
                         "AND active = 1 ORDER BY id", ids).fetchall()
     for i in range(len(rows) - 1, -1, -1):
         r = rows[i]
-        if r["role"] == "user" and display_content("user", r["content"]) is not None \
-                and not r["content"].lstrip().startswith(MERGED_HEADER):
-            return rows[i:] if message is None or _is_turn_of(r["content"], message) else []
+        if r["role"] != "user" or not isinstance(r["content"], str) \
+                or r["content"].lstrip().startswith(MERGED_HEADER):
+            continue
+        # the turn's own message counts even when it looks like Hermes's scaffolding: a user
+        # may type "[System: …]" (else its answer is not found, its failure not taken back)
+        mine = message is not None and _is_turn_of(r["content"], message)
+        if mine or display_content("user", r["content"]) is not None:
+            return rows[i:] if message is None or mine else []
     return []
 
 
@@ -225,13 +230,18 @@ def _unanswered(r) -> bool:
                                    and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
 
 
-def rewind_orphan(hermes_home: Path, session_id: str | None) -> bool:
+def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     """Before a turn (holding the session's turn lock): take back the session's newest turn
     if it has no answer. Only a service that died during that turn (``kill -9``, a crash,
     a power cut) leaves one — every turn it sees end is taken back at once — and left in
     place Hermes would merge it into the next message (``repair_message_sequence``): the
     model would be asked the dead turn's question again and the panel would show it
-    unanswered. Reads first; writes only when there is something to take back."""
+    unanswered. Reads first; writes only when there is something to take back.
+
+    ``reap`` (called first when there is): kills the Hermes processes a dead service left —
+    the dead turn's own process outlives its service (its own process group) and, another
+    service process sharing the data dir not having restarted, is still running it: taken
+    back under it, its answer would land later on a question the record no longer has."""
     conn = _connect(hermes_home) if session_id else None
     if conn is None:
         return False
@@ -239,7 +249,26 @@ def rewind_orphan(hermes_home: Path, session_id: str | None) -> bool:
         rows = _turn_rows(conn, session_id, None)
     if not rows or not all(_unanswered(r) for r in rows):
         return False
+    if reap is not None:
+        reap()
     return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
+
+
+def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
+    """What the session's record is now: (active messages, newest active message id) of its
+    lineage; None when unknown. A write by anyone else (another service process, a CLI
+    turn, a turn taken back) changes it."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None
+    with closing(conn):
+        ids = [r["id"] for r in lineage(conn, session_id)]
+        if not ids:
+            return None
+        marks = ",".join("?" * len(ids))
+        row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
+                           " AND active = 1", ids).fetchone()
+    return (row[0], row[1])
 
 
 def has_messages(hermes_home: Path, session_id: str | None) -> bool:

@@ -162,3 +162,102 @@ def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
     runner.close()
     t.join(10)
     assert outcome.get("code") == "service_stopping"
+
+
+def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path):
+    """A turn for another model than hermes.model.default runs on the CLI, which continues the
+    ACP session in state.db; the user's warm process still held the conversation in memory
+    (Hermes reads a loaded session's history once) and answered its next turn without the CLI
+    turn (the model never saw it). That process now takes no further turn."""
+    import sqlite3
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    h.hermes_home.mkdir(parents=True)
+    with sqlite3.connect(h.hermes_home / "state.db") as db:
+        db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
+        db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
+    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(20)
+    proc.sessions.add("s1")                          # a turn of s1 ran in it
+    req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
+                      model="other-model")
+    with pytest.raises(UseCli):                      # s2 is not loaded there: stays warm
+        runner.run_turn(req)
+    assert not proc.retired
+    req.resume_id = "s1"
+    with pytest.raises(UseCli):
+        runner.run_turn(req)
+    assert proc.retired and runner._procs.get(("u1", "mnote")) is not proc
+
+
+def _turn_in_thread(runner, req):
+    import threading
+    outcome = {}
+
+    def turn():
+        try:
+            runner.run_turn(req)
+            outcome["code"] = "ok"
+        except RunError as err:
+            outcome["code"] = err.code
+    t = threading.Thread(target=turn, daemon=True)
+    t.start()
+    return t, outcome
+
+
+def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
+    """Abort during a turn's start (process start, ``session/new``: 1.5-3 s in Hermes,
+    for ever when it hangs): the turn ends as ``run_cancelled`` at once instead of going on
+    to prompt the model (or waiting for ever, holding a slot and the session)."""
+    import threading
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1, new_session_delay=3600)
+    cancel = threading.Event()
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote", cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    time.sleep(1.0)
+    cancel.set()
+    t.join(5)
+    assert outcome.get("code") == "run_cancelled"
+    # the process it started stays usable (not reserved: another user's turn may evict it)
+    assert runner._call(runner._acquire(("u2", "mnote"), home(tmp_path, "u2"), runner.env,
+                                        [])).result(20) is not None
+
+
+def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1, new_session_delay=3600)
+    runner.cli.timeout = 2.0
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote")
+    t, outcome = _turn_in_thread(runner, req)
+    t.join(8)
+    assert outcome.get("code") == "run_timeout"
+
+
+def test_a_session_another_process_continued_is_not_answered_from_stale_memory(pool, tmp_path):
+    """Two service processes on one data dir (or a CLI turn) continue the same ACP session:
+    a warm process that loaded it holds its history as of its own last turn there (Hermes
+    reads a loaded session once), so its next turn there would not see the other's turns
+    (seen live: [[recall]] on one service missed the turn the other had answered). A change
+    of the record since its last turn there sends the turn to a fresh process."""
+    from hermes_record import record_turn
+    from hermes_service import hermes_state
+    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    record_turn(h.hermes_home, "s1", "one", answer="echo one")
+    proc = runner._call(runner._acquire(("u1", "v1"), h, runner.env, [])).result(20)
+    proc.sessions.add("s1")
+    proc.seen["s1"] = hermes_state.fingerprint(h.hermes_home, "s1")     # its last turn there
+    req = TurnRequest(message="again", resume_id="s1", home=h, env=runner.env, family="v1")
+
+    def turn():
+        now = hermes_state.fingerprint(h.hermes_home, "s1")
+        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(20)
+    assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
+    record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
+    used = turn()[3]
+    assert used is not proc and proc.retired

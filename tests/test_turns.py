@@ -108,3 +108,55 @@ def test_the_turn_lock_holds_across_service_processes(stubbed_app, stub):
     assert other.returncode == 0
     res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)
     assert res.status_code == 200 and len(stub.calls) == 1
+
+
+def test_an_orphaned_turn_still_running_is_killed_before_it_is_taken_back(stubbed_app, stub):
+    """A service process died during a turn (kill -9) while another service process sharing
+    the data dir keeps serving: the dead turn's Hermes process (its own process group) is
+    still running it. The next turn on the session takes the dead turn back only after
+    killing that process — else its answer lands later on a question the record no longer has
+    (seen with two real services: the orphan's ``echo #2`` stored after the next turn)."""
+    import json
+    import os
+    import time
+    app = stubbed_app()
+    c, svc = app.test_client(), app.extensions["hermes_service"]
+    sid = new_session(c)
+    home = svc.config.data_dir / "users" / "alice" / ".hermes"
+    record_turn(home, HERMES_SID, "first", answer="one")
+    record_turn(home, HERMES_SID, "orphan")                         # its answer never came
+    svc.store.update(sid, hermes_session_id=HERMES_SID)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()                                                      # the service that died
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                              env={**os.environ, "HERMES_HOME": str(home)})
+    try:
+        (svc.config.data_dir / "pids" / f"{orphan.pid}.json").write_text(json.dumps(
+            {"service_pid": dead.pid, "service_start": None, "home": str(home)}))
+        res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "second"}, headers=H)
+        assert res.status_code == 200
+        assert active_roles(home, HERMES_SID) == ["user", "assistant"]   # taken back
+        deadline = time.monotonic() + 5
+        while orphan.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert orphan.poll() is not None, "the dead service's turn is still running"
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+        orphan.wait()
+
+
+def test_a_message_that_looks_like_hermes_scaffolding_is_still_the_turns_own(tmp_path):
+    """A user's message may start like one of Hermes's own nudges ("[System: …]"). Its answer
+    is found in the record (the ACP runner has no CLI output to fall back on: it answered 502
+    upstream_empty_answer), and a failed one is taken back (left in place, Hermes merged it
+    into every later message: seen live, each later turn re-sent the failed question)."""
+    from hermes_service import hermes_state
+    home = tmp_path / ".hermes"
+    record_turn(home, HERMES_SID, "hello", answer="one")
+    record_turn(home, HERMES_SID, "[System: who am I]", answer="two")
+    rec = hermes_state.turn_record(home, HERMES_SID, "[System: who am I]")
+    assert rec.found and rec.answer == "two"
+    record_turn(home, HERMES_SID, "[System: fail]")
+    assert hermes_state.rewind_unanswered(home, HERMES_SID, "[System: fail]")
+    assert active_roles(home, HERMES_SID) == ["user", "assistant", "user", "assistant"]
