@@ -348,6 +348,21 @@ def test_bad_request_names_the_field(ex, store, tool, change, pointer):
     assert out["audit"]["effect"] == "none" and (store.export_page("doc_1"), len(store.audit_rows())) == before
 
 
+def test_null_args_count_as_absent_like_null_envelope_fields(ex, store):
+    """A model may send null for an optional argument: it means "not given" (the default), as a
+    null envelope field does; a null required argument is still missing."""
+    out = call(ex, env("mnote.page.get", args={"includeBody": None, "includeOptions": None,
+                                                "includeBlocks": None}))
+    assert out["ok"] is True and {"bodySummary", "pageOptions", "blocks"} <= set(out["result"]), out
+    out = call(ex, env("mnote.page.save", args={"content": [{"type": "p", "text": "x"}],
+                                                "mode": None, "baseRevision": None}))
+    assert out["ok"] is True, out
+    assert [b["text"] for b in store.export_page("doc_1")["blocks"]] == ["章节一", "x"]   # append
+    out = call(ex, env("mnote.page.update_title", args={"title": None}))
+    assert out["error"]["code"] == "mnote_tool_bad_request"
+    assert out["error"]["message"].startswith("/args/title:"), out
+
+
 def test_oversized_content(store):
     ex = ToolExecutor(store, max_content_bytes=1000)
     out = call(ex, env("mnote.page.save", args={"content": [{"type": "p", "text": "x" * 1000}]}))

@@ -147,8 +147,8 @@ class ToolExecutor:
         Success: ``ok: true``, ``result`` per tool, ``audit.effect`` read | write | dry_run and
         ``audit.commandId`` (writes only).  A replayed idempotent call returns the stored
         result and audit (commandId) of the first call, with this call's toolCallId/traceId.
-        Envelope fields with value ``null`` count as absent; unknown envelope fields are
-        rejected.  Failure: ``ok: false``, ``result: null``,
+        Envelope fields and top-level ``args`` fields with value ``null`` count as absent;
+        unknown envelope fields are rejected.  Failure: ``ok: false``, ``result: null``,
         ``audit.effect: "none"``, ``error: {code, message}``; messages never carry page
         title, body or artifact text.
         """
@@ -183,7 +183,7 @@ class ToolExecutor:
         spec = TOOLS_BY_NAME.get(env["toolName"])
         if spec is None:
             raise _UnknownTool(f"未知工具 {env['toolName']!r}")
-        args = env.get("args", {})
+        args = {k: v for k, v in env.get("args", {}).items() if v is not None}  # null ≡ absent here too
         for key, value in args.items():
             size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode())
             if size > self.max_content_bytes:
