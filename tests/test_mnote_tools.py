@@ -230,7 +230,7 @@ def test_page_save_business_failure_example(ex, store):
                        args={"content": [{"type": "p", "text": "x"}], "baseRevision": 1}))
     subset(out, {"ok": False, "toolName": "mnote.page.save", "toolCallId": "call_save_1", "traceId": "trace_1",
                  "error": {"code": "mnote_tool_conflict"}})
-    assert out["error"]["message"].startswith("页面版本冲突，需要刷新后重试")
+    assert out["error"]["message"] == "页面版本冲突，需要刷新后重试"    # the contract's, verbatim
     assert store.export_page("doc_1") == before
 
 

@@ -58,6 +58,7 @@ MSG_NO_READ = "无页面读取权限"
 MSG_NO_WRITE = "无页面写权限"
 MSG_PROTECTED = "页面已开启编辑保护，AI 不可写入"
 MSG_NO_ARTIFACT_WRITE = "无 artifact 写权限"
+MSG_CONFLICT = "页面版本冲突，需要刷新后重试"   # contract §4 page.save business failure, verbatim
 
 
 # --------------------------------------------------------------------------- errors
@@ -373,8 +374,7 @@ class SQLitePageStore:
     @staticmethod
     def _check_base(page: dict, base_revision: int | None) -> None:
         if base_revision is not None and base_revision != page["revision"]:
-            raise Conflict(f"页面版本冲突，需要刷新后重试（baseRevision {base_revision}，"
-                           f"当前 revision {page['revision']}）")
+            raise Conflict(MSG_CONFLICT)
 
     @staticmethod
     def _bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
