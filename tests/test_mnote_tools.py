@@ -557,3 +557,29 @@ def test_write_audit_row(ex, store, tool):
 def test_reads_are_not_audited(ex, store):
     n = len(store.audit_rows())
     assert call(ex, env("mnote.page.get"))["ok"] and len(store.audit_rows()) == n
+
+
+@pytest.mark.parametrize("tool", [t.name for t in TOOLS])
+def test_the_flat_section_4_form_is_the_section_2_form(ex, store, tool):
+    """Contract §4 writes a tool's input as one object (envelope and tool fields side by
+    side), §2 puts tool fields under ``args``: both forms do the same."""
+    nested = env(tool, dryRun=True) if TOOLS_BY_NAME[tool].writes else \
+        env(tool, args={"includeBody": False})           # (a dry run: both can compare)
+    flat = {k: v for k, v in nested.items() if k != "args"} | nested["args"]
+    a, b = call(ex, nested), call(ex, flat)
+    assert a["ok"] is True and a == b
+
+
+def test_a_field_in_both_forms_must_agree_and_args_cannot_name_another_page(ex, store):
+    before = store.export_page("doc_1"), len(store.audit_rows())
+    save = env("mnote.page.save")
+    clash = call(ex, {**save, "content": [{"type": "p", "text": "other"}]})
+    assert clash["ok"] is False and clash["error"]["code"] == "mnote_tool_bad_request"
+    assert clash["error"]["message"].startswith("/content")
+    same = call(ex, {**save, "args": {**save["args"], "workspaceId": "ws_1", "documentId": "doc_1"}})
+    assert same["ok"] is True                                # the envelope's own values
+    other = call(ex, {**env("mnote.page.save"),
+                      "args": {**save["args"], "documentId": "doc_secret"}})
+    assert other["ok"] is False and other["error"]["message"].startswith("/args/documentId")
+    assert store.export_page("doc_secret")["blocks"][0]["text"].startswith("SECRET-BODY")
+    assert len(store.audit_rows()) == before[1] + 1          # only the agreeing call wrote

@@ -395,3 +395,24 @@ def test_errors_raised_under_the_tool_prefix_become_envelopes_with_contract_code
         "mnote_tool_unauthorized"
     assert render_error_body(ServiceError("x", code="mnote_tool_bad_request"))["error"]["code"] == \
         "mnote_tool_bad_request"                     # an envelope code stays as it is
+
+
+def test_the_flat_form_is_held_to_the_run_binding_like_the_nested_one(env):
+    """§4's flat input (tool fields beside the envelope's) works over HTTP, and neither a
+    flat nor an args-nested documentId lets a run write another page than its own."""
+    app, svc, _, run_env = env
+    store = svc.tools.store
+    store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
+    token = run_env["runToken"]
+    flat = {k: v for k, v in envelope(run_env).items() if k != "args"} | {"includeBlocks": False}
+    res = post(app, flat, token)
+    assert res.json["ok"] is True and "blocks" not in res.json["result"]
+    save = {k: v for k, v in envelope(run_env, "mnote.page.save", idempotencyKey="k",
+                                      dryRun=False, capabilityScope=["page.write"]).items()
+            if k not in ("args", "documentId")} | {"content": [{"type": "p", "text": "x"}]}
+    for body in ({**save, "documentId": "doc_2"}, {**save, "args": {"documentId": "doc_2"}}):
+        res = post(app, body, token)
+        assert res.status_code == 200 and res.json["ok"] is False, body
+    assert store.export_page("doc_2")["revision"] == 1
+    res = post(app, save, token)                 # no documentId: the run's own page
+    assert res.json["ok"] is True and res.json["audit"]["documentId"] == "doc_1"

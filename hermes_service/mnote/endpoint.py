@@ -82,7 +82,8 @@ CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
                     401: ("mnote_tool_unauthorized",),
                     403: ("mnote_tool_unauthorized", "mnote_tool_permission_denied")})
 def invoke():
-    """Contract §2 input envelope in, §3 output envelope out. The run token (``Authorization:
+    """Contract §2 input envelope in (§4's flat form, tool fields beside the envelope's, is
+    accepted too: ``tools._unflatten``), §3 output envelope out. The run token (``Authorization:
     Bearer``) is the run's, from its run file; only loopback peers without proxy headers
     (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
     is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown

@@ -100,6 +100,34 @@ def _first_error(validator: Draft202012Validator, instance: Any, prefix: Callabl
     raise BadToolInput(f"{json_pointer(prefix(path))}: {reason}")
 
 
+def _unflatten(spec: ToolSpec, env: dict) -> dict:
+    """The §2 form of an envelope (``env``: top-level nulls already dropped).
+
+    Contract §4 writes each tool's input as one object, envelope and tool fields side by
+    side; §2 puts the tool fields under ``args``. Both are accepted: a tool field at the top
+    level moves into ``args``; an envelope field repeated inside ``args`` is dropped when it
+    equals the envelope's (otherwise it stays, and the ``args`` schema refuses it, so
+    ``args`` can never name another page than the envelope the run binding was checked
+    against); top-level ``null`` args count as absent. Raises :class:`BadToolInput` when a
+    field is given in both places with different values. Anything that is not an object
+    is left for the schemas to refuse."""
+    args = env.get("args", {})
+    if not isinstance(args, dict):
+        return env
+    args = {k: v for k, v in args.items() if v is not None}
+    fields = spec.model_parameters["properties"]
+    moved = {k: v for k, v in env.items() if k in fields and k not in ENVELOPE_SCHEMA["properties"]}
+    for key, value in moved.items():
+        if key in args and args[key] != value:
+            raise BadToolInput(f"{json_pointer([key])}: also given as {json_pointer(['args', key])} "
+                               "with another value")
+    args.update(moved)
+    for key in INPUT_ENVELOPE_FIELDS:
+        if key in args and key in env and args[key] == env[key] and key not in fields:
+            del args[key]
+    return {**{k: v for k, v in env.items() if k not in moved}, "args": args}
+
+
 def echo_fields(envelope) -> dict:
     """What an output envelope echoes of the caller's input: ``toolName``, ``toolCallId``,
     ``traceId``, ``workspaceId``, ``documentId`` when each is a string of at most 256
@@ -179,11 +207,14 @@ class ToolExecutor:
         if not isinstance(envelope, dict):
             raise BadToolInput("/: envelope must be a JSON object")
         env = {k: v for k, v in envelope.items() if v is not None}  # null ≡ absent
+        name = env.get("toolName")
+        if isinstance(name, str) and name in TOOLS_BY_NAME:
+            env = _unflatten(TOOLS_BY_NAME[name], env)
         _first_error(_ENVELOPE_VALIDATOR, env, lambda p: p)
         spec = TOOLS_BY_NAME.get(env["toolName"])
         if spec is None:
             raise _UnknownTool(f"未知工具 {env['toolName']!r}")
-        args = {k: v for k, v in env.get("args", {}).items() if v is not None}  # null ≡ absent here too
+        args = env.get("args", {})
         for key, value in args.items():
             size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode())
             if size > self.max_content_bytes:
