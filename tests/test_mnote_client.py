@@ -180,6 +180,32 @@ def test_body_trace_id_without_a_json_content_type(c):
     assert res.status_code == 200 and res.json["traceId"] == "trace_1", res.json
 
 
+def test_a_form_labelled_body_is_read_as_json_on_every_route(c, stub):
+    """curl -d labels a body application/x-www-form-urlencoded: abort read it as a form (an
+    empty body), so its sessionId check and traceId were skipped and another session's run
+    was aborted."""
+    form = {**A, "Content-Type": "application/x-www-form-urlencoded"}
+    res = c.post(f"{P}/sessions", data=json.dumps({"workspaceId": "ws_1", "documentId": "doc_1",
+                                                   "traceId": "trace_1"}), headers=form)
+    assert res.status_code == 200 and res.json["traceId"] == "trace_1", res.json
+    stub.gate = threading.Event()
+    res = c.post(f"{P}/runs", data=json.dumps(RUN_BODY), headers=form)
+    assert res.status_code == 200 and res.json["traceId"] == "trace_1", res.json
+    run_id = res.json["runId"]
+    res = c.post(f"{P}/runs/{run_id}/abort",
+                 data=json.dumps({"sessionId": "mnote_doc_1_other", "traceId": "trace_9"}),
+                 headers=form)
+    assert res.status_code == 404 and res.json["traceId"] == "trace_9", res.json
+    assert not c.svc.runs.get(run_id, "user_1").cancel.is_set()
+    res = c.post(f"{P}/runs/{run_id}/abort", data="a=b", headers=form)
+    assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
+    res = c.post(f"{P}/runs/{run_id}/abort", data=json.dumps({"traceId": "trace_9"}), headers=form)
+    assert res.status_code == 200 and res.json["traceId"] == "trace_9", res.json
+    assert res.json["events"] == [{"event": "abort.started", "run_id": run_id}]
+    stub.gate.set()
+    assert wait_done(c, run_id).events[-1]["event"] == "run.cancelled"
+
+
 def test_null_trace_id_in_a_body_is_not_given(c):
     res = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                          "traceId": None}, headers=A)

@@ -665,7 +665,8 @@ def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
     run's process group and emits ``run.cancelled``. A finished run returns its final event."""
     actor = actor_id()
-    body = json_body() if request.data else {}
+    # json_body's test (request.data would parse a form-labelled body as a form: empty)
+    body = json_body() if request.content_length or request.get_data() else {}
     check_id(run_id, "runId")
     svc = services()
     run = svc.runs.get(run_id, actor)
