@@ -206,6 +206,26 @@ def test_a_form_labelled_body_is_read_as_json_on_every_route(c, stub):
     assert wait_done(c, run_id).events[-1]["event"] == "run.cancelled"
 
 
+def test_abort_naming_another_page_is_not_found(c, stub):
+    """The abort body's workspaceId/documentId were ignored (sessionId was checked): a panel of
+    another page aborted this page's run."""
+    stub.gate = threading.Event()
+    run_id = start(c)
+    for body in ({"workspaceId": "ws_9"}, {"documentId": "doc_9"},
+                 {"workspaceId": "ws_1", "documentId": "doc_9",
+                  "sessionId": "mnote_doc_1_trace_1"}):
+        res = c.post(f"{P}/runs/{run_id}/abort", json=body, headers=A)
+        assert res.status_code == 404 and res.json["code"] == "hermes_client_not_found", body
+    assert not c.svc.runs.get(run_id, "user_1").cancel.is_set()
+    res = c.post(f"{P}/runs/{run_id}/abort", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                                   "sessionId": "mnote_doc_1_trace_1"}, headers=A)
+    assert res.status_code == 200 and res.json["events"][0]["event"] == "abort.started"
+    stub.gate.set()
+    wait_done(c, run_id)
+    res = c.post(f"{P}/runs/{run_id}/abort", json={"documentId": "doc_9"}, headers=A)
+    assert res.status_code == 404                      # also once the run has ended
+
+
 def test_null_trace_id_in_a_body_is_not_given(c):
     res = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                          "traceId": None}, headers=A)

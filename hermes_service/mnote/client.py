@@ -646,7 +646,10 @@ def _last_event_id() -> int:
 
 
 ABORT = {"type": "object", "additionalProperties": False,
-         "properties": {"workspaceId": {"type": "string"}, "documentId": {"type": "string"},
+         "properties": {"workspaceId": {"type": "string",
+                                        "description": "404 unless the run is on this workspace"},
+                        "documentId": {"type": "string",
+                                       "description": "404 unless the run is on this page"},
                         "sessionId": {"type": "string",
                                       "description": "404 unless the run is on this session"},
                         "traceId": _TRACE_BODY},
@@ -672,6 +675,12 @@ def abort(run_id):
     run = svc.runs.get(run_id, actor)
     if body.get("sessionId") not in (None, run.session_id):
         raise NotFound(f"run {run_id} not found", code="run_not_found")
+    if body.get("workspaceId") is not None or body.get("documentId") is not None:
+        try:                       # the run's page is its session's (POST /runs checks that)
+            _check_page_args(_own_session(run.session_id, actor), body.get("workspaceId"),
+                             body.get("documentId"))
+        except NotFound:
+            raise NotFound(f"run {run_id} not found", code="run_not_found") from None
     events_out = svc.runs.abort(run)
     svc.tools.end_run(run)        # no tool call of an aborted run gets through, from now on
     return ok(runId=run.run_id, sessionId=run.session_id,
