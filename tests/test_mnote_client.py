@@ -404,6 +404,27 @@ def test_reconnect_after_the_terminal_event_gets_204_so_eventsource_stops(make):
     assert [f["data"]["event"] for f in frames] == ["run.completed"]
 
 
+def test_an_event_with_a_lone_surrogate_does_not_break_the_stream(c, stub):
+    """A delta can carry a lone surrogate (JSON "\\ud800" from a runner): UTF-8 cannot encode
+    it, so writing the event raised and every stream (and every replay) of the run died there."""
+    stub.gate = threading.Event()
+    run_id = start(c)
+    run = c.svc.runs.get(run_id, "user_1")
+    while not run.events:
+        time.sleep(0.01)
+    run.emit("message.delta", delta="a\ud800b 页")
+    stub.gate.set()
+    wait_done(c, run_id)
+    res = c.get(f"{P}/events/{run_id}", headers=A)
+    text = res.get_data().decode("utf-8")          # valid UTF-8 throughout
+    res.close()
+    assert '"a\\ud800b \\u9875"' in text                # that event escaped, as JSON allows
+    assert '"delta": "当前页标题是项目计划"' in text        # the others as UTF-8 text
+    _, frames = events_of(c, run_id)
+    assert frames[1]["data"]["delta"] == "a\ud800b 页"
+    assert frames[-1]["data"]["event"] == "run.completed"
+
+
 def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
     """waitress's ``waitress.client_disconnected`` (the real server: test_e2e_streams.py)."""
     c = make({"mnote": {"max_event_streams": 1}})

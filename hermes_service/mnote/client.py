@@ -626,13 +626,24 @@ def events(run_id):
             if not batch:
                 yield ": keepalive\n\n"
             else:      # everything that arrived since the last write, in one write
-                yield "".join(f"id: {seq}\ndata: "
-                              f"{json.dumps(public_event(event), ensure_ascii=False)}\n\n"
+                yield "".join(f"id: {seq}\ndata: {_sse_json(public_event(event))}\n\n"
                               for seq, event in batch)
 
     resp = Response(stream_with_context(stream()), mimetype="text/event-stream", headers=headers)
     resp.call_on_close(sub.close)   # also for HEAD and for clients that disconnect
     return resp
+
+
+def _sse_json(event: dict) -> str:
+    """An event's ``data:`` JSON: UTF-8 text as is, unless a string holds a lone surrogate
+    (e.g. a streamed delta), which UTF-8 cannot carry: then that event is written with
+    ``\\uXXXX`` escapes (JSON.parse gives the same string) instead of breaking the stream."""
+    text = json.dumps(event, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        text = json.dumps(event)
+    return text
 
 
 def _last_event_id() -> int:
