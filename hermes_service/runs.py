@@ -167,7 +167,8 @@ class Run:
 class RunListener:
     """A :class:`~hermes_service.runner.TurnListener` writing a run's event log:
     ``run.started`` when Hermes begins (once, even if a lost session makes the runner start
-    twice), ``message.delta``, ``reasoning.delta``, and ``tool.*`` of builtin tools."""
+    twice; never after ``abort.started``: a run aborted before its turn began has none),
+    ``message.delta``, ``reasoning.delta``, and ``tool.*`` of builtin tools."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -175,9 +176,10 @@ class RunListener:
     def started(self, handle) -> None:
         run = self.run
         run.process = handle
-        if run.status != "running":
-            run.status = "running"
-            run.emit("run.started")
+        with run._cond:      # atomic with RunManager.abort
+            if run.status != "running" and not run.cancel.is_set():
+                run.status = "running"
+                run.emit("run.started")
 
     def delta(self, text: str) -> None:
         if text:

@@ -540,6 +540,17 @@ def test_abort_racing_with_completion_never_yields_run_completed_after_abort_sta
     assert [e["event"] for e in run.events] == ["run.started", "abort.started", "run.cancelled"]
 
 
+def test_a_turn_that_begins_after_an_abort_emits_no_run_started(c):
+    """An abort of a queued run can land just before its turn begins (the slot freed, the CLI
+    spawning, an ACP session already open): run.started came after abort.started."""
+    from hermes_service.runs import Run, RunManager
+    run = Run("run_x", "s", "user_1", "t")
+    assert RunManager(60, 4).abort(run) == [{"event": "abort.started", "run_id": "run_x"}]
+    run.listener().started(object())
+    run.emit("run.cancelled")
+    assert [e["event"] for e in run.events] == ["abort.started", "run.cancelled"]
+
+
 def test_sessions_list_reports_the_mnote_model_id(c):
     wait_done(c, start(c))
     [s] = c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=A).json["sessions"]
