@@ -263,10 +263,11 @@ class RunManager:
         try:
             execute(run)
         except ServiceError as err:
-            if run.cancel.is_set():
-                run.emit("run.cancelled")
-            else:
-                run.emit("run.failed", code=err.code, error=err.detail)
+            with run._cond:      # atomic with abort(): no run.failed after abort.started
+                if run.cancel.is_set():
+                    run.emit("run.cancelled")
+                else:
+                    run.emit("run.failed", code=err.code, error=err.detail)
         except Exception:   # never leave a run "running"
             log.exception("run %s crashed", run.run_id)
             run.emit("run.failed", code=ServiceError.code, error="internal error")

@@ -551,6 +551,37 @@ def test_a_turn_that_begins_after_an_abort_emits_no_run_started(c):
     assert [e["event"] for e in run.events] == ["abort.started", "run.cancelled"]
 
 
+def test_an_abort_racing_with_a_failure_never_yields_run_failed_after_abort_started():
+    """The worker read "not cancelled", an abort then emitted abort.started, and the worker
+    emitted run.failed: an answered abort whose run did not end in run.cancelled."""
+    from hermes_service.errors import ServiceError
+    from hermes_service.runs import Run, RunManager
+    manager = RunManager(60, 4)
+    run = Run("run_x", "s", "user_1", "t")
+    answered = []
+
+    class RacingCancel(threading.Event):
+        def is_set(self):        # the worker's check: an abort arrives right now
+            if not answered:
+                t = threading.Thread(target=lambda: answered.append(manager.abort(run)))
+                t.start()
+                t.join(0.3)      # blocks while the worker holds the run's lock
+                answered.append(None)
+            return super().is_set()
+    run.cancel = RacingCancel()
+
+    def execute(run):
+        run.emit("run.started")
+        raise ServiceError("provider down", code="upstream_unavailable")
+    manager._work(run, execute, {})
+    deadline = time.monotonic() + 5
+    while len(answered) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # the abort waited for the failure and reports it, as for any finished run
+    assert [e["event"] for e in run.events] == ["run.started", "run.failed"]
+    assert [a for a in answered if a is not None] == [[run.events[-1]]]
+
+
 def test_sessions_list_reports_the_mnote_model_id(c):
     wait_done(c, start(c))
     [s] = c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=A).json["sessions"]
