@@ -479,12 +479,14 @@ def restart_only(running: Config, new: Config) -> list[str]:
 
 
 #: Settings fixed for the life of the process: the listening socket and waitress
-#: (threads, connections, body size), the data dir, CORS (installed at start), the
-#: tool callback URL handed to runs and the runner. Everything else applies to new requests on reload.
+#: (threads, connections, body size), the data dir and the node id tagging its sessions, the
+#: log format (handlers are set up at start), CORS (installed at start), the tool callback URL
+#: handed to runs and the runner. Everything else applies to new requests on reload.
 RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
-                ("service", "max_body_bytes"), ("paths", "data_dir"), ("cors", None),
-                ("mnote", "service_url"), ("hermes", "runner"))
+                ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
+                ("paths", "data_dir"), ("cors", None), ("mnote", "service_url"),
+                ("hermes", "runner"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:

@@ -153,3 +153,19 @@ def test_a_reload_retires_warm_acp_processes_only_when_hermes_or_the_template_ch
     assert reload(cfg) is False                          # the same files elsewhere
     (template / "config.yaml").write_text((template / "config.yaml").read_text() + "\n# edited\n")
     assert reload(cfg) is True                           # the template's files changed
+
+
+def test_a_reload_keeps_log_format_and_node_id_and_says_they_need_a_restart(stubbed_app, tmp_path):
+    # the log handlers are set up once at start and node_id is the data dir's tag: a reload
+    # that changes them must say so instead of applying node_id and silently ignoring the format
+    from hermes_service.lifecycle import reload_config
+    svc = stubbed_app().extensions["hermes_service"]
+    cfg = base_config(tmp_path)
+    cfg["service"].update(log_format="json", node_id="n2")
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ok, lines = reload_config(svc, str(path))
+    assert ok, lines
+    for key in ("service.log_format", "service.node_id"):
+        assert f"{path}:{key}: changed, but needs a restart; the running value stays" in lines
+    assert svc.config["service"]["log_format"] == "text" and svc.config["service"]["node_id"] is None
