@@ -14,8 +14,9 @@ user id, message text or key into a label:
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
 ``python_*`` collectors), one per service process; scrape every process. Units are
 seconds (Prometheus naming conventions). The route is ``/metrics`` in :data:`bp`:
-allowlist and API key like every route, and when the key lists ``scopes``
-(``security.api_keys[].scopes``) it must include ``metrics`` (403 ``insufficient_scope``).
+allowlist and API key like every route, and the key's ``scopes``
+(``security.api_keys[].scopes``; ``[v1, client]`` when it lists none) must include ``metrics``
+(403 ``insufficient_scope``).
 """
 from __future__ import annotations
 
@@ -221,8 +222,8 @@ _EXPOSITION = {"text/plain": {"schema": {"type": "string",
 def metrics():
     """Prometheus text format (OpenMetrics when the scraper asks for it).
 
-    Needs what every route needs (allowlist, API key); a key that lists ``scopes`` must list
-    ``metrics``, else 403 ``insufficient_scope``.
+    Needs what every route needs (allowlist, API key); the key's scopes must include
+    ``metrics`` (a key that lists none has ``[v1, client]``), else 403 ``insufficient_scope``.
     """
     scopes = getattr(g.get("api_key"), "scopes", None)
     if scopes is not None and METRICS_SCOPE not in scopes:

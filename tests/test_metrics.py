@@ -236,3 +236,11 @@ def test_metrics_need_an_allowed_address_and_a_key(app_factory):
     assert ok.status_code == 200 and ok.mimetype == "text/plain"
     om = c.get("/metrics", headers={**K, "Accept": "application/openmetrics-text"})
     assert om.mimetype == "application/openmetrics-text" and om.get_data().endswith(b"# EOF\n")
+
+
+def test_a_key_without_scopes_is_refused_metrics(app_factory):
+    # README §Metrics: a key that lists no scopes gets [v1, client], so /metrics is not one of them
+    c = app_factory({"security": {"api_keys": [{"key": API_KEY}]}}).test_client()
+    res = c.get("/metrics", headers=K)
+    assert res.status_code == 403 and res.json["code"] == "insufficient_scope"
+    assert c.get("/api/v1/sessions?user_id=a", headers=K).status_code == 200
