@@ -63,6 +63,7 @@ def serve(config_path, host=None, port=None, threads=None):
         sys.exit(2)
     svc_cfg = config["service"]
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
+        config.overrides[("service", "threads")] = svc_cfg["threads"]
         svc_cfg["threads"] = threads
     from .logs import configure
     configure(svc_cfg["log_level"], svc_cfg["log_format"])

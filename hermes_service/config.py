@@ -23,7 +23,7 @@ import hashlib
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -256,6 +256,9 @@ class Config:
     api_keys: tuple[ApiKey, ...]
     provider_issues: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: restart-only settings a command-line option replaced (``--threads``): (section, key)
+    #: -> the file's value, which reloads compare the file with (``raw`` has the running one)
+    overrides: dict = field(default_factory=dict)
 
     def __getitem__(self, section: str) -> dict:
         return self.raw[section]
@@ -472,10 +475,14 @@ def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
 
 
 def restart_only(running: Config, new: Config) -> list[str]:
-    """Dotted keys whose new value a live reload cannot apply (README §Reload)."""
+    """Dotted keys whose new value a live reload cannot apply (README §Reload). A key a
+    command-line option overrode is compared with the file's value it was started with."""
+    def value(cfg: Config, section: str, key: str | None):
+        if (section, key) in cfg.overrides:
+            return cfg.overrides[(section, key)]
+        return cfg.raw[section].get(key) if key else cfg.raw[section]
     return [f"{section}.{key}" if key else section for section, key in RESTART_ONLY
-            if (running.raw[section].get(key) if key else running.raw[section])
-            != (new.raw[section].get(key) if key else new.raw[section])]
+            if value(running, section, key) != value(new, section, key)]
 
 
 #: Settings fixed for the life of the process: the listening socket and waitress

@@ -167,7 +167,7 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
         return False, exc.problems
     running: Config = svc.config
     changed = restart_only(running, new)
-    if changed:
+    if changed or running.overrides:    # the running values stay (and a --threads override)
         raw = copy.deepcopy(new.raw)
         for section, key in RESTART_ONLY:
             if key is None:
@@ -178,6 +178,7 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
             new = build_config(raw, source=new.source, base_dir=Path(new.source).resolve().parent)
         except ConfigError as exc:
             return False, exc.problems
+        new.overrides = running.overrides     # compared with the file it started with
     problems = preflight.problems(new, store=False)
     if problems:
         return False, problems

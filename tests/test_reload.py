@@ -169,3 +169,27 @@ def test_a_reload_keeps_log_format_and_node_id_and_says_they_need_a_restart(stub
     for key in ("service.log_format", "service.node_id"):
         assert f"{path}:{key}: changed, but needs a restart; the running value stays" in lines
     assert svc.config["service"]["log_format"] == "text" and svc.config["service"]["node_id"] is None
+
+
+def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tmp_path):
+    """``main.py --threads N`` runs waitress with N: a reload of the unchanged file keeps N
+    without a "needs a restart" note (it compares the file with the file it started with);
+    a changed ``service.threads`` in the file is reported, and N stays."""
+    from hermes_service.lifecycle import reload_config
+    svc = stubbed_app().extensions["hermes_service"]
+    cfg = base_config(tmp_path)
+    path = tmp_path / "same.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    started_with = svc.config["service"]["threads"]
+    svc.config.overrides[("service", "threads")] = started_with     # as serve() records it
+    svc.config["service"]["threads"] = started_with + 40             # --threads
+    for _ in range(2):
+        ok, lines = reload_config(svc, str(path))
+        assert ok and not any("service.threads" in line for line in lines), lines
+        assert svc.config["service"]["threads"] == started_with + 40
+    cfg["service"]["threads"] = started_with + 1
+    path.write_text(yaml.safe_dump(cfg))
+    ok, lines = reload_config(svc, str(path))
+    assert ok and f"{path}:service.threads: changed, but needs a restart; the running value stays" \
+        in lines
+    assert svc.config["service"]["threads"] == started_with + 40
