@@ -416,3 +416,14 @@ def test_the_flat_form_is_held_to_the_run_binding_like_the_nested_one(env):
     assert store.export_page("doc_2")["revision"] == 1
     res = post(app, save, token)                 # no documentId: the run's own page
     assert res.json["ok"] is True and res.json["audit"]["documentId"] == "doc_1"
+
+
+@pytest.mark.parametrize("name", [["mnote.page.save"], {"a": 1}])
+def test_a_tool_name_that_is_not_a_string_is_a_bad_request_not_a_500(env, name):
+    """An array or object toolName on the run's workspace reached the binding check's dict
+    lookup (unhashable): HTTP 500 internal error, and the run's stream kept a tool.started
+    without its tool.completed."""
+    app, _, run, run_env = env
+    res = post(app, envelope(run_env, toolName=name), run_env["runToken"])
+    assert res.status_code == 200 and res.json["error"]["code"] == "mnote_tool_bad_request"
+    assert [e["event"] for e in run.events] == ["tool.started", "tool.completed"]

@@ -115,7 +115,8 @@ class ToolGateway:
         """
         if envelope.get("workspaceId") != claims.workspace_id:
             return "无页面读取权限"
-        spec = TOOLS_BY_NAME.get(envelope.get("toolName"))
+        name = envelope.get("toolName")     # any JSON value: the executor refuses a non-string
+        spec = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
         if spec is not None and spec.writes and envelope.get("documentId") != claims.document_id:
             return "无页面写权限"
         return None
