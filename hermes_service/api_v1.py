@@ -305,7 +305,8 @@ def execute():
     user_id = _user((body.get("user_context") or {}).get("user_id"))
     home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
     env = svc.homes.cli_env(home, svc.runner.command_path())
-    timeout = min(float(body.get("timeout") or ex["timeout_seconds"]), float(ex["timeout_seconds"]))
+    # capped before float(): a JSON integer may be too large for one (OverflowError)
+    timeout = float(min(body.get("timeout") or ex["timeout_seconds"], ex["timeout_seconds"]))
     with svc.admission(), svc.runner.slot():
         outcome = svc.runner.spawn(argv, env, str(home.root), ex["max_output_bytes"]).wait(timeout)
     if outcome.killed == "timeout":

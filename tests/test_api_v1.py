@@ -395,6 +395,15 @@ def test_overflowing_numbers_are_not_json(client):
     assert res.status_code == 400 and res.json["code"] == "invalid_json"
 
 
+def test_a_huge_integer_timeout_is_capped_not_a_500(client):
+    """JSON integers have no range: float(10**400) raised OverflowError before the cap was
+    applied (HTTP 500 internal_error)."""
+    res = client().post("/api/v1/execute",
+                        data=b'{"command": ["version"], "timeout": 1' + b"0" * 400 + b"}",
+                        headers={**H, "Content-Type": "application/json"})
+    assert res.status_code == 200 and res.json["success"] is True, res.json
+
+
 def test_huge_values_are_not_echoed_back(client):
     res = client().post("/api/v1/sessions", json={"user_id": ["A" * 100000]}, headers=H)
     assert res.status_code == 400 and len(res.get_data()) < 2000
