@@ -205,6 +205,7 @@ class AcpProcess:
         self.conn = None
         self.ready: asyncio.Future | None = None
         self.sessions: set[str] = set()
+        self.loading: dict[str, asyncio.Future] = {}  # session/load in flight, by session
         self.seen: dict[str, tuple | None] = {}   # session -> its record after our last turn
         self.inflight: dict[str, _Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
@@ -643,12 +644,19 @@ class AcpRunner:
         if sid is None:
             opening = asyncio.ensure_future(proc.new_session())
         elif sid not in proc.sessions:
-            async def load(sid=sid):
-                await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
-                proc.sessions.add(sid)
-                proc.sessions_opened += 1
-                return sid
-            opening = asyncio.ensure_future(load())
+            # one session/load per session: a turn aborted while it loads leaves it running,
+            # and the next turn there waits for it instead of loading the session twice
+            opening = proc.loading.get(sid)
+            if opening is None:
+                async def load(sid=sid):
+                    try:
+                        await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
+                        proc.sessions.add(sid)
+                        proc.sessions_opened += 1
+                        return sid
+                    finally:
+                        proc.loading.pop(sid, None)
+                opening = proc.loading[sid] = asyncio.ensure_future(load())
         if opening is not None:
             reason = await self._wait_open(opening, req, deadline)
             if reason is not None:

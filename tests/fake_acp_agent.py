@@ -3,7 +3,8 @@
 a real Agent Client Protocol agent on stdio (the ``agent-client-protocol`` package the
 service itself speaks it with) that starts at once and answers ``session/new`` after
 ``FAKE_ACP_NEW_SESSION_DELAY`` seconds (default 0; a large value stands for a Hermes that
-never answers). No model, no state.db: the pool, not the turn, is under test."""
+never answers) and ``session/load`` after ``FAKE_ACP_LOAD_DELAY`` (each load is logged to
+``FAKE_ACP_LOG`` when set). No model, no state.db: the pool, not the turn, is under test."""
 import asyncio
 import os
 import sys
@@ -26,6 +27,10 @@ class FakeAgent:
         return NewSessionResponse(session_id=str(uuid.uuid4()))
 
     async def load_session(self, cwd, session_id, mcp_servers=None, **_kw):
+        if os.environ.get("FAKE_ACP_LOG"):          # one line per session/load
+            with open(os.environ["FAKE_ACP_LOG"], "a") as log:
+                log.write(f"load {session_id}\n")
+        await asyncio.sleep(float(os.environ.get("FAKE_ACP_LOAD_DELAY", "0")))
         return None
 
     async def prompt(self, prompt, session_id, **_kw):

@@ -261,3 +261,33 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
     used = turn()[3]
     assert used is not proc and proc.retired
+
+
+def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_path):
+    """An abort while ``session/load`` runs ends the turn and leaves the load running; the
+    next turn on that session waits for it instead of loading the session a second time at
+    once (two concurrent loads of one session in one Hermes process)."""
+    import threading
+    from hermes_record import record_turn
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=1)
+    log = tmp_path / "agent.log"
+    runner.env.update(FAKE_ACP_LOAD_DELAY="2", FAKE_ACP_LOG=str(log))
+    h = home(tmp_path, "u1")
+    record_turn(h.hermes_home, "s1", "one", answer="echo one")
+    from hermes_service.acp_runner import _Sink
+    cancel = threading.Event()
+    req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
+                      cancel=cancel)
+    first = runner._call(runner._turn(req, _Sink(None), lost=False))
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cancel.set()
+    with pytest.raises(RunError) as err:
+        first.result(5)
+    assert err.value.code == "run_cancelled"
+    again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
+    runner._call(runner._turn(again, _Sink(None), lost=False)).result(20)
+    assert log.read_text().splitlines() == ["load s1"]
