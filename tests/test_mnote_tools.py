@@ -583,3 +583,11 @@ def test_a_field_in_both_forms_must_agree_and_args_cannot_name_another_page(ex, 
     assert other["ok"] is False and other["error"]["message"].startswith("/args/documentId")
     assert store.export_page("doc_secret")["blocks"][0]["text"].startswith("SECRET-BODY")
     assert len(store.audit_rows()) == before[1] + 1          # only the agreeing call wrote
+
+
+def test_an_unknown_tool_is_unknown_in_the_flat_form_too(ex):
+    for body in ({**env("mnote.page.delete"), "args": {"content": "x"}},
+                 {**{k: v for k, v in env("mnote.page.delete").items() if k != "args"},
+                  "content": "x"}):
+        out = call(ex, body)
+        assert out["ok"] is False and out["error"]["code"] == "mnote_tool_unknown_tool", out

@@ -210,6 +210,10 @@ class ToolExecutor:
         name = env.get("toolName")
         if isinstance(name, str) and name in TOOLS_BY_NAME:
             env = _unflatten(TOOLS_BY_NAME[name], env)
+        elif isinstance(name, str) and 0 < len(name) <= 128:
+            # an unknown tool is unknown in either form (§4's flat fields would otherwise be
+            # reported as fields the envelope does not allow)
+            raise _UnknownTool(f"未知工具 {name!r}")
         _first_error(_ENVELOPE_VALIDATOR, env, lambda p: p)
         spec = TOOLS_BY_NAME.get(env["toolName"])
         if spec is None:
