@@ -10,7 +10,8 @@ A home is made from ``users_template/`` plus the central ``hermes.model``
 settings. The provider key is never written into a home: config.yaml holds
 ``api_key: ${<api_key_env>}`` and the value reaches the CLI only through the
 environment built by :meth:`UserHomes.cli_env`, which starts from nothing
-(PATH, HOME, HERMES_HOME, LANG, the key variable, ``hermes.extra_env``), so
+(PATH, HOME, HERMES_HOME, LANG, the key variable, ``hermes.extra_env``, and
+PYTHONPATH naming ``hermes_site``, whose sitecustomize keeps a message text), so
 the service's own secrets never leak into the CLI.
 
 When the template or the model settings change, every home is brought up to
@@ -35,6 +36,9 @@ from .files import atomic_write
 
 MARKER = ".hermes-service.json"
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: put on the PYTHONPATH of every Hermes process: its sitecustomize turns off the CLI's
+#: reading of a message that names a local image file (README §Runners)
+HERMES_SITE = Path(__file__).resolve().parent / "hermes_site"
 
 
 @dataclass(frozen=True)
@@ -172,4 +176,7 @@ class UserHomes:
             env[key_env] = os.environ[key_env]
         env.update(self.extra_env)
         env.update(extra or {})
+        # hermes_site/sitecustomize.py: a message is text, never a local file to attach
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERMES_SITE), env.get("PYTHONPATH"))
+                                            if p)
         return env

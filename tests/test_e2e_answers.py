@@ -107,6 +107,21 @@ def test_broken_characters_and_slash_commands_reach_the_answer_as_text(svc):
     assert say(svc, sid, "/model other-model").json()["response"] == "echo #3: /model other-model"
 
 
+def test_a_message_naming_a_local_image_file_is_text_not_an_attachment(svc, model, tmp_path):
+    """hermes chat would read an existing image file named at the start of the query and
+    send it in place of the text (a probe for files on the host; a vision model would
+    describe them): a message to the service is always text (hermes_site/sitecustomize.py)."""
+    secret = tmp_path / f"other-user-secret-{svc.runner}.png"
+    secret.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
+    sid = v1_session(svc, f"u_file_{svc.runner}")
+    for n, message in enumerate((str(secret), f"{secret} what is in it?", f"file://{secret}"), 1):
+        res = say(svc, sid, message)
+        assert res.status_code == 200 and res.json()["response"] == f"echo #{n}: {message}", res.text
+        sent = model.requests_with(message)[-1]["messages"][-1]
+        assert sent["content"] == message or message in str(sent["content"]), sent
+        assert "image_url" not in json.dumps(sent) and "attached" not in json.dumps(sent)
+
+
 def test_an_empty_answer_is_a_failure_and_a_retry_reaches_the_model_once(svc, model):
     sid = v1_session(svc, f"u_empty_{svc.runner}")
     assert say(svc, sid, "first fine").status_code == 200
