@@ -267,7 +267,7 @@ def send_message(session_id):
         rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
-           "hermes_session_id": result.hermes_session_id, "resumed": result.resumed,
+           "hermes_session_id": rec.get("hermes_session_id"), "resumed": result.resumed,
            "reasoning": result.reasoning}
     if result.notice:
         out["notice"] = result.notice

@@ -104,6 +104,19 @@ def test_newest_hermes_session_id_is_kept(client, stub):
     assert c.get(f"/api/v1/sessions/{sid}", headers=H).json["hermes_session_id"].endswith("bbbbbb")
 
 
+def test_reply_names_the_hermes_session_the_session_continues_in(client, stub):
+    """A turn whose CLI reported no session id keeps the session's Hermes session: the reply
+    says the same as GET, not null."""
+    c = client()
+    sid = new_session(c)
+    c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "1"}, headers=H)
+    stub.outcomes = [Outcome(0, "b\n", "", 0.1)]      # no session_id line, no marker
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "2"}, headers=H)
+    assert res.status_code == 200 and res.json["response"] == "b"
+    stored = c.get(f"/api/v1/sessions/{sid}", headers=H).json["hermes_session_id"]
+    assert stored == "20260101_000000_abcdef" and res.json["hermes_session_id"] == stored
+
+
 def test_execute_example_shape(client):
     res = client().post("/api/v1/execute", json={"command": ["version"], "timeout": 30}, headers=H)
     assert res.status_code == 200
