@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 import threading
 import time
 from contextlib import contextmanager
@@ -174,7 +175,12 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
                 if not held:
                     report.kept(f"session {sid} of user {user_id}: a turn holds its lock")
                     continue
-                doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+                try:
+                    doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+                except (sqlite3.Error, OSError) as exc:
+                    report.problem(f"session {sid} of user {user_id}: its Hermes transcripts "
+                                   f"could not be read ({exc}); the mapping is kept")
+                    continue
                 if dry_run:
                     report.removed("session mappings", what)
                     for hid in doomed:

@@ -298,3 +298,23 @@ def test_purge_transcripts_deletes_them_with_the_hermes_cli(start_service, tmp_p
     assert session_summary(hermes_home, sids[1][1])["messageCount"] >= 2   # the other stays
     remaining = json.loads(shard.read_text())["sessions"]
     assert list(remaining) == [sids[1][0]]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_purge_with_an_unreadable_state_db_keeps_that_mapping_and_cleans_the_rest(make_config,
+                                                                                   dry_run):
+    """One user's damaged state.db (or one SQLite cannot open) made the whole pass raise: no
+    other user was cleaned, and the service's periodic pass failed every time."""
+    svc = build_services(make_config())
+    now = time.time()
+    svc.store.create(rec("old-a", "alice", now - 40 * DAY, hermes_session_id="h-a"))
+    svc.store.create(rec("old-b", "bob", now - 40 * DAY))
+    db = svc.homes.ensure("alice").hermes_home / "state.db"
+    db.write_bytes(b"not a database" * 100)
+    report = collect(svc, older_than=30 * DAY, purge_transcripts=True, dry_run=dry_run)
+    assert len(report.problems) == 1 and "old-a" in report.problems[0], report.lines
+    assert "the mapping is kept" in report.problems[0]
+    assert report.counts["session mappings"] == 1 and report.counts["transcripts"] == 0
+    assert svc.store.get("old-a") is not None
+    assert (svc.store.get("old-b") is None) != dry_run
+    assert db.read_bytes() == b"not a database" * 100
