@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sqlite3
 import threading
 import time
 from contextlib import contextmanager
@@ -66,6 +67,15 @@ class GcReport:
     lines: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     problems: list[str] = field(default_factory=list)
+    #: users whose shard lock was not free within the store's lock_timeout (a stuck holder):
+    #: the rest of the pass leaves them alone instead of waiting again or giving up
+    busy: set[str] = field(default_factory=set)
+
+    def shard_busy(self, store, user_id: str) -> None:
+        self.busy.add(user_id)
+        self.problem(f"skipped user {user_id}: the lock of its session registry "
+                     f"({store.root / user_id / 'sessions.json.lock'}) stayed held for "
+                     f"{store.lock_timeout:g} s; nothing of that user was cleaned")
 
     def removed(self, kind: str, text: str | None, n: int = 1) -> None:
         self.counts[kind] += n
@@ -159,6 +169,8 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
     store = svc.store
     since = datetime.fromtimestamp(cutoff, timezone.utc).isoformat(timespec="seconds")
     for user_id in store.users():
+        if user_id in report.busy:
+            continue
         try:
             records = store.list(user_id)
         except CorruptShard as exc:
@@ -174,7 +186,12 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
                 if not held:
                     report.kept(f"session {sid} of user {user_id}: a turn holds its lock")
                     continue
-                doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+                try:
+                    doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+                except (sqlite3.Error, OSError) as exc:
+                    report.problem(f"session {sid} of user {user_id}: its Hermes transcripts "
+                                   f"could not be read ({exc}); the mapping is kept")
+                    continue
                 if dry_run:
                     report.removed("session mappings", what)
                     for hid in doomed:
@@ -191,7 +208,11 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
                     report.problem(f"session {sid} of user {user_id}: Hermes session {hid} was not "
                                    f"deleted ({err.detail}); the mapping is kept")
                     continue
-                gone = store.delete(sid, where=lambda r: _stale(r, cutoff))
+                try:
+                    gone = store.delete(sid, where=lambda r: _stale(r, cutoff))
+                except Timeout:
+                    report.shard_busy(store, user_id)
+                    break
                 if gone is None:
                     report.kept(f"session {sid} of user {user_id}: used again after {since}")
                     continue
@@ -261,18 +282,25 @@ class _Known:
 def _links(svc, report: GcReport, dry_run: bool, known: _Known) -> None:
     for sid, _path in svc.store.links():
         owner, present = known.owner_and_state(sid)
-        if owner is None or present is not False:
+        if owner is None or present is not False or owner in report.busy:
             continue
         try:
             if svc.store.drop_dangling_link(sid, LINK_GRACE_SECONDS, dry_run=dry_run):
                 report.removed("owner links", f"owner link of {sid} (user {owner}; no record)")
         except CorruptShard as exc:
             report.problem(f"skipped {exc}")
+        except Timeout:
+            report.shard_busy(svc.store, owner)
 
 
 def _temp_files(svc, report: GcReport, dry_run: bool) -> None:
     for user_id in svc.store.users():
-        for path in svc.store.sweep_temp_files(user_id, dry_run=dry_run):
+        try:
+            found = svc.store.sweep_temp_files(user_id, dry_run=dry_run)
+        except Timeout:
+            report.shard_busy(svc.store, user_id)
+            continue
+        for path in found:
             report.removed("temp files", f"temp file {path}")
 
 

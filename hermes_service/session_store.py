@@ -116,11 +116,28 @@ def _encode(sessions: dict) -> bytes:
                       ensure_ascii=False, sort_keys=True).encode()
 
 
+class _DuplicateKeys(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """json ``object_pairs_hook``: a dict, or _DuplicateKeys naming the keys given twice
+    (plain json.loads keeps the last one and drops the other without a word)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _DuplicateKeys(sorted({k for k, _ in pairs if k in seen or seen.add(k)})[:3])
+    return out
+
+
 def _parse_file(raw: bytes, owner: str | None) -> dict:
     """The ``sessions`` mapping of a sessions.json file's bytes; ``owner``: every record's
-    ``user_id`` (a shard) or None (the legacy file: any valid id). Raises ValueError (reason)."""
+    ``user_id`` (a shard) or None (the legacy file: any valid id; a key given twice is refused,
+    since migrating would keep one of the two records silently). Raises ValueError (reason)."""
     try:
-        data = json.loads(raw)
+        data = json.loads(raw) if owner is not None else json.loads(raw, object_pairs_hook=_unique_pairs)
+    except _DuplicateKeys as exc:
+        raise ValueError(f"duplicate key(s) {exc.args[0]} (one of each pair would be lost)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
     if (not isinstance(data, dict) or data.get("version") != FORMAT_VERSION
@@ -186,7 +203,7 @@ class SessionStore:
             problems.append(_format_problem(root / FORMAT_FILE))
         if legacy.exists():
             try:
-                _parse_file(legacy.read_bytes(), None)
+                _parse_file(_read_legacy(legacy), None)
             except ValueError as exc:
                 problems.append(f"{legacy}: {exc}; fix or move it away (it is never overwritten)")
         return [p for p in problems if p]
@@ -434,9 +451,12 @@ class SessionStore:
         """
         with FileLock(str(self.legacy) + ".lock", timeout=self.lock_timeout):
             try:
-                raw = self.legacy.read_bytes()
+                raw = _read_legacy(self.legacy)
             except FileNotFoundError:
                 return 0               # another process migrated it meanwhile
+            except ValueError as exc:
+                raise CorruptStore(f"{self.legacy}: {exc}; fix or move it away (it is never "
+                                   "overwritten)") from None
             try:
                 legacy = _parse_file(raw, None)
             except ValueError as exc:
@@ -481,6 +501,17 @@ class SessionStore:
                      "(the old file is kept as %s)", added, len(by_user), self.legacy, self.root,
                      SHARD, backup.name)
             return added
+
+
+def _read_legacy(path: Path) -> bytes:
+    """The legacy file's bytes. Raises FileNotFoundError (gone) or ValueError (unreadable:
+    a folder, no permission, an I/O error)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"unreadable ({exc.strerror})") from None
 
 
 def _format_problem(path: Path) -> str | None:

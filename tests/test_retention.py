@@ -298,3 +298,53 @@ def test_purge_transcripts_deletes_them_with_the_hermes_cli(start_service, tmp_p
     assert session_summary(hermes_home, sids[1][1])["messageCount"] >= 2   # the other stays
     remaining = json.loads(shard.read_text())["sessions"]
     assert list(remaining) == [sids[1][0]]
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_purge_with_an_unreadable_state_db_keeps_that_mapping_and_cleans_the_rest(make_config,
+                                                                                   dry_run):
+    """One user's damaged state.db (or one SQLite cannot open) made the whole pass raise: no
+    other user was cleaned, and the service's periodic pass failed every time."""
+    svc = build_services(make_config())
+    now = time.time()
+    svc.store.create(rec("old-a", "alice", now - 40 * DAY, hermes_session_id="h-a"))
+    svc.store.create(rec("old-b", "bob", now - 40 * DAY))
+    db = svc.homes.ensure("alice").hermes_home / "state.db"
+    db.write_bytes(b"not a database" * 100)
+    report = collect(svc, older_than=30 * DAY, purge_transcripts=True, dry_run=dry_run)
+    assert len(report.problems) == 1 and "old-a" in report.problems[0], report.lines
+    assert "the mapping is kept" in report.problems[0]
+    assert report.counts["session mappings"] == 1 and report.counts["transcripts"] == 0
+    assert svc.store.get("old-a") is not None
+    assert (svc.store.get("old-b") is None) != dry_run
+    assert db.read_bytes() == b"not a database" * 100
+
+
+def test_a_stuck_shard_lock_skips_that_user_and_cleans_the_rest(make_config):
+    """A user's registry lock held by a stuck process made the pass raise filelock.Timeout
+    after lock_timeout: nobody else was cleaned (and the CLI ended in a traceback)."""
+    svc = build_services(make_config())
+    svc.store.lock_timeout = 0.3
+    store, data, now = svc.store, svc.config.data_dir, time.time()
+    store.create(rec("old-a", "alice", now - 40 * DAY))
+    store.create(rec("old-b", "bob", now - 40 * DAY))
+    (data / "sessions" / "alice" / ".sessions.killed.tmp").write_text("{half")
+    link = store.link_path("dangling-a")
+    link.parent.mkdir(exist_ok=True)
+    os.symlink("../../alice", link)
+    os.utime(link, (now - 7200, now - 7200), follow_symlinks=False)
+    shard_lock = data / "sessions" / "alice" / "sessions.json.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD.format(root=str(ROOT), path=str(shard_lock))],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        report = collect(svc, older_than=30 * DAY)
+    finally:
+        holder.communicate("", timeout=10)
+    assert len(report.problems) == 1 and "user alice" in report.problems[0], report.lines
+    assert str(shard_lock) in report.problems[0]
+    assert report.counts["session mappings"] == 1 and store.get("old-b") is None
+    assert store.get("old-a") and store.owner("dangling-a") == "alice"
+    assert (data / "sessions" / "alice" / ".sessions.killed.tmp").exists()
+    again = collect(svc, older_than=30 * DAY)           # the holder is gone: all of it now
+    assert not again.problems and store.get("old-a") is None and store.owner("dangling-a") is None

@@ -361,6 +361,34 @@ def test_corrupt_legacy_file_is_refused_and_never_overwritten(tmp_path, content)
     assert SessionStore.check(tmp_path) == [str(exc.value)]
 
 
+def test_legacy_file_with_a_duplicate_id_is_refused_not_half_migrated(tmp_path):
+    """JSON keeps the last of two equal keys: migrating would drop the other record silently
+    (here alice's session would become bob's). The file is refused, naming the id."""
+    first = {"session_id": "s1", "user_id": "alice", "hermes_session_id": "h-alice"}
+    second = {"session_id": "s1", "user_id": "bob", "hermes_session_id": "h-bob"}
+    path = tmp_path / "sessions.json"
+    path.write_text('{"version": 1, "sessions": {"s1": %s, "s2": %s, "s1": %s}}' % (
+        json.dumps(first), json.dumps({**first, "session_id": "s2"}), json.dumps(second)))
+    before = path.read_bytes()
+    with pytest.raises(CorruptStore) as exc:
+        SessionStore(tmp_path)
+    assert str(path) in str(exc.value) and "duplicate" in str(exc.value) and "s1" in str(exc.value)
+    assert path.read_bytes() == before and not list(tmp_path.glob("sessions.json.migrated-*"))
+    assert not list((tmp_path / "sessions").glob("*/sessions.json"))
+    assert SessionStore.check(tmp_path) == [str(exc.value)]
+
+
+def test_unreadable_legacy_file_is_refused_with_its_name(tmp_path):
+    """An unreadable old file (a folder here; EACCES or EIO alike) is CorruptStore — start-up
+    exits 3 naming it, check-config reports it — not a traceback."""
+    path = tmp_path / "sessions.json"
+    path.mkdir()
+    with pytest.raises(CorruptStore) as exc:
+        SessionStore(tmp_path)
+    assert str(path) in str(exc.value) and "unreadable" in str(exc.value) and path.is_dir()
+    assert SessionStore.check(tmp_path) == [str(exc.value)]
+
+
 MIGRATE = """
 import sys
 sys.path.insert(0, {root!r})
