@@ -334,7 +334,9 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     assert "SERVICE_SECRET" not in env and "HERMES_SERVICE_API_KEY" not in env
     assert set(env) <= {"PATH", "HOME", "HERMES_HOME", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE",
                         "SCRIPTED_PROVIDER_KEY", "HERMES_STREAM_RETRIES",
-                        "HERMES_SERVICE_TURN_FILE"}
+                        "HERMES_SERVICE_TURN_FILE", "PYTHONPATH"}
+    from hermes_service.user_homes import HERMES_SITE
+    assert env["PYTHONPATH"] == str(HERMES_SITE)      # a message is text (sitecustomize.py)
     assert stub.calls[0]["cwd"] == str(home)
     # no secret written into the home: the key is referenced, not stored
     for f in home.rglob("*"):
