@@ -16,6 +16,7 @@ import sys
 import click
 
 from .config import ENV_CONFIG, ConfigError, load_config
+from .mnote.page_store import PageStoreUnusable
 from .session_store import CorruptStore
 
 log = logging.getLogger("hermes_service")
@@ -85,7 +86,7 @@ def serve(config_path, host=None, port=None, threads=None):
     port = svc_cfg["port"] if port is None else port
     try:
         app = create_app(config, service_url=default_service_url(config, host, port))
-    except CorruptStore as exc:
+    except (CorruptStore, PageStoreUnusable) as exc:
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     svc = app.extensions["hermes_service"]
@@ -210,7 +211,7 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     from .services import build_services
     try:
         services = build_services(config)
-    except CorruptStore as exc:
+    except (CorruptStore, PageStoreUnusable) as exc:
         click.echo(f"refusing to run: {exc}", err=True)
         sys.exit(3)
     report = collect(services, older_than=seconds, dry_run=dry_run,
@@ -228,7 +229,11 @@ def mnote(ctx):
     config = _load(ctx.obj["config_path"], need_keys=False)
     from .mnote.page_store import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")
+    try:
+        ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")
+    except PageStoreUnusable as exc:
+        click.echo(f"refusing to run: {exc}", err=True)
+        sys.exit(3)
 
 
 def _store_call(fn, *args):

@@ -348,3 +348,29 @@ def test_a_stuck_shard_lock_skips_that_user_and_cleans_the_rest(make_config):
     assert (data / "sessions" / "alice" / ".sessions.killed.tmp").exists()
     again = collect(svc, older_than=30 * DAY)           # the holder is gone: all of it now
     assert not again.problems and store.get("old-a") is None and store.owner("dangling-a") is None
+
+
+def test_a_damaged_page_store_is_refused_with_its_name_not_a_traceback(tmp_path):
+    """``data/mnote.db`` that is not an SQLite database: gc and the mnote operator commands
+    exit 3 naming the file (the service start takes the same path), and the file is left
+    as it was."""
+    cfg = base_config(tmp_path)
+    cfg_path = tmp_path / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    db = tmp_path / "data" / "mnote.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    db.write_bytes(b"not a database, " * 512)
+    before = db.read_bytes()
+    for args in (["gc", "--dry-run"], ["mnote", "export-page", "doc_1"]):
+        out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(cfg_path),
+                              *args], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+        assert out.returncode == 3, (args, out.stderr)
+        assert "refusing to run" in out.stderr and "mnote.db" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert db.read_bytes() == before
+    from conftest import ServiceProcess
+    svc = ServiceProcess(tmp_path, cfg)
+    with pytest.raises(RuntimeError) as exc:
+        svc.start(timeout=15)
+    assert "refusing to start" in str(exc.value) and "mnote.db" in str(exc.value)
+    assert svc.proc.returncode == 3 and db.read_bytes() == before

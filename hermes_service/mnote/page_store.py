@@ -92,6 +92,12 @@ class BadToolInput(ToolError):
     code = "mnote_tool_bad_request"
 
 
+class PageStoreUnusable(Exception):
+    """``data/mnote.db`` cannot be opened (not an SQLite database, unreadable, a folder).
+    The message names the file and the reason; the file is never overwritten. The service
+    and the operator commands refuse to run (exit 3)."""
+
+
 class StoreInputError(ValueError):
     """Invalid operator input (bad id, unknown role, page owned by another workspace…)."""
 
@@ -270,9 +276,16 @@ class SQLitePageStore:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
-        con = self._connection()
-        con.execute("PRAGMA journal_mode=WAL")
-        con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA_SQL}COMMIT;")
+        try:
+            con = self._connection()
+            con.execute("PRAGMA journal_mode=WAL")
+            con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA_SQL}COMMIT;")
+        except sqlite3.DatabaseError as exc:     # OperationalError included (unreadable, ...)
+            if "locked" in str(exc):             # another writer for longer than busy_timeout
+                raise
+            self.close()
+            raise PageStoreUnusable(f"{self.path}: {exc}; fix or move it away (it is never "
+                                    "overwritten)") from None
 
     # ---- connections
     def _connection(self) -> sqlite3.Connection:
