@@ -690,3 +690,19 @@ def test_long_document_and_trace_ids_get_a_clear_error(c):
     res = c.post(f"{P}/sessions", json={"workspaceId": "ws", "documentId": "d" * 60,
                                         "traceId": "t" * 60}, headers=A)
     assert res.status_code == 400 and "documentId and traceId" in res.json["message"]
+
+
+def test_a_trace_id_ending_in_a_dot_makes_a_working_session(c, stub):
+    """``mnote_<documentId>_<traceId>`` with a traceId like ``t.`` is an id; its registry key
+    must be one too (``..`` never is): create, run, list and get work like any other."""
+    res = c.post(f"{P}/sessions", json={"workspaceId": "ws_1", "documentId": "doc_1",
+                                        "traceId": "t."}, headers=A)
+    assert res.status_code == 200 and res.json["sessionId"] == "mnote_doc_1_t.", res.json
+    run = c.post(f"{P}/runs", json={**RUN_BODY, "sessionId": "mnote_doc_1_t."}, headers=A)
+    assert run.status_code == 200, run.json
+    got = c.get(f"{P}/sessions/mnote_doc_1_t.", headers=A)
+    assert got.status_code == 200 and got.json["sessionId"] == "mnote_doc_1_t."
+    listed = c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=A).json["sessions"]
+    assert "mnote_doc_1_t." in {s["sessionId"] for s in listed}
+    from hermes_service.mnote.client import session_key
+    assert session_key("user_1", "x.") != session_key("user_1", "x")

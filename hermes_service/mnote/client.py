@@ -264,7 +264,10 @@ def session_key(actor: str, session_id: str) -> str:
     if len(session_id) > MAX_SESSION_ID:
         raise BadRequest(f"sessionId must be at most {MAX_SESSION_ID} characters",
                          code="invalid_id")
-    return f"{session_id}.{hashlib.sha256(actor.encode()).hexdigest()[:12]}"
+    # "." before the digest; "_" after an id ending in "." (a traceId may end so), since
+    # ".." is never an id. Neither key can equal another's: the digest is always 12 hex.
+    sep = "_" if session_id.endswith(".") else "."
+    return f"{session_id}{sep}{hashlib.sha256(actor.encode()).hexdigest()[:12]}"
 
 
 def _own_session(session_id: str, actor: str) -> dict:
