@@ -427,3 +427,54 @@ def test_a_tool_name_that_is_not_a_string_is_a_bad_request_not_a_500(env, name):
     res = post(app, envelope(run_env, toolName=name), run_env["runToken"])
     assert res.status_code == 200 and res.json["error"]["code"] == "mnote_tool_bad_request"
     assert [e["event"] for e in run.events] == ["tool.started", "tool.completed"]
+
+
+def _load_plugin(monkeypatch, app, run_env, tmp_path, call_id):
+    """The mnote plugin as Hermes loads it, its HTTP calls sent to ``app``, every tool call
+    carrying the tool call id ``call_id``; returns {wire name: handler}."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "mnote_plugin_under_test", ROOT / "users_template/plugins/mnote/__init__.py")
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(run_env))
+    monkeypatch.setenv("MNOTE_RUN_FILE", str(run_file))
+    monkeypatch.setattr(plugin, "_tool_call_id", lambda: call_id)
+
+    class Answer:
+        def __init__(self, body): self.body = body
+        def __enter__(self): return self
+        def __exit__(self, *exc): return False
+        def read(self): return self.body
+
+    class Opener:
+        def open(self, request, timeout):
+            res = app.test_client().post(URL, data=request.data, headers=dict(request.header_items()),
+                                         environ_base={"REMOTE_ADDR": "127.0.0.1"})
+            return Answer(res.get_data())
+    monkeypatch.setattr(plugin, "_DIRECT", Opener())
+    handlers = {}
+
+    class Ctx:
+        def register_tool(self, name, handler, **_kw): handlers[name] = handler
+        def register_hook(self, *_a): pass
+    plugin.register(Ctx())
+    return handlers
+
+
+def test_a_provider_reusing_a_tool_call_id_does_not_turn_the_next_write_into_a_conflict(
+        env, monkeypatch, tmp_path):
+    """Some providers number tool calls per response (``call_0`` every time): the run's
+    later, different writes under that id must still land; an identical one stays a replay."""
+    app, svc, run, run_env = env
+    tools = _load_plugin(monkeypatch, app, run_env, tmp_path, "call_0")
+    results = [json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": t}]}))
+               for t in ("one", "two", "two")]
+    assert [r["ok"] for r in results] == [True, True, True], results
+    assert [r["result"]["revision"] for r in results] == [2, 3, 3]
+    title = json.loads(tools["mnote_page_update_title"]({"title": "新标题"}))
+    assert title["ok"] is True, title
+    page = svc.tools.store.export_page("doc_1")
+    assert [b["text"] for b in page["blocks"]] == ["第一段", "one", "two"]
+    assert page["title"] == "新标题" and page["revision"] == 4

@@ -20,6 +20,7 @@ Hermes passes the ACP session id to hooks and tools as ``task_id``).
   request (Hermes would otherwise replay them from its ``api_content`` sidecar): a run's
   page context reaches the model on that run only.
 """
+import hashlib
 import json
 import os
 import re
@@ -89,6 +90,19 @@ def _error(tool, call_id, code, message, envelope=None, trace_id=None):
                        "error": {"code": code, "message": message}}, ensure_ascii=False)
 
 
+def _default_key(envelope) -> str:
+    """The idempotency key of a write the model gave none: ``<runId>:<toolCallId>:<digest>``,
+    the digest over the tool, page and arguments. Some providers reuse a tool call id within
+    a turn (``call_0`` in every response); with the id alone, the run's second, different
+    write under that id was refused as an idempotency conflict (and an identical one is still
+    a replay, as a retry of the same call would be)."""
+    what = [envelope["toolName"], envelope["workspaceId"], envelope["documentId"],
+            envelope.get("dryRun"), envelope["args"]]
+    digest = hashlib.sha256(json.dumps(what, sort_keys=True, ensure_ascii=False)
+                            .encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{envelope['runId']}:{envelope['toolCallId']}:{digest}"
+
+
 def _handler(definition):
     tool = definition["contractName"]
     writes = "dryRun" in definition["parameters"]["properties"]
@@ -113,10 +127,10 @@ def _handler(definition):
             "capabilityScope": list(run.get("capabilityScope") or []),
         }
         dry_run, key = args.pop("dryRun", False), args.pop("idempotencyKey", None)
+        envelope["args"] = args
         if writes:
             envelope["dryRun"] = bool(dry_run)
-            envelope["idempotencyKey"] = key or f"{envelope['runId']}:{call_id}"
-        envelope["args"] = args
+            envelope["idempotencyKey"] = key or _default_key(envelope)
         request = urllib.request.Request(
             url, data=json.dumps(envelope).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
