@@ -478,3 +478,17 @@ def test_a_provider_reusing_a_tool_call_id_does_not_turn_the_next_write_into_a_c
     page = svc.tools.store.export_page("doc_1")
     assert [b["text"] for b in page["blocks"]] == ["第一段", "one", "two"]
     assert page["title"] == "新标题" and page["revision"] == 4
+
+
+@pytest.mark.parametrize("field,value", [("workspaceId", 7), ("workspaceId", ["ws_1"]),
+                                         ("documentId", 123), ("documentId", {"id": "doc_1"})])
+def test_a_page_id_of_the_wrong_type_is_a_bad_request_not_a_permission_denial(env, field, value):
+    """The model can fix a wrong type; "no permission" would send it the wrong way."""
+    app, svc, run, run_env = env
+    body = envelope(run_env, "mnote.page.save", idempotencyKey="k", dryRun=False,
+                    capabilityScope=["page.write"], args={"content": [{"type": "p", "text": "x"}]})
+    res = post(app, {**body, field: value}, run_env["runToken"])
+    assert res.status_code == 200
+    assert res.json["error"]["code"] == "mnote_tool_bad_request", res.json
+    assert res.json["error"]["message"].startswith(f"/{field}: ")
+    assert svc.tools.store.export_page("doc_1")["revision"] == 1

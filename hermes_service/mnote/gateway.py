@@ -111,8 +111,12 @@ class ToolGateway:
         """Why the envelope leaves the run's page binding, or None.
 
         A run works in its own workspace; it may read other pages there (the store still
-        checks the actor's rights) but writes only to its own page.
+        checks the actor's rights) but writes only to its own page. An id that is not a
+        string is no page at all: the executor's schema refuses it as a bad request the model
+        can fix (a permission denial would send it the wrong way).
         """
+        if not all(isinstance(envelope.get(k), str) for k in ("workspaceId", "documentId")):
+            return None
         if envelope.get("workspaceId") != claims.workspace_id:
             return "无页面读取权限"
         name = envelope.get("toolName")     # any JSON value: the executor refuses a non-string
