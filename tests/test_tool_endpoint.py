@@ -492,3 +492,29 @@ def test_a_page_id_of_the_wrong_type_is_a_bad_request_not_a_permission_denial(en
     assert res.json["error"]["code"] == "mnote_tool_bad_request", res.json
     assert res.json["error"]["message"].startswith(f"/{field}: ")
     assert svc.tools.store.export_page("doc_1")["revision"] == 1
+
+
+@pytest.mark.parametrize("dry_run", ["no", [], 0, "maybe"])
+def test_a_dry_run_flag_of_the_wrong_type_is_a_bad_request_not_guessed(env, monkeypatch, tmp_path,
+                                                                         dry_run):
+    """The plugin passes dryRun as the model gave it: "no" was a silent dry run, [] or 0 a
+    silent write."""
+    app, svc, run, run_env = env
+    tools = _load_plugin(monkeypatch, app, run_env, tmp_path, "call_1")
+    out = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "x"}],
+                                               "dryRun": dry_run}))
+    assert out["error"]["code"] == "mnote_tool_bad_request" and \
+        out["error"]["message"].startswith("/dryRun: "), out
+    assert svc.tools.store.export_page("doc_1")["revision"] == 1
+
+
+def test_a_null_or_absent_dry_run_flag_is_a_write(env, monkeypatch, tmp_path):
+    app, svc, run, run_env = env
+    tools = _load_plugin(monkeypatch, app, run_env, tmp_path, "call_1")
+    for args in ({"dryRun": None}, {}, {"dryRun": False}):
+        text = json.dumps(args)
+        out = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": text}], **args}))
+        assert out["ok"] is True and out["audit"]["effect"] == "write", out
+    dry = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "d"}], "dryRun": True}))
+    assert dry["audit"]["effect"] == "dry_run"
+    assert svc.tools.store.export_page("doc_1")["revision"] == 4

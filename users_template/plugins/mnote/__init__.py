@@ -129,7 +129,8 @@ def _handler(definition):
         dry_run, key = args.pop("dryRun", False), args.pop("idempotencyKey", None)
         envelope["args"] = args
         if writes:
-            envelope["dryRun"] = bool(dry_run)
+            # as given (null: absent): the service refuses a non-boolean, never guesses one
+            envelope["dryRun"] = False if dry_run is None else dry_run
             envelope["idempotencyKey"] = key or _default_key(envelope)
         request = urllib.request.Request(
             url, data=json.dumps(envelope).encode(), method="POST",
