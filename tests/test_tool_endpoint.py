@@ -518,3 +518,12 @@ def test_a_null_or_absent_dry_run_flag_is_a_write(env, monkeypatch, tmp_path):
     dry = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "d"}], "dryRun": True}))
     assert dry["audit"]["effect"] == "dry_run"
     assert svc.tools.store.export_page("doc_1")["revision"] == 4
+
+
+def test_a_very_long_tool_call_id_still_makes_a_valid_default_key(env, monkeypatch, tmp_path):
+    """The default key stays within the envelope's 256 characters whatever the call id."""
+    app, svc, run, run_env = env
+    tools = _load_plugin(monkeypatch, app, run_env, tmp_path, "c" * 300)
+    first = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "x"}]}))
+    again = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "x"}]}))
+    assert first["ok"] is True and again["audit"]["commandId"] == first["audit"]["commandId"]

@@ -100,7 +100,10 @@ def _default_key(envelope) -> str:
             envelope.get("dryRun"), envelope["args"]]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, ensure_ascii=False)
                             .encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{envelope['runId']}:{envelope['toolCallId']}:{digest}"
+    key = f"{envelope['runId']}:{envelope['toolCallId']}:{digest}"
+    if len(key) > 256:        # the envelope's limit (a provider's very long call id)
+        key = f"{envelope['runId']}:{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()}"
+    return key
 
 
 def _handler(definition):
