@@ -178,11 +178,18 @@ def test_a_lost_history_is_told_to_the_panel_too(svc):
     # a Hermes session id the store cannot find: the run starts a new conversation and says so
     sid = "mnote_doc_1_lost"
     events(svc, "a_ctx", run(svc, "a_ctx", sid, f"before lost {svc.runner}"))
-    with sqlite3.connect(svc.data_dir / "users" / "a_ctx" / ".hermes" / "state.db") as db:
+    state_db = svc.data_dir / "users" / "a_ctx" / ".hermes" / "state.db"
+    with sqlite3.connect(state_db) as db:
         [(hid,)] = db.execute("SELECT session_id FROM messages WHERE content = ?",
                               (f"before lost {svc.runner}",)).fetchall()
-        db.execute("DELETE FROM messages WHERE session_id = ?", (hid,))
-        db.execute("DELETE FROM sessions WHERE id = ?", (hid,))
+    # the loss must stick: Hermes's ACP process may still write the session for a moment
+    # after the turn (its background title and accounting work), which would bring it back
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        with sqlite3.connect(state_db) as db:
+            db.execute("DELETE FROM messages WHERE session_id = ?", (hid,))
+            db.execute("DELETE FROM sessions WHERE id = ?", (hid,))
+        time.sleep(0.1)
     evts = events(svc, "a_ctx", run(svc, "a_ctx", sid, "after"))
     assert evts[-1]["event"] == "run.completed" and "new conversation" in evts[-1]["notice"]
 
