@@ -273,16 +273,8 @@ def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
 
 def has_messages(hermes_home: Path, session_id: str | None) -> bool:
     """Does the session's lineage hold any active message?"""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return False
-    with closing(conn):
-        ids = [r["id"] for r in lineage(conn, session_id)]
-        if not ids:
-            return False
-        marks = ",".join("?" * len(ids))
-        return conn.execute(f"SELECT 1 FROM messages WHERE session_id IN ({marks}) AND active = 1 "
-                            "LIMIT 1", ids).fetchone() is not None
+    record = fingerprint(hermes_home, session_id)
+    return bool(record and record[0])
 
 
 def _first_call(tool_calls_json: str) -> tuple[str | None, str | None]:
