@@ -1,7 +1,8 @@
 """Request helpers shared by the app factory and every blueprint (README §Architecture).
 
 * :func:`services` — the :class:`~hermes_service.services.Services` of the current app;
-* :func:`parse_json` / :func:`json_body` — strict JSON request bodies, validated with jsonschema;
+* :func:`parse_json` / :func:`json_body` / :func:`has_body` — strict JSON request bodies (read
+  whatever their Content-Type), validated with jsonschema;
 * :func:`schema_problem` — a request body's jsonschema error as ``path: message``;
 * :func:`register_error_shape` / :func:`render_error` — each route family renders a
   :class:`~hermes_service.errors.ServiceError` in its own contract's shape, chosen by URL prefix
@@ -84,6 +85,12 @@ def validator_for(schema: dict) -> jsonschema.Draft202012Validator:
     return entry[1]
 
 
+def has_body() -> bool:
+    """Does the request carry a body? Read raw, whatever its ``Content-Type``
+    (``request.data`` is empty for a body labelled as a form, as ``curl -d`` sends it)."""
+    return bool(request.content_length or request.get_data())
+
+
 def json_body(schema: dict | None = None) -> dict:
     """The request's JSON object, validated with ``schema`` (jsonschema, Draft 2020-12); by
     default the ``body`` of the route's :func:`documented` contract — the schema
@@ -96,7 +103,7 @@ def json_body(schema: dict | None = None) -> dict:
     if schema is None:
         contract = contract_of(current_app.view_functions.get(request.endpoint))
         schema = contract.body if contract is not None else None
-    data = parse_json(request.get_data()) if request.content_length or request.data else None
+    data = parse_json(request.get_data()) if has_body() else None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
     if schema:

@@ -24,7 +24,8 @@ from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from ..web import ErrorFamily, Param, Reply, documented, json_body, parse_json, services
+from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
+                   services)
 from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
 from ..security import acting_user
 from ..hermes_state import session_summary, transcript
@@ -103,8 +104,7 @@ def trace_id() -> str:
     if "trace_id" not in g:
         try:
             # the body as json_body() reads it: with or without a JSON Content-Type
-            body = parse_json(request.get_data()) if request.content_length or request.data \
-                else None
+            body = parse_json(request.get_data()) if has_body() else None
         except Exception:   # oversized or malformed: the route reports that itself
             body = None
         given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
@@ -682,8 +682,7 @@ def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
     run's process group and emits ``run.cancelled``. A finished run returns its final event."""
     actor = actor_id()
-    # json_body's test (request.data would parse a form-labelled body as a form: empty)
-    body = json_body() if request.content_length or request.get_data() else {}
+    body = json_body() if has_body() else {}
     check_id(run_id, "runId")
     svc = services()
     run = svc.runs.get(run_id, actor)
