@@ -3,8 +3,8 @@
 
 ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
 with waitress. A config with any problem ``check-config`` reports (exit 2), or a session
-registry that cannot be opened (exit 3: its layout file, or a legacy ``sessions.json`` to
-migrate), exits non-zero before anything listens.
+registry or page store that cannot be opened (exit 3: its layout file, a legacy
+``sessions.json`` to migrate, ``data/mnote.db``), exits non-zero before anything listens.
 """
 from __future__ import annotations
 
@@ -195,8 +195,8 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     page-store idempotency records past their retry window; print each removal.
 
     Never touches a session whose turn lock is held. Exit 0; 1 if something was skipped (a
-    damaged shard, a failed purge); 3 if the registry cannot be opened. README §Retention
-    and cleanup."""
+    damaged shard, a failed purge); 3 if the registry or data/mnote.db cannot be opened.
+    README §Retention and cleanup."""
     from .config import MIN_SESSION_AGE_SECONDS, parse_duration
     try:
         seconds = parse_duration(older_than)
