@@ -9,6 +9,8 @@ user id, message text or key into a label:
   outcome code);
 * :func:`tool_call` — one call on the mnote tool endpoint;
 * :func:`stream_opened` / :func:`stream_closed` — event streams open now;
+* :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
+  endpoint (``model_proxy.py``) and the tokens the provider reported for it;
 * :func:`watch` — gauges read at scrape time from a callback (processes, registry size).
 
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
@@ -79,6 +81,17 @@ TOOL_CALLS = Counter(
 EVENT_STREAMS = Gauge(
     "event_streams_open", "Server-Sent Events streams open now (at most "
     "mnote.max_event_streams).", namespace=NAMESPACE, registry=REGISTRY)
+MODEL_TOKENS = Counter(
+    "model_tokens", "Model tokens the provider reported in its own usage fields, for "
+    "requests through the model pass-through endpoint, by kind (prompt | completion).",
+    ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+MODEL_REQUESTS = Counter(
+    "model_requests", "Requests of Hermes processes on the model pass-through endpoint, by "
+    "outcome: ok (provider status < 400), provider_error (the provider's 4xx/5xx, passed "
+    "through), unreachable (502/504 from the endpoint itself), unauthorized (unknown or "
+    "revoked credential, never forwarded).", ["outcome"], namespace=NAMESPACE,
+    registry=REGISTRY)
+MODEL_OUTCOMES = frozenset({"ok", "provider_error", "unreachable", "unauthorized"})
 
 
 class _Watched:
@@ -192,6 +205,22 @@ def tool_call(tool, outcome: str | None) -> None:
     from .mnote.tools import TOOLS_BY_NAME
     name = tool if isinstance(tool, str) and tool in TOOLS_BY_NAME else "unknown"
     TOOL_CALLS.labels(name, outcome or "ok").inc()
+
+
+def model_tokens(prompt: int, completion: int) -> None:
+    """Tokens of one model request, as the provider's ``usage`` reported them (0: none)."""
+    if prompt > 0:
+        MODEL_TOKENS.labels("prompt").inc(prompt)
+    if completion > 0:
+        MODEL_TOKENS.labels("completion").inc(completion)
+
+
+def model_request(outcome: str) -> None:
+    """One request on the model pass-through endpoint; ``outcome`` one of
+    :data:`MODEL_OUTCOMES` (anything else raises ValueError)."""
+    if outcome not in MODEL_OUTCOMES:
+        raise ValueError(f"unknown model request outcome {outcome!r}")
+    MODEL_REQUESTS.labels(outcome).inc()
 
 
 def stream_opened() -> None:

@@ -5,8 +5,13 @@ Records the target of every request it is asked to carry, then carries it:
 * ``CONNECT host:port`` (HTTPS through a proxy): recorded as ``("CONNECT", "host:port")``, then
   tunnelled (``502`` when the target cannot be reached — the test machine has no internet);
 * an absolute-form request (``GET http://host:port/path``, plain HTTP through a proxy):
-  recorded as ``(METHOD, "host:port")`` and forwarded with ``Connection: close``; the answer is
-  relayed until the target closes (so streamed answers pass through unchanged).
+  recorded as ``(METHOD, "host:port")`` and forwarded with ``Connection: close`` (and without
+  ``Proxy-Authorization``, which is for the proxy); the answer is relayed until the target
+  closes (so streamed answers pass through unchanged).
+
+``RecordingProxy(auth=("user", "password"))`` answers either kind with **407** (RFC 9110
+§15.5.8) unless it carries ``Proxy-Authorization: Basic`` with those credentials; refused
+requests are recorded too. :attr:`RecordingProxy.requests` has each request's headers.
 
 Usage::
 
@@ -16,6 +21,7 @@ Usage::
 """
 from __future__ import annotations
 
+import base64
 import select
 import socket
 import socketserver
@@ -57,8 +63,15 @@ class _Handler(socketserver.BaseRequestHandler):
         header_blob, rest = head.split(b"\r\n\r\n", 1)
         lines = header_blob.decode("latin-1").split("\r\n")
         method, target, _version = (lines[0].split(" ", 2) + ["", ""])[:3]
+        fields = {}
+        for h in lines[1:]:
+            name, _, value = h.partition(":")
+            fields[name.strip().lower()] = value.strip()
         if method == "CONNECT":
-            self.server.record("CONNECT", target)
+            self.server.record("CONNECT", target, fields)
+            if not self.server.authorized(fields):
+                conn.sendall(self.server.REFUSED)
+                return
             host, _, port = target.rpartition(":")
             try:
                 upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
@@ -76,10 +89,13 @@ class _Handler(socketserver.BaseRequestHandler):
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
             return
         port = url.port or 80
-        self.server.record(method, f"{url.hostname}:{port}")
+        self.server.record(method, f"{url.hostname}:{port}", fields)
+        if not self.server.authorized(fields):
+            conn.sendall(self.server.REFUSED)
+            return
         path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         headers = [h for h in lines[1:] if h.split(":", 1)[0].strip().lower()
-                   not in ("connection", "proxy-connection", "keep-alive")]
+                   not in ("connection", "proxy-connection", "keep-alive", "proxy-authorization")]
         length = 0
         for h in headers:
             name, _, value = h.partition(":")
@@ -113,21 +129,34 @@ class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self):
+    REFUSED = (b"HTTP/1.1 407 Proxy Authentication Required\r\n"
+               b'Proxy-Authenticate: Basic realm="proxy"\r\nContent-Length: 0\r\n'
+               b"Connection: close\r\n\r\n")
+
+    def __init__(self, auth: tuple[str, str] | None = None):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.lock = threading.Lock()
+        self.expected = (None if auth is None else
+                         "Basic " + base64.b64encode(":".join(auth).encode()).decode())
 
-    def record(self, method: str, target: str) -> None:
+    def record(self, method: str, target: str, fields: dict[str, str]) -> None:
         with self.lock:
             self.seen.append((method, target))
+            self.requests.append((method, target, fields))
+
+    def authorized(self, fields: dict[str, str]) -> bool:
+        return self.expected is None or fields.get("proxy-authorization") == self.expected
 
 
 class RecordingProxy:
-    """Start with :meth:`start` (or ``with``); ``url``, ``seen`` (method, host:port) in order."""
+    """Start with :meth:`start` (or ``with``); ``url``, ``seen`` (method, host:port) in order,
+    ``requests`` (method, host:port, {lower-case header name: value}) in order. ``auth``:
+    ``(user, password)`` the proxy insists on (407 otherwise), None for none."""
 
-    def __init__(self):
-        self._server = _Server()
+    def __init__(self, auth: tuple[str, str] | None = None):
+        self._server = _Server(auth)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.1}, daemon=True)
@@ -136,6 +165,11 @@ class RecordingProxy:
     def seen(self) -> list[tuple[str, str]]:
         with self._server.lock:
             return list(self._server.seen)
+
+    @property
+    def requests(self) -> list[tuple[str, str, dict[str, str]]]:
+        with self._server.lock:
+            return list(self._server.requests)
 
     def targets(self) -> set[str]:
         """Every ``host:port`` asked for so far."""

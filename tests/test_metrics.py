@@ -173,6 +173,7 @@ def test_gauges_report_processes_registry_and_runs(c):
 
 
 ALLOWED_LABELS = {"route", "method", "status", "runner", "family", "outcome", "tool", "le",
+                  "kind",    # hermes_service_model_tokens_total: prompt | completion
                   # standard collectors
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 
