@@ -6,10 +6,11 @@ HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup setup-service nginx run test mutation bench bench-registry bench-streams check-config clean
+.PHONY: setup setup-service bubblewrap nginx run test mutation bench bench-registry bench-streams bench-sandbox check-config clean
 
-# What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI.
-setup-service: $(VENV)/.installed $(HVENV)/.installed
+# What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
+# and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
+setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 
 # What the tests need besides (`make test`): the test tools, and nginx for the deploy/ tests.
 setup: setup-service $(VENV)/.dev-installed nginx
@@ -28,6 +29,19 @@ $(HVENV)/.installed: requirements-hermes.txt
 	$(PY) -m venv $(HVENV)
 	$(HVENV)/bin/pip install -q --disable-pip-version-check -r requirements-hermes.txt
 	touch $@
+
+# Debian's bubblewrap, installed when missing and we are root (CI is). Without it
+# hermes.sandbox.mode auto runs Hermes unconfined and says so; bwrap refuses to start.
+bubblewrap:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing bubblewrap (Debian package) for the sandbox of Hermes processes"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends bubblewrap; } >/dev/null \
+	    || echo "could not install bubblewrap: Hermes processes run unconfined (see check-config)"; \
+	else \
+	  echo "bubblewrap is not installed (not root, so not installing it): install the 'bubblewrap' package for the sandbox"; \
+	fi
 
 # Debian's nginx for tests/test_deploy_nginx.py: installed when missing and we are root
 # (CI is); otherwise those tests skip and say why.
@@ -83,6 +97,11 @@ bench-registry: setup
 # fan-out); ~2 minutes. BENCH_ARGS="--subscribers 1000" for one size.
 bench-streams: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/stream_fanout.py $(BENCH_ARGS)
+
+# Sandbox on (hermes.sandbox.mode: bwrap) vs off (none), side by side (README §Sandbox and
+# threat model); ~5 minutes. BENCH_ARGS="--turns 10" for more samples.
+bench-sandbox: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV)

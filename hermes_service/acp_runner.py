@@ -63,7 +63,8 @@ from . import hermes_state
 from .errors import RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
                      _ctx, _proc_start, _stopping, answer_from_record, classify_text, failure_reason,
-                     kill_group)
+                     kill_group, limit_error)
+from .sandbox import MODEL_URL_ENV, limit_signal, tree_cpu_seconds, tree_rss_mb
 
 log = logging.getLogger("hermes_service.acp")
 
@@ -216,15 +217,26 @@ class AcpProcess:
         self.dead = False
         self.kill_reason: str | None = None
         self.stderr_tail = bytearray()
+        self.launch = None
+        self.limit: str | None = None     # the sandbox limit that ended it (sandbox.py)
+        self.cwd = runner.cli.sandbox.home_path(home) if runner.cli.sandbox else str(home.root)
 
     # -- life ------------------------------------------------------------------------
     async def start(self) -> None:
         import acp
         from acp.schema import ClientCapabilities, Implementation
-        self.proc = await asyncio.create_subprocess_exec(
-            self.runner.cli.command_path(), "acp", env=self.env, cwd=str(self.home.root),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=50 * 1024 * 1024)
+        self.launch = self.runner.cli.launch(["acp"], self.env, self.home)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.launch.argv, env=self.launch.env, cwd=self.launch.cwd,
+                pass_fds=self.launch.pass_fds, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True, limit=50 * 1024 * 1024)
+        except OSError:
+            self.launch.close()
+            raise
+        self.launch.pid = self.proc.pid
+        self.launch.started()
         self.pgid = self.proc.pid
         self.runner.cli.groups.add(self, self.env.get("HERMES_HOME"))
         loop = asyncio.get_running_loop()
@@ -247,6 +259,8 @@ class AcpProcess:
 
     async def _watch_exit(self) -> None:
         rc = await self.proc.wait()
+        self.limit = self.limit or self.launch.limit_hit() or limit_signal(rc)
+        self.launch.close()
         self.dead = True
         self.runner.cli.groups.forget(self)
         self.runner._gone(self)
@@ -273,7 +287,7 @@ class AcpProcess:
                     return True
                 time.sleep(0.02)
             return _proc_start(pid) is None
-        kill_group(pid, wait)
+        kill_group(pid, wait, tree=self.launch is not None and self.launch.sandboxed)
 
     async def new_session(self) -> str:
         """An ACP session for a new conversation: the spare one made ahead when there is one
@@ -284,7 +298,7 @@ class AcpProcess:
                 return await spare
             except Exception:              # the spare failed: make one now
                 pass
-        sid = (await self.conn.new_session(cwd=str(self.home.root))).session_id
+        sid = (await self.conn.new_session(cwd=self.cwd)).session_id
         self.sessions.add(sid)
         self.sessions_opened += 1
         return sid
@@ -293,7 +307,7 @@ class AcpProcess:
         """Make the next conversation's session ahead, while the process is idle."""
         if self.spare is None and not self.inflight and not self.retired and not self.dead:
             async def make():
-                sid = (await self.conn.new_session(cwd=str(self.home.root))).session_id
+                sid = (await self.conn.new_session(cwd=self.cwd)).session_id
                 self.sessions.add(sid)
                 self.sessions_opened += 1
                 return sid
@@ -309,13 +323,15 @@ class AcpProcess:
         await asyncio.get_running_loop().run_in_executor(None, self.kill, reason)
 
     def rss_mb(self) -> float:
-        try:
-            for line in Path(f"/proc/{self.pgid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except (OSError, ValueError, TypeError):
-            pass
-        return 0.0
+        """Resident memory of the process and everything it started (its sandbox), MiB."""
+        return tree_rss_mb(self.pgid) if self.pgid is not None else 0.0
+
+    def cpu_seconds(self) -> float:
+        return tree_cpu_seconds(self.pgid) if self.pgid is not None else 0.0
+
+    def env_model_url(self) -> str | None:
+        """The model pass-through this process was started with (None: the provider direct)."""
+        return (self.launch.env.get(MODEL_URL_ENV) or None) if self.launch is not None else None
 
 
 def _ended(reason: str) -> RunError:
@@ -394,6 +410,7 @@ class AcpRunner:
             raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
+        self.cli.check_home_quota(req.home)
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener)
@@ -418,7 +435,7 @@ class AcpRunner:
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
-            answer, reasoning = answer_from_record(req, sid)
+            answer, reasoning = answer_from_record(req, sid, limits=self.cli.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
@@ -650,7 +667,11 @@ class AcpRunner:
             if opening is None:
                 async def load(sid=sid):
                     try:
-                        await proc.conn.load_session(cwd=str(req.home.root), session_id=sid)
+                        url = proc.env_model_url()
+                        if url:           # the session names a pass-through that may be gone
+                            await asyncio.get_running_loop().run_in_executor(
+                                None, hermes_state.repoint_model, req.home.hermes_home, sid, url)
+                        await proc.conn.load_session(cwd=proc.cwd, session_id=sid)
                         proc.sessions.add(sid)
                         proc.sessions_opened += 1
                         return sid
@@ -673,6 +694,8 @@ class AcpRunner:
             run_file = self.cli.run_files.write(
                 self.cli.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
         proc.inflight[sid] = sink
+        if proc.launch is not None and len(proc.inflight) == 1:
+            proc.launch.mark()        # this turn's CPU budget (hermes.sandbox.limits.cpu_seconds)
         if req.listener is not None:
             req.listener.started(_Handle(sink))
         # the empty image block keeps Hermes from running the text as a slash command
@@ -685,9 +708,12 @@ class AcpRunner:
             reason = await self._watch(task, proc, sink, req, deadline)
             if reason is not None:
                 await self._end(task, proc, sid, sink, reason)
-                status, code, detail = KILLED.get(reason, (502, "hermes_failed",
-                                                           "the user's Hermes process ended; retry"))
-                err = RunError(detail, code=code, status=status)
+                if reason == "limit":
+                    err = limit_error(proc.limit)
+                else:
+                    status, code, detail = KILLED.get(reason, (
+                        502, "hermes_failed", "the user's Hermes process ended; retry"))
+                    err = RunError(detail, code=code, status=status)
                 err.hermes_session_id = sid
                 raise err
             sink.ended = True
@@ -704,9 +730,12 @@ class AcpRunner:
             proc.inflight.pop(sid, None)
             proc.last_used = time.monotonic()
             if run_file is not None:
-                run_file.unlink(missing_ok=True)
-        if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb:
-            self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB")
+                self.cli.run_files.remove(run_file)
+        cpu_cap = self.cli.sandbox.settings.limits.cpu_seconds / 2 if self.cli.sandboxed else None
+        if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \
+                or (cpu_cap is not None and proc.cpu_seconds() > cpu_cap):
+            self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB, "
+                               f"{proc.cpu_seconds():.0f} s CPU")
             self._replace(proc)
         else:
             asyncio.get_running_loop().call_later(0.5, proc.make_spare)
@@ -719,7 +748,14 @@ class AcpRunner:
             done, _ = await asyncio.wait({task}, timeout=POLL_SECONDS)
             if done and not (proc.dead and not task.cancelled() and task.exception() is not None):
                 return None
+            if proc.limit is None and proc.launch is not None:
+                proc.limit = proc.launch.limit_hit()
+                if proc.limit is not None:
+                    proc.kill_reason = "limit"
+                    return "limit"
             if proc.dead:
+                if proc.limit is not None:
+                    return "limit"
                 return proc.kill_reason if proc.kill_reason in KILLED else "died"
             if sink.kill_reason or (req.cancel is not None and req.cancel.is_set()):
                 return sink.kill_reason if sink.kill_reason in KILLED else "cancelled"

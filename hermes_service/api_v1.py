@@ -56,7 +56,8 @@ EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": Fa
 # -- response schemas --------------------------------------------------------------------
 _HEALTH_CHECKS = {"type": "object", "description": "each part: `ok` or a short reason",
                   "properties": {k: {"type": "string"} for k in
-                                 ("hermes_command", "users_template", "data_dir", "provider")}}
+                                 ("hermes_command", "users_template", "data_dir", "provider",
+                                  "sandbox")}}
 HEALTH = {"type": "object", "required": ["status", "service", "multi_user"],
           "properties": {"status": {"enum": ["healthy", "degraded", "stopping"]},
                          "service": {"const": "hermes-service"},
@@ -105,12 +106,12 @@ EXECUTE_RESULT = {"type": "object",
 
 _SESSION_ID = Param("session_id", "path", ID_SCHEMA, "a v1 session id")
 # what a turn may answer (README §The v1 API, error table)
-_TURN_ERRORS = {409: ("session_busy",), 429: ("too_many_runs",),
+_TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too_many_runs",),
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
                       "hermes_failed"),
                 503: ("upstream_rate_limited", "hermes_unavailable", "hermes_unconfigured",
                       "service_stopping"),
-                504: ("run_timeout", "run_stalled")}
+                504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
 # Extra arguments after an allowed subcommand: plain words and --options only,
 # never a path (so e.g. `sessions export <file>` cannot write anywhere).
@@ -145,13 +146,17 @@ def health():
     ``users_template`` or ``data_dir`` unusable) it answers 503 with ``"status": "degraded"``
     and ``checks`` naming what failed; without a usable model provider it answers 200 with
     ``"status": "degraded"`` and ``checks`` (the node serves everything but turns, exactly as
-    well as any other node of the same config: no reason for a load balancer to take it out);
+    well as any other node of the same config: no reason for a load balancer to take it out),
+    and likewise (``checks.sandbox``) when ``hermes.sandbox.mode: auto`` found no usable
+    bubblewrap, so Hermes processes run unconfined (README §Sandbox);
     ``"status": "stopping"`` (503) during shutdown. Exempt from the API key unless
     ``security.health_requires_api_key``. README §Health."""
     svc = services()
     if svc.runner.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
     checks = health_checks(svc.config)
+    checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
+        if svc.sandbox is not None and svc.sandbox.health() else None
     failed = {k: v for k, v in checks.items() if v}
     if failed != _last_health[0]:
         _last_health[0] = failed
@@ -160,7 +165,7 @@ def health():
         else:
             log.info("health: healthy")
     if failed:
-        node_broken = any(k != "provider" for k in failed)
+        node_broken = any(k not in ("provider", "sandbox") for k in failed)
         return jsonify(status="degraded", service="hermes-service", multi_user=True,
                        checks={k: v or "ok" for k, v in checks.items()}), 503 if node_broken else 200
     return jsonify(status="healthy", service="hermes-service", multi_user=True)
@@ -176,7 +181,7 @@ def status():
     svc = services()
     home = svc.homes.ensure_system()
     env = svc.homes.cli_env(home, svc.runner.command_path())
-    return jsonify(status="running", version=svc.runner.version(env, str(home.root)))
+    return jsonify(status="running", version=svc.runner.version(env, home))
 
 
 def new_session_id(node_id: str | None) -> str:
@@ -308,7 +313,7 @@ def execute():
     # capped before float(): a JSON integer may be too large for one (OverflowError)
     timeout = float(min(body.get("timeout") or ex["timeout_seconds"], ex["timeout_seconds"]))
     with svc.admission(), svc.runner.slot():
-        outcome = svc.runner.spawn(argv, env, str(home.root), ex["max_output_bytes"]).wait(timeout)
+        outcome = svc.runner.spawn(argv, env, home, ex["max_output_bytes"]).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)
     return jsonify(success=outcome.returncode == 0, stdout=outcome.stdout, stderr=outcome.stderr,

@@ -1,5 +1,5 @@
 """Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``gc``,
-``mnote``.
+``usage``, ``mnote``.
 
 ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
 with waitress. A config with any problem ``check-config`` reports (exit 2), or a session
@@ -111,7 +111,10 @@ def serve(config_path, host=None, port=None, threads=None):
                                    if isinstance(c, HTTPChannel)])
     lifecycle.install()
     record.write()
-    log.info("serving on http://%s:%s (pid %d)", host, port, record.data["pid"])
+    model = config["hermes"]["model"]
+    log.info("serving on http://%s:%s (pid %d): runner %s, model %s at %s, sandbox %s, data dir %s",
+             host, port, record.data["pid"], config["hermes"]["runner"], model["default"] or "-",
+             _host_of(model["base_url"]), svc.sandbox.describe(), config.data_dir)
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
@@ -120,6 +123,15 @@ def serve(config_path, host=None, port=None, threads=None):
         record.remove()
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
+
+
+def _host_of(url: str | None) -> str:
+    """The provider's host (and port) for the log: never a path, query or credentials."""
+    from urllib.parse import urlsplit
+    if not url:
+        return "(no provider)"
+    parts = urlsplit(url)
+    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
 
 
 @cli.command("check-config")
@@ -137,6 +149,10 @@ def check_config(ctx):
         click.echo(f"warning: {line}", err=True)
     if problems:
         sys.exit(2)
+    from .sandbox import Sandbox, Settings
+    from .user_homes import HERMES_SITE
+    box = Sandbox(Settings.from_config(config["hermes"]["sandbox"]), config.data_dir, HERMES_SITE)
+    click.echo(f"sandbox: {box.describe()}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))
 
@@ -220,6 +236,52 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
         click.echo(line)
     click.echo(report.summary())
     sys.exit(1 if report.problems else 0)
+
+
+@cli.command()
+@click.option("--user", "user_id", default=None, help="Only this user id.")
+@click.option("--days", type=click.IntRange(min=1), default=30, show_default=True,
+              help="The last N UTC days, today included.")
+@click.option("--daily", is_flag=True, help="One row per user and day instead of per user.")
+@click.pass_context
+def usage(ctx, user_id, days, daily):
+    """Print model token usage per user, as the provider reported it in its own ``usage``
+    fields on the model pass-through endpoint (data/model_usage.db): requests, prompt and
+    completion tokens, with a total line. Exit 0 (also when nothing is recorded yet); 3 if
+    the usage db cannot be read."""
+    import sqlite3
+
+    from .model_proxy import read_usage, usage_db_path
+    config = _load(ctx.obj["config_path"], need_keys=False)
+    path = usage_db_path(config.data_dir)
+    try:
+        rows = read_usage(path, user_id=user_id, days=days, daily=daily)
+    except sqlite3.Error as exc:
+        click.echo(f"refusing to run: {path}: {exc}", err=True)
+        sys.exit(3)
+    span = "today (UTC)" if days == 1 else f"the last {days} days (UTC, today included)"
+    if not rows:
+        click.echo(f"no model usage recorded in {span}" + (f" for {user_id}" if user_id else ""))
+        return
+    head = ["user", *(["day"] if daily else []), "requests", "prompt_tokens",
+            "completion_tokens", "total_tokens"]
+    table = [[r.user_id, *([r.day] if daily else []), str(r.requests), str(r.prompt_tokens),
+              str(r.completion_tokens), str(r.prompt_tokens + r.completion_tokens)]
+             for r in rows]
+    if len(rows) > 1:
+        tot = [sum(getattr(r, k) for r in rows)
+               for k in ("requests", "prompt_tokens", "completion_tokens")]
+        table.append(["(total)", *([""] if daily else []), *map(str, tot), str(tot[1] + tot[2])])
+    widths = [max(len(x) for x in col) for col in zip(head, *table)]
+    nums = len(head) - 4
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < nums else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    click.echo(f"model usage, {span}:")
+    click.echo(line(head))
+    for cells in table:
+        click.echo(line(cells))
 
 
 @cli.group()

@@ -31,6 +31,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from . import sandbox
 from .errors import schema_error
 
 ENV_CONFIG = "HERMES_SERVICE_CONFIG"
@@ -64,6 +65,10 @@ DEFAULTS: dict[str, Any] = {
         "max_waiting_requests": 4,
         "max_message_bytes": 122880,
         "toolsets": [],
+        "sandbox": {"mode": "auto", "allow_host_tools": False, "max_home_mb": 2048,
+                    "bwrap": "bwrap",
+                    "limits": {"memory_mb": 2048, "processes": 256, "cpu_seconds": 600,
+                               "file_size_mb": 512, "open_files": 1024, "tmp_mb": 256}},
         "extra_env": {},
         "model": {"provider": "custom", "base_url": None, "default": None,
                   "api_key_env": "HERMES_PROVIDER_API_KEY", "context_length": 128000},
@@ -182,6 +187,20 @@ SCHEMA = _obj({
         "max_waiting_requests": {"type": "integer", "minimum": 0},
         "max_message_bytes": {"type": "integer", "minimum": 1, "maximum": 126976},
         "toolsets": _STR_LIST,
+        "sandbox": _obj({
+            "mode": {"enum": ["auto", "bwrap", "none"]},
+            "allow_host_tools": {"type": "boolean"},
+            "max_home_mb": _POS_NUM,
+            "bwrap": {"type": "string", "minLength": 1},
+            "limits": _obj({
+                "memory_mb": {"type": "integer", "minimum": 256},
+                "processes": {"type": "integer", "minimum": 32},
+                "cpu_seconds": {"type": "integer", "minimum": 10},
+                "file_size_mb": _POS_INT,
+                "open_files": {"type": "integer", "minimum": 64},
+                "tmp_mb": _POS_INT,
+            }),
+        }),
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
         "model": _obj({
             "provider": {"type": "string"},
@@ -429,6 +448,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         problems.append(f"{source}:retention.idempotency_window_seconds: must be at least "
                         f"hermes.timeout_seconds ({h['timeout_seconds']}): a run's retries must "
                         "find their first response")
+    problems += sandbox.problems(sandbox.Settings.from_config(h["sandbox"]), h["toolsets"], source)
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
         if argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "
@@ -436,6 +456,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     if problems:
         raise ConfigError(problems)
     issues = provider_issues(raw["hermes"]["model"], source)
+    warnings += sandbox.warnings(sandbox.Settings.from_config(h["sandbox"]), source)
 
     def resolve(p: str) -> Path:
         path = Path(os.path.expanduser(p))

@@ -19,15 +19,20 @@ This module is the service's one place that understands it:
   answer is soft-deleted exactly as Hermes's own ``/rewind`` does (``active = 0``), so a
   retried message reaches the model once. This is the only write the service makes.
 
-Reads open the file with ``mode=ro``; a missing file or session reads as empty.
+Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
+in a folder the user's agent can write: it is opened so that a symlink, hardlink, FIFO or
+directory planted there is refused (409 ``home_tampered``), never followed (:func:`_connect`).
 """
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import homefs
 
 #: Hermes's failure sentinel for a turn whose model returned no content (agent/conversation_loop.py).
 EMPTY_SENTINEL = "(empty)"
@@ -54,13 +59,117 @@ def _db(hermes_home: Path) -> Path:
     return Path(hermes_home) / "state.db"
 
 
+#: The files SQLite opens next to ``state.db`` (WAL mode: ``-wal``, ``-shm``; a database put
+#: back in rollback mode: ``-journal``) — https://sqlite.org/tempfiles.html §2.
+STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal")
+
+
+def planted_state_files(dir_fd: int) -> list[str]:
+    """Names of :data:`STATE_FILES` in the folder ``dir_fd`` (a HERMES_HOME) that are there
+    but are not a regular file with one link (a symlink, a hardlink, a directory, a FIFO, a
+    socket): SQLite must not open them. Hermes never makes such entries."""
+    return [n for n in STATE_FILES
+            if (st := homefs.lstat(dir_fd, n)) is not None and not homefs.plain(st)]
+
+
+def repair_state_files(dir_fd: int) -> list[str]:
+    """Remove the :func:`planted_state_files` of the HERMES_HOME open at ``dir_fd`` (done
+    before every turn by :meth:`UserHomes.ensure`: a planted ``-wal``/``-shm`` holds no
+    data of Hermes's; a planted ``state.db`` hides none either, the real one being gone).
+    Returns the names removed."""
+    planted = planted_state_files(dir_fd)
+    for name in planted:
+        homefs.remove(dir_fd, name)
+    return planted
+
+
+def _refuse(hermes_home: Path, what: str) -> homefs.HomeTampered:
+    return homefs.HomeTampered(f"{Path(hermes_home) / 'state.db'}: {what}; the service does not "
+                               "open it (the user's agent changed its Hermes home; the next "
+                               "turn repairs what it can)")
+
+
+def _same(conn, hermes_home: Path, db: str, real_dir: str, dfd: int, before) -> None:
+    """Refuse unless SQLite resolved ``db`` itself, ``real_dir`` still leads to the pinned
+    folder ``dfd`` and its ``state.db`` is still inode ``before``, with every state file plain."""
+    opened = conn.execute("PRAGMA database_list").fetchone()[2]
+    now = homefs.lstat(dfd, "state.db")
+    try:
+        here = os.path.samestat(os.stat(real_dir), os.fstat(dfd))
+    except OSError:
+        here = False
+    if opened != db or not here or now is None or not os.path.samestat(now, before) \
+            or planted_state_files(dfd):
+        raise _refuse(hermes_home, "it was replaced while it was opened")
+
+
 def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | None:
-    db = _db(hermes_home)
-    if not db.is_file():
+    """Open the user's ``state.db`` (``mode=ro``, or ``rw`` with ``write``) so that nothing
+    the user's agent plants in its home redirects a read or a write; None when there is no
+    home, no ``state.db`` or no Hermes tables in it (reads as empty).
+
+    SQLite 3.40 (measured with this Python's sqlite3) resolves a symlinked database name, and
+    every symlinked folder on its path, component by component (``lstat``/``readlink``), then
+    opens the result with ``O_NOFOLLOW``, and opens ``<resolved>-wal``/``-shm`` (even
+    ``mode=ro``: ``O_RDWR|O_CREAT|O_NOFOLLOW``) and ``-journal`` by name next to it: a
+    symlinked ``state.db`` or ``.hermes`` is followed, a symlinked ``-wal``/``-shm``/
+    ``-journal`` fails the open, a FIFO at ``state.db`` blocks the open forever. So:
+
+    1. the home and ``.hermes`` are walked with ``O_NOFOLLOW`` from the trusted users folder
+       (:func:`homefs.open_dirs`) and every entry of :data:`STATE_FILES` is checked through
+       that pinned folder: anything not a regular one-link file is refused
+       (:class:`~hermes_service.homefs.HomeTampered`, 409) before SQLite sees a name;
+    2. SQLite is given the folder's real path as the kernel reports it for the pinned fd
+       (``/proc/self/fd``), which holds no symlink when it is read;
+    3. a first read opens the database, its WAL and shared memory; then the name SQLite
+       resolved (``PRAGMA database_list``) must be that path, the path must still lead to
+       the pinned folder, and ``state.db`` must still be the same inode, one link, with every
+       state file plain — else the connection is closed and refused.
+
+    What this cannot see: an entry swapped for a symlink just before SQLite's own ``open``
+    and swapped back before step 3 (SQLite re-resolves by name). The sandbox closes that by
+    making the home and ``.hermes`` mount points (not renamable from inside: ``EBUSY``) and
+    by confining hardlinks to the mount (``EXDEV``); see README §Sandbox."""
+    hermes_home = Path(hermes_home)
+    try:
+        dfd = homefs.open_dirs(hermes_home.parent.parent, hermes_home.parent.name,
+                               hermes_home.name)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    mode = "rw" if write else "ro"
-    conn = sqlite3.connect(db.resolve().as_uri() + f"?mode={mode}", uri=True, timeout=10,
-                           isolation_level=None)
+    try:
+        planted = planted_state_files(dfd)
+        if planted:
+            raise _refuse(hermes_home, f"{', '.join(planted)} is not a plain file "
+                          f"({homefs.kind(homefs.lstat(dfd, planted[0]))})")
+        before = homefs.lstat(dfd, "state.db")
+        if before is None:
+            return None
+        real_dir = os.readlink(f"/proc/self/fd/{dfd}")
+        db = os.path.join(real_dir, "state.db")
+        mode = "rw" if write else "ro"
+        conn = sqlite3.connect(Path(db).as_uri() + f"?mode={mode}", uri=True, timeout=10,
+                               isolation_level=None)
+        try:
+            # before anything is read (the main file is open, its WAL not yet): is it ours?
+            _same(conn, hermes_home, db, real_dir, dfd, before)
+            try:
+                tables = {r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE name IN ('sessions', 'messages')")}
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    raise
+                raise _refuse(hermes_home, f"SQLite could not open it ({exc})") from None
+            except sqlite3.DatabaseError as exc:       # "file is not a database"
+                raise _refuse(hermes_home, f"it is not a SQLite database ({exc})") from None
+            _same(conn, hermes_home, db, real_dir, dfd, before)    # and with its WAL open
+            if tables != {"sessions", "messages"}:
+                conn.close()
+                return None
+        except BaseException:
+            conn.close()
+            raise
+    finally:
+        os.close(dfd)
     conn.row_factory = sqlite3.Row
     return conn
 
@@ -131,6 +240,30 @@ class TurnRecord:
     assistant_rows: int = 0
     empty_sentinel: bool = False
     row_ids: list[int] = field(default_factory=list)
+    #: a tool command of the turn ended by a sandbox rlimit: ``"cpu"`` | ``"file_size"``
+    tool_limit: str | None = None
+
+
+#: How a terminal/code tool result says a sandbox rlimit killed its command: the shell's
+#: exit status 128 + SIGXCPU / SIGXFSZ, or its report of the signal (strsignal text).
+_LIMIT_EXITS = {152: "cpu", 153: "file_size"}
+_LIMIT_TEXTS = {"CPU time limit exceeded": "cpu", "File size limit exceeded": "file_size"}
+
+
+def _tool_limit(content) -> str | None:
+    """Which rlimit (if any) ended the command of one ``role: tool`` row."""
+    if not isinstance(content, str):
+        return None
+    try:
+        data = json.loads(content)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("exit_code") in _LIMIT_EXITS:
+        return _LIMIT_EXITS[data["exit_code"]]
+    for text, which in _LIMIT_TEXTS.items():
+        if text in content:
+            return which
+    return None
 
 
 def _is_turn_of(content, message: str) -> bool:
@@ -177,6 +310,8 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
     rec = TurnRecord(found=bool(rows), row_ids=[r["id"] for r in rows])
     parts, thoughts = [], []
     for r in rows[1:]:
+        if r["role"] == "tool" and rec.tool_limit is None:
+            rec.tool_limit = _tool_limit(r["content"])
         if r["role"] != "assistant":
             continue
         rec.assistant_rows += 1
@@ -192,6 +327,40 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
     rec.answer = "".join(parts).strip()
     rec.reasoning = "\n\n".join(thoughts) or None
     return rec
+
+
+def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> bool:
+    """Make an ACP session that Hermes will restore use ``base_url`` (the model pass-through
+    of this service process) instead of the one it was made with: Hermes 0.19.0's ACP
+    adapter restores a session with the ``base_url`` stored in its ``sessions`` row
+    (``acp_adapter/session.py``: ``model_config.base_url``, ``billing_base_url``), which names
+    the pass-through of the service process that made it — gone after a restart. Only a
+    row whose provider is ``custom`` is changed. Returns True when the row was changed."""
+    conn = _connect(hermes_home, write=True) if session_id else None
+    if conn is None:
+        return False
+    with closing(conn):
+        row = conn.execute("SELECT model_config, billing_base_url, billing_provider FROM sessions "
+                           "WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            return False
+        try:
+            meta = json.loads(row["model_config"] or "{}")
+        except ValueError:
+            meta = {}
+        if not isinstance(meta, dict):
+            meta = {}
+        provider = meta.get("provider") or row["billing_provider"]
+        stored = meta.get("base_url") or row["billing_base_url"]
+        if provider not in (None, "custom") or stored in (None, base_url):
+            return False
+        if "base_url" in meta:
+            meta["base_url"] = base_url
+        with conn:
+            conn.execute("UPDATE sessions SET model_config = ?, billing_base_url = ? WHERE id = ?",
+                         (json.dumps(meta), base_url if row["billing_base_url"] else None,
+                          session_id))
+        return True
 
 
 def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -> bool:

@@ -130,4 +130,6 @@ def describe(config: Config) -> list[str]:
     lines = [command_problem(config), template_problem(config, parse=False),
              None if Path(config.data_dir).is_dir() and os.access(config.data_dir, os.W_OK)
              else f"{config.source}:paths.data_dir: {config.data_dir} is not a writable directory"]
-    return [line for line in lines if line] + list(config.provider_issues)
+    from .sandbox import Settings, warnings
+    return [line for line in lines if line] + list(config.provider_issues) + \
+        warnings(Settings.from_config(config["hermes"]["sandbox"]), config.source)

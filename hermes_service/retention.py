@@ -24,7 +24,11 @@ One pass (:func:`collect`) removes, in this order:
    (:meth:`Conversations.prune_idle_locks`) and finished runs' event logs past
    ``mnote.events_retention_seconds`` (:meth:`RunManager.sweep`) — memory of that process.
 
-Nothing is removed with ``dry_run``; the report says what would be.
+Nothing is removed with ``dry_run``; the report says what would be. Users' homes are read only
+through :func:`~hermes_service.hermes_state.lineage_ids` (which never follows what a user's
+agent planted there: a tampered ``state.db`` is a problem of the report, its mapping kept);
+run folders are swept by :meth:`RunFiles.sweep <hermes_service.runner.RunFiles.sweep>` at
+start, which follows nothing either.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from filelock import FileLock, Timeout
 
 from .errors import ServiceError
 from .hermes_state import lineage_ids
+from .homefs import HomeTampered
 from .session_store import CorruptShard
 
 if TYPE_CHECKING:
@@ -188,7 +193,7 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
                     continue
                 try:
                     doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
-                except (sqlite3.Error, OSError) as exc:
+                except (sqlite3.Error, OSError, HomeTampered) as exc:
                     report.problem(f"session {sid} of user {user_id}: its Hermes transcripts "
                                    f"could not be read ({exc}); the mapping is kept")
                     continue
@@ -243,7 +248,7 @@ def _delete_transcript(svc, user_id: str, hermes_id: str) -> bool:
     home = svc.homes.path(user_id)
     env = svc.homes.cli_env(home, svc.runner.command_path())
     with svc.runner.slot():
-        out = svc.runner.spawn(["sessions", "delete", "--yes", hermes_id], env, str(home.root),
+        out = svc.runner.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
                                65536).wait(float(svc.config["hermes"]["execute"]["timeout_seconds"]))
     if out.returncode == 0 and "Deleted session" in out.stdout:
         return True

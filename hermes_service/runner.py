@@ -22,6 +22,13 @@ context) is written to ``<data>/runs/<user_id>/`` (0700/0600) for that run only 
 when it ends: the CLI gets its path in ``MNOTE_RUN_FILE``; an ACP process reads
 ``<dir>/<ACP session id>.json``.
 
+**Sandbox.** Every Hermes process — CLI turns, ACP processes, ``execute``, ``--version``,
+``gc``'s deletions — is started through :meth:`HermesRunner.launch`, i.e. the launcher of
+:mod:`hermes_service.sandbox` (one rule): in a bubblewrap sandbox of its own, or unconfined
+under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
+``run_limit_exceeded`` (422); a home over ``hermes.sandbox.max_home_mb`` is refused with
+``home_quota_exceeded`` (507) before Hermes starts.
+
 **Limits.** At most ``hermes.max_concurrent_runs`` turns run at once on both runners (per
 service process); a caller waits up to ``hermes.queue_wait_seconds`` for a slot, then gets
 :class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process group is recorded in
@@ -46,10 +53,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from . import hermes_state
+from . import hermes_state, homefs
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
-from .files import atomic_write
 from .limits import Limiter
+from .sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
 
 if TYPE_CHECKING:
     from .user_homes import UserHome
@@ -57,6 +64,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("hermes_service.runner")
 
 KILL_GRACE_SECONDS = 1.0
+#: A home whose size took longer than this to add up is not walked again for
+#: HOME_SIZE_REUSE_SECONDS (``hermes.sandbox.max_home_mb``: a turn per second must not walk
+#: 100 000 files each time).
+HOME_WALK_SLOW_SECONDS = 0.05
+HOME_SIZE_REUSE_SECONDS = 30.0
 # `-t` with a real toolset that holds no tools: the model is offered no builtin
 # tool at all (an unknown name would print a warning into the answer on stdout).
 NO_TOOLSETS = "context_engine"
@@ -70,8 +82,9 @@ class Outcome:
     stdout: str
     stderr: str
     duration: float
-    killed: str | None = None        # "timeout" | "stall" | "cancelled" | None
+    killed: str | None = None        # "timeout" | "stall" | "cancelled" | "limit" | None
     truncated: bool = False
+    limit: str | None = None         # with killed="limit": memory | processes | cpu | file_size
 
 
 class CliProcess:
@@ -82,20 +95,28 @@ class CliProcess:
     (SIGTERM, then SIGKILL after ``KILL_GRACE_SECONDS``) and is idempotent.
     """
 
-    def __init__(self, argv: list[str], env: dict, cwd: str, max_output_bytes: int | None = None,
-                 on_exit=None):
-        self.argv = argv
+    def __init__(self, launch: "Launch", max_output_bytes: int | None = None, on_exit=None):
+        self.launch = launch
+        self.argv = launch.argv
         self._on_exit = on_exit
         self.started = time.monotonic()
         self.last_activity = self.started
         self.killed: str | None = None
+        self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
         self._max = max_output_bytes
         self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._truncated = False
         self._kill_lock = threading.Lock()
-        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         pass_fds=launch.pass_fds)
+        except OSError:
+            launch.close()
+            raise
+        launch.pid = self.proc.pid
+        launch.started()
         self.pgid = self.proc.pid   # start_new_session: the child leads its own group
         self._readers = [threading.Thread(target=self._read, args=(name, getattr(self.proc, name)),
                                           daemon=True) for name in self._out]
@@ -128,7 +149,7 @@ class CliProcess:
                 return True
             except subprocess.TimeoutExpired:
                 return False
-        kill_group(self.pgid, wait)
+        kill_group(self.pgid, wait, tree=self.launch.sandboxed)
 
     def wait(self, timeout: float | None, stall_timeout: float | None = None,
              cancel: threading.Event | None = None) -> Outcome:
@@ -141,7 +162,11 @@ class CliProcess:
             except subprocess.TimeoutExpired:
                 pass
             now = time.monotonic()
-            if cancel is not None and cancel.is_set():
+            hit = self.launch.limit_hit()
+            if hit and self.limit is None:
+                self.limit = hit
+                self.kill("limit")
+            elif cancel is not None and cancel.is_set():
                 self.kill("cancelled")
             elif deadline and now >= deadline:
                 self.kill("timeout")
@@ -149,11 +174,17 @@ class CliProcess:
                 self.kill("stall")
         for t in self._readers:
             t.join(5)
+        if self.limit is None:
+            self.limit = self.launch.limit_hit() or limit_signal(self.proc.returncode)
+            if self.limit and self.killed is None:
+                self.killed = "limit"
+        self.launch.close()
         if self._on_exit:
             self._on_exit(self)
         text = {k: v.decode("utf-8", "replace") for k, v in self._out.items()}
         return Outcome(self.proc.returncode, text["stdout"], text["stderr"],
-                       time.monotonic() - self.started, self.killed, self._truncated)
+                       time.monotonic() - self.started, self.killed, self._truncated,
+                       self.limit)
 
 
 def _proc_start(pid) -> str | None:
@@ -186,7 +217,28 @@ KILLED = {   # why we ended a process group -> (status, code, detail)
     "stall": (504, "run_stalled", "the Hermes run produced no output or tool activity and was killed"),
     "cancelled": (409, "run_cancelled", "the run was aborted"),
     "shutdown": (503, "service_stopping", "the service is shutting down; retry"),
+    "limit": (422, "run_limit_exceeded", "the Hermes run exceeded a limit of its sandbox"),
 }
+#: The limit names of ``run_limit_exceeded`` (``hermes.sandbox.limits``), for its detail.
+LIMIT_NAMES = {"memory": "memory (hermes.sandbox.limits.memory_mb)",
+               "processes": "processes (hermes.sandbox.limits.processes)",
+               "cpu": "CPU time (hermes.sandbox.limits.cpu_seconds)",
+               "file_size": "file size (hermes.sandbox.limits.file_size_mb)"}
+
+
+def limit_error(which: str | None) -> RunError:
+    """``run_limit_exceeded`` (422) naming the limit (README §Sandbox)."""
+    status, code, detail = KILLED["limit"]
+    if which in LIMIT_NAMES:
+        detail = f"the Hermes run exceeded its sandbox's {LIMIT_NAMES[which]} and was ended"
+    return RunError(detail, code=code, status=status)
+
+
+def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
+    """``home_quota_exceeded`` (507): the home is over ``hermes.sandbox.max_home_mb``."""
+    return RunError(f"the user's home uses {size_mb:.0f} MB, over its quota of {cap_mb:g} MB "
+                    "(hermes.sandbox.max_home_mb); remove files from it", code="home_quota_exceeded",
+                    status=507)
 
 
 def classify_failure(outcome: Outcome) -> ServiceError:
@@ -199,9 +251,12 @@ def classify_failure(outcome: Outcome) -> ServiceError:
     run_stalled            504     no output/tool activity for stall_timeout_seconds
     run_cancelled          409     aborted by a client
     service_stopping       503     the service shut down during the turn
+    run_limit_exceeded     422     a sandbox limit (memory, processes, CPU, file size)
     (others)                       see :func:`classify_text`
     =====================  ======  ================================================
     """
+    if outcome.killed == "limit":
+        return limit_error(outcome.limit)
     if outcome.killed in KILLED:
         status, code, detail = KILLED[outcome.killed]
         return RunError(detail, code=code, status=status,
@@ -335,11 +390,17 @@ LOST_HISTORY_NOTICE = ("the earlier Hermes conversation could not be found; "
                        "a new conversation was started")
 
 
-def answer_from_record(req: TurnRequest, session_id: str | None,
-                       fallback: str = "") -> tuple[str, str | None]:
+def answer_from_record(req: TurnRequest, session_id: str | None, fallback: str = "",
+                       limits: bool = False) -> tuple[str, str | None]:
     """(answer, reasoning) of the turn from Hermes's record; ``fallback`` (the CLI's stdout)
-    only when the store holds no row of the turn. Raises ``upstream_empty_answer``."""
+    only when the store holds no row of the turn. Raises ``upstream_empty_answer``, and with
+    ``limits`` (the turn ran in a sandbox) ``run_limit_exceeded`` when one of its tool
+    commands was ended by a sandbox rlimit (CPU time, file size)."""
     record = hermes_state.turn_record(req.home.hermes_home, session_id, req.message)
+    if limits and record.tool_limit:
+        err = limit_error(record.tool_limit)
+        err.hermes_session_id = session_id
+        raise err
     if record.found:
         answer, reasoning = record.answer, record.reasoning
     else:
@@ -352,33 +413,97 @@ def answer_from_record(req: TurnRequest, session_id: str | None,
 
 
 class RunFiles:
-    """The per-user folder of run files, ``<data>/runs/<user_id>/`` (0700; files 0600)."""
+    """The per-user folder of run files, ``<data>/runs/<user_id>/`` (0700; files 0600).
+
+    The user's Hermes process can write this folder (its plugins read and write run files
+    there), so every access goes through :mod:`hermes_service.homefs`: the folder is opened
+    with ``O_NOFOLLOW`` under the trusted ``root`` (a symlink or file in its place is removed
+    and the folder made again), files are written by a rename inside it and read without
+    following, blocking on a FIFO or reading through a hardlink, and removal never follows."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
 
+    def _open(self, user_id: str) -> int:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return homefs.open_dirs(self.root, user_id, create=True, repair=True, mode=0o700)
+
+    def _parent(self, path: Path) -> int:
+        path = Path(path)
+        if path.parent.parent != self.root:
+            raise ValueError(f"{path} is not a run file of {self.root}")
+        return self._open(path.parent.name)
+
     def user_dir(self, user_id: str) -> Path:
-        path = self.root / user_id
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return path
+        """The user's folder (made, or repaired, here). Raises HomeTampered if it keeps
+        being replaced."""
+        os.close(self._open(user_id))
+        return self.root / user_id
 
     def write(self, path: Path, data: dict) -> Path:
-        """Write ``data`` as JSON atomically with mode 0600 (a throwaway file: not fsynced)."""
-        return atomic_write(path, json.dumps(data, ensure_ascii=False), durable=False,
-                            prefix=".run.")
+        """Write ``data`` as JSON atomically with mode 0600 (a throwaway file: not fsynced);
+        ``path`` is ``<user_dir>/<name>``."""
+        fd = self._parent(path)
+        try:
+            homefs.write_file(fd, Path(path).name, json.dumps(data, ensure_ascii=False),
+                              durable=False, prefix=".run.")
+        finally:
+            os.close(fd)
+        return Path(path)
+
+    def read(self, path: Path, limit: int = 4096) -> bytes | None:
+        """A run file's content (at most ``limit`` bytes); None when missing, too large or
+        not a plain file (a symlink, FIFO, directory, hardlink: never followed)."""
+        try:
+            fd = self._parent(path)
+        except (OSError, homefs.HomeTampered):
+            return None
+        try:
+            return homefs.read_file(fd, Path(path).name, limit)
+        except (OSError, homefs.HomeTampered):
+            return None
+        finally:
+            os.close(fd)
+
+    def remove(self, path: Path) -> None:
+        """Remove a run file, whatever its name now holds (a directory too); never raises
+        for what the agent put there."""
+        try:
+            fd = self._parent(path)
+        except (OSError, homefs.HomeTampered):
+            return
+        try:
+            homefs.remove(fd, Path(path).name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def sweep(self, older_than: float) -> int:
         """Remove run files older than ``older_than`` seconds — left by a service that died
         (a live turn's file is younger than the turn time limit; another service process may
-        share the data dir). Returns how many."""
+        share the data dir) — and anything else as old in a user's folder (a planted
+        symlink, FIFO or directory), never following one. Returns how many."""
         removed, cutoff = 0, time.time() - older_than
-        for f in self.root.glob("*/*"):
+        try:
+            users = sorted(e.name for e in os.scandir(self.root))
+        except OSError:
+            return 0
+        for user in users:
             try:
-                if f.is_file() and f.stat().st_mtime < cutoff:
-                    f.unlink(missing_ok=True)
-                    removed += 1
-            except OSError:
-                continue
+                fd = homefs.open_dirs(self.root, user)
+            except (OSError, homefs.HomeTampered):
+                continue                  # not a folder: the next turn of the user repairs it
+            try:
+                for entry in os.scandir(fd):
+                    try:
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff \
+                                and homefs.remove(fd, entry.name):
+                            removed += 1
+                    except OSError:
+                        continue
+            finally:
+                os.close(fd)
         return removed
 
 
@@ -404,7 +529,7 @@ class ProcessGroups:
         if self.pid_dir is not None:
             (self.pid_dir / f"{member.pgid}.json").write_text(json.dumps({
                 "service_pid": os.getpid(), "service_start": _proc_start(os.getpid()),
-                "home": home}))
+                "leader_start": _proc_start(member.pgid), "home": home}))
 
     def forget(self, member) -> None:
         with self._lock:
@@ -431,8 +556,9 @@ class ProcessGroups:
         """Kill process groups left by a service process that died (kill -9, crash).
 
         A record is acted on only if its service process is gone and the group leader is
-        still a Hermes process of this data dir (its HERMES_HOME matches), so a reused pid is
-        safe. Returns how many groups were killed.
+        still the process it recorded (same pid and start time; records of older versions:
+        its HERMES_HOME matches), so a reused pid is safe. A sandbox's processes die with
+        its bwrap leader (PID namespace). Returns how many groups were killed.
         """
         if self.pid_dir is None:
             return 0
@@ -447,11 +573,16 @@ class ProcessGroups:
             if _alive(info.get("service_pid"), info.get("service_start")):
                 continue
             home = (info.get("home") or "").encode()
-            try:
-                environ = Path(f"/proc/{pgid}/environ").read_bytes()
-            except OSError:
-                environ = b""
-            if home and b"HERMES_HOME=" + home + b"\0" in environ:
+            if info.get("leader_start") is not None:
+                ours = _proc_start(pgid) == info["leader_start"]
+            else:
+                try:
+                    environ = Path(f"/proc/{pgid}/environ").read_bytes()
+                except OSError:
+                    environ = b""
+                ours = bool(home) and b"HERMES_HOME=" + home + b"\0" in environ
+            if ours:
+                signal_tree(pgid, signal.SIGKILL)
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                     reaped += 1
@@ -461,15 +592,25 @@ class ProcessGroups:
         return reaped
 
 
-def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS) -> None:
+def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = False) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds (or at once once the
     leader is gone, so no child survives). ``wait(timeout)`` waits for the leader and
-    returns True when it ended."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    returns True when it ended.
+
+    ``tree``: the group leads a sandbox (bwrap), whose processes are in sessions of their
+    own: SIGTERM goes to every process inside it (Hermes saves its session, as on Ctrl-C)
+    and the SIGKILL to the bwrap group, which ends the sandbox's PID namespace — every
+    process in it, whatever group it moved to."""
+    if tree:
+        signal_tree(pgid, signal.SIGTERM)
+    else:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
     wait(grace)
+    if tree:
+        signal_tree(pgid, signal.SIGKILL)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -485,8 +626,10 @@ class HermesRunner:
     """
     name = "cli"
 
-    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None):
+    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None,
+                 sandbox: Sandbox | None = None):
         self.command = hermes_cfg["command"]
+        self.sandbox = sandbox
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
         self.timeout = float(hermes_cfg["timeout_seconds"])
@@ -495,6 +638,7 @@ class HermesRunner:
         self.toolsets = list(hermes_cfg["toolsets"])
         self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
+        self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
 
@@ -530,15 +674,57 @@ class HermesRunner:
         """``hermes.toolsets`` plus ``extra`` (e.g. the mnote plugin's for mnote runs)."""
         return [*self.toolsets, *(extra or [])]
 
-    def spawn(self, args: list[str], env: dict, cwd: str, max_output_bytes: int | None = None
-              ) -> CliProcess:
-        """Start ``hermes <args>`` (no shell) in a new process group. Caller holds a slot.
-        The group is recorded in :attr:`groups` until it is waited for."""
+    def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
+        """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
+        (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
+        visible to it. Raises Unconfigured when the command is missing, RunError
+        ``hermes_failed`` when its sandbox cannot be made."""
+        command = self.command_path()
+        if self.sandbox is None:
+            return Launch([command, *args], env, str(home.root))
+        try:
+            return self.sandbox.prepare(args, env, home, self.run_files.user_dir(home.user_id),
+                                        command)
+        except OSError as exc:
+            raise RunError(f"the sandbox of a Hermes process could not be made ({exc})",
+                           code="hermes_failed") from None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Do new Hermes processes run in a sandbox (with its limits)?"""
+        return self.sandbox is not None and self.sandbox.active
+
+    def check_home_quota(self, home: "UserHome") -> None:
+        """Raise ``home_quota_exceeded`` (507) when the home is over
+        ``hermes.sandbox.max_home_mb`` — before Hermes starts."""
+        if self.sandbox is None:
+            return
+        cap = self.sandbox.settings.max_home_mb
+        now = time.monotonic()
+        cached = self._home_sizes.get(home.user_id)
+        if cached is not None and now < cached[0]:
+            size = cached[1]
+        else:
+            size = home_size_mb(home.root, stop_above=cap)
+            took = time.monotonic() - now
+            # a home of many files costs a walk of every entry: then reuse it for a while
+            if took > HOME_WALK_SLOW_SECONDS:
+                self._home_sizes[home.user_id] = (now + HOME_SIZE_REUSE_SECONDS, size)
+            else:
+                self._home_sizes.pop(home.user_id, None)
+        if size > cap:
+            raise home_quota_error(size, cap)
+
+    def spawn(self, args: list[str], env: dict, home: "UserHome",
+              max_output_bytes: int | None = None) -> CliProcess:
+        """Start ``hermes <args>`` (no shell) for ``home`` in a new process group (in its
+        sandbox, :meth:`launch`). Caller holds a slot. The group is recorded in
+        :attr:`groups` until it is waited for."""
         if self.stopping:
             raise _stopping()
+        launch = self.launch(args, env, home)
         try:
-            proc = CliProcess([self.command_path(), *args], env, cwd, max_output_bytes,
-                              on_exit=self.groups.forget)
+            proc = CliProcess(launch, max_output_bytes, on_exit=self.groups.forget)
         except OSError as exc:
             raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
                            code="hermes_failed") from None
@@ -594,17 +780,18 @@ class HermesRunner:
             env["MNOTE_RUN_FILE"] = str(run_file)
         try:
             resume, notice = req.resume_id, None
+            self.check_home_quota(req.home)
             outcome = self._turn(self.chat_args(req.message, resume, req.model, req.toolsets), env,
-                                 str(req.home.root), _on_spawn(req.listener), req.cancel, req.log_ctx)
+                                 req.home, _on_spawn(req.listener), req.cancel, req.log_ctx)
             if outcome.returncode != 0 and resume and outcome.killed is None \
                     and classify_failure(outcome).code == "session_not_found":
                 log.warning("resume id unknown, starting a fresh Hermes session %s", req.log_ctx)
                 notice, resume = LOST_HISTORY_NOTICE, None
-                marker.unlink(missing_ok=True)
+                self.run_files.remove(marker)
                 outcome = self._turn(self.chat_args(req.message, None, req.model, req.toolsets), env,
-                                     str(req.home.root), _on_spawn(req.listener), req.cancel,
+                                     req.home, _on_spawn(req.listener), req.cancel,
                                      req.log_ctx)
-            sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)
+            sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker, self.run_files)
             if outcome.returncode != 0 or outcome.killed:
                 err = classify_failure(outcome)
                 err.hermes_session_id = sid
@@ -612,19 +799,19 @@ class HermesRunner:
                     log.warning("hermes turn failed %s code=%s reason=%s", _ctx(req.log_ctx),
                                 err.code, failure_reason(outcome.stdout + "\n" + outcome.stderr))
                 raise err
-            answer, reasoning = answer_from_record(req, sid, outcome.stdout)
+            answer, reasoning = answer_from_record(req, sid, outcome.stdout, limits=self.sandboxed)
             return TurnResult(answer, sid, outcome.duration, runner=self.name, reasoning=reasoning,
                               resumed=bool(resume), notice=notice)
         finally:
-            marker.unlink(missing_ok=True)
+            self.run_files.remove(marker)
             if run_file is not None:
-                run_file.unlink(missing_ok=True)
+                self.run_files.remove(run_file)
 
-    def _turn(self, args: list[str], env, cwd, on_spawn, cancel, log_ctx) -> Outcome:
-        """One CLI process to its end (the seam unit tests replace)."""
+    def _turn(self, args: list[str], env, home, on_spawn, cancel, log_ctx) -> Outcome:
+        """One CLI process for ``home`` to its end (the seam unit tests replace)."""
         if cancel is not None and cancel.is_set():
             return Outcome(-1, "", "", 0.0, killed="cancelled")
-        proc = self.spawn(args, env, cwd)
+        proc = self.spawn(args, env, home)
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.timeout, self.stall_timeout, cancel)
@@ -635,7 +822,7 @@ class HermesRunner:
                         "duration_ms": round(outcome.duration * 1000, 1), "runner": "cli"})
         return outcome
 
-    def version(self, env: dict, cwd: str, ttl: float = 300.0) -> str:
+    def version(self, env: dict, home: "UserHome", ttl: float = 300.0) -> str:
         """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
         within the slots). Raises Unconfigured/RunError/TooManyRuns."""
         with self._version_lock:
@@ -643,7 +830,7 @@ class HermesRunner:
             if self._version and now - self._version[0] < ttl:
                 return self._version[1]
             with self.slot():
-                outcome = self.spawn(["--version"], env, cwd, max_output_bytes=65536).wait(30)
+                outcome = self.spawn(["--version"], env, home, max_output_bytes=65536).wait(30)
             if outcome.returncode != 0 or not outcome.stdout.strip():
                 raise RunError("`hermes --version` failed", code="hermes_failed")
             text = outcome.stdout.strip().splitlines()[0].strip()
@@ -671,10 +858,9 @@ def _on_spawn(listener):
     return (lambda proc: listener.started(proc)) if listener is not None else None
 
 
-def _read_marker(path: Path) -> str | None:
-    """The Hermes session id the ``hermes_service`` plugin wrote at the start of the turn."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
+def _read_marker(path: Path, run_files: RunFiles) -> str | None:
+    """The Hermes session id the ``hermes_service`` plugin wrote at the start of the turn
+    (read with :meth:`RunFiles.read`: never followed, at most 4 KiB)."""
+    data = run_files.read(path)
+    text = data.decode("utf-8", "replace").strip() if data else ""
     return text if re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", text) else None

@@ -21,11 +21,13 @@ from .errors import TooManyRuns, Unconfigured
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
+from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import CliProcess, HermesRunner
 from .runs import RunManager
+from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore
-from .user_homes import UserHomes
+from .user_homes import HERMES_SITE, UserHomes
 
 
 @dataclass
@@ -40,6 +42,8 @@ class Services:
     runs: RunManager                   # background runs + events (mnote client)
     tools: ToolGateway                 # run tokens + tool calls (mnote tools)
     admitted: Limiter = field(repr=False, default=None)
+    sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
+    model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
 
     def require_provider(self) -> None:
         """Raise :class:`Unconfigured` (503 ``hermes_unconfigured``) when no model turn can
@@ -63,6 +67,10 @@ class Services:
         h = config["hermes"]
         before = (self.config["hermes"], self.homes.configured)
         self.homes.configure(config)
+        self.sandbox.configure(SandboxSettings.from_config(h["sandbox"]))
+        self.model_proxy.configure(h["model"]["base_url"], h["model"]["api_key_env"],
+                                   float(h["timeout_seconds"]),
+                                   upstream_proxy_for(h["extra_env"], h["model"]["base_url"]))
         self.runner.reconfigure(h)
         if self.conversations.acp is not None:
             # warm processes run with the old settings and template: retire them only when
@@ -85,6 +93,7 @@ class Services:
         killed = self.runner.kill_all()
         if self.conversations.acp is not None:
             self.conversations.acp.close()
+        self.model_proxy.stop()
         return killed
 
     @contextmanager
@@ -122,7 +131,14 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     hermes = config["hermes"]
     store = SessionStore(config.data_dir)
     homes = UserHomes(config)
-    runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs")
+    sandbox = Sandbox(SandboxSettings.from_config(hermes["sandbox"]), config.data_dir, HERMES_SITE)
+    proxy = ModelProxy(hermes["model"]["base_url"], hermes["model"]["api_key_env"],
+                       usage_db_path(config.data_dir), read_timeout=float(hermes["timeout_seconds"]),
+                       upstream_proxy=upstream_proxy_for(hermes["extra_env"],
+                                                         hermes["model"]["base_url"]))
+    sandbox.credentials = proxy      # started by the first Hermes process that needs it
+    runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs",
+                          sandbox=sandbox)
     acp = AcpRunner(hermes, runner) if hermes["runner"] == "acp" else None
     services = Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
@@ -132,7 +148,8 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
                         max_streams=config["mnote"]["max_event_streams"]),
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
-        admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]))
+        admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
+        sandbox=sandbox, model_proxy=proxy)
     # gauges read at scrape time (README §Operations → Metrics)
     metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
     if acp is not None:

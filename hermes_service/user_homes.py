@@ -1,29 +1,34 @@
-"""One isolated Hermes home per user (issue #2 item 5; spec §用户隔离).
+"""One isolated Hermes home per user (spec §用户隔离; README §Sandbox and threat model).
 
 Layout under ``paths.data_dir``::
 
-    users/<user_id>/            HOME of the user's CLI runs (cwd too)
+    users/<user_id>/            HOME of the user's Hermes processes (cwd too); /home/hermes
+                                inside the user's sandbox
     users/<user_id>/.hermes/    HERMES_HOME: config.yaml, state.db, plugins/, ...
     users/<user_id>/.hermes-service.json   fingerprint of what was last applied
 
-A home is made from ``users_template/`` plus the central ``hermes.model``
-settings. The provider key is never written into a home: config.yaml holds
-``api_key: ${<api_key_env>}`` and the value reaches the CLI only through the
-environment built by :meth:`UserHomes.cli_env`, which starts from nothing
-(PATH, HOME, HERMES_HOME, LANG, the key variable, ``hermes.extra_env``, and
-PYTHONPATH naming ``hermes_site``, whose sitecustomize keeps a message text), so
-the service's own secrets never leak into the CLI.
+A home is made from ``users_template/`` plus the central ``hermes.model`` settings. The
+provider key is never written into a home, nor given to a Hermes process: with
+``provider: custom`` the home's config.yaml names ``${HERMES_SERVICE_MODEL_URL}`` and
+``${HERMES_SERVICE_MODEL_KEY}``, which the launcher (:mod:`hermes_service.sandbox`) sets
+per process to the service's model pass-through (:mod:`hermes_service.model_proxy`) and a
+credential of that process's own. The environment built by :meth:`UserHomes.cli_env`
+starts from nothing (PATH, HOME, HERMES_HOME, LANG, those two variables,
+``hermes.extra_env``, NO_PROXY for loopback, and PYTHONPATH naming ``hermes_site``, whose
+sitecustomize keeps a message text), so no secret of the service reaches it.
 
-When the template or the model settings change, every home is brought up to
-date on its next run (template files overwritten, user state left alone).
+When the template or the model settings change, every home is brought up to date on its
+next run (template files overwritten, user state left alone). Everything written or read
+inside a home goes through :mod:`hermes_service.homefs` (never following what a user's
+agent planted there).
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
+import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +37,12 @@ from filelock import FileLock
 
 from .config import Config
 from .errors import Unconfigured, check_id
-from .files import atomic_write
+from . import hermes_state, homefs
+from .sandbox import MODEL_KEY_ENV, MODEL_URL_ENV
 
 MARKER = ".hermes-service.json"
+log = logging.getLogger("hermes_service.user_homes")
+
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: put on the PYTHONPATH of every Hermes process: its sitecustomize turns off the CLI's
 #: reading of a message that names a local image file (README §Runners)
@@ -64,6 +72,9 @@ class UserHomes:
         (also on a live reload: every home is refreshed on its next run)."""
         self.template = config.users_template
         self.model = config["hermes"]["model"]
+        # an OpenAI-compatible provider is reached through the service's pass-through
+        # endpoint (hermes_service/model_proxy.py): no Hermes process holds its key
+        self.proxied = self.model["provider"] == "custom"
         self.extra_env = config["hermes"]["extra_env"]
         self.configured = self.fingerprint()     # what this configuration renders homes to
 
@@ -92,6 +103,11 @@ class UserHomes:
             model["default"] = self.model["default"]
         if self.model.get("api_key_env"):
             model["api_key"] = "${%s}" % self.model["api_key_env"]
+        if self.proxied:
+            # the pass-through's address and this process's own credential, set per process
+            # by the launcher (sandbox.Sandbox.prepare): never the provider or its key
+            model["base_url"] = "${%s}" % MODEL_URL_ENV
+            model["api_key"] = "${%s}" % MODEL_KEY_ENV
         model["context_length"] = self.model["context_length"]
         cfg["model"] = model
         security = dict(cfg.get("security") or {})
@@ -134,30 +150,94 @@ class UserHomes:
         return self._ensure(UserHome("system", root, root / ".hermes"))
 
     def _ensure(self, home: UserHome) -> UserHome:
+        """Bring ``home`` to the current fingerprint. The home is writable by the user's agent:
+        everything here goes through :mod:`hermes_service.homefs` (no symlink, hardlink, FIFO
+        or directory planted in it is followed; see :meth:`_refresh`). Raises
+        :class:`~hermes_service.homefs.HomeTampered` when the home folder itself is not a
+        folder."""
         rendered = self.render_config()
         fp = self._fingerprint(rendered)
-        marker = home.root / MARKER
-        if self._marker(marker) == fp:
+        if self._current(home, fp):
             return home
         with FileLock(str(self.locks / f"home-{home.root.name}.lock"), timeout=60):
-            if self._marker(marker) == fp:
-                return home
-            home.hermes_home.mkdir(parents=True, exist_ok=True)
-            for src in self.template.rglob("*"):
-                if src.is_file() and src.name != "config.yaml" and "__pycache__" not in src.parts:
-                    dst = home.hermes_home / src.relative_to(self.template)
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(src, dst)
-            atomic_write(home.hermes_home / "config.yaml",
-                          yaml.safe_dump(rendered, sort_keys=False, allow_unicode=True))
-            atomic_write(marker, json.dumps({"fingerprint": fp}))
+            if not self._current(home, fp):
+                self._refresh(home, rendered, fp)
         return home
 
-    @staticmethod
-    def _marker(path: Path) -> str | None:
+    def _current(self, home: UserHome, fp: str) -> bool:
+        """The fast path (every turn): the marker holds ``fp``, ``.hermes`` is a folder, its
+        ``config.yaml`` a plain file and no state file of SQLite's is planted — a few
+        ``openat``/``fstatat`` calls, no write."""
         try:
-            return json.loads(path.read_text()).get("fingerprint")
-        except (OSError, ValueError, AttributeError):
+            root = homefs.open_dirs(home.root.parent, home.root.name)
+        except FileNotFoundError:
+            return False
+        try:
+            if self._marker(root) != fp:
+                return False
+            try:
+                hfd = homefs.open_dir(home.hermes_home.name, root)
+            except (FileNotFoundError, homefs.HomeTampered):
+                return False
+            try:
+                return homefs.plain(homefs.lstat(hfd, "config.yaml")) \
+                    and not hermes_state.planted_state_files(hfd)
+            finally:
+                os.close(hfd)
+        finally:
+            os.close(root)
+
+    def _refresh(self, home: UserHome, rendered: dict, fp: str) -> None:
+        """Write the template's files, ``config.yaml`` and the marker into the home (holding
+        its lock), repairing on the way: a symlink, file, FIFO … where a folder of the
+        template belongs is removed and the folder made; a file of the service's is replaced
+        by a rename inside its pinned folder, whatever had its name; planted SQLite state
+        files are removed (:func:`hermes_state.repair_state_files`)."""
+        root = homefs.open_dirs(home.root.parent, home.root.name, create=True, mode=0o777)
+        try:
+            hfd = homefs.open_dir(home.hermes_home.name, root, create=True, repair=True,
+                                  mode=0o777, where=str(home.hermes_home))
+            try:
+                for src in sorted(self.template.rglob("*")):
+                    rel = src.relative_to(self.template).parts
+                    if not src.is_file() or rel == ("config.yaml",) or "__pycache__" in rel:
+                        continue
+                    self._put(hfd, rel, src.read_bytes(), home)
+                removed = hermes_state.repair_state_files(hfd)
+                if removed:
+                    log.warning("home of user=%s: removed planted %s", home.user_id,
+                                ", ".join(removed))
+                homefs.write_file(hfd, "config.yaml",
+                                  yaml.safe_dump(rendered, sort_keys=False, allow_unicode=True))
+            finally:
+                os.close(hfd)
+            homefs.write_file(root, MARKER, json.dumps({"fingerprint": fp}))
+        finally:
+            os.close(root)
+
+    @staticmethod
+    def _put(hfd: int, rel: tuple[str, ...], data: bytes, home: UserHome) -> None:
+        """Write template file ``rel`` (path parts under ``.hermes``) into the home."""
+        fd, opened = hfd, []
+        try:
+            where = home.hermes_home
+            for part in rel[:-1]:
+                where = where / part
+                fd = homefs.open_dir(part, fd, create=True, repair=True, mode=0o777,
+                                     where=str(where))
+                opened.append(fd)
+            homefs.write_file(fd, rel[-1], data, durable=False)
+        finally:
+            for f in opened:
+                os.close(f)
+
+    @staticmethod
+    def _marker(root_fd: int) -> str | None:
+        """The fingerprint in the home's marker; None when missing, unreadable or not the
+        service's plain file (the refresh then replaces it)."""
+        try:
+            return json.loads(homefs.read_file(root_fd, MARKER) or b"null").get("fingerprint")
+        except (OSError, ValueError, AttributeError, homefs.HomeTampered):
             return None
 
     # -- environment -----------------------------------------------------
@@ -172,9 +252,16 @@ class UserHomes:
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         key_env = self.model.get("api_key_env")
-        if key_env and os.environ.get(key_env) is not None:
+        if self.proxied:
+            env[MODEL_URL_ENV] = env[MODEL_KEY_ENV] = ""      # filled in per process
+        elif key_env and os.environ.get(key_env) is not None:
             env[key_env] = os.environ[key_env]
         env.update(self.extra_env)
+        if self.proxied:   # the pass-through is on loopback: never through an HTTP proxy
+            no_proxy = [p for p in (env.get("NO_PROXY") or env.get("no_proxy") or "").split(",")
+                        if p]
+            env["NO_PROXY"] = env["no_proxy"] = ",".join(
+                dict.fromkeys([*no_proxy, "127.0.0.1", "localhost", "::1"]))
         env.update(extra or {})
         # hermes_site/sitecustomize.py: a message is text, never a local file to attach
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERMES_SITE), env.get("PYTHONPATH"))

@@ -250,7 +250,9 @@ def stubbed_app(app_factory, stub, monkeypatch):
 
 
 def hermes_processes(marker: str) -> list[int]:
-    """PIDs of live processes whose command line or environment mentions ``marker``."""
+    """PIDs of live processes whose command line or environment mentions ``marker`` — or,
+    for a process in a sandbox (which sees neither host paths nor the service's environment),
+    whose mount table does (a user's home path: the source of its ``/home/hermes``)."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -258,8 +260,20 @@ def hermes_processes(marker: str) -> list[int]:
         try:
             cmd = (d / "cmdline").read_bytes()
             env = (d / "environ").read_bytes()
+            mounts = (d / "mountinfo").read_bytes() if b"/home/hermes" in env else b""
         except OSError:
             continue
-        if marker.encode() in cmd or marker.encode() in env:
+        if marker.encode() in cmd or marker.encode() in env or _mounted_at_home(mounts, marker):
             found.append(int(d.name))
     return found
+
+
+def _mounted_at_home(mountinfo: bytes, path: str) -> bool:
+    """Does a sandbox's mount table bind ``path`` at ``/home/hermes``? (The mount's root
+    field is the path inside its file system: a suffix of ``path``.)"""
+    for line in mountinfo.decode(errors="replace").splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4] == "/home/hermes" and len(fields[3]) > 1 \
+                and path.endswith(fields[3]):
+            return True
+    return False

@@ -420,6 +420,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # each SSE frame is its own small write: without TCP_NODELAY most wait ~40 ms for the
+        # client's delayed ACK (Nagle), which real providers do not add
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.scripted._track(self.connection, True)
 
     def finish(self) -> None:

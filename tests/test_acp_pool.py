@@ -176,6 +176,7 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     h.hermes_home.mkdir(parents=True)
     with sqlite3.connect(h.hermes_home / "state.db") as db:
         db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
+        db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT)")
         db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
     proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(20)
     proc.sessions.add("s1")                          # a turn of s1 ran in it

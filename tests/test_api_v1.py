@@ -330,20 +330,25 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     env = stub.calls[0]["env"]
     home = tmp_path / "data" / "users" / "alice"
     assert env["HOME"] == str(home) and env["HERMES_HOME"] == str(home / ".hermes")
-    assert env["SCRIPTED_PROVIDER_KEY"] == "sk-provider"
+    # the provider key never reaches a Hermes process: it calls the service's pass-through
+    # endpoint with a credential of its own, set per process by the launcher (sandbox.py)
+    assert "SCRIPTED_PROVIDER_KEY" not in env and "sk-provider" not in env.values()
+    assert env["HERMES_SERVICE_MODEL_KEY"] == "" and env["HERMES_SERVICE_MODEL_URL"] == ""
     assert "SERVICE_SECRET" not in env and "HERMES_SERVICE_API_KEY" not in env
     assert set(env) <= {"PATH", "HOME", "HERMES_HOME", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE",
-                        "SCRIPTED_PROVIDER_KEY", "HERMES_STREAM_RETRIES",
-                        "HERMES_SERVICE_TURN_FILE", "PYTHONPATH"}
+                        "HERMES_SERVICE_MODEL_KEY", "HERMES_SERVICE_MODEL_URL", "NO_PROXY",
+                        "no_proxy", "HERMES_STREAM_RETRIES", "HERMES_SERVICE_TURN_FILE",
+                        "PYTHONPATH"}
     from hermes_service.user_homes import HERMES_SITE
     assert env["PYTHONPATH"] == str(HERMES_SITE)      # a message is text (sitecustomize.py)
-    assert stub.calls[0]["cwd"] == str(home)
+    assert stub.calls[0]["cwd"].root == home
     # no secret written into the home: the key is referenced, not stored
     for f in home.rglob("*"):
         if f.is_file():
             assert b"sk-provider" not in f.read_bytes()
     cfg = (home / ".hermes" / "config.yaml").read_text()
-    assert "${SCRIPTED_PROVIDER_KEY}" in cfg and "allow_lazy_installs: false" in cfg
+    assert "${HERMES_SERVICE_MODEL_KEY}" in cfg and "${HERMES_SERVICE_MODEL_URL}" in cfg
+    assert "127.0.0.1:9" not in cfg and "allow_lazy_installs: false" in cfg
     assert "tirith_enabled: false" in cfg
 
 

@@ -1,16 +1,22 @@
-"""No unexpected outbound traffic (issue #8 items 4 and 5), through the real CLI.
+"""No unexpected outbound traffic, through the real service and the real CLI.
 
-The admin routes the CLI through an HTTP proxy (``HTTP_PROXY``/``HTTPS_PROXY`` in
-``hermes.extra_env``); a small recording proxy sees every target a turn asks for. Only the
-provider may appear: no update check against the package index, and no mnote tool call
-(the plugin calls the service's loopback URL directly, so the run token never reaches a proxy).
+The admin routes provider traffic through an HTTP proxy (``HTTP_PROXY``/``HTTPS_PROXY`` in
+``hermes.extra_env``); a small recording proxy (tests/recording_proxy.py) sees every target a
+turn asks for. The provider call goes service → proxy → provider: Hermes calls the service's
+model pass-through on loopback directly (the service puts 127.0.0.1 in the Hermes process's
+``NO_PROXY``, hermes_service/user_homes.py), and the pass-through sends it on through the
+proxy named in ``extra_env`` (hermes_service/model_proxy.py, ``upstream_proxy_for``) with the
+real key. Only the provider may appear at the proxy, and only with the real key, never a
+per-process credential: no update check against the package index, no mnote tool call (the
+plugin calls the service's loopback URL directly, so the run token never reaches a proxy), no
+call to the pass-through itself.
 """
 import json
 from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import API_KEY
+from conftest import API_KEY, PROVIDER_KEY_ENV
 from hermes_service.mnote.page_store import SQLitePageStore
 from recording_proxy import RecordingProxy
 from sse_client import read_all
@@ -44,3 +50,6 @@ def test_a_turn_talks_to_the_provider_only_and_tool_calls_skip_the_proxy(start_s
     provider = urlsplit(model.base_url).netloc
     assert ("POST", provider) in proxy.seen            # the proxy really carried the turn
     assert proxy.targets() == {provider}, proxy.seen   # nothing else: no pypi, no tool URL
+    # sent by the service's pass-through (the real key), not by Hermes (its credential)
+    auths = {fields.get("authorization") for _, _, fields in proxy.requests}
+    assert auths == {f"Bearer {svc.env[PROVIDER_KEY_ENV]}"}, auths

@@ -190,9 +190,12 @@ def test_request_level_error_codes_from_real_causes(start_service, tmp_path):
     assert svc.post("/api/ai-agent/run", json={}, headers=A).status_code == 410
 
 
-def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, runner):
-    """SIGTERM kills running Hermes groups (CLI turns, ACP processes); after kill -9 the next
-    start reaps them."""
+@pytest.mark.parametrize("sandbox_mode", ["bwrap", "none"])
+def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, runner,
+                                                sandbox_mode):
+    """SIGTERM kills running Hermes groups (CLI turns, ACP processes). After kill -9 a
+    sandboxed process dies with the service (bwrap ``--die-with-parent``); an unconfined
+    one is orphaned, and the next start reaps it."""
     import signal
     home = str(tmp_path / "data" / "users" / "user_a")
 
@@ -204,17 +207,24 @@ def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, 
             time.sleep(0.1)
         assert hermes_processes(home)
 
-    svc = start_service(tmp=tmp_path)
-    hang_until_model_sees(svc, f"term1-{runner}")
+    mode = {"hermes": {"sandbox": {"mode": sandbox_mode}}}
+    svc = start_service(mode, tmp=tmp_path)
+    hang_until_model_sees(svc, f"term1-{runner}-{sandbox_mode}")
     svc.stop(signal.SIGTERM)
     assert hermes_processes(home) == []
     assert "killed 1 Hermes process group" in svc.log()
 
-    svc = start_service(tmp=tmp_path)
-    hang_until_model_sees(svc, f"kill9-{runner}")
+    svc = start_service(mode, tmp=tmp_path)
+    hang_until_model_sees(svc, f"kill9-{runner}-{sandbox_mode}")
     svc.stop(signal.SIGKILL)
+    if sandbox_mode == "bwrap":                    # the sandbox dies with its service
+        deadline = time.monotonic() + 30
+        while hermes_processes(home):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        return
     assert hermes_processes(home)                  # orphaned by the crash...
-    svc = start_service(tmp=tmp_path)              # ...and reaped by the next start
+    svc = start_service(mode, tmp=tmp_path)        # ...and reaped by the next start
     assert hermes_processes(home) == []
     assert "left by a service that died" in svc.log()
 

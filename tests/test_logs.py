@@ -117,9 +117,11 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
            "queue_wait_seconds": 1, "toolsets": [], "max_concurrent_runs": 1}
     logs.start(request_id="req_run_1", route="/api/v1/sessions/<session_id>/messages")
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
-    HermesRunner(cfg)._turn(["chat", "--query=SECRET\nTEXT"], {}, str(tmp_path), None, None, ctx)
+    from hermes_service.user_homes import UserHome
+    home = UserHome("u1", tmp_path, tmp_path / ".hermes")
+    HermesRunner(cfg)._turn(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
     HermesRunner({**cfg, "command": shutil.which("false")})._turn(
-        ["chat", "--query=SECRET"], {}, str(tmp_path), None, None, ctx)
+        ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":
         ok, failed = (l for l in lines(captured) if "hermes chat" in l)

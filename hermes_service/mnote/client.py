@@ -74,6 +74,9 @@ EXTRA_CODES = {   # cases the contract does not cover
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
     "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
+    "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
+    "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
+    "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
 }
 

@@ -1,0 +1,174 @@
+"""The launcher's rules (hermes_service/sandbox.py; README §Sandbox and threat model): which
+configurations are refused or warned about, what a sandboxed process is given, and the
+start-up refusal of a real ``main.py`` — no Hermes turn needed."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, base_config, deep_merge
+from hermes_service import sandbox
+from hermes_service.config import ConfigError, build_config
+from hermes_service.user_homes import HERMES_SITE, UserHome
+
+NO_BWRAP = "/nonexistent/bwrap"
+
+
+def cfg(tmp_path, **hermes):
+    return build_config(deep_merge(base_config(tmp_path), {"hermes": hermes}))
+
+
+def problems_of(tmp_path, **hermes) -> list[str]:
+    try:
+        cfg(tmp_path, **hermes)
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
+def test_none_refuses_host_toolsets_unless_allowed(tmp_path):
+    [line] = problems_of(tmp_path, toolsets=["terminal", "web"], sandbox={"mode": "none"})
+    assert "hermes.toolsets: terminal reach the host" in line
+    assert "hermes.sandbox.allow_host_tools" in line and "hermes.sandbox.mode is none" in line
+    assert problems_of(tmp_path, toolsets=["terminal"],
+                       sandbox={"mode": "none", "allow_host_tools": True}) == []
+    assert problems_of(tmp_path, toolsets=["web"], sandbox={"mode": "none"}) == []
+
+
+@pytest.mark.parametrize("toolset", ["file", "code_execution", "browser", "delegation",
+                                     "cronjob", "computer_use", "coding", "hermes-cli",
+                                     "hermes-telegram"])
+def test_every_host_reaching_toolset_needs_the_sandbox(tmp_path, toolset):
+    assert problems_of(tmp_path, toolsets=[toolset], sandbox={"mode": "none"})
+
+
+def test_bwrap_mode_on_a_host_without_bubblewrap_is_a_problem_naming_the_package(tmp_path):
+    [line] = problems_of(tmp_path, sandbox={"mode": "bwrap", "bwrap": NO_BWRAP})
+    assert "hermes.sandbox.mode: bwrap" in line
+    assert "bubblewrap" in line and "apt-get install bubblewrap" in line
+
+
+def test_auto_without_bubblewrap_warns_and_refuses_host_toolsets(tmp_path):
+    config = cfg(tmp_path, sandbox={"mode": "auto", "bwrap": NO_BWRAP})
+    [warning] = [w for w in config.warnings if "sandbox" in w]
+    assert "auto found no usable sandbox" in warning and "unconfined" in warning
+    [line] = problems_of(tmp_path, toolsets=["terminal"], sandbox={"bwrap": NO_BWRAP})
+    assert "auto found no usable sandbox" in line
+
+
+@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+def test_auto_with_bubblewrap_allows_the_coding_toolsets_without_a_warning(tmp_path):
+    config = cfg(tmp_path, toolsets=["terminal", "file", "code_execution"])
+    assert not [w for w in config.warnings if "sandbox" in w]
+
+
+def test_the_limits_have_floors_that_let_a_turn_through(tmp_path):
+    lines = problems_of(tmp_path, sandbox={"limits": {"memory_mb": 16, "processes": 2}})
+    assert any("limits.memory_mb" in p for p in lines) and any("limits.processes" in p
+                                                               for p in lines)
+
+
+def test_paths_in_the_environment_are_mapped_to_the_sandbox():
+    mapping = [("/data/runs/alice", sandbox.RUN_DIR), ("/data/users/alice", sandbox.HOME),
+               ("/srv/site", sandbox.SITE_DIR)]
+    assert sandbox._map_paths("/data/users/alice/.hermes", mapping) == "/home/hermes/.hermes"
+    assert sandbox._map_paths("/srv/site:/opt/x", mapping) == f"{sandbox.SITE_DIR}:/opt/x"
+    assert sandbox._map_paths("/data/users/alice2", mapping) == "/data/users/alice2"
+    assert sandbox._map_paths("/data/runs/alice/t.turn", mapping) == f"{sandbox.RUN_DIR}/t.turn"
+
+
+@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+def test_a_prepared_launch_hides_host_paths_and_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVICE_SECRET", "do-not-leak-9c1")
+    home = UserHome("alice", tmp_path / "users" / "alice", tmp_path / "users" / "alice" / ".hermes")
+    home.hermes_home.mkdir(parents=True)
+    run_dir = tmp_path / "runs" / "alice"
+    run_dir.mkdir(parents=True)
+    box = sandbox.Sandbox(sandbox.Settings(mode="bwrap"), tmp_path, HERMES_SITE)
+    env = {"HOME": str(home.root), "HERMES_HOME": str(home.hermes_home), "PATH": "/usr/bin:/bin",
+           "PYTHONPATH": str(HERMES_SITE), "MNOTE_RUN_DIR": str(run_dir)}
+    launch = box.prepare(["-c", "cat /proc/1/cmdline; echo; cat /proc/1/environ; echo; pwd"],
+                         env, home, run_dir, "/bin/sh")
+    try:
+        assert launch.sandboxed and str(tmp_path) not in " ".join(launch.argv)
+        assert launch.env["HOME"] == sandbox.HOME and launch.env["MNOTE_RUN_DIR"] == sandbox.RUN_DIR
+        out = subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, pass_fds=launch.pass_fds,
+                             capture_output=True, timeout=30)
+    finally:
+        launch.close()
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.decode(errors="replace")
+    assert str(tmp_path) not in text and "/home/hermes" in text    # /proc/1: bwrap itself
+    assert "do-not-leak-9c1" not in text and "HERMES_HOME=/home/hermes/.hermes" in text
+
+
+def test_limit_signals_are_read_from_exit_statuses():
+    assert sandbox.limit_signal(-signal.SIGXCPU) == "cpu"
+    assert sandbox.limit_signal(128 + signal.SIGXFSZ) == "file_size"
+    assert sandbox.limit_signal(0) is None and sandbox.limit_signal(1) is None
+    assert sandbox.limit_signal(-signal.SIGTERM) is None and sandbox.limit_signal(None) is None
+
+
+def test_home_size_counts_blocks_once_and_never_follows_symlinks(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"x" * 3 * 1024 * 1024)
+    os.link(tmp_path / "a.bin", tmp_path / "b.bin")
+    big = tmp_path.parent / f"{tmp_path.name}-outside.bin"
+    big.write_bytes(b"y" * 8 * 1024 * 1024)
+    (tmp_path / "link").symlink_to(big)
+    try:
+        size = sandbox.home_size_mb(tmp_path)
+        assert 2.9 < size < 4, size
+        assert sandbox.home_size_mb(tmp_path, stop_above=1) > 1
+    finally:
+        big.unlink()
+
+
+def test_the_tool_result_of_a_command_killed_by_an_rlimit_names_it():
+    from hermes_service.hermes_state import _tool_limit
+    assert _tool_limit('{"output": "", "exit_code": 153, "error": null}') == "file_size"
+    assert _tool_limit('{"output": "x", "exit_code": 152}') == "cpu"
+    assert _tool_limit('{"output": "bash: line 1: File size limit exceeded"}') == "file_size"
+    assert _tool_limit('{"output": "fine", "exit_code": 0}') is None
+    assert _tool_limit(None) is None
+
+
+def _serve(tmp_path, cfg: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path)],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+
+
+def test_the_service_refuses_to_start_with_terminal_and_no_sandbox(tmp_path):
+    out = _serve(tmp_path, deep_merge(base_config(tmp_path), {"hermes": {
+        "toolsets": ["terminal"], "sandbox": {"mode": "none"}}}))
+    assert out.returncode == 2, out.stderr
+    assert "hermes.toolsets: terminal reach the host" in out.stderr
+    assert "hermes.sandbox.allow_host_tools" in out.stderr
+
+
+def test_the_service_refuses_to_start_in_bwrap_mode_without_bubblewrap(tmp_path):
+    out = _serve(tmp_path, deep_merge(base_config(tmp_path), {"hermes": {
+        "sandbox": {"mode": "bwrap", "bwrap": NO_BWRAP}}}))
+    assert out.returncode == 2, out.stderr
+    assert "hermes.sandbox.mode: bwrap, but bubblewrap" in out.stderr
+
+
+def test_health_and_check_config_say_when_auto_found_no_sandbox(start_service, tmp_path):
+    svc = start_service({"hermes": {"sandbox": {"bwrap": NO_BWRAP}}})
+    res = svc.get("/health")
+    assert res.status_code == 200 and res.json()["status"] == "degraded", res.text
+    assert "unconfined" in res.json()["checks"]["sandbox"]
+    assert "auto found no usable sandbox" in svc.log()
+    path = tmp_path / "cc.yaml"
+    path.write_text(yaml.safe_dump(svc.cfg))
+    out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path),
+                          "check-config"], cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "warning: " in out.stderr and "auto found no usable sandbox" in out.stderr
+    assert "sandbox: auto -> unconfined" in out.stdout
