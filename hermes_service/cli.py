@@ -79,6 +79,7 @@ def serve(config_path, host=None, port=None, threads=None):
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 
+    from . import framing
     from .app import create_app
     from .lifecycle import Lifecycle, ServiceRecord, waitress_options
     from .services import default_service_url
@@ -105,6 +106,8 @@ def serve(config_path, host=None, port=None, threads=None):
     socket_map: dict = {}
     server = create_server(app, map=socket_map, host=host, port=port,
                            **waitress_options(config))
+    # ambiguous body framing is refused in waitress's parser, before the app (RFC 9112 §6.1)
+    framing.install(server, socket_map, framing.app_renderer(app))
     record = ServiceRecord(config.data_dir, config_path, f"http://{host}:{port}")
     lifecycle = Lifecycle(svc, config_path, record,
                           lambda: [c for c in list(socket_map.values())

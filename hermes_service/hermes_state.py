@@ -207,15 +207,34 @@ def session_source(hermes_home: Path, session_id: str | None) -> str | None:
     return row["source"] if row else None
 
 
+def _unwrap_merged(text: str) -> str:
+    """The message a merged compaction summary wraps, at any depth.
+
+    Hermes merges a summary into the first kept message as ``HEADER\n<old>\n\nDELIMITER\n\n
+    <summary>\n\n<end marker>`` (agent/context_compressor.py, ``compress``, merge into the
+    tail); when a later compaction merges into that same message, ``<old>`` is the previous
+    merge, so ``n`` compactions give ``n`` headers, then the original content, then ``n``
+    delimiter+summary parts. The original is what follows the last leading header, up to the
+    first delimiter (a summary may quote the delimiter; a real message does not). ``text``
+    without a header and a delimiter is returned as it is."""
+    inner = text
+    while inner.startswith(MERGED_HEADER):
+        inner = inner[len(MERGED_HEADER):].lstrip()
+    if inner is text or MERGED_DELIMITER not in inner:
+        return text
+    return inner.split(MERGED_DELIMITER, 1)[0].strip()
+
+
 def display_content(role: str, content) -> str | None:
     """What a stored message shows, or None for Hermes's internal scaffolding (summaries,
-    nudges). A summary merged into a real message is unwrapped back to that message."""
+    nudges). A summary merged into a real message is unwrapped back to that message, however
+    many compactions merged into it (:func:`_unwrap_merged`)."""
     if not isinstance(content, str):
         return content
     text = content.lstrip()
     if text.startswith(MERGED_HEADER) and MERGED_DELIMITER in text:
-        # the message kept before the summary; itself perhaps an earlier summary
-        return display_content(role, text[len(MERGED_HEADER):].split(MERGED_DELIMITER, 1)[0].strip())
+        # the message kept before the summaries; itself perhaps an earlier summary or nudge
+        return display_content(role, _unwrap_merged(text))
     if text.startswith(SUMMARY_PREFIXES):
         return None
     if role == "user" and text.startswith(SYNTHETIC_USER_PREFIXES):

@@ -137,6 +137,8 @@ def _common_errors(contract: Contract, path: str, config) -> dict[int, list[str]
             forbidden.append("insufficient_scope")
         if forbidden:
             out[403] = forbidden
+    # any request: ambiguous body framing, refused before the app (framing.py)
+    out[400] = ["bad_request_framing"]
     if contract.body is not None:
         out.setdefault(400, []).extend(["invalid_json", "invalid_request"])
         if _mentions_id(contract.body):

@@ -235,7 +235,7 @@ class RunManager:
               execute: Callable[[Run], None]) -> Run:
         """Start a run on a session (``session_key``: its store key; ``session_id``: the id the
         client knows, used in events). Raises Conflict ``session_busy`` if the session has an
-        active run, TooManyRuns if ``max_active`` runs are already queued or running."""
+        active run (``extra`` ``{"runId"}``: that run, for the caller to attach to), TooManyRuns if ``max_active`` runs are already queued or running."""
         with self._lock:
             self._sweep()
             current = self._runs.get(self._by_session.get(session_key, ""))

@@ -48,3 +48,44 @@ def active_roles(hermes_home: Path, session_id: str) -> list[str]:
     with sqlite3.connect(hermes_home / "state.db") as db:
         return [r[0] for r in db.execute("SELECT role FROM messages WHERE session_id = ? AND "
                                          "active = 1 ORDER BY id", (session_id,))]
+
+
+# Context compaction as hermes-agent 0.19.0 writes it (agent/context_compressor.py and
+# SessionDB.archive_and_compact of the CLI's hermes_state.py), copied here so that the tests
+# do not read the markers from the service they check.
+SUMMARY_PREFIX = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted into the summary below."
+SUMMARY_END_MARKER = "--- END OF CONTEXT SUMMARY — respond to the message below, not the summary above ---"
+MERGED_HEADER = "[PRIOR CONTEXT — for reference only; not a new message]"
+MERGED_DELIMITER = "[END OF PRIOR CONTEXT — COMPACTION SUMMARY BELOW]"
+
+
+def merged_into(old_content: str, summary_body: str) -> str:
+    """The first kept message with the compaction summary merged into it (the compressor's
+    merge-into-tail case: a standalone summary would break role alternation on both sides)."""
+    summary = f"{SUMMARY_PREFIX}\n{summary_body}"
+    return (MERGED_HEADER + "\n" + old_content + "\n\n" + MERGED_DELIMITER + "\n\n" + summary
+            + "\n\n" + SUMMARY_END_MARKER)
+
+
+def active_rows(hermes_home: Path, session_id: str) -> list[dict]:
+    """The session's active rows, oldest first: ``{role, content, tool_calls, timestamp}``."""
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute(
+            "SELECT role, content, tool_calls, timestamp FROM messages WHERE session_id = ? AND "
+            "active = 1 ORDER BY id", (session_id,))]
+
+
+def archive_and_compact(hermes_home: Path, session_id: str, messages: list[dict]) -> None:
+    """In-place compaction of ``session_id``: every active row becomes ``active = 0,
+    compacted = 1`` and ``messages`` (``{role, content, tool_calls?, timestamp}``; the kept
+    rows keep their original timestamp) are inserted as the new active rows, in one
+    transaction."""
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.execute("UPDATE messages SET active = 0, compacted = 1 WHERE session_id = ? AND "
+                   "active = 1", (session_id,))
+        for m in messages:
+            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp)"
+                       " VALUES (?, ?, ?, ?, ?)", (session_id, m["role"], m["content"],
+                                                  m.get("tool_calls"), m["timestamp"]))
+        db.execute("UPDATE sessions SET message_count = ? WHERE id = ?", (len(messages), session_id))

@@ -312,12 +312,19 @@ def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
 
 def test_busy_session_is_409_and_other_sessions_run(c, stub):
     stub.gate = threading.Event()
-    start(c)
+    active = start(c)
     res = c.post(f"{P}/runs", json=RUN_BODY, headers=A)
     assert res.status_code == 409 and res.json["code"] == "hermes_client_session_busy"
+    # the active run is a field of the error (README client table), not only in the message
+    assert res.json["runId"] == active and set(res.json) == ERROR_KEYS | {"runId"}
     other = c.post(f"{P}/runs", json={**RUN_BODY, "sessionId": "mnote_doc_1_other"}, headers=A)
     assert other.status_code == 200
     stub.gate.set()
+    # a client that got the 409 attaches to that run and learns how it ended
+    wait_done(c, res.json["runId"])
+    _, frames = events_of(c, res.json["runId"])
+    assert frames[-1]["data"]["event"] == "run.completed"
+    assert frames[-1]["data"]["run_id"] == active
 
 
 def test_unknown_routes_and_legacy_endpoint(c):

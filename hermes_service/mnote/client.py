@@ -54,6 +54,7 @@ CODE_MAP = {
     "invalid_id": "hermes_client_bad_request",
     "message_too_large": "hermes_client_bad_request",
     "payload_too_large": "hermes_client_bad_request",
+    "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (framing.py)
     "upstream_unauthorized": "hermes_client_upstream_unauthorized",
     "upstream_rate_limited": "hermes_client_upstream_rate_limited",
     "upstream_unavailable": "hermes_client_upstream_unavailable",
@@ -122,14 +123,21 @@ def trace_id() -> str:
 
 
 def render_error_body(err: ServiceError) -> dict:
-    """Contract §3 error body for a core error (registered by :func:`..register`)."""
+    """Contract §3 error body for a core error (registered by :func:`..register`):
+    ``{"ok": false, "code", "message", "traceId", "requestId"}`` plus the error's own fields
+    (``err.extra``, never replacing these five), e.g. ``runId`` of 409
+    ``hermes_client_session_busy``: the session's active run, to follow on ``GET
+    /events/{runId}`` or abort."""
     err.status = _status(err)     # the proxy answers a provider 429 with 429
     try:
         tid = trace_id()
     except ServiceError:
         tid = g.get("trace_id") or "trace_" + secrets.token_hex(8)
-    return {"ok": False, "code": client_code(err.code), "message": err.detail, "traceId": tid,
+    body = {"ok": False, "code": client_code(err.code), "message": err.detail, "traceId": tid,
             "requestId": g.get("request_id")}
+    for key, value in err.extra.items():
+        body.setdefault(key, value)
+    return body
 
 
 
@@ -159,7 +167,11 @@ def ok(**fields):
 CLIENT_ERROR = {"type": "object", "required": ["ok", "code", "message", "traceId", "requestId"],
                 "properties": {"ok": {"const": False}, "code": {"type": "string"},
                                "message": {"type": "string"}, "traceId": {"type": "string"},
-                               "requestId": {"type": "string"}}}
+                               "requestId": {"type": "string"},
+                               "runId": {"type": "string", "description":
+                                         "409 hermes_client_session_busy only: the run active "
+                                         "on the session (follow it on GET /events/{runId}, "
+                                         "or abort it)"}}}
 ERRORS = ErrorFamily("ClientError", CLIENT_ERROR, client_code,
                      "client proxy error (contract §3; codes: README's client table)")
 _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
@@ -510,7 +522,8 @@ def start_run():
 
     Unknown ``sessionId`` of this actor: the session is created on this first run
     (``persistence: hermes_on_first_run``). 409 ``hermes_client_session_busy`` while a run
-    is active on the session; 429 ``hermes_client_busy`` when every run slot is queued.
+    is active on the session, its error body naming that run in ``runId`` (to attach to it on
+    ``GET /events/{runId}``); 429 ``hermes_client_busy`` when every run slot is queued.
     """
     actor = actor_id()
     body = json_body()

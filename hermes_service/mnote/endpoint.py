@@ -26,7 +26,8 @@ bp = Blueprint("mnote_tools", __name__)
 
 _CODES = {"ip_not_allowed": "mnote_tool_unauthorized", "payload_too_large": "mnote_tool_bad_request",
           "invalid_json": "mnote_tool_bad_request", "not_found": "mnote_tool_bad_request",
-          "method_not_allowed": "mnote_tool_bad_request"}
+          "method_not_allowed": "mnote_tool_bad_request",
+          "bad_request_framing": "mnote_tool_bad_request"}
 
 
 def failure_envelope(code: str, message: str, body: dict | None = None) -> dict:

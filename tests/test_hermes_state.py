@@ -1,0 +1,72 @@
+"""Transcripts read from a ``state.db`` that Hermes compacted in place (README §Answers;
+client-proxy contract §2 ``GET /sessions/{id}``), built the way hermes-agent 0.19.0 writes it
+(tests/hermes_record.py): no CLI runs here. The real CLI's compaction is checked end to end
+in test_e2e_answers.py."""
+from __future__ import annotations
+
+import pytest
+
+from hermes_record import (MERGED_HEADER, SUMMARY_END_MARKER, SUMMARY_PREFIX, active_rows,
+                           archive_and_compact, merged_into, record_turn)
+from hermes_service.hermes_state import session_summary, transcript, turn_record
+
+SID = "20260101_000000_abcdef"
+
+
+def compact(home, keep_from: int, summary: str, head: int = 0) -> None:
+    """One in-place compaction: the first ``head`` active rows are kept (protected head), those
+    from ``head`` to ``keep_from`` are summarized away, and the summary is merged into the
+    first row of the kept tail (Hermes's merge-into-tail case)."""
+    rows = active_rows(home, SID)
+    tail = rows[keep_from:]
+    tail[0] = {**tail[0], "content": merged_into(tail[0]["content"], summary)}
+    archive_and_compact(home, SID, rows[:head] + tail)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 5])
+@pytest.mark.parametrize("first_kept", ["assistant", "user"])
+def test_a_message_merged_into_by_any_number_of_compactions_shows_as_itself(tmp_path, depth,
+                                                                           first_kept):
+    home = tmp_path / ".hermes"
+    for i in (1, 2):
+        record_turn(home, SID, f"question {i}", answer=f"answer {i}")
+    # the first kept row: "answer 1" (head ends with a user message) or "question 2"
+    keep_from = 1 if first_kept == "assistant" else 2
+    for n in range(depth):
+        compact(home, keep_from, f"summary number {n}")
+        keep_from = 0                      # the same row is the first kept one again
+        record_turn(home, SID, f"question {n + 3}", answer=f"answer {n + 3}")
+    first = active_rows(home, SID)[0]["content"]
+    assert first.count(MERGED_HEADER) == depth        # what Hermes left: nested headers
+
+    got = transcript(home, SID)
+    expected = ["answer 1", "question 2", "answer 2"] if first_kept == "assistant" \
+        else ["question 2", "answer 2"]
+    for n in range(depth):
+        expected += [f"question {n + 3}", f"answer {n + 3}"]
+    assert [m["content"] for m in got] == expected
+    assert got[0]["role"] == first_kept
+    assert session_summary(home, SID)["messageCount"] == len(expected)
+    assert session_summary(home, SID)["preview"] == "question 2"
+    newest = turn_record(home, SID, f"question {depth + 2}")
+    assert newest.found and newest.answer == f"answer {depth + 2}"
+
+
+def test_a_summary_merged_into_an_earlier_standalone_summary_is_left_out(tmp_path):
+    home = tmp_path / ".hermes"
+    for i in (1, 2, 3):
+        record_turn(home, SID, f"question {i}", answer=f"answer {i}")
+    rows = active_rows(home, SID)
+    standalone = {"role": "assistant", "timestamp": rows[1]["timestamp"],
+                  "content": f"{SUMMARY_PREFIX}\nfirst summary\n\n{SUMMARY_END_MARKER}"}
+    archive_and_compact(home, SID, [rows[0], standalone, *rows[2:]])
+    compact(home, 1, "second summary", head=1)     # merged into the first summary
+    assert [m["content"] for m in transcript(home, SID)] == \
+        ["question 1", "question 2", "answer 2", "question 3", "answer 3"]
+
+
+def test_a_message_that_only_starts_like_the_header_is_shown_as_written(tmp_path):
+    home = tmp_path / ".hermes"
+    typed = f"{MERGED_HEADER}\nis what Hermes writes, isn't it?"
+    record_turn(home, SID, typed, answer="it is")
+    assert [m["content"] for m in transcript(home, SID)] == [typed, "it is"]
