@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, base_config, deep_merge
+from shipped import shipped_file, shipped_text
 from hermes_service.config import ConfigError, build_config, load_config
 
 
@@ -16,9 +17,9 @@ def problems(cfg: dict) -> list[str]:
     return exc.value.problems
 
 
-def test_shipped_config_is_valid(monkeypatch):
+def test_shipped_config_is_valid(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
-    cfg = load_config(ROOT / "config.yaml")
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     assert cfg["service"]["port"] == 9123 and cfg["service"]["host"] == "127.0.0.1"
     assert cfg["hermes"]["toolsets"] == []
     assert cfg.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
@@ -232,15 +233,15 @@ def test_unusable_provider_is_a_warning_the_service_acts_on(model, where):
     assert set(cfg.provider_issues) <= set(cfg.warnings)
 
 
-def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch):
+def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
-    cfg = load_config(ROOT / "config.yaml")
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     issues = " ".join(cfg.provider_issues)
     assert "hermes.model.base_url" in issues and "export HERMES_PROVIDER_API_KEY=" in issues
     [operator] = cfg.api_keys
     assert operator.scopes == {"v1", "client", "execute", "metrics"}
-    text = (ROOT / "config.yaml").read_text()
+    text = shipped_text("config.yaml")
     example = text[text.index("# mnote-web's server"):text.index("nginx:")]
     assert 'scopes: ["client"]' in example and "execute" not in example.split("scopes:")[1]
 
@@ -272,10 +273,11 @@ def test_service_refuses_to_start_on_what_check_config_reports(tmp_path):
     assert not (tmp_path / "data" / "service-pids").exists()
 
 
-def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch):
+def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
-    issues = " ".join(load_config(ROOT / "config.yaml").provider_issues)
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
+    issues = " ".join(cfg.provider_issues)
     assert "hermes.model.base_url and hermes.model.default" in issues
     assert "HERMES_PROVIDER_API_KEY" in issues
 

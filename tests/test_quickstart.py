@@ -1,4 +1,5 @@
-"""The quick start a newcomer follows (README, first screen), with the shipped config.yaml.
+"""The quick start a newcomer follows (README, first screen), with the shipped config.yaml
+and users template (as git has them: tests/shipped.py).
 
 Without a provider the service serves and says at start what to set; with the two config lines
 of the README's first screen and the key variable set, the first message gets a real answer
@@ -16,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import API_KEY, ROOT, ServiceProcess, hermes_bin
+from shipped import shipped_text, shipped_tree
 from hermes_service.cli import cli
 
 README = ROOT / "README.md"
@@ -27,12 +29,12 @@ def first_screen() -> str:
 
 
 def shipped_config(tmp_path, model_url: str | None = None) -> str:
-    """config.yaml as shipped (data dir moved to tmp), with the README's two provider lines
-    applied when ``model_url`` is given."""
-    text = (ROOT / "config.yaml").read_text()
-    text = text.replace('data_dir: "data"', f'data_dir: "{tmp_path / "data"}"')
-    text = text.replace('users_template: "users_template"',
-                        f'users_template: "{ROOT / "users_template"}"')
+    """config.yaml as shipped, beside the shipped users template and a fresh data dir in
+    ``tmp_path``, with the README's two provider lines applied when ``model_url`` is given."""
+    text = shipped_text("config.yaml")
+    assert 'data_dir: "data"' in text and 'users_template: "users_template"' in text
+    if not (tmp_path / "users_template").exists():
+        shipped_tree("users_template", tmp_path / "users_template")
     if model_url:
         for key, value in (("base_url", model_url), ("default", "scripted-model")):
             readme_line = re.search(rf"^#?\s*({key}:\s*\"[^\"]+\")", first_screen(), re.M)
@@ -102,12 +104,14 @@ def test_the_example_page_imports_and_exports(tmp_path, monkeypatch):
 
 
 def test_docs_name_no_file_outside_the_repository_and_the_right_interpreter():
-    docs = {p: p.read_text() for p in [README, ROOT / "config.yaml", *ROOT.glob("docs/*.md"),
-                                       *ROOT.glob("deploy/**/*.conf"), *ROOT.glob("deploy/**/*.service")]}
-    for path, text in docs.items():
-        assert "shared/" not in text, f"{path.name} names a file outside the repository"
+    docs = {str(p.relative_to(ROOT)): p.read_text() for p in [
+        README, *ROOT.glob("docs/*.md"), *ROOT.glob("deploy/**/*.conf"),
+        *ROOT.glob("deploy/**/*.service")]}
+    docs["config.yaml"] = shipped_text("config.yaml")      # the operator's edits are theirs
+    for name, text in docs.items():
+        assert "shared/" not in text, f"{name} names a file outside the repository"
         assert not re.search(r"(?<![./\w])python3 main\.py", text), \
-            f"{path.name}: the system python3 lacks the dependencies; say .venv/bin/python"
+            f"{name}: the system python3 lacks the dependencies; say .venv/bin/python"
     for named in re.findall(r"`((?:docs|deploy|examples|bench)/[\w./-]+)`", README.read_text()):
         assert (ROOT / named).exists(), f"README names {named}, which does not exist"
 
