@@ -14,6 +14,7 @@ killed process's pending requests never returned.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -60,6 +61,13 @@ def pool(tmp_path):
     yield make
     for runner in made:
         runner.close()
+    # the runners, their stopped loops and the killed agents' pipe transports are garbage in
+    # cycles: collect them now. Left to a later collection they are finalised at a random
+    # moment (a transport finalised after its loop: "Event loop is closed"), once in pytest's
+    # own ast.parse, which CPython 3.11 then failed with "SystemError: AST constructor
+    # recursion depth mismatch" (python/cpython#106905) after every test had passed
+    made.clear()
+    gc.collect()
 
 
 def home(tmp_path, user):
