@@ -14,9 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
-from conftest import API_KEY, ROOT, ServiceProcess, hermes_bin
+from conftest import API_KEY, ROOT, ServiceProcess, base_config, hermes_bin
 from shipped import shipped_text, shipped_tree
 from hermes_service.cli import cli
 
@@ -125,3 +126,32 @@ def test_make_run_installs_only_what_the_service_needs():
     test = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert "requirements-dev.txt" in test.stdout and "nginx" in test.stdout
+
+
+def test_make_prints_the_development_key_only_when_it_generates_it(tmp_path):
+    """`make check-config` (and `make run`, the same set-up) without HERMES_SERVICE_API_KEY:
+    the first run generates data/dev-api-key and prints the key; later runs say where it is."""
+    cfg = base_config(tmp_path)
+    cfg["security"]["api_keys"] = [{"key_env": "HERMES_SERVICE_API_KEY"}]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    key_file = tmp_path / "dev" / "dev-api-key"
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_SERVICE_API_KEY"}
+    env["HERMES_SERVICE_CONFIG"] = str(config)
+
+    def check_config():
+        # the venvs are set up already (-o: never reinstall them from a test)
+        res = subprocess.run(["make", "-s", "-o", ".venv/.installed", "-o", ".hermes-venv/.installed",
+                              "check-config", f"DEV_KEY={key_file}"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    first = check_config()
+    key = key_file.read_text().strip()
+    assert len(key) >= 32 and oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert f"development API key generated into {key_file}: {key}" in first
+    for _ in range(2):
+        later = check_config()
+        assert key not in later and f"development API key: in {key_file}" in later
+        assert key_file.read_text().strip() == key                  # the same key, kept
