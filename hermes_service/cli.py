@@ -12,6 +12,7 @@ import hashlib
 import logging
 import secrets
 import sys
+from pathlib import Path
 
 import click
 
@@ -149,15 +150,30 @@ def reload(ctx, timeout):
     """Make the running service(s) on this config's data dir re-read the config (SIGHUP).
 
     Prints each service's outcome: applied (with notes: settings that need a restart,
-    warnings) or refused (the problems; the running config stays). Exit 0 applied, 2 refused
-    (or the file is invalid), 1 no running service / no answer. README §Reload.
+    warnings) or refused (the problems; the running config stays). A file with problems is
+    signalled all the same, so that the service's log says ``reload refused: file:key:
+    problem`` too; the services are then found through the data dir the file names
+    (``paths.data_dir``, when it can be read from the broken file) or else, among those of
+    ``data/`` beside the file, the ones serving this very file. Exit 0 applied, 2 refused (or
+    the file is invalid and no service runs), 1 no running service / no answer. README §Reload.
     """
-    config = _load(ctx.obj["config_path"], need_keys=False)
     from .lifecycle import request_reload
-    results = request_reload(config.data_dir, timeout)
+    path = ctx.obj["config_path"]
+    try:
+        config = load_config(path, need_keys=False)
+    except ConfigError as exc:
+        problems = exc.problems
+        data_dir, guessed = _data_dir_named_by(path)
+    else:
+        problems, data_dir, guessed = [], config.data_dir, False
+    results = request_reload(data_dir, timeout, config_path=path if guessed else None)
+    if not results or all(status is None for _pid, status in results):
+        for line in problems:      # no service says it: the command does
+            click.echo(line, err=True)
     if not results:
-        click.echo(f"no running service found for data dir {config.data_dir}", err=True)
-        sys.exit(1)
+        click.echo(f"no running service found for data dir {data_dir}"
+                   + (f" serving {Path(path).resolve()}" if guessed else ""), err=True)
+        sys.exit(2 if problems else 1)
     code = 0
     for pid, status in results:
         if status is None:
@@ -171,6 +187,25 @@ def reload(ctx, timeout):
         if not status["ok"]:
             code = 2
     sys.exit(code)
+
+
+def _data_dir_named_by(path) -> tuple[Path, bool]:
+    """The data dir a config file that does not validate names: its ``paths.data_dir`` when
+    that can be read (resolved like :func:`~hermes_service.config.load_config` does), else the
+    default ``data`` beside the file; and whether it is that guess."""
+    import os
+
+    import yaml
+
+    from .config import DEFAULTS
+    folder = Path(path).resolve().parent
+    try:
+        named = yaml.safe_load(Path(path).read_text("utf-8"))["paths"]["data_dir"]
+    except Exception:       # noqa: BLE001 - unreadable, no YAML, no such key: guess
+        named = None
+    if isinstance(named, str) and named:
+        return folder / os.path.expanduser(named), False
+    return folder / DEFAULTS["paths"]["data_dir"], True
 
 
 @cli.command()

@@ -127,12 +127,17 @@ def live_services(data_dir: Path) -> list[dict]:
     return out
 
 
-def request_reload(data_dir: Path, timeout: float = 15.0) -> list[tuple[int, dict | None]]:
-    """SIGHUP every live service on ``data_dir``; wait for each to report the outcome.
+def request_reload(data_dir: Path, timeout: float = 15.0,
+                   config_path: str | None = None) -> list[tuple[int, dict | None]]:
+    """SIGHUP every live service on ``data_dir`` (``config_path``: only those serving that
+    file); wait for each to report the outcome.
 
     Returns ``[(pid, reload_status or None if it did not answer within timeout)]`` (empty
     when none runs)."""
     targets = live_services(data_dir)
+    if config_path is not None:
+        wanted = str(Path(config_path).resolve())
+        targets = [rec for rec in targets if rec.get("config") == wanted]
     for rec in targets:
         os.kill(rec["pid"], signal.SIGHUP)
     results, deadline = [], time.monotonic() + timeout

@@ -78,7 +78,10 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
     write(svc, cfg)
     res = reload_cmd(svc)
     assert res.returncode == 2, res.stderr        # Hermes's minimum: refused, nothing applied
+    assert f"pid {svc.proc.pid}: refused; the running config stays" in res.stderr
     assert "hermes.model.context_length: 16000" in res.stderr
+    assert wait_reloaded(svc, 1)["ok"] is False   # the service was asked, and its log says so
+    assert f"reload refused: {svc.config_path}:hermes.model.context_length: 16000" in svc.log()
     assert svc.get("/health", key=NEW_KEY).status_code == 200
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 401
     cfg["hermes"]["model"]["context_length"] = 128000
@@ -88,6 +91,33 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
     assert f"pid {svc.proc.pid}: reloaded" in res.stdout
     assert f"{svc.config_path}:service.threads: changed, but needs a restart" in res.stdout
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200
+
+
+def test_reload_command_with_a_file_that_is_not_yaml_still_asks_the_service(start_service,
+                                                                              tmp_path):
+    """No data dir can be read from the file: the services of data/ beside it that serve this
+    file are asked (the test service's data dir is tmp/data, its config tmp/config-*.yaml)."""
+    svc = start_service()
+    other = start_service(tmp=tmp_path)          # another file on the same data dir: left alone
+    assert svc.data_dir == tmp_path / "data" and svc.config_path.parent == tmp_path
+    write(svc, "security:\n  api_keys: [\n")
+    res = reload_cmd(svc)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"pid {svc.proc.pid}: refused; the running config stays" in res.stderr
+    [problem] = [line.strip() for line in res.stderr.splitlines() if "YAML syntax error" in line]
+    assert problem.startswith(f"{svc.config_path}:")
+    assert wait_reloaded(svc, 1)["ok"] is False
+    assert f"reload refused: {problem}" in svc.log()
+    assert f"pid {other.proc.pid}" not in res.stderr and "reload refused" not in other.log()
+    record = other.data_dir / "service-pids" / f"{other.proc.pid}.json"
+    assert json.loads(record.read_text())["reload"]["seq"] == 0
+    assert svc.get("/health").status_code == 200          # still serving the old config
+
+    svc.stop()
+    other.stop()
+    res = reload_cmd(svc)                       # nobody to ask: the command says it itself
+    assert res.returncode == 2 and problem in res.stderr
+    assert "no running service found" in res.stderr
 
 
 def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
