@@ -50,13 +50,12 @@ def cli(ctx, config_path, host, port, threads):
 def serve(config_path, host=None, port=None, threads=None):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
-    Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
-    session registry that cannot be opened. Warnings (no usable provider, expired keys) are
-    logged and the service starts.
+    Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
+    them at once), 3 on a session registry that cannot be opened. Warnings (no usable
+    provider, expired keys) are logged and the service starts.
     """
-    config = _load(config_path)
     from . import preflight
-    problems = preflight.problems(config, store=False)
+    config, problems = preflight.load_and_check(config_path, store=False)
     if problems:
         for line in problems:
             click.echo(line, err=True)
@@ -127,14 +126,15 @@ def serve(config_path, host=None, port=None, threads=None):
 @click.pass_context
 def check_config(ctx):
     """Validate the config and what it names (command, template, data dir, session registry);
-    print ``file:key: problem`` lines and exit 2 if any. Warnings (``warning: file:key: …``:
-    expired keys, no usable provider) are printed too but do not fail."""
-    config = _load(ctx.obj["config_path"])
+    print ``file:key: problem`` lines and exit 2 if any. Every problem it can find is printed
+    in one run: the file's (schema and cross-field checks) and, for the keys that validated,
+    what they name. Warnings (``warning: file:key: …``: expired keys, no usable provider) are
+    printed too but do not fail."""
     from . import preflight
-    problems = preflight.problems(config)
+    config, problems = preflight.load_and_check(ctx.obj["config_path"])
     for line in problems:
         click.echo(line, err=True)
-    for line in config.warnings:
+    for line in config.warnings if config is not None else ():
         click.echo(f"warning: {line}", err=True)
     if problems:
         sys.exit(2)

@@ -164,12 +164,15 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     restart (their running values stay) and the new config's warnings — or
     ``(False, problems)`` when refused: the file has a problem ``check-config`` would
     report, or the world it names does (command, template, data dir); the running config
-    stays. Never raises for a bad file.
+    stays. Never raises for a bad file. A refused file's problems are all of them at once: the
+    file's own, and what its valid keys name (as :func:`preflight.load_and_check` finds them).
     """
     try:
         new = load_config(path)
     except ConfigError as exc:
-        return False, exc.problems
+        named = preflight.problems(exc.partial, store=False, invalid=exc.invalid) \
+            if exc.partial is not None else []
+        return False, exc.problems + named
     running: Config = svc.config
     changed = restart_only(running, new)
     if changed or running.overrides:    # the running values stay (and a --threads override)

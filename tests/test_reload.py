@@ -223,3 +223,19 @@ def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tm
     assert ok and f"{path}:service.threads: changed, but needs a restart; the running value stays" \
         in lines
     assert svc.config["service"]["threads"] == started_with + 40
+
+
+def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):
+    from hermes_service.lifecycle import reload_config
+    svc = stubbed_app().extensions["hermes_service"]
+    cfg = base_config(tmp_path)
+    cfg["hermes"]["timeout_seconds"] = "long"                                 # schema
+    cfg["hermes"]["model"]["context_length"] = 16000                          # cross-field
+    cfg["paths"]["users_template"] = str(tmp_path / "no-such-template")       # what it names
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ok, lines = reload_config(svc, str(path))
+    assert not ok
+    assert sorted(line.split(": ")[0] for line in lines) == [
+        f"{path}:{k}" for k in ("hermes.model.context_length", "hermes.timeout_seconds",
+                                "paths.users_template")], lines
