@@ -57,12 +57,18 @@ nginx:
 	fi
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
-# unset, a development key is generated once into data/dev-api-key and printed.
-DEV_ENV = mkdir -p data; \
+# unset, a development key is generated once into $(DEV_KEY) and printed that once; later
+# runs say only where it is (a key on every start would end up in logs and scrollback).
+DEV_KEY ?= data/dev-api-key
+DEV_ENV = mkdir -p data "$$(dirname "$(DEV_KEY)")"; \
 	if [ -z "$$HERMES_SERVICE_API_KEY" ]; then \
-	  [ -s data/dev-api-key ] || (umask 077; $(VENV)/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))' > data/dev-api-key); \
-	  HERMES_SERVICE_API_KEY=$$(cat data/dev-api-key); \
-	  echo "development API key (data/dev-api-key): $$HERMES_SERVICE_API_KEY"; \
+	  if [ -s "$(DEV_KEY)" ]; then \
+	    echo "development API key: in $(DEV_KEY) (HERMES_SERVICE_API_KEY overrides it)"; \
+	  else \
+	    (umask 077; $(VENV)/bin/python -c 'import secrets; print(secrets.token_urlsafe(32))' > "$(DEV_KEY)"); \
+	    echo "development API key generated into $(DEV_KEY): $$(cat "$(DEV_KEY)")"; \
+	  fi; \
+	  HERMES_SERVICE_API_KEY=$$(cat "$(DEV_KEY)"); \
 	fi; \
 	export HERMES_SERVICE_API_KEY; export PATH="$(CURDIR)/$(HVENV)/bin:$$PATH"
 

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import secrets
 import sys
+from pathlib import Path
 
 import click
 
@@ -49,13 +50,12 @@ def cli(ctx, config_path, host, port, threads):
 def serve(config_path, host=None, port=None, threads=None):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
-    Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports, 3 on a
-    session registry that cannot be opened. Warnings (no usable provider, expired keys) are
-    logged and the service starts.
+    Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
+    them at once), 3 on a session registry that cannot be opened. Warnings (no usable
+    provider, expired keys) are logged and the service starts.
     """
-    config = _load(config_path)
     from . import preflight
-    problems = preflight.problems(config, store=False)
+    config, problems = preflight.load_and_check(config_path, store=False)
     if problems:
         for line in problems:
             click.echo(line, err=True)
@@ -141,14 +141,15 @@ def _host_of(url: str | None) -> str:
 @click.pass_context
 def check_config(ctx):
     """Validate the config and what it names (command, template, data dir, session registry);
-    print ``file:key: problem`` lines and exit 2 if any. Warnings (``warning: file:key: …``:
-    expired keys, no usable provider) are printed too but do not fail."""
-    config = _load(ctx.obj["config_path"])
+    print ``file:key: problem`` lines and exit 2 if any. Every problem it can find is printed
+    in one run: the file's (schema and cross-field checks) and, for the keys that validated,
+    what they name. Warnings (``warning: file:key: …``: expired keys, no usable provider) are
+    printed too but do not fail."""
     from . import preflight
-    problems = preflight.problems(config)
+    config, problems = preflight.load_and_check(ctx.obj["config_path"])
     for line in problems:
         click.echo(line, err=True)
-    for line in config.warnings:
+    for line in config.warnings if config is not None else ():
         click.echo(f"warning: {line}", err=True)
     if problems:
         sys.exit(2)
@@ -168,15 +169,30 @@ def reload(ctx, timeout):
     """Make the running service(s) on this config's data dir re-read the config (SIGHUP).
 
     Prints each service's outcome: applied (with notes: settings that need a restart,
-    warnings) or refused (the problems; the running config stays). Exit 0 applied, 2 refused
-    (or the file is invalid), 1 no running service / no answer. README §Reload.
+    warnings) or refused (the problems; the running config stays). A file with problems is
+    signalled all the same, so that the service's log says ``reload refused: file:key:
+    problem`` too; the services are then found through the data dir the file names
+    (``paths.data_dir``, when it can be read from the broken file) or else, among those of
+    ``data/`` beside the file, the ones serving this very file. Exit 0 applied, 2 refused (or
+    the file is invalid and no service runs), 1 no running service / no answer. README §Reload.
     """
-    config = _load(ctx.obj["config_path"], need_keys=False)
     from .lifecycle import request_reload
-    results = request_reload(config.data_dir, timeout)
+    path = ctx.obj["config_path"]
+    try:
+        config = load_config(path, need_keys=False)
+    except ConfigError as exc:
+        problems = exc.problems
+        data_dir, guessed = _data_dir_named_by(path)
+    else:
+        problems, data_dir, guessed = [], config.data_dir, False
+    results = request_reload(data_dir, timeout, config_path=path if guessed else None)
+    if not results or all(status is None for _pid, status in results):
+        for line in problems:      # no service says it: the command does
+            click.echo(line, err=True)
     if not results:
-        click.echo(f"no running service found for data dir {config.data_dir}", err=True)
-        sys.exit(1)
+        click.echo(f"no running service found for data dir {data_dir}"
+                   + (f" serving {Path(path).resolve()}" if guessed else ""), err=True)
+        sys.exit(2 if problems else 1)
     code = 0
     for pid, status in results:
         if status is None:
@@ -190,6 +206,25 @@ def reload(ctx, timeout):
         if not status["ok"]:
             code = 2
     sys.exit(code)
+
+
+def _data_dir_named_by(path) -> tuple[Path, bool]:
+    """The data dir a config file that does not validate names: its ``paths.data_dir`` when
+    that can be read (resolved like :func:`~hermes_service.config.load_config` does), else the
+    default ``data`` beside the file; and whether it is that guess."""
+    import os
+
+    import yaml
+
+    from .config import DEFAULTS
+    folder = Path(path).resolve().parent
+    try:
+        named = yaml.safe_load(Path(path).read_text("utf-8"))["paths"]["data_dir"]
+    except Exception:       # noqa: BLE001 - unreadable, no YAML, no such key: guess
+        named = None
+    if isinstance(named, str) and named:
+        return folder / os.path.expanduser(named), False
+    return folder / DEFAULTS["paths"]["data_dir"], True
 
 
 @cli.command()

@@ -7,6 +7,12 @@ The file layout follows the spec's example config (hermes-service-api-v1.3.0
 the cross-field checks below; every problem is reported as ``file:dotted.key: problem`` so
 ``check-config`` can print it and a bad file never starts a half-working server.
 
+Every problem is found in one pass: a value the schema refuses is left out (its default
+stands in) and the cross-field checks run on the keys that validated, skipping a check that
+reads a refused one (:func:`is_invalid`), so that it never reports a value the file does not
+have. :class:`ConfigError` carries that ``partial`` config and the ``invalid`` keys, and
+:func:`hermes_service.preflight.load_and_check` checks what the valid keys name as well.
+
 Two kinds of findings (README §Configuring):
 
 * **problems** (:class:`ConfigError`): the file is wrong; the service refuses to start and a
@@ -238,11 +244,58 @@ SCHEMA = _obj({
 
 
 class ConfigError(Exception):
-    """Raised with every problem found; ``problems`` are ``file:key: problem`` lines."""
+    """Raised with every problem found; ``problems`` are ``file:key: problem`` lines.
 
-    def __init__(self, problems: list[str]):
+    ``partial``: when the file parsed, the :class:`Config` of its valid keys with defaults for
+    the ``invalid`` ones (dotted keys, e.g. ``"service.port"``, ``"security.api_keys.0"``) —
+    only for checking what the valid keys name (:func:`hermes_service.preflight.problems`);
+    never served. None when the file could not be read or parsed."""
+
+    def __init__(self, problems: list[str], partial: "Config | None" = None,
+                 invalid: frozenset = frozenset()):
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.partial = partial
+        self.invalid = invalid
+
+
+def is_invalid(key: str, invalid) -> bool:
+    """Does the dotted ``key`` touch a key of ``invalid``: is it one, inside one, or does it
+    hold one (``security.api_keys`` holds ``security.api_keys.0.scopes``)?"""
+    parts = key.split(".")
+    for bad in invalid:
+        other = bad.split(".")
+        n = min(len(parts), len(other))
+        if parts[:n] == other[:n]:
+            return True
+    return False
+
+
+def _refused_keys(err: jsonschema.ValidationError) -> list[str]:
+    """The dotted keys a schema error refuses: the value at its path, or for unknown keys
+    those keys alone (their known siblings are fine)."""
+    path = [str(p) for p in err.absolute_path]
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        known = err.schema.get("properties", {})
+        return [".".join(path + [k]) for k in err.instance if k not in known]
+    return [".".join(path)]
+
+
+def _without(data: Any, invalid: frozenset, prefix: tuple = ()) -> Any:
+    """``data`` without the mapping entries at ``invalid`` keys (list items stay: their
+    indexes name them in problems, and the checks skip them)."""
+    if not isinstance(data, dict):
+        return copy.deepcopy(data)
+    out = {}
+    for key, value in data.items():
+        dotted = ".".join((*prefix, str(key)))
+        if dotted in invalid:
+            continue
+        if isinstance(value, list):
+            out[key] = [_without(v, invalid, (*prefix, str(key), str(i))) for i, v in enumerate(value)]
+        else:
+            out[key] = _without(value, invalid, (*prefix, str(key)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -343,23 +396,28 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
 
     ``need_keys=False`` (operator commands that serve nothing, e.g. ``mnote``) skips keys
     whose ``key_env`` variable is unset instead of failing. Raises :class:`ConfigError`
-    listing every problem found.
+    listing every problem found: the schema's and the cross-field checks' of the keys that
+    validated, in one pass (the module doc).
     """
     if raw_file is None:
         raw_file = {}
     if not isinstance(raw_file, dict):
         raise ConfigError([f"{source}: the top level must be a mapping"])
-    problems = [f"{source}:{_schema_problem(e)}" for e in
-                sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw_file),
-                       key=lambda e: list(map(str, e.absolute_path)))]
-    if problems:
-        raise ConfigError(problems)
-    raw = _merge(DEFAULTS, raw_file)
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw_file),
+                    key=lambda e: list(map(str, e.absolute_path)))
+    problems = [f"{source}:{_schema_problem(e)}" for e in errors]
+    invalid = frozenset(k for e in errors for k in _refused_keys(e))
+
+    def ok(*keys: str) -> bool:          # may a check read these keys?
+        return not any(is_invalid(k, invalid) for k in keys)
+    raw = _merge(DEFAULTS, _without(raw_file, invalid))
     base_dir = base_dir or Path.cwd()
 
     def nets(key_path: str, values: list[str]):
         out = []
         for i, text in enumerate(values):
+            if not ok(f"{key_path}.{i}"):
+                continue
             try:
                 out.append(parse_network(text))
             except ValueError as exc:
@@ -373,6 +431,8 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     now = datetime.now(timezone.utc)
     for i, entry in enumerate(raw["security"]["api_keys"]):
         where = f"{source}:security.api_keys.{i}"
+        if not ok(f"security.api_keys.{i}"):
+            continue
         plain = entry.get("key")
         if entry.get("key_env"):
             plain = os.environ.get(entry["key_env"])
@@ -404,68 +464,78 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         keys.append(ApiKey(digest, entry.get("description"), expires, entry.get("actor_id"),
                            tuple(scope) if scope is not None else None,
                            frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
-    if raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
+    if ok("security.enable_api_key", "security.api_keys") and \
+            raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
         problems.append(f"{source}:security.api_keys: enable_api_key is true but no key is "
                         "configured (run `.venv/bin/python main.py keygen`)")
     cors = raw["cors"]
-    if cors["allow_credentials"] and "*" in cors["allow_origins"]:
+    if ok("cors.allow_credentials", "cors.allow_origins") and \
+            cors["allow_credentials"] and "*" in cors["allow_origins"]:
         problems.append(f"{source}:cors.allow_origins: '*' cannot be combined with "
                         "allow_credentials: true; list the origins")
-    model_ids = [m["id"] for m in raw["mnote"]["models"]]
-    if raw["mnote"]["default_model"] not in model_ids:
+    model_ids = [m["id"] for m in raw["mnote"]["models"]] if ok("mnote.models") else []
+    if ok("mnote.models", "mnote.default_model") and \
+            raw["mnote"]["default_model"] not in model_ids:
         problems.append(f"{source}:mnote.default_model: '{raw['mnote']['default_model']}' "
                         f"is not one of mnote.models ({', '.join(model_ids)})")
     h = raw["hermes"]
     needed = raw["mnote"]["max_event_streams"] + 2 * h["max_concurrent_runs"] + \
         h["max_waiting_requests"] + 4
     threads = raw["service"]["threads"]
-    if threads < needed:
+    if ok("service.threads", "mnote.max_event_streams", "hermes.max_concurrent_runs",
+          "hermes.max_waiting_requests") and threads < needed:
         problems.append(f"{source}:service.threads: {threads} is too few; event "
                         "streams, v1 turns (running and waiting) and tool calls each hold a thread "
                         f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
                         " + hermes.max_waiting_requests + 4)")
     limit = raw["service"]["connection_limit"]
-    if limit < threads + SPARE_CONNECTIONS:
+    if ok("service.connection_limit", "service.threads") and limit < threads + SPARE_CONNECTIONS:
         problems.append(f"{source}:service.connection_limit: {limit} is too few; every thread "
                         f"(service.threads: {threads}, which includes the "
                         f"{raw['mnote']['max_event_streams']} of mnote.max_event_streams) can hold "
                         f"one, and idle or queued connections need room beyond them (need >= "
                         f"{threads + SPARE_CONNECTIONS} = service.threads + {SPARE_CONNECTIONS})")
     ctx_len = h["model"]["context_length"]
-    if ctx_len < HERMES_MIN_CONTEXT_LENGTH:
+    if ok("hermes.model.context_length") and ctx_len < HERMES_MIN_CONTEXT_LENGTH:
         problems.append(f"{source}:hermes.model.context_length: {ctx_len} is below Hermes's minimum "
                         f"of {HERMES_MIN_CONTEXT_LENGTH} tokens (Hermes refuses to run with less: "
                         "every turn would fail)")
     ret = raw["retention"]
-    if 0 < ret["interval_seconds"] < 60:
+    if ok("retention.interval_seconds") and 0 < ret["interval_seconds"] < 60:
         problems.append(f"{source}:retention.interval_seconds: {ret['interval_seconds']} is too "
                         "short; use 0 (no periodic cleanup) or at least 60")
     older = ret["sessions_older_than"]
-    if older and parse_duration(older) < MIN_SESSION_AGE_SECONDS:
+    if ok("retention.sessions_older_than") and older and \
+            parse_duration(older) < MIN_SESSION_AGE_SECONDS:
         problems.append(f"{source}:retention.sessions_older_than: must be at least 1h (a mapping "
                         "used within the last hour is never removed)")
-    if ret["idempotency_window_seconds"] < h["timeout_seconds"]:
+    if ok("retention.idempotency_window_seconds", "hermes.timeout_seconds") and \
+            ret["idempotency_window_seconds"] < h["timeout_seconds"]:
         problems.append(f"{source}:retention.idempotency_window_seconds: must be at least "
                         f"hermes.timeout_seconds ({h['timeout_seconds']}): a run's retries must "
                         "find their first response")
-    problems += sandbox.problems(sandbox.Settings.from_config(h["sandbox"]), h["toolsets"], source)
+    if ok("hermes.sandbox", "hermes.toolsets"):
+        problems += sandbox.problems(sandbox.Settings.from_config(h["sandbox"]), h["toolsets"],
+                                     source)
     for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
-        if argv and argv[0] == "chat":
+        if ok(f"hermes.execute.allowed.{i}") and argv and argv[0] == "chat":
             problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "
                             "use the sessions API")
-    if problems:
-        raise ConfigError(problems)
-    issues = provider_issues(raw["hermes"]["model"], source)
-    warnings += sandbox.warnings(sandbox.Settings.from_config(h["sandbox"]), source)
+    issues = provider_issues(raw["hermes"]["model"], source) if ok("hermes.model") else []
+    if ok("hermes.sandbox"):
+        warnings += sandbox.warnings(sandbox.Settings.from_config(h["sandbox"]), source)
 
     def resolve(p: str) -> Path:
         path = Path(os.path.expanduser(p))
         return (path if path.is_absolute() else base_dir / path).resolve()
 
-    return Config(raw=raw, source=source, data_dir=resolve(raw["paths"]["data_dir"]),
-                  users_template=resolve(raw["paths"]["users_template"]),
-                  allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys),
-                  provider_issues=tuple(issues), warnings=tuple(warnings + issues))
+    config = Config(raw=raw, source=source, data_dir=resolve(raw["paths"]["data_dir"]),
+                    users_template=resolve(raw["paths"]["users_template"]),
+                    allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys),
+                    provider_issues=tuple(issues), warnings=tuple(warnings + issues))
+    if problems:
+        raise ConfigError(problems, partial=config, invalid=invalid)
+    return config
 
 
 def provider_issues(model: dict, source: str = "<dict>") -> list[str]:

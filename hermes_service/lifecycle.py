@@ -127,12 +127,17 @@ def live_services(data_dir: Path) -> list[dict]:
     return out
 
 
-def request_reload(data_dir: Path, timeout: float = 15.0) -> list[tuple[int, dict | None]]:
-    """SIGHUP every live service on ``data_dir``; wait for each to report the outcome.
+def request_reload(data_dir: Path, timeout: float = 15.0,
+                   config_path: str | None = None) -> list[tuple[int, dict | None]]:
+    """SIGHUP every live service on ``data_dir`` (``config_path``: only those serving that
+    file); wait for each to report the outcome.
 
     Returns ``[(pid, reload_status or None if it did not answer within timeout)]`` (empty
     when none runs)."""
     targets = live_services(data_dir)
+    if config_path is not None:
+        wanted = str(Path(config_path).resolve())
+        targets = [rec for rec in targets if rec.get("config") == wanted]
     for rec in targets:
         os.kill(rec["pid"], signal.SIGHUP)
     results, deadline = [], time.monotonic() + timeout
@@ -159,12 +164,15 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     restart (their running values stay) and the new config's warnings — or
     ``(False, problems)`` when refused: the file has a problem ``check-config`` would
     report, or the world it names does (command, template, data dir); the running config
-    stays. Never raises for a bad file.
+    stays. Never raises for a bad file. A refused file's problems are all of them at once: the
+    file's own, and what its valid keys name (as :func:`preflight.load_and_check` finds them).
     """
     try:
         new = load_config(path)
     except ConfigError as exc:
-        return False, exc.problems
+        named = preflight.problems(exc.partial, store=False, invalid=exc.invalid) \
+            if exc.partial is not None else []
+        return False, exc.problems + named
     running: Config = svc.config
     changed = restart_only(running, new)
     if changed or running.overrides:    # the running values stay (and a --threads override)

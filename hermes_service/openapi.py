@@ -56,6 +56,8 @@ RESPONSE_HEADERS = {
                           "schema": {"const": "no"}},
     "X-Trace-Id": {"description": "the run's traceId", "schema": {"type": "string"}},
     "Content-Security-Policy": {"description": "this origin only", "schema": {"type": "string"}},
+    "Location": {"description": "where the resource is, relative to this URL",
+                 "schema": {"type": "string"}},
 }
 TAGS = [
     {"name": "v1", "description": "The v1 REST API (spec hermes-service-api-v1.3.0; README "
@@ -364,6 +366,18 @@ def docs_page():
     """A readable page of this document (Swagger UI, served from this service: no outside
     address is used). Needs an API key unless ``security.docs_requires_api_key`` is false."""
     return Response(DOCS_HTML, mimetype="text/html", headers={"Content-Security-Policy": DOCS_CSP})
+
+
+@bp.get("/docs/")
+@documented(summary="The API's page, addressed with a trailing slash", **_DOCS,
+            replies={308: Reply("the page is at `/docs` (`Location: ../docs`)",
+                                headers=("Location",))})
+def docs_slash():
+    """Redirects to ``/docs`` (308; the same key rule as the page). The ``Location`` is
+    relative (``../docs``), so the redirect also works behind a proxy that serves the service
+    under a path prefix (RFC 9110 §10.2.2: a relative reference, resolved against the request
+    URL)."""
+    return Response(status=308, headers={"Location": "../docs"})
 
 
 _ASSET_TYPES = {".css": "text/css", ".js": "text/javascript", ".png": "image/png"}

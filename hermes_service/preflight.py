@@ -4,9 +4,10 @@
 template, the data dir, the session registry and the file-descriptor limit the connection
 limit needs. Every finding is a ``file:key: problem`` line, like the config's own.
 
-* ``check-config`` prints :func:`problems` (exit 2 on any) and the config's warnings;
+* ``check-config`` prints :func:`load_and_check`'s problems (exit 2 on any): the file's own
+  and these, in one run, for every key that validated — and the config's warnings;
 * ``serve`` refuses to start on any of them (same lines, exit 2);
-* a live reload refuses a new config with any of them;
+* a live reload refuses a new config with any of them (also listed with the file's own);
 * ``/health`` runs the cheap ones on every call (:func:`health_checks`).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import Config
+from .config import Config, ConfigError, is_invalid, load_config
 
 #: File descriptors beyond one per connection: CLI pipes, SQLite files, logs, pid records.
 SPARE_FDS = 200
@@ -100,16 +101,37 @@ def raise_fd_limit(config: Config) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-def problems(config: Config, store: bool = True) -> list[str]:
+#: each check and the config key it judges (skipped when that key did not validate)
+_CHECKS = ((command_problem, "hermes.command"), (template_problem, "paths.users_template"),
+           (data_dir_problem, "paths.data_dir"), (fd_problem, "service.connection_limit"))
+
+
+def problems(config: Config, store: bool = True, invalid: frozenset = frozenset()) -> list[str]:
     """Every finding that stops ``serve`` and fails ``check-config`` and a reload.
 
     ``store=False`` skips the session registry (``serve`` reports one it cannot open itself,
-    with exit 3)."""
-    checks = [command_problem(config), template_problem(config), data_dir_problem(config),
-              fd_problem(config)]
+    with exit 3). ``invalid``: keys of a :attr:`ConfigError.partial` config that did not
+    validate; the checks of those are skipped (the file's own problem names them)."""
+    checks = [(check, key) for check, key in _CHECKS]
     if store:
-        checks.append(store_problem(config))
-    return [p for p in checks if p]
+        checks.append((store_problem, "paths.data_dir"))
+    return [p for p in (check(config) for check, key in checks if not is_invalid(key, invalid))
+            if p]
+
+
+def load_and_check(path, store: bool = True, need_keys: bool = True) -> tuple[Config | None, list[str]]:
+    """Every problem of the config file at ``path`` in one run: the file's own (YAML, schema,
+    cross-field: :func:`~hermes_service.config.load_config`) and, for the keys that
+    validated, what they name (:func:`problems`). Returns ``(config, problems)``: the config
+    when there is no problem, else the :attr:`ConfigError.partial` one (its warnings still
+    say something; None when the file could not be read or parsed)."""
+    try:
+        config = load_config(path, need_keys=need_keys)
+    except ConfigError as exc:
+        if exc.partial is None:
+            return None, list(exc.problems)
+        return exc.partial, exc.problems + problems(exc.partial, store, exc.invalid)
+    return config, problems(config, store)
 
 
 def health_checks(config: Config) -> dict[str, str | None]:

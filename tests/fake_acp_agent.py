@@ -3,8 +3,10 @@
 a real Agent Client Protocol agent on stdio (the ``agent-client-protocol`` package the
 service itself speaks it with) that starts at once and answers ``session/new`` after
 ``FAKE_ACP_NEW_SESSION_DELAY`` seconds (default 0; a large value stands for a Hermes that
-never answers) and ``session/load`` after ``FAKE_ACP_LOAD_DELAY`` (each load is logged to
-``FAKE_ACP_LOG`` when set). No model, no state.db: the pool, not the turn, is under test."""
+never answers) and ``session/load`` after ``FAKE_ACP_LOAD_DELAY``. Each request it receives
+is logged to ``FAKE_ACP_LOG`` when set, one line as it arrives (``new`` or ``load <id>``), so
+tests wait for what the agent got instead of guessing how long it takes. No model, no
+state.db: the pool, not the turn, is under test."""
 import asyncio
 import os
 import sys
@@ -12,6 +14,12 @@ import uuid
 
 import acp
 from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
+
+
+def _log(line: str) -> None:
+    if os.environ.get("FAKE_ACP_LOG"):
+        with open(os.environ["FAKE_ACP_LOG"], "a") as log:
+            log.write(line + "\n")
 
 
 class FakeAgent:
@@ -23,13 +31,12 @@ class FakeAgent:
                                   agent_capabilities=AgentCapabilities(load_session=True))
 
     async def new_session(self, cwd, mcp_servers=None, **_kw):
+        _log("new")
         await asyncio.sleep(float(os.environ.get("FAKE_ACP_NEW_SESSION_DELAY", "0")))
         return NewSessionResponse(session_id=str(uuid.uuid4()))
 
     async def load_session(self, cwd, session_id, mcp_servers=None, **_kw):
-        if os.environ.get("FAKE_ACP_LOG"):          # one line per session/load
-            with open(os.environ["FAKE_ACP_LOG"], "a") as log:
-                log.write(f"load {session_id}\n")
+        _log(f"load {session_id}")
         await asyncio.sleep(float(os.environ.get("FAKE_ACP_LOAD_DELAY", "0")))
         return None
 

@@ -1,7 +1,9 @@
 """The ACP runner's process pool under concurrency (README §Runners, "The ACP runner in
 detail"), against ``tests/fake_acp_agent.py`` — a real Agent Client Protocol agent that
 starts in a fraction of a second — instead of ``hermes acp`` (1-3 s of start-up each), so
-the interleavings are deterministic and cheap.
+the interleavings are deterministic and cheap. Every wait is for a condition (the process
+ready, the turn waiting in ``session/new``, a request the agent received: :func:`wait_for`),
+bounded by :data:`WAIT` so that a loaded machine only makes a test slower, never failing.
 
 Found by the pre-ship review: with ``hermes.acp.max_processes`` reached and several users
 at once, a user's turn could evict a process another turn was starting or was about to
@@ -12,6 +14,7 @@ killed process's pending requests never returned.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -27,6 +30,17 @@ from hermes_service.errors import RunError
 from hermes_service.runner import HermesRunner, UseCli
 
 AGENT = Path(__file__).with_name("fake_acp_agent.py")
+#: the bound of every wait here: a process start takes ~0.3 s idle, several s on a loaded machine
+WAIT = 60
+
+
+def wait_for(condition, what: str, timeout: float = WAIT):
+    """Poll ``condition()`` until it is true (returned); fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.02)
+    return value
 
 
 @pytest.fixture
@@ -36,16 +50,24 @@ def pool(tmp_path):
     def make(max_processes=1, new_session_delay=0.0):
         cfg = build_config(deep_merge(base_config(tmp_path), {
             "hermes": {"command": str(AGENT), "runner": "acp",
-                       "acp": {"max_processes": max_processes, "start_timeout_seconds": 20}}}))
+                       "acp": {"max_processes": max_processes, "start_timeout_seconds": WAIT}}}))
         h = cfg["hermes"]
         runner = AcpRunner(h, HermesRunner(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
         runner.env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
-                      "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay)}
+                      "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay),
+                      "FAKE_ACP_LOG": str(tmp_path / f"agent-{len(made)}.log")}
         made.append(runner)
         return runner
     yield make
     for runner in made:
         runner.close()
+    # the runners, their stopped loops and the killed agents' pipe transports are garbage in
+    # cycles: collect them now. Left to a later collection they are finalised at a random
+    # moment (a transport finalised after its loop: "Event loop is closed"), once in pytest's
+    # own ast.parse, which CPython 3.11 then failed with "SystemError: AST constructor
+    # recursion depth mismatch" (python/cpython#106905) after every test had passed
+    made.clear()
+    gc.collect()
 
 
 def home(tmp_path, user):
@@ -57,6 +79,25 @@ def home(tmp_path, user):
 def acquire(runner, tmp_path, user, **kw):
     """Start ``_acquire`` on the runner's loop; returns its concurrent future."""
     return runner._call(runner._acquire((user, "mnote"), home(tmp_path, user), runner.env, [], **kw))
+
+
+def agent_log(runner, kind: str) -> list[str]:
+    """The requests of ``kind`` (``new``, ``load``) the runner's fake agents received."""
+    path = Path(runner.env["FAKE_ACP_LOG"])
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line for line in lines if line.split()[0] == kind]
+
+
+def waiting_in_session_new(runner, user, family="mnote"):
+    """Wait until ``user``'s turn has its process and waits for ``session/new`` (it has taken
+    the process's spare session, whose ``session/new`` the agent received); returns the
+    process."""
+    def opening():
+        proc = runner._procs.get((user, family))
+        return proc if (proc is not None and proc.ready is not None and proc.ready.done()
+                        and proc.reserved and proc.spare is None and agent_log(runner, "new")) \
+            else None
+    return wait_for(opening, f"{user}'s turn to wait in session/new")
 
 
 def alive(runner):
@@ -78,49 +119,50 @@ def test_a_starting_process_is_never_evicted_for_another_user(pool, tmp_path):
     runner = pool(max_processes=1)
     first = acquire(runner, tmp_path, "u1")
     second = acquire(runner, tmp_path, "u2")        # while u1's process is still starting
-    proc = first.result(20)                          # u1 gets a live process, no InvalidStateError
+    proc = first.result(WAIT)                        # u1 gets a live process, no InvalidStateError
     assert not proc.dead and not proc.retired
     with pytest.raises(UseCli):                      # the pool is full of a starting process:
-        second.result(20)                            # u2's turn runs on the CLI instead
+        second.result(WAIT)                          # u2's turn runs on the CLI instead
     assert len(alive(runner)) == 1
 
 
 def test_two_turns_of_one_user_share_one_process(pool, tmp_path):
     runner = pool(max_processes=1)
-    acquire(runner, tmp_path, "u0").result(20)       # an idle process: both must evict it
+    acquire(runner, tmp_path, "u0").result(WAIT)     # an idle process: both must evict it
     a, b = acquire(runner, tmp_path, "u1"), acquire(runner, tmp_path, "u1")
-    assert a.result(20) is b.result(20)
-    time.sleep(1.5)
-    assert len(alive(runner)) == 1 and runner.processes() == 1
+    assert a.result(WAIT) is b.result(WAIT)
+    # the evicted one is reaped (a moment after its kill); no second process of u1 appears
+    wait_for(lambda: len(alive(runner)) == 1, "one live agent")
+    assert runner.processes() == 1
 
 
 def test_a_process_acquired_for_a_turn_is_not_idle(pool, tmp_path):
     runner = pool(max_processes=1)
-    proc = acquire(runner, tmp_path, "u1", reserve=True).result(20)
+    proc = acquire(runner, tmp_path, "u1", reserve=True).result(WAIT)
     with pytest.raises(UseCli):                      # not evicted between acquire and prompt
-        acquire(runner, tmp_path, "u2").result(20)
+        acquire(runner, tmp_path, "u2").result(WAIT)
     assert not proc.dead and not proc.retired
 
 
 def test_a_killed_process_fails_its_pending_requests(pool, tmp_path):
     runner = pool(max_processes=1, new_session_delay=3600)
-    proc = acquire(runner, tmp_path, "u1").result(20)
+    proc = acquire(runner, tmp_path, "u1").result(WAIT)
     pending = runner._call(proc.conn.new_session(cwd=str(tmp_path)))
-    time.sleep(0.3)
+    # the agent has it (after the spare session/new every start makes): it will never answer
+    wait_for(lambda: len(agent_log(runner, "new")) == 2, "the agent to receive session/new")
     proc.kill("test")
-    started = time.monotonic()
-    with pytest.raises(Exception):                   # ConnectionError, not a wait for ever
-        pending.result(10)
-    assert time.monotonic() - started < 5
+    with pytest.raises(Exception) as err:            # ConnectionError, not a wait for ever
+        pending.result(WAIT)
+    assert not isinstance(err.value, TimeoutError), "the request outlived its process"
 
 
 def test_a_process_closed_while_it_starts_fails_the_turn_cleanly(pool, tmp_path):
     runner = pool(max_processes=1)
     fut = acquire(runner, tmp_path, "u1")
-    time.sleep(0.05)
+    wait_for(lambda: runner._procs.get(("u1", "mnote")) or fut.done(), "u1's process to start")
     runner.reconfigure(_cfg(runner))                 # a reload retires it while it starts
     try:
-        proc = fut.result(20)
+        proc = fut.result(WAIT)
     except RunError as err:                          # told, not InvalidStateError
         assert err.code == "hermes_failed"
     else:
@@ -152,15 +194,11 @@ def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
             outcome["code"] = err.code
     t = threading.Thread(target=turn)
     t.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not any(
-            p.ready is not None and p.ready.done() for p in list(runner._procs.values())):
-        time.sleep(0.05)                       # started: the turn now waits in session/new
-    time.sleep(0.3)
+    waiting_in_session_new(runner, "u1")
     runner.cli.stopping = True                 # what Services.shutdown() does
     runner.cli.kill_all()
     runner.close()
-    t.join(10)
+    t.join(WAIT)
     assert outcome.get("code") == "service_stopping"
 
 
@@ -178,7 +216,7 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
         db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
         db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT)")
         db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
-    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(20)
+    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")                          # a turn of s1 ran in it
     req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
                       model="other-model")
@@ -217,13 +255,15 @@ def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
                       family="mnote", cancel=cancel)
     t, outcome = _turn_in_thread(runner, req)
-    time.sleep(1.0)
+    # not a fixed time: a loaded machine may take longer than any guess to start the agent,
+    # and an abort during the start leaves a starting process, which no turn may evict
+    waiting_in_session_new(runner, "u1")
     cancel.set()
-    t.join(5)
+    t.join(WAIT)
     assert outcome.get("code") == "run_cancelled"
     # the process it started stays usable (not reserved: another user's turn may evict it)
     assert runner._call(runner._acquire(("u2", "mnote"), home(tmp_path, "u2"), runner.env,
-                                        [])).result(20) is not None
+                                        [])).result(WAIT) is not None
 
 
 def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
@@ -233,7 +273,7 @@ def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
                       family="mnote")
     t, outcome = _turn_in_thread(runner, req)
-    t.join(8)
+    t.join(WAIT)           # the time limit ends it in session/new, or already while it starts
     assert outcome.get("code") == "run_timeout"
 
 
@@ -250,14 +290,14 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    proc = runner._call(runner._acquire(("u1", "v1"), h, runner.env, [])).result(20)
+    proc = runner._call(runner._acquire(("u1", "v1"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")
     proc.seen["s1"] = hermes_state.fingerprint(h.hermes_home, "s1")     # its last turn there
     req = TurnRequest(message="again", resume_id="s1", home=h, env=runner.env, family="v1")
 
     def turn():
         now = hermes_state.fingerprint(h.hermes_home, "s1")
-        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(20)
+        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(WAIT)
     assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
     record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
     used = turn()[3]
@@ -272,8 +312,7 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     from hermes_record import record_turn
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=1)
-    log = tmp_path / "agent.log"
-    runner.env.update(FAKE_ACP_LOAD_DELAY="2", FAKE_ACP_LOG=str(log))
+    runner.env.update(FAKE_ACP_LOAD_DELAY="2")
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
     from hermes_service.acp_runner import _Sink
@@ -281,14 +320,11 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
     first = runner._call(runner._turn(req, _Sink(None), lost=False))
-    deadline = time.monotonic() + 20
-    while not (log.exists() and log.read_text()):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: agent_log(runner, "load"), "the agent to receive session/load")
     cancel.set()
     with pytest.raises(RunError) as err:
-        first.result(5)
+        first.result(WAIT)
     assert err.value.code == "run_cancelled"
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
-    runner._call(runner._turn(again, _Sink(None), lost=False)).result(20)
-    assert log.read_text().splitlines() == ["load s1"]
+    runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
+    assert agent_log(runner, "load") == ["load s1"]

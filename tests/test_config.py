@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, base_config, deep_merge
+from shipped import shipped_file, shipped_text
 from hermes_service.config import ConfigError, build_config, load_config
 
 
@@ -16,9 +17,9 @@ def problems(cfg: dict) -> list[str]:
     return exc.value.problems
 
 
-def test_shipped_config_is_valid(monkeypatch):
+def test_shipped_config_is_valid(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
-    cfg = load_config(ROOT / "config.yaml")
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     assert cfg["service"]["port"] == 9123 and cfg["service"]["host"] == "127.0.0.1"
     assert cfg["hermes"]["toolsets"] == []
     assert cfg.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
@@ -50,7 +51,10 @@ cors: {allow_origins: ["https://mnote.example"], allow_credentials: true,
 
 def test_unknown_key_names_the_key_and_hints():
     out = problems({"security": {"enable_ip_chek": True}})
-    assert out == ["c.yaml:security: unknown key 'enable_ip_chek' (did you mean 'enable_ip_check'?)"]
+    assert out == ["c.yaml:security: unknown key 'enable_ip_chek' (did you mean 'enable_ip_check'?)",
+                   # and, in the same run, what the rest of the file lacks
+                   "c.yaml:security.api_keys: enable_api_key is true but no key is configured "
+                   "(run `.venv/bin/python main.py keygen`)"]
 
 
 def test_every_problem_is_reported_as_file_key_problem():
@@ -232,15 +236,15 @@ def test_unusable_provider_is_a_warning_the_service_acts_on(model, where):
     assert set(cfg.provider_issues) <= set(cfg.warnings)
 
 
-def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch):
+def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
-    cfg = load_config(ROOT / "config.yaml")
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     issues = " ".join(cfg.provider_issues)
     assert "hermes.model.base_url" in issues and "export HERMES_PROVIDER_API_KEY=" in issues
     [operator] = cfg.api_keys
     assert operator.scopes == {"v1", "client", "execute", "metrics"}
-    text = (ROOT / "config.yaml").read_text()
+    text = shipped_text("config.yaml")
     example = text[text.index("# mnote-web's server"):text.index("nginx:")]
     assert 'scopes: ["client"]' in example and "execute" not in example.split("scopes:")[1]
 
@@ -272,10 +276,11 @@ def test_service_refuses_to_start_on_what_check_config_reports(tmp_path):
     assert not (tmp_path / "data" / "service-pids").exists()
 
 
-def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch):
+def test_shipped_config_has_no_provider_until_one_is_set(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     monkeypatch.delenv("HERMES_PROVIDER_API_KEY", raising=False)
-    issues = " ".join(load_config(ROOT / "config.yaml").provider_issues)
+    cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
+    issues = " ".join(cfg.provider_issues)
     assert "hermes.model.base_url and hermes.model.default" in issues
     assert "HERMES_PROVIDER_API_KEY" in issues
 
@@ -292,3 +297,56 @@ def test_log_format_and_node_id(tmp_path, service, ok):
     else:
         [problem] = problems(cfg)
         assert problem.startswith("c.yaml:service.")
+
+
+# ---------------------------------------------------------------- every problem in one run
+def wheres(lines: list[str]) -> list[str]:
+    """The ``file:key`` of each ``file:key: problem`` line, sorted."""
+    return sorted(line.split(": ")[0] for line in lines)
+
+
+def test_schema_and_cross_field_problems_come_in_one_run():
+    out = problems(deep_merge(base_config(ROOT), {
+        "service": {"port": "80", "connection_limit": 100},
+        "hermes": {"model": {"context_length": 16000}},
+        "security": {"enable_ip_chek": True, "allowed_ips": ["10.0.0.1/8", 7],
+                     "api_keys": [{"key": "short"}, {"key": " a-key-with-a-space-0123"}]}}))
+    assert wheres(out) == [f"c.yaml:{k}" for k in sorted([
+        "security",                       # schema: the unknown key...
+        "security.allowed_ips.1",         # ... an address that is no string
+        "security.api_keys.0.key",        # ... a key too short
+        "service.port",                   # ... a port that is a string
+        "security.allowed_ips.0",         # cross-field, on what validated: host bits,
+        "security.api_keys.1.key",        # ... whitespace around a key,
+        "service.connection_limit",       # ... too few connections for the threads,
+        "hermes.model.context_length"])], out   # ... below Hermes's minimum
+    assert any("10.0.0.0/8" in p for p in out)
+
+
+def test_a_check_that_reads_a_refused_value_is_skipped():
+    # threads is refused: "connection_limit 100 is too few for 32 threads" would judge a value
+    # the file does not have (the default standing in for it)
+    out = problems(deep_merge(base_config(ROOT), {"service": {"threads": "many",
+                                                              "connection_limit": 100}}))
+    assert wheres(out) == ["c.yaml:service.threads"], out
+    out = problems(deep_merge(base_config(ROOT), {
+        "mnote": {"models": [{"label": "no id"}], "default_model": "elsewhere"},
+        "security": {"api_keys": "not a list"}}))
+    assert wheres(out) == ["c.yaml:mnote.models.0.id", "c.yaml:security.api_keys"], out
+
+
+def test_check_config_reports_the_file_and_what_it_names_in_one_run(tmp_path):
+    cfg = base_config(tmp_path)
+    cfg["service"]["port"] = 99999                                      # schema
+    cfg["service"]["connection_limit"] = 10                             # cross-field
+    cfg["paths"]["users_template"] = str(tmp_path / "no-such-template")  # what it names
+    cfg["hermes"]["command"] = 5      # refused: its own check (is it on PATH?) is not run
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    check = run_main("--config", str(path), "check-config")
+    assert check.returncode == 2
+    lines = [line for line in check.stderr.splitlines() if not line.startswith("warning:")]
+    assert wheres(lines) == [f"{path}:{k}" for k in ("hermes.command", "paths.users_template",
+                                                     "service.connection_limit", "service.port")]
+    serve = run_main("--config", str(path), "--port", "0")           # the same, at once
+    assert serve.returncode == 2 and all(line in serve.stderr.splitlines() for line in lines)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import API_KEY, ServiceProcess, base_config, deep_merge
+from conftest import API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes
 from model_server import REASONING_TEXT
 from sse_client import SSEStream, read_all
 
@@ -220,12 +221,18 @@ def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
     it = iter(stream)
     if moment == "after-completion":
         assert names(d for _, d in it)[-1] == "run.completed"
-    else:
+    else:      # wait for the moment itself, not for a guess of how long it takes to come
         deadline = time.monotonic() + 60
         while not model.requests_with(f"{moment} {svc.runner}"):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(1.0 if moment != "during-tool" else 2.0)
+        if moment == "mid-stream" and svc.runner == "acp":    # the answer is being streamed
+            assert next(d for _, d in it if d["event"] == "message.delta")
+        # (the CLI runner shows nothing before the end: the model streaming to it is the moment)
+        home = str(svc.data_dir / "users" / who)
+        while moment == "during-tool" and not _running(home, b"sleep 30"):
+            assert time.monotonic() < deadline, "the terminal tool's command never started"
+            time.sleep(0.05)
     t0 = time.monotonic()
     res = svc.post(f"{P}/runs/{run_id}/abort", json={}, headers=actor(who)).json()
     if moment == "after-completion":
@@ -238,6 +245,19 @@ def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
     evts = events(svc, who, run(svc, who, sid, f"next {moment} {svc.runner}"))
     assert evts[-1]["event"] == "run.completed"
     assert evts[-1]["output"].startswith(f"echo #") and f"next {moment}" in evts[-1]["output"]
+
+
+def _running(home: str, argv: bytes) -> bool:
+    """Is a process of ``home`` (its command line or environment names it) running ``argv``
+    (its arguments joined by spaces)?"""
+    for pid in hermes_processes(home):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if argv in cmdline:
+            return True
+    return False
 
 
 def test_two_aborted_first_turns_keep_separate_conversations(svc, model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from urllib.parse import urljoin, urlsplit
 
 import jsonschema
 import pytest
@@ -221,6 +222,26 @@ def test_docs_page_serves_swagger_ui_without_outside_addresses(app_factory):
     assert bundle.status_code == 200 and len(bundle.data) > 500_000
     assert client.get("/docs/nope.js").status_code == 404
     assert client.get("/docs/..%2Fapp.py").status_code == 404
+
+
+def test_docs_with_a_trailing_slash_redirects_to_the_page(app_factory):
+    closed = app_factory().test_client()
+    assert closed.get("/docs/").status_code == 401                 # the page's key rule
+    res = closed.get("/docs/", headers=K)
+    assert res.status_code == 308 and res.headers["Location"] == "../docs"
+    # relative (RFC 3986 §5.2 resolution, as browsers do), so it also works under a proxy's
+    # path prefix
+    assert urljoin("https://h/prefix/docs/", res.headers["Location"]) == "https://h/prefix/docs"
+    target = urlsplit(urljoin("http://localhost/docs/", res.headers["Location"])).path
+    page = closed.get(target, headers=K)                            # no redirect back
+    assert target == "/docs" and page.status_code == 200 and page.mimetype == "text/html"
+    scoped = app_factory({"security": {"api_keys": [{"key": API_KEY, "scopes": ["metrics"]}]}})
+    assert scoped.test_client().get("/docs/", headers=K).status_code == 308   # no scope needed
+
+    open_ = app_factory({"security": {"docs_requires_api_key": False}}).test_client()
+    assert open_.get("/docs/").status_code == 308
+    outside = open_.get("/docs/", environ_base={"REMOTE_ADDR": "203.0.113.9"})
+    assert outside.status_code == 403 and outside.json["code"] == "ip_not_allowed"
 
 
 # -- what the fuzzer found ---------------------------------------------------------------------

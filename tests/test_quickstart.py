@@ -1,4 +1,5 @@
-"""The quick start a newcomer follows (README, first screen), with the shipped config.yaml.
+"""The quick start a newcomer follows (README, first screen), with the shipped config.yaml
+and users template (as git has them: tests/shipped.py).
 
 Without a provider the service serves and says at start what to set; with the two config lines
 of the README's first screen and the key variable set, the first message gets a real answer
@@ -13,9 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
-from conftest import API_KEY, ROOT, ServiceProcess, hermes_bin
+from conftest import API_KEY, ROOT, ServiceProcess, base_config, hermes_bin
+from shipped import shipped_text, shipped_tree
 from hermes_service.cli import cli
 
 README = ROOT / "README.md"
@@ -27,12 +30,12 @@ def first_screen() -> str:
 
 
 def shipped_config(tmp_path, model_url: str | None = None) -> str:
-    """config.yaml as shipped (data dir moved to tmp), with the README's two provider lines
-    applied when ``model_url`` is given."""
-    text = (ROOT / "config.yaml").read_text()
-    text = text.replace('data_dir: "data"', f'data_dir: "{tmp_path / "data"}"')
-    text = text.replace('users_template: "users_template"',
-                        f'users_template: "{ROOT / "users_template"}"')
+    """config.yaml as shipped, beside the shipped users template and a fresh data dir in
+    ``tmp_path``, with the README's two provider lines applied when ``model_url`` is given."""
+    text = shipped_text("config.yaml")
+    assert 'data_dir: "data"' in text and 'users_template: "users_template"' in text
+    if not (tmp_path / "users_template").exists():
+        shipped_tree("users_template", tmp_path / "users_template")
     if model_url:
         for key, value in (("base_url", model_url), ("default", "scripted-model")):
             readme_line = re.search(rf"^#?\s*({key}:\s*\"[^\"]+\")", first_screen(), re.M)
@@ -102,12 +105,14 @@ def test_the_example_page_imports_and_exports(tmp_path, monkeypatch):
 
 
 def test_docs_name_no_file_outside_the_repository_and_the_right_interpreter():
-    docs = {p: p.read_text() for p in [README, ROOT / "config.yaml", *ROOT.glob("docs/*.md"),
-                                       *ROOT.glob("deploy/**/*.conf"), *ROOT.glob("deploy/**/*.service")]}
-    for path, text in docs.items():
-        assert "shared/" not in text, f"{path.name} names a file outside the repository"
+    docs = {str(p.relative_to(ROOT)): p.read_text() for p in [
+        README, *ROOT.glob("docs/*.md"), *ROOT.glob("deploy/**/*.conf"),
+        *ROOT.glob("deploy/**/*.service")]}
+    docs["config.yaml"] = shipped_text("config.yaml")      # the operator's edits are theirs
+    for name, text in docs.items():
+        assert "shared/" not in text, f"{name} names a file outside the repository"
         assert not re.search(r"(?<![./\w])python3 main\.py", text), \
-            f"{path.name}: the system python3 lacks the dependencies; say .venv/bin/python"
+            f"{name}: the system python3 lacks the dependencies; say .venv/bin/python"
     for named in re.findall(r"`((?:docs|deploy|examples|bench)/[\w./-]+)`", README.read_text()):
         assert (ROOT / named).exists(), f"README names {named}, which does not exist"
 
@@ -123,3 +128,32 @@ def test_make_run_installs_only_what_the_service_needs():
     test = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert "requirements-dev.txt" in test.stdout and "nginx" in test.stdout
+
+
+def test_make_prints_the_development_key_only_when_it_generates_it(tmp_path):
+    """`make check-config` (and `make run`, the same set-up) without HERMES_SERVICE_API_KEY:
+    the first run generates data/dev-api-key and prints the key; later runs say where it is."""
+    cfg = base_config(tmp_path)
+    cfg["security"]["api_keys"] = [{"key_env": "HERMES_SERVICE_API_KEY"}]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    key_file = tmp_path / "dev" / "dev-api-key"
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_SERVICE_API_KEY"}
+    env["HERMES_SERVICE_CONFIG"] = str(config)
+
+    def check_config():
+        # the venvs are set up already (-o: never reinstall them from a test)
+        res = subprocess.run(["make", "-s", "-o", ".venv/.installed", "-o", ".hermes-venv/.installed",
+                              "check-config", f"DEV_KEY={key_file}"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return res.stdout
+
+    first = check_config()
+    key = key_file.read_text().strip()
+    assert len(key) >= 32 and oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert f"development API key generated into {key_file}: {key}" in first
+    for _ in range(2):
+        later = check_config()
+        assert key not in later and f"development API key: in {key_file}" in later
+        assert key_file.read_text().strip() == key                  # the same key, kept

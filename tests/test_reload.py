@@ -78,7 +78,10 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
     write(svc, cfg)
     res = reload_cmd(svc)
     assert res.returncode == 2, res.stderr        # Hermes's minimum: refused, nothing applied
+    assert f"pid {svc.proc.pid}: refused; the running config stays" in res.stderr
     assert "hermes.model.context_length: 16000" in res.stderr
+    assert wait_reloaded(svc, 1)["ok"] is False   # the service was asked, and its log says so
+    assert f"reload refused: {svc.config_path}:hermes.model.context_length: 16000" in svc.log()
     assert svc.get("/health", key=NEW_KEY).status_code == 200
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 401
     cfg["hermes"]["model"]["context_length"] = 128000
@@ -88,6 +91,33 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
     assert f"pid {svc.proc.pid}: reloaded" in res.stdout
     assert f"{svc.config_path}:service.threads: changed, but needs a restart" in res.stdout
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200
+
+
+def test_reload_command_with_a_file_that_is_not_yaml_still_asks_the_service(start_service,
+                                                                              tmp_path):
+    """No data dir can be read from the file: the services of data/ beside it that serve this
+    file are asked (the test service's data dir is tmp/data, its config tmp/config-*.yaml)."""
+    svc = start_service()
+    other = start_service(tmp=tmp_path)          # another file on the same data dir: left alone
+    assert svc.data_dir == tmp_path / "data" and svc.config_path.parent == tmp_path
+    write(svc, "security:\n  api_keys: [\n")
+    res = reload_cmd(svc)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert f"pid {svc.proc.pid}: refused; the running config stays" in res.stderr
+    [problem] = [line.strip() for line in res.stderr.splitlines() if "YAML syntax error" in line]
+    assert problem.startswith(f"{svc.config_path}:")
+    assert wait_reloaded(svc, 1)["ok"] is False
+    assert f"reload refused: {problem}" in svc.log()
+    assert f"pid {other.proc.pid}" not in res.stderr and "reload refused" not in other.log()
+    record = other.data_dir / "service-pids" / f"{other.proc.pid}.json"
+    assert json.loads(record.read_text())["reload"]["seq"] == 0
+    assert svc.get("/health").status_code == 200          # still serving the old config
+
+    svc.stop()
+    other.stop()
+    res = reload_cmd(svc)                       # nobody to ask: the command says it itself
+    assert res.returncode == 2 and problem in res.stderr
+    assert "no running service found" in res.stderr
 
 
 def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
@@ -193,3 +223,19 @@ def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tm
     assert ok and f"{path}:service.threads: changed, but needs a restart; the running value stays" \
         in lines
     assert svc.config["service"]["threads"] == started_with + 40
+
+
+def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):
+    from hermes_service.lifecycle import reload_config
+    svc = stubbed_app().extensions["hermes_service"]
+    cfg = base_config(tmp_path)
+    cfg["hermes"]["timeout_seconds"] = "long"                                 # schema
+    cfg["hermes"]["model"]["context_length"] = 16000                          # cross-field
+    cfg["paths"]["users_template"] = str(tmp_path / "no-such-template")       # what it names
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ok, lines = reload_config(svc, str(path))
+    assert not ok
+    assert sorted(line.split(": ")[0] for line in lines) == [
+        f"{path}:{k}" for k in ("hermes.model.context_length", "hermes.timeout_seconds",
+                                "paths.users_template")], lines

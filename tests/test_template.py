@@ -2,17 +2,17 @@
 the end-to-end proofs are test_e2e_egress.py and test_e2e_approvals.py."""
 import json
 import re
-import shutil
 from pathlib import Path
 
 import yaml
 
 from conftest import ROOT, hermes_bin
+from shipped import shipped_text, shipped_tree
 from hermes_service.user_homes import UserHomes
 
 
 def test_update_check_cache_matches_the_pinned_and_installed_hermes():
-    stamp = json.loads((ROOT / "users_template" / ".update_check").read_text())
+    stamp = json.loads(shipped_text("users_template/.update_check"))
     pinned = re.search(r"^hermes-agent(?:\[[a-z,]+\])?==(\S+)$", (ROOT / "requirements-hermes.txt").read_text(),
                        re.M).group(1)
     site = Path(hermes_bin()).resolve().parent.parent / "lib"
@@ -24,8 +24,8 @@ def test_update_check_cache_matches_the_pinned_and_installed_hermes():
 
 
 def homes_for(make_config, tmp_path, template_cfg: dict | None):
-    template = tmp_path / "template"
-    shutil.copytree(ROOT / "users_template", template)
+    """Homes from the shipped template, its config.yaml replaced by ``template_cfg`` if given."""
+    template = shipped_tree("users_template", tmp_path / "template")
     if template_cfg is not None:
         (template / "config.yaml").write_text(yaml.safe_dump(template_cfg))
     return UserHomes(make_config({"paths": {"users_template": str(template)}}))

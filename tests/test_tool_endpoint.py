@@ -6,6 +6,7 @@ import time
 import pytest
 
 from conftest import ROOT
+from shipped import shipped_text
 from hermes_service.mnote.tools import plugin_tool_definitions
 
 URL = "/api/hermes/tools/invoke"
@@ -130,9 +131,9 @@ def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
 
 
 def test_plugin_tools_json_is_generated_from_the_registry():
-    shipped = json.loads((ROOT / "users_template/plugins/mnote/tools.json").read_text("utf-8"))
+    shipped = json.loads(shipped_text("users_template/plugins/mnote/tools.json"))
     assert shipped == plugin_tool_definitions(), \
-        "regenerate: python3 -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json"
+        "regenerate: .venv/bin/python -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json, then git add it (this test reads the shipped file from git)"
     for d in shipped:
         assert d["name"].replace("_", "").isalnum() and len(d["name"]) <= 64   # provider-safe
         forbidden = {"actorId", "sessionId", "runId", "toolCallId", "traceId", "capabilityScope"}
