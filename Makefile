@@ -30,31 +30,26 @@ $(HVENV)/.installed: requirements-hermes.txt
 	$(HVENV)/bin/pip install -q --disable-pip-version-check -r requirements-hermes.txt
 	touch $@
 
-# Debian's bubblewrap, installed when missing and we are root (CI is). Without it
-# hermes.sandbox.mode auto runs Hermes unconfined and says so; bwrap refuses to start.
-bubblewrap:
-	@if command -v bwrap >/dev/null 2>&1; then :; \
+# A Debian package, installed when its command is missing and we are root (CI is):
+# $(call apt-install,<command test>,<package>,<what for>,<what happens without it>)
+apt-install = @if $(1); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing bubblewrap (Debian package) for the sandbox of Hermes processes"; \
+	  echo "installing $(2) (Debian package) for $(3)"; \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      --no-install-recommends bubblewrap; } >/dev/null \
-	    || echo "could not install bubblewrap: Hermes processes run unconfined (see check-config)"; \
+	      --no-install-recommends $(2); } >/dev/null \
+	    || echo "could not install $(2): $(4)"; \
 	else \
-	  echo "bubblewrap is not installed (not root, so not installing it): install the 'bubblewrap' package for the sandbox"; \
+	  echo "$(2) is not installed (not root, so not installing it): $(4)"; \
 	fi
 
-# Debian's nginx for tests/test_deploy_nginx.py: installed when missing and we are root
-# (CI is); otherwise those tests skip and say why.
+# Debian's bubblewrap: without it hermes.sandbox.mode auto runs Hermes unconfined and says so
+# (check-config, the start log, /health); mode bwrap refuses to start.
+bubblewrap:
+	$(call apt-install,command -v bwrap >/dev/null 2>&1,bubblewrap,the sandbox of Hermes processes,Hermes processes run unconfined (see check-config))
+
+# Debian's nginx for tests/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
-	@if command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing nginx (Debian package) for the deploy/nginx tests"; \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      --no-install-recommends nginx; } >/dev/null \
-	    || echo "could not install nginx: the deploy/nginx tests will skip"; \
-	else \
-	  echo "nginx is not installed (not root, so not installing it): the deploy/nginx tests will skip"; \
-	fi
+	$(call apt-install,command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ],nginx,the deploy/nginx tests,the deploy/nginx tests will skip)
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into $(DEV_KEY) and printed that once; later

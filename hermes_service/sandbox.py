@@ -530,6 +530,11 @@ class Sandbox:
         return self._bwrap(args, env, home, run_dir, command_path, on_close)
 
     def _bwrap(self, args, env, home, run_dir, command_path, on_close) -> Launch:
+        # bwrap follows a symlink given as a bind source: never bind one a user's agent could
+        # have planted (the home, its run folder; homefs repairs them before a turn)
+        for path in (home.root, run_dir):
+            if path is not None and (os.path.islink(path) or not os.path.isdir(path)):
+                raise OSError(f"{path.name}: not a plain folder (a planted symlink?)")
         lim = self.settings.limits
         mapping = [(str(home.root), HOME), (str(self.site_dir), SITE_DIR)]
         if run_dir is not None:
@@ -550,8 +555,10 @@ class Sandbox:
             # the service's no-follow reads of state.db there cannot be raced (homefs.py)
             bargs += ["--bind", str(home.hermes_home), f"{HOME}/.hermes"]
         for rel in READ_ONLY_IN_HOME:
-            if os.path.lexists(home.root / rel):
-                bargs += ["--ro-bind", str(home.root / rel), f"{HOME}/{rel}"]
+            entry = home.root / rel
+            if os.path.lexists(entry) and not os.path.islink(entry) and \
+                    not os.path.islink(entry.parent):
+                bargs += ["--ro-bind", str(entry), f"{HOME}/{rel}"]
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
         bargs += ["--chdir", HOME]

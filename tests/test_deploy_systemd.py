@@ -68,6 +68,9 @@ def test_the_unit_carries_the_promised_sandbox_and_lifecycle():
     assert one["Restart"] == "on-failure" and one["KillSignal"] == "SIGTERM"
     assert one["KillMode"] == "mixed"                   # the service kills its own CLI groups
     assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # the sandbox of every Hermes process: a delegated cgroup, the namespaces bwrap needs
+    assert one["Delegate"] == "yes" and one["ProtectControlGroups"] == "no"
+    assert set(one["RestrictNamespaces"].split()) == {"user", "pid", "ipc", "uts", "mnt", "cgroup"}
     assert set(one["SuccessExitStatus"].split()) == {"130", "143"}
     assert {"2", "3"} <= set(one["RestartPreventExitStatus"].split())
     env = dict(e.split("=", 1) for e in s["Environment"])

@@ -151,7 +151,7 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     assert svc.get("/health").status_code == 200
 
 
-LIMITS = {"memory_mb": 768, "processes": 160, "cpu_seconds": 15, "file_size_mb": 8,
+LIMITS = {"memory_mb": 768, "processes": 160, "cpu_seconds": 10, "file_size_mb": 8,
           "open_files": 256, "tmp_mb": 16}
 
 #: one attack per limit: (a script put in the home, the terminal command, what

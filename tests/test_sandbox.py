@@ -172,3 +172,36 @@ def test_health_and_check_config_say_when_auto_found_no_sandbox(start_service, t
     assert out.returncode == 0, out.stderr
     assert "warning: " in out.stderr and "auto found no usable sandbox" in out.stderr
     assert "sandbox: auto -> unconfined" in out.stdout
+
+
+def test_a_delegated_cgroup_v2_subtree_gets_a_service_leaf_and_a_cgroup_per_sandbox(tmp_path):
+    """cgroup v2 delegation (systemd ``Delegate=yes``), on a stand-in of the cgroup files:
+    the service moves itself into a ``service`` leaf (no process may sit in a cgroup whose
+    children use controllers), enables memory and pids for its children, and gives each
+    sandbox a cgroup with ``memory.max``/``pids.max`` and counters read from ``*.events``."""
+    own = tmp_path / "hermes-service.service"
+    own.mkdir()
+    (own / "cgroup.controllers").write_text("cpu memory pids io\n")
+    (own / "cgroup.subtree_control").write_text("\n")
+    (own / "cgroup.procs").write_text("4242\n")
+    base = sandbox.CgroupBase._v2(own)
+    assert base is not None and base.kind == "v2"
+    assert (own / "service" / "cgroup.procs").read_text() == "4242"
+    assert (own / "cgroup.subtree_control").read_text() == "+memory +pids"
+    cg = base.create(sandbox.Limits(memory_mb=512, processes=64))
+    [made] = cg.made
+    assert (made / "memory.max").read_text() == str(512 * 1024 * 1024)
+    assert (made / "pids.max").read_text() == "64" and (made / "memory.oom.group").read_text() == "1"
+    assert cg.procs_files == [str(made / "cgroup.procs")]
+    (made / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (made / "pids.events").write_text("max 0\n")
+    assert cg.events() == {"memory": 1, "processes": 0}
+    (made / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+    assert cg.cpu_seconds() == 2.5
+
+
+def test_a_cgroup_v2_subtree_without_the_controllers_is_not_used(tmp_path):
+    own = tmp_path / "cg"
+    own.mkdir()
+    (own / "cgroup.controllers").write_text("cpu io\n")
+    assert sandbox.CgroupBase._v2(own) is None
