@@ -167,8 +167,8 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     stays. Never raises for a bad file. A refused file's problems are all of them at once: the
     file's own, and what its valid keys name (as :func:`preflight.load_and_check` finds them).
     """
-    try:
-        new = load_config(path)
+    try:     # with the overlay the service started with (``--demo``), if any
+        new = load_config(path, overlay=getattr(svc.config, "overlay", None))
     except ConfigError as exc:
         named = preflight.problems(exc.partial, store=False, invalid=exc.invalid) \
             if exc.partial is not None else []
@@ -187,6 +187,7 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
         except ConfigError as exc:
             return False, exc.problems
         new.overrides = running.overrides     # compared with the file it started with
+        new.overlay = running.overlay
     problems = preflight.problems(new, store=False)
     if problems:
         return False, problems
