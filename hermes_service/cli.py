@@ -100,11 +100,9 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     for line in config.warnings:
         if line not in config.provider_issues:
             log.warning("config: %s", line)
+    from .lifecycle import no_provider, running
     if config.provider_issues:     # one line: what to set, and what happens until then
-        log.warning("no model provider: %s — until it is set every turn is answered 503 "
-                    "hermes_unconfigured (README, first screen; config.yaml: then `.venv/bin/python "
-                    "main.py reload`; an environment variable: restart the service with it exported)",
-                    "; ".join(config.provider_issues))
+        log.warning("%s", no_provider(config))
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 
@@ -143,10 +141,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
                                    if isinstance(c, HTTPChannel)])
     lifecycle.install()
     record.write()
-    model = config["hermes"]["model"]
-    log.info("serving on http://%s:%s (pid %d): runner %s, model %s at %s, sandbox %s, data dir %s",
-             host, port, record.data["pid"], config["hermes"]["runner"], model["default"] or "-",
-             _host_of(model["base_url"]), svc.sandbox.describe(), config.data_dir)
+    log.info("serving on %s (pid %d): %s", record.data["url"], record.data["pid"],
+             running(config, svc.sandbox))
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
@@ -157,15 +153,6 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
             demo_model.stop()
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
-
-
-def _host_of(url: str | None) -> str:
-    """The provider's host (and port) for the log: never a path, query or credentials."""
-    from urllib.parse import urlsplit
-    if not url:
-        return "(no provider)"
-    parts = urlsplit(url)
-    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
 
 
 @cli.command("check-config")

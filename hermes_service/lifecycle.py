@@ -36,6 +36,36 @@ DRAIN_SECONDS = 1.5
 RECORD_DIR = "service-pids"
 
 
+def provider_host(url: str | None) -> str:
+    """The provider's host (and port) for the log: never a path, query or credentials."""
+    from urllib.parse import urlsplit
+    if not url:
+        return "(no provider)"
+    parts = urlsplit(url)
+    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
+
+
+def running(config: Config, sandbox) -> str:
+    """What the service runs, for the start and reload lines (README §Logs): ``runner R,
+    model M at HOST[:PORT], sandbox S, data dir D`` — the provider by host only, never its
+    key or URL path."""
+    model = config["hermes"]["model"]
+    return (f"runner {config['hermes']['runner']}, model {model['default'] or '-'} at "
+            f"{provider_host(model['base_url'])}, sandbox {sandbox.describe()}, "
+            f"data dir {config.data_dir}")
+
+
+def no_provider(config: Config) -> str | None:
+    """The one line saying no model turn can work and what to set (start and reload; README
+    §Logs), or None when the provider is usable (:attr:`Config.provider_issues`)."""
+    if not config.provider_issues:
+        return None
+    return (f"no model provider: {'; '.join(config.provider_issues)} — until it is set every "
+            "turn is answered 503 hermes_unconfigured (README, first screen; config.yaml: then "
+            "`.venv/bin/python main.py reload`; an environment variable: restart the service "
+            "with it exported)")
+
+
 def waitress_options(config: Config, threads: int | None = None) -> dict:
     """waitress settings from ``service.*`` (README §Limits):
 
@@ -224,10 +254,16 @@ class Lifecycle:
         """Reload now (one at a time); logs and records the outcome. Returns whether applied."""
         with self._reload_lock:
             ok, lines = reload_config(self.svc, self.config_path)
-            if ok:
-                log.info("reloaded %s", self.config_path)
+            if ok:     # one line in the start line's words (README §Logs), then the notes
+                config = self.svc.config
+                log.info("reloaded %s; serving on %s (pid %d): %s", self.config_path,
+                         self.record.data["url"], os.getpid(), running(config, self.svc.sandbox))
+                issues = {f"warning: {i}" for i in config.provider_issues}
                 for line in lines:
-                    log.warning("reload: %s", line)
+                    if line not in issues:
+                        log.warning("reload: %s", line)
+                if issues:
+                    log.warning("%s", no_provider(config))
             else:
                 log.error("reload refused; the running config stays. Problems:")
                 for line in lines:
