@@ -5,8 +5,9 @@ VENV    := .venv
 HVENV   := .hermes-venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+DEMO_ARGS ?=
 
-.PHONY: setup setup-service bubblewrap nginx run test mutation bench bench-registry bench-streams bench-sandbox check-config clean
+.PHONY: setup setup-service bubblewrap nginx run demo test mutation bench bench-registry bench-streams bench-sandbox check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
@@ -69,6 +70,12 @@ DEV_ENV = mkdir -p data "$$(dirname "$(DEV_KEY)")"; \
 
 run: setup-service
 	@$(DEV_ENV); exec $(VENV)/bin/python main.py
+
+# `make run` with a scripted stand-in model on loopback instead of a provider (README "Try it
+# without a provider"): answers labelled [demo model], the ACP runner, data in data/demo/.
+# DEMO_ARGS="--port 9200" etc. are passed to main.py.
+demo: setup-service
+	@$(DEV_ENV); exec $(VENV)/bin/python main.py --demo $(DEMO_ARGS)
 
 # Validate config.yaml with the same environment `make run` uses.
 check-config: setup-service

@@ -17,7 +17,7 @@ The scripted model writes a response's headers and its first body piece in two `
 calls on a socket with Nagle's algorithm on (RFC 896), so with the client's delayed ACK
 (Linux: up to 40 ms) most of its answers wait ~40 ms for the second piece — on both sides,
 drowning the difference. The bench sets ``TCP_NODELAY`` on the scripted model's sockets
-(``--nagle`` keeps them as tests/model_server.py has them). The proxy sets it on its own
+(``--nagle`` keeps them as hermes_service/scripted_model.py has them). The proxy sets it on its own
 sockets (http.client does on the upstream side).
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from hermes_service.model_proxy import ModelProxy  # noqa: E402
-import model_server  # noqa: E402
-from model_server import ScriptedModel  # noqa: E402
+from hermes_service import scripted_model as model_server  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 
 KEY_ENV = "BENCH_MODEL_PROXY_KEY"
 

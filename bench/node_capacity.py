@@ -1,7 +1,7 @@
 """Per-node capacity figures for docs/scaling.md: turns/s per core, RSS per run, event streams.
 
 One real service process (waitress) on this machine, the real ``hermes`` CLI, the scripted
-model (tests/model_server.py, answers at once). Prints:
+model (hermes_service/scripted_model.py, answers at once). Prints:
 
 * CPU seconds per turn (the service's children's CPU, from /proc/<pid>/stat cutime+cstime,
   plus the service's own) and so turns per second per core; wall-clock throughput with
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
-from model_server import ScriptedModel  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from sse_client import SSEStream  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

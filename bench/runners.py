@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
 from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
-from model_server import ScriptedModel  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from sse_client import SSEStream  # noqa: E402
 from turn_overhead import bare_turns  # noqa: E402
 

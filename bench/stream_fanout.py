@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
-from model_server import ScriptedModel  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 P = "/api/hermes/client"

@@ -1,8 +1,9 @@
 """Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``gc``,
 ``usage``, ``mnote``.
 
-``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]`` serves
-with waitress. A config with any problem ``check-config`` reports (exit 2), or a session
+``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N] [--demo]``
+serves with waitress (``--demo``: the stand-in model of :mod:`hermes_service.demo`, for
+``make demo``; with a command, that command works on the demo's data dir). A config with any problem ``check-config`` reports (exit 2), or a session
 registry or page store that cannot be opened (exit 3: its layout file, a legacy
 ``sessions.json`` to migrate, ``data/mnote.db``), exits non-zero before anything listens.
 """
@@ -23,9 +24,18 @@ from .session_store import CorruptStore
 log = logging.getLogger("hermes_service")
 
 
-def _load(path, need_keys: bool = True):
+def _overlay(ctx):
+    """``--demo``'s config overlay for a command that serves nothing (its data dir is what
+    matters; the model address is a placeholder), else None."""
+    if not ctx.obj.get("demo"):
+        return None
+    from . import demo
+    return demo.overlay("http://127.0.0.1:9/v1")
+
+
+def _load(path, need_keys: bool = True, overlay=None):
     try:
-        return load_config(path, need_keys=need_keys)
+        return load_config(path, need_keys=need_keys, overlay=overlay)
     except ConfigError as exc:
         for line in exc.problems:
             click.echo(line, err=True)
@@ -38,44 +48,61 @@ def _load(path, need_keys: bool = True):
 @click.option("--host", default=None, help="Override service.host.")
 @click.option("--port", type=int, default=None, help="Override service.port.")
 @click.option("--threads", type=int, default=None, help="Override service.threads (waitress).")
+@click.option("--demo", is_flag=True,
+              help="Demo: a scripted stand-in model on loopback instead of the provider, the ACP "
+                   "runner, data in <data_dir>/demo (make demo; README \"Try it without a "
+                   "provider\"). With a command: that command on the demo's data dir.")
 @click.pass_context
-def cli(ctx, config_path, host, port, threads):
+def cli(ctx, config_path, host, port, threads, demo):
     """hermes-service: the Hermes Agent CLI as a REST API. Without a command: serve."""
     ctx.ensure_object(dict)
     ctx.obj["config_path"] = config_path
+    ctx.obj["demo"] = demo
     if ctx.invoked_subcommand is None:
-        serve(config_path, host, port, threads)
+        serve(config_path, host, port, threads, demo=demo)
 
 
-def serve(config_path, host=None, port=None, threads=None):
+def serve(config_path, host=None, port=None, threads=None, demo=False):
     """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
-    provider, expired keys) are logged and the service starts.
+    provider, expired keys) are logged and the service starts. ``demo``: the stand-in model
+    (:mod:`hermes_service.demo`) answers, in this process, and the demo's page store is seeded.
     """
     from . import preflight
-    config, problems = preflight.load_and_check(config_path, store=False)
+    demo_model = overlay = None
+    if demo:
+        from . import demo as demo_mod
+        demo_model = demo_mod.start_model()
+        overlay = demo_mod.overlay(demo_model.base_url)
+    config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay)
     if problems:
         for line in problems:
             click.echo(line, err=True)
         click.echo("refusing to start: fix the problems above (.venv/bin/python main.py check-config)",
                    err=True)
         sys.exit(2)
+    if demo:
+        try:
+            demo_mod.seed(config)
+        except (PageStoreUnusable, OSError) as exc:
+            click.echo(f"refusing to start: {exc}", err=True)
+            sys.exit(3)
     svc_cfg = config["service"]
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
         config.overrides[("service", "threads")] = svc_cfg["threads"]
         svc_cfg["threads"] = threads
     from .logs import configure
     configure(svc_cfg["log_level"], svc_cfg["log_format"])
+    if demo:
+        log.warning("%s", demo_mod.warning(demo_model, config))
     for line in config.warnings:
         if line not in config.provider_issues:
             log.warning("config: %s", line)
+    from .lifecycle import no_provider, running
     if config.provider_issues:     # one line: what to set, and what happens until then
-        log.warning("no model provider: %s — until it is set every turn is answered 503 "
-                    "hermes_unconfigured (README, first screen; config.yaml: then `.venv/bin/python "
-                    "main.py reload`; an environment variable: restart the service with it exported)",
-                    "; ".join(config.provider_issues))
+        log.warning("%s", no_provider(config))
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 
@@ -114,27 +141,18 @@ def serve(config_path, host=None, port=None, threads=None):
                                    if isinstance(c, HTTPChannel)])
     lifecycle.install()
     record.write()
-    model = config["hermes"]["model"]
-    log.info("serving on http://%s:%s (pid %d): runner %s, model %s at %s, sandbox %s, data dir %s",
-             host, port, record.data["pid"], config["hermes"]["runner"], model["default"] or "-",
-             _host_of(model["base_url"]), svc.sandbox.describe(), config.data_dir)
+    log.info("serving on %s (pid %d): %s", record.data["url"], record.data["pid"],
+             running(config, svc.sandbox))
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
         retention.stop()
         killed = svc.shutdown()
         record.remove()
+        if demo_model is not None:
+            demo_model.stop()
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
-
-
-def _host_of(url: str | None) -> str:
-    """The provider's host (and port) for the log: never a path, query or credentials."""
-    from urllib.parse import urlsplit
-    if not url:
-        return "(no provider)"
-    parts = urlsplit(url)
-    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
 
 
 @cli.command("check-config")
@@ -146,7 +164,7 @@ def check_config(ctx):
     what they name. Warnings (``warning: file:key: …``: expired keys, no usable provider) are
     printed too but do not fail."""
     from . import preflight
-    config, problems = preflight.load_and_check(ctx.obj["config_path"])
+    config, problems = preflight.load_and_check(ctx.obj["config_path"], overlay=_overlay(ctx))
     for line in problems:
         click.echo(line, err=True)
     for line in config.warnings if config is not None else ():
@@ -179,10 +197,13 @@ def reload(ctx, timeout):
     from .lifecycle import request_reload
     path = ctx.obj["config_path"]
     try:
-        config = load_config(path, need_keys=False)
+        config = load_config(path, need_keys=False, overlay=_overlay(ctx))
     except ConfigError as exc:
         problems = exc.problems
         data_dir, guessed = _data_dir_named_by(path)
+        if ctx.obj.get("demo"):
+            from .demo import DATA_SUBDIR
+            data_dir = data_dir / DATA_SUBDIR
     else:
         problems, data_dir, guessed = [], config.data_dir, False
     results = request_reload(data_dir, timeout, config_path=path if guessed else None)
@@ -259,7 +280,7 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     if seconds < MIN_SESSION_AGE_SECONDS:
         raise click.BadParameter("must be at least 1h (a mapping used within the last hour is "
                                  "never removed)", param_hint="--older-than")
-    config = _load(ctx.obj["config_path"], need_keys=False)
+    config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     from .retention import collect
     from .services import build_services
@@ -290,7 +311,7 @@ def usage(ctx, user_id, days, daily):
     import sqlite3
 
     from .model_proxy import read_usage, usage_db_path
-    config = _load(ctx.obj["config_path"], need_keys=False)
+    config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     path = usage_db_path(config.data_dir)
     try:
         rows = read_usage(path, user_id=user_id, days=days, daily=daily)
@@ -326,7 +347,7 @@ def usage(ctx, user_id, days, daily):
 @click.pass_context
 def mnote(ctx):
     """Operator commands for the embedded mnote page store (data/mnote.db)."""
-    config = _load(ctx.obj["config_path"], need_keys=False)
+    config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     from .mnote.page_store import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:

@@ -331,6 +331,9 @@ class Config:
     #: restart-only settings a command-line option replaced (``--threads``): (section, key)
     #: -> the file's value, which reloads compare the file with (``raw`` has the running one)
     overrides: dict = field(default_factory=dict)
+    #: what a command-line option puts over the file's mapping before it is validated
+    #: (``--demo``: :func:`hermes_service.demo.overlay`); reloads apply it to the new file too
+    overlay: object = None
 
     def __getitem__(self, section: str) -> dict:
         return self.raw[section]
@@ -587,11 +590,14 @@ RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads")
                 ("hermes", "runner"))
 
 
-def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -> Config:
+def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
+                overlay=None) -> Config:
     """Read and validate a config file.
 
     ``path`` defaults to ``$HERMES_SERVICE_CONFIG`` or ``./config.yaml``.
-    Relative ``paths.*`` resolve against the file's folder.
+    Relative ``paths.*`` resolve against the file's folder. ``overlay`` (a function of the
+    parsed mapping returning the one to validate, e.g. :func:`hermes_service.demo.overlay`)
+    is kept on the config (and on a :class:`ConfigError`'s partial one).
     Raises :class:`ConfigError` (missing file, YAML syntax, schema problems).
     """
     path = Path(path or os.environ.get(ENV_CONFIG) or "config.yaml")
@@ -605,5 +611,15 @@ def load_config(path: str | os.PathLike | None = None, need_keys: bool = True) -
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError([f"{where}: YAML syntax error: {getattr(exc, 'problem', exc)}"]) from exc
-    return build_config(data, source=str(path), base_dir=path.resolve().parent, need_keys=need_keys)
+    if overlay is not None:
+        data = overlay(data)
+    try:
+        config = build_config(data, source=str(path), base_dir=path.resolve().parent,
+                              need_keys=need_keys)
+    except ConfigError as exc:
+        if exc.partial is not None:
+            exc.partial.overlay = overlay
+        raise
+    config.overlay = overlay
+    return config
 

@@ -36,6 +36,36 @@ DRAIN_SECONDS = 1.5
 RECORD_DIR = "service-pids"
 
 
+def provider_host(url: str | None) -> str:
+    """The provider's host (and port) for the log: never a path, query or credentials."""
+    from urllib.parse import urlsplit
+    if not url:
+        return "(no provider)"
+    parts = urlsplit(url)
+    return parts.hostname + (f":{parts.port}" if parts.port else "") if parts.hostname else "?"
+
+
+def running(config: Config, sandbox) -> str:
+    """What the service runs, for the start and reload lines (README §Logs): ``runner R,
+    model M at HOST[:PORT], sandbox S, data dir D`` — the provider by host only, never its
+    key or URL path."""
+    model = config["hermes"]["model"]
+    return (f"runner {config['hermes']['runner']}, model {model['default'] or '-'} at "
+            f"{provider_host(model['base_url'])}, sandbox {sandbox.describe()}, "
+            f"data dir {config.data_dir}")
+
+
+def no_provider(config: Config) -> str | None:
+    """The one line saying no model turn can work and what to set (start and reload; README
+    §Logs), or None when the provider is usable (:attr:`Config.provider_issues`)."""
+    if not config.provider_issues:
+        return None
+    return (f"no model provider: {'; '.join(config.provider_issues)} — until it is set every "
+            "turn is answered 503 hermes_unconfigured (README, first screen; config.yaml: then "
+            "`.venv/bin/python main.py reload`; an environment variable: restart the service "
+            "with it exported)")
+
+
 def waitress_options(config: Config, threads: int | None = None) -> dict:
     """waitress settings from ``service.*`` (README §Limits):
 
@@ -167,8 +197,8 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     stays. Never raises for a bad file. A refused file's problems are all of them at once: the
     file's own, and what its valid keys name (as :func:`preflight.load_and_check` finds them).
     """
-    try:
-        new = load_config(path)
+    try:     # with the overlay the service started with (``--demo``), if any
+        new = load_config(path, overlay=getattr(svc.config, "overlay", None))
     except ConfigError as exc:
         named = preflight.problems(exc.partial, store=False, invalid=exc.invalid) \
             if exc.partial is not None else []
@@ -187,6 +217,7 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
         except ConfigError as exc:
             return False, exc.problems
         new.overrides = running.overrides     # compared with the file it started with
+        new.overlay = running.overlay
     problems = preflight.problems(new, store=False)
     if problems:
         return False, problems
@@ -223,10 +254,16 @@ class Lifecycle:
         """Reload now (one at a time); logs and records the outcome. Returns whether applied."""
         with self._reload_lock:
             ok, lines = reload_config(self.svc, self.config_path)
-            if ok:
-                log.info("reloaded %s", self.config_path)
+            if ok:     # one line in the start line's words (README §Logs), then the notes
+                config = self.svc.config
+                log.info("reloaded %s; serving on %s (pid %d): %s", self.config_path,
+                         self.record.data["url"], os.getpid(), running(config, self.svc.sandbox))
+                issues = {f"warning: {i}" for i in config.provider_issues}
                 for line in lines:
-                    log.warning("reload: %s", line)
+                    if line not in issues:
+                        log.warning("reload: %s", line)
+                if issues:
+                    log.warning("%s", no_provider(config))
             else:
                 log.error("reload refused; the running config stays. Problems:")
                 for line in lines:

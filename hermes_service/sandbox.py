@@ -573,8 +573,10 @@ class Sandbox:
         os.lseek(fd, 0, os.SEEK_SET)
         # the options (host paths) through the memfd; the command (runtime paths the sandbox
         # sees anyway, and the user's own message) on the command line
+        # the command by its real path: the sandbox binds the resolved venv (runtime_roots), so
+        # a command reached through a symlinked folder would not exist inside it
         argv = [self.probe.bwrap, "--args", str(fd), "--", "/usr/bin/prlimit", *rlimits, "--",
-                _map_paths(command_path, mapping), *args]
+                _map_paths(os.path.realpath(command_path), mapping), *args]
         if cgroup is not None:
             # join the cgroup(s) before bwrap starts, so nothing it forks escapes them
             argv = ["/bin/sh", "-c", 'for f; do shift; [ "$f" = -- ] && break; '

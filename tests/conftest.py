@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-* ``model`` — the scripted OpenAI-compatible model server (tests/model_server.py),
+* ``model`` — the scripted OpenAI-compatible model server (hermes_service/scripted_model.py),
   one per test process, on 127.0.0.1.
 * ``service`` / ``start_service`` — the REAL service: ``python3 main.py`` (waitress)
   in a subprocess on a free port, with its own config file and data dir, running the
@@ -24,7 +24,7 @@ import pytest
 import requests
 import yaml
 
-from model_server import ScriptedModel
+from hermes_service.scripted_model import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes
-from model_server import REASONING_TEXT
+from hermes_service.scripted_model import REASONING_TEXT
 from sse_client import SSEStream, read_all
 
 pytestmark = pytest.mark.e2e

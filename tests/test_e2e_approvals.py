@@ -7,7 +7,7 @@ denies the command: the directory is still there.
 """
 import pytest
 
-import model_server
+from hermes_service import scripted_model as model_server
 
 pytestmark = pytest.mark.e2e
 

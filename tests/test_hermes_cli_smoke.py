@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import hermes_bin  # noqa: E402
-from model_server import ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
 
 API_KEY_ENV = "SCRIPTED_MODEL_API_KEY"
 API_KEY = "sk-smoke-test-key"

@@ -1,6 +1,6 @@
 """The model pass-through endpoint (hermes_service/model_proxy.py).
 
-Upstreams: the suite's scripted model (tests/model_server.py: records every chat-completions
+Upstreams: the suite's scripted model (hermes_service/scripted_model.py: records every chat-completions
 request's headers, answers ``[[status:N]]`` / ``[[hang]]`` directives, reports ``usage``) and a
 small gated upstream here that records any request and streams a reply whose second half waits
 for the test's go-ahead (so "relayed before the provider finished" is a condition, not a
@@ -34,7 +34,7 @@ from hermes_service import metrics
 from hermes_service.model_proxy import (MAX_BODY_BYTES, ModelProxy, UsageReader, UsageStore,
                                         read_usage, upstream_proxy_for, usage_db_path)
 from hermes_service.runner import classify_text
-from model_server import ScriptedModel
+from hermes_service.scripted_model import ScriptedModel
 from recording_proxy import RecordingProxy
 
 KEY_ENV = "MODEL_PROXY_TEST_PROVIDER_KEY"

@@ -1,4 +1,4 @@
-"""Fast unit tests of tests/model_server.py (no hermes involved)."""
+"""Fast unit tests of hermes_service/scripted_model.py (no hermes involved)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model_server import (  # noqa: E402
+from hermes_service.scripted_model import (  # noqa: E402
     AUX_REPLY,
     ScriptedModel,
     hermes_env,

@@ -239,3 +239,37 @@ def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):
     assert sorted(line.split(": ")[0] for line in lines) == [
         f"{path}:{k}" for k in ("hermes.model.context_length", "hermes.timeout_seconds",
                                 "paths.users_template")], lines
+
+
+def test_the_start_and_reload_lines_say_what_runs_and_the_readme_quotes_them(start_service):
+    """One start line and one reload line (README §Logs): runner, model, provider host (never
+    the key or the URL's path), sandbox, data dir and listen address; a reload to an unusable
+    provider logs the same "no model provider" line as a start."""
+    from hermes_service.lifecycle import no_provider
+    svc = start_service()
+    host = svc.cfg["hermes"]["model"]["base_url"].split("//")[1].split("/")[0]
+    said = f"serving on {svc.url} (pid {svc.proc.pid}): runner cli, "
+    [start] = [line for line in svc.log().splitlines() if " serving on " in line]
+    assert f" INFO hermes_service {said}model scripted-model at {host}, sandbox " in start
+    assert start.endswith(f", data dir {svc.data_dir}")
+    cfg = json.loads(json.dumps(svc.cfg))
+    cfg["hermes"]["model"].update(default="other-model", api_key_env="HERMES_TEST_UNSET_KEY")
+    write(svc, cfg)
+    os.kill(svc.proc.pid, signal.SIGHUP)
+    assert wait_reloaded(svc, 1)["ok"] is True
+    log = svc.log().splitlines()
+    [line] = [line for line in log if " reloaded " in line]
+    assert f" INFO hermes_service reloaded {svc.config_path}; {said}model other-model at {host}, " \
+           "sandbox " in line and line.endswith(f", data dir {svc.data_dir}")
+    [warn] = [line for line in log if "no model provider" in line]
+    assert f" WARNING hermes_service no model provider: {svc.config_path}:hermes.model." \
+           "api_key_env: HERMES_TEST_UNSET_KEY is not set" in warn
+    assert "sk-scripted" not in svc.log() and not any("reload: warning" in l for l in log)
+    readme = (ROOT / "README.md").read_text()
+    logs = readme.split("### Logs", 1)[1].split("\n### ", 1)[0]
+    for quoted in (f" INFO hermes_service {said.split('(')[0].replace(svc.url, 'http://127.0.0.1:9123')}",
+                   " INFO hermes_service reloaded ", "; serving on http://127.0.0.1:9123 (pid ",
+                   " WARNING hermes_service no model provider: ",
+                   warn.split(" — ", 1)[1]):
+        assert quoted in logs, quoted
+    assert no_provider.__doc__ and "no usable model provider:" not in " ".join(readme.split())

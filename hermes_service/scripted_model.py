@@ -1,4 +1,8 @@
-"""Scripted OpenAI-compatible model server for end-to-end tests.
+"""Scripted OpenAI-compatible model server: the test suite's model, and the demo's.
+
+The end-to-end tests and benches run the real Hermes CLI against it; ``main.py --demo`` /
+``make demo`` (:mod:`hermes_service.demo`) serves it as a labelled stand-in provider with a
+planner of its own (``ScriptedModel(planner=...)``) on top of the directives below.
 
 Standard library only.  One server can be shared by many concurrent tests:
 the reply to each request is chosen by DIRECTIVES written in the text of the
@@ -502,7 +506,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         sm = self.server.scripted
         sm._record(body, dict(self.headers.items()))
-        plan = plan_reply(body, sm._cut_done)
+        plan = (sm.planner or plan_reply)(body, sm._cut_done)
         try:
             if plan.kind == "error":
                 headers = {"Retry-After": "1"} if plan.status == 429 else None
@@ -636,10 +640,14 @@ def _split(text: str, n: int) -> list[str]:
 
 
 class ScriptedModel:
-    """A scripted OpenAI-compatible chat-completions server (see module doc)."""
+    """A scripted OpenAI-compatible chat-completions server (see module doc).
 
-    def __init__(self, model_id: str = "scripted-model") -> None:
+    ``planner(body, cut_done) -> _Plan`` replaces :func:`plan_reply` (the directives) as the
+    way a request's reply is chosen; the demo's wraps it (:mod:`hermes_service.demo`)."""
+
+    def __init__(self, model_id: str = "scripted-model", planner=None) -> None:
         self.model_id = model_id
+        self.planner = planner
         self.base_url = ""
         self.requests: list[dict] = []  # every chat-completions body, in arrival order
         self.request_headers: list[dict] = []  # headers of each, same order
