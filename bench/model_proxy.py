@@ -13,12 +13,9 @@ difference in ms.
 over ``--slow`` seconds; 0 s by default: back to back). Figures, not asserts: the machines
 are shared and noisy.
 
-The scripted model writes a response's headers and its first body piece in two ``send()``
-calls on a socket with Nagle's algorithm on (RFC 896), so with the client's delayed ACK
-(Linux: up to 40 ms) most of its answers wait ~40 ms for the second piece — on both sides,
-drowning the difference. The bench sets ``TCP_NODELAY`` on the scripted model's sockets
-(``--nagle`` keeps them as hermes_service/scripted_model.py has them). The proxy sets it on its own
-sockets (http.client does on the upstream side).
+The scripted model sets ``TCP_NODELAY`` on its sockets (with Nagle's algorithm, RFC 896,
+and the client's delayed ACK most of its answers would wait ~40 ms for their second piece,
+drowning the difference); the proxy sets it on its own (http.client does on the upstream side).
 """
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -72,16 +68,7 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, default=20)
     ap.add_argument("--slow", type=float, default=0.0)
     ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--nagle", action="store_true",
-                    help="leave Nagle's algorithm on in the scripted model (see above)")
     args = ap.parse_args()
-    if not args.nagle:
-        setup = model_server._Handler.setup
-
-        def nodelay_setup(self):
-            setup(self)
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        model_server._Handler.setup = nodelay_setup
 
     os.environ[KEY_ENV] = "sk-bench"
     model = ScriptedModel("scripted-model").start()
@@ -112,8 +99,7 @@ def main() -> None:
         model.stop()
 
     print(f"{args.requests} streamed chat completions per side (one keep-alive connection "
-          f"each, alternating; {os.cpu_count()} CPUs; slow={args.slow:g} s; "
-          f"scripted model Nagle {'on' if args.nagle else 'off'})")
+          f"each, alternating; {os.cpu_count()} CPUs; slow={args.slow:g} s)")
     print(f"{'':22}{'direct':>16}{'proxy':>16}{'difference':>16}")
     for idx, label in ((0, "first chunk"), (1, "whole response")):
         d, p = res["direct"][idx], res["proxy"][idx]
