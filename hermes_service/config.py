@@ -94,6 +94,7 @@ DEFAULTS: dict[str, Any] = {
         "max_event_streams": 12,
         "default_capability_scope": ["page.read", "page.write", "artifact.write"],
         "service_url": None,
+        "runner": "acp",
     },
     "retention": {
         "interval_seconds": 3600,
@@ -233,6 +234,7 @@ SCHEMA = _obj({
         "max_event_streams": _POS_INT,
         "default_capability_scope": _STR_LIST,
         "service_url": {"type": ["string", "null"]},
+        "runner": {"enum": ["cli", "acp"]},
     }),
     "retention": _obj({
         "interval_seconds": {"type": "number", "minimum": 0},
@@ -587,7 +589,7 @@ RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads")
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
                 ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
                 ("paths", "data_dir"), ("cors", None), ("mnote", "service_url"),
-                ("hermes", "runner"))
+                ("hermes", "runner"), ("mnote", "runner"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,

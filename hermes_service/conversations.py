@@ -46,15 +46,26 @@ class _Timed:
         return getattr(self._listener, name)
 
 
+def acp_families(config: Config) -> frozenset[str]:
+    """The route families whose turns run on the warm ACP runner (README §Runners):
+    ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q … --source tool``,
+    the runner the v1.3.0 API is specified around), ``mnote`` (the client routes) when
+    ``mnote.runner: acp`` (the default: the panel's answer streams as it is written)."""
+    return frozenset(f for f, runner in (("v1", config["hermes"]["runner"]),
+                                         ("mnote", config["mnote"]["runner"])) if runner == "acp")
+
+
 class Conversations:
     """Create, list, delete sessions and run turns on them."""
 
     def __init__(self, config: Config, store: SessionStore, homes: UserHomes, runner: HermesRunner,
-                 acp=None):
+                 acp=None, acp_families: frozenset[str] = frozenset()):
         self.store = store
         self.homes = homes
         self.runner = runner
-        self.acp = acp          # the ACP runner when hermes.runner is "acp"
+        self.acp = acp          # the ACP runner, when a route family uses it
+        #: the route families whose turns go to ``acp`` (:func:`acp_families`)
+        self.acp_families = acp_families if acp is not None else frozenset()
         self.max_message_bytes = config["hermes"]["max_message_bytes"]
         # a request waits for a busy session no longer than for a CLI slot
         self.turn_wait = float(config["hermes"]["queue_wait_seconds"])
@@ -212,15 +223,16 @@ class Conversations:
     def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
         """Start the user's warm Hermes process for ``family`` in the background, when the
         ACP runner is configured (the panel created a session: a run is likely to follow)."""
-        if self.acp is None:
+        if family not in self.acp_families:
             return
         home = self.homes.ensure(user_id)
         self.acp.prewarm(home, self.homes.cli_env(home, self.runner.command_path()), family,
                          self.runner.toolset_names(toolsets))
 
     def _run(self, req: TurnRequest, clock: metrics.TurnClock) -> TurnResult:
-        """The ACP runner when configured and able to serve the turn, else the CLI runner."""
-        if self.acp is not None:
+        """The ACP runner when the turn's family uses it and it can serve the turn, else the
+        CLI runner."""
+        if req.family in self.acp_families:
             clock.runner = self.acp.name
             try:
                 return self.acp.run_turn(req)

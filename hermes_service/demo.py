@@ -133,7 +133,8 @@ def start_model() -> sm.ScriptedModel:
 
 def overlay(base_url: str):
     """What ``--demo`` puts over the parsed config file (a function of the file's mapping):
-    the demo model at ``base_url`` (no key), the ACP runner, and ``<paths.data_dir>/demo``."""
+    the demo model at ``base_url`` (no key), the ACP runner on every route family, and
+    ``<paths.data_dir>/demo``."""
     def apply(data: dict | None) -> dict:
         data = copy.deepcopy(data) if isinstance(data, dict) else {}
         hermes = data.setdefault("hermes", {})
@@ -142,6 +143,9 @@ def overlay(base_url: str):
             model.update(provider="custom", base_url=base_url, default=MODEL_ID, api_key_env=None)
         if isinstance(hermes, dict):
             hermes["runner"] = "acp"
+        mnote = data.setdefault("mnote", {})
+        if isinstance(mnote, dict):
+            mnote["runner"] = "acp"
         paths = data.setdefault("paths", {})
         if isinstance(paths, dict):
             base = paths.get("data_dir") if isinstance(paths.get("data_dir"), str) else "data"

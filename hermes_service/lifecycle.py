@@ -46,11 +46,12 @@ def provider_host(url: str | None) -> str:
 
 
 def running(config: Config, sandbox) -> str:
-    """What the service runs, for the start and reload lines (README §Logs): ``runner R,
-    model M at HOST[:PORT], sandbox S, data dir D`` — the provider by host only, never its
-    key or URL path."""
+    """What the service runs, for the start and reload lines (README §Logs): ``runner R
+    (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, P the
+    client routes'; the provider by host only, never its key or URL path."""
     model = config["hermes"]["model"]
-    return (f"runner {config['hermes']['runner']}, model {model['default'] or '-'} at "
+    return (f"runner {config['hermes']['runner']} (panel {config['mnote']['runner']}), "
+            f"model {model['default'] or '-'} at "
             f"{provider_host(model['base_url'])}, sandbox {sandbox.describe()}, "
             f"data dir {config.data_dir}")
 

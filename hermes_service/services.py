@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from . import metrics
 from .acp_runner import AcpRunner
 from .config import Config
-from .conversations import Conversations
+from .conversations import Conversations, acp_families
 from .errors import TooManyRuns, Unconfigured
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
@@ -139,10 +139,11 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
     runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs",
                           sandbox=sandbox)
-    acp = AcpRunner(hermes, runner) if hermes["runner"] == "acp" else None
+    families = acp_families(config)
+    acp = AcpRunner(hermes, runner) if families else None
     services = Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
-        conversations=Conversations(config, store, homes, runner, acp),
+        conversations=Conversations(config, store, homes, runner, acp, families),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
                         max_active=hermes["max_concurrent_runs"] * 4,
                         max_streams=config["mnote"]["max_event_streams"]),

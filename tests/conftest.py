@@ -64,6 +64,9 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
                    "model": {"provider": "custom", "base_url": model_url,
                              "default": "scripted-model", "api_key_env": PROVIDER_KEY_ENV}},
         "paths": {"data_dir": str(tmp / "data"), "users_template": str(ROOT / "users_template")},
+        # the client routes on the CLI runner unless a test chooses (the shipped default is
+        # acp: test_quickstart/test_e2e_demo); unit tests stub the CLI runner's seam
+        "mnote": {"runner": "cli"},
     }
 
 

@@ -32,7 +32,8 @@ def _runner(name):
 def svc(request, tmp_path_factory, model):
     tmp = tmp_path_factory.mktemp(f"answers-{request.param}")
     cfg = deep_merge(base_config(tmp, model.base_url),
-                     {"hermes": {"runner": request.param, "toolsets": ["terminal"],
+                     {"mnote": {"runner": request.param},
+                      "hermes": {"runner": request.param, "toolsets": ["terminal"],
                                  "model": {"context_length": 64000}}})
     from hermes_service.mnote.page_store import SQLitePageStore
     store = SQLitePageStore(tmp / "data" / "mnote.db")

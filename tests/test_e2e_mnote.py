@@ -20,7 +20,8 @@ def runner(request):
 def start_service(start_service, runner):
     """Every service of this module runs on ``runner``."""
     def start(overrides=None, **kw):
-        return start_service(deep_merge({"hermes": {"runner": runner}}, overrides or {}), **kw)
+        return start_service(deep_merge({"hermes": {"runner": runner}, "mnote": {"runner": runner}},
+                                        overrides or {}), **kw)
     return start
 
 

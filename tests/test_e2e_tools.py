@@ -16,7 +16,8 @@ pytestmark = pytest.mark.e2e
 def start_service(start_service, request):
     """Every service of this module runs on the runner of the parameter."""
     def start(overrides=None, **kw):
-        return start_service(deep_merge({"hermes": {"runner": request.param}}, overrides or {}),
+        return start_service(deep_merge({"hermes": {"runner": request.param},
+                                         "mnote": {"runner": request.param}}, overrides or {}),
                              **kw)
     return start
 
