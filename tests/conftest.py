@@ -196,17 +196,22 @@ def app_factory(make_config):
 class StubTurns:
     """Scripted replacement for ``HermesRunner._turn`` (one CLI process) in unit tests.
 
-    Records each call (``message``, ``resume_id``, ``env``, ``cwd``, ``args``, and ``run_file``:
-    the mnote run binding the plugin would read). Answers with the
+    Records each call (``message``, ``resume_id``, ``env``, ``cwd`` (the UserHome), ``args``,
+    and ``run_file``: the mnote run binding the plugin would read). Answers with the
     next of ``outcomes``, else ``answer``, else ``echo #N: <message>`` (N = turns in that home).
+    Like Hermes, a successful turn is written to the home's ``state.db``
+    (tests/hermes_record.py) — the service reads the answer from there — while its stdout
+    carries a decoy (``STDOUT_DECOY``): an answer taken from stdout shows. ``record`` may
+    replace what is recorded: ``{"answer": …, "reasoning": …}`` for the next turns.
     ``block()`` runs first when set; while ``gate`` (an Event) is set-able, the turn waits for it
     and honours the run's cancel event like a killed process would.
     """
+    STDOUT_DECOY = "\n╭─ ⚕ Hermes ─╮ (the terminal's copy, never the answer)\n"
     SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
 
     def __init__(self):
         self.calls, self.outcomes = [], []
-        self.answer = self.block = self.gate = None
+        self.answer = self.block = self.gate = self.record = None
 
     def touch(self):
         pass
@@ -234,7 +239,13 @@ class StubTurns:
         if self.outcomes:
             return self.outcomes.pop(0)
         n = sum(1 for c in self.calls if c["cwd"] == cwd)
-        return Outcome(0, (self.answer or f"echo #{n}: {message}") + "\n", self.SID_LINE, 0.01)
+        answer = self.answer or f"echo #{n}: {message}"
+        if hasattr(cwd, "hermes_home"):           # the user's home: record the turn there
+            from hermes_record import record_turn
+            rec = {"answer": answer, **(self.record or {})}
+            record_turn(cwd.hermes_home, self.SID_LINE.split(":")[1].strip(), message, **rec)
+            answer += self.STDOUT_DECOY
+        return Outcome(0, answer + "\n", self.SID_LINE, 0.01)
 
 
 @pytest.fixture

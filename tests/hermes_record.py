@@ -24,9 +24,11 @@ CREATE TABLE IF NOT EXISTS messages (
 
 
 def record_turn(hermes_home: Path, session_id: str, message: str, *, tool_call: str | None = None,
-                answer: str | None = None) -> None:
+                answer: str | None = None, reasoning: str | None = None) -> None:
     """Append one turn to ``session_id`` (created when new): the user's ``message``, then an
-    assistant step calling ``tool_call`` (a tool name) and/or an ``answer``."""
+    assistant step calling ``tool_call`` (a tool name) and/or an ``answer`` (with
+    ``reasoning`` in its ``reasoning`` column, as Hermes stores a model's reasoning).
+    ``answer="(empty)"`` is what Hermes stores when the model answered nothing."""
     hermes_home.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(hermes_home / "state.db") as db:
         db.executescript(SCHEMA)
@@ -39,9 +41,11 @@ def record_turn(hermes_home: Path, session_id: str, message: str, *, tool_call: 
                                                                     "arguments": "{}"}}])))
         if answer is not None:
             rows.append(("assistant", answer, None))
-        for role, content, calls in rows:
-            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp)"
-                       " VALUES (?, ?, ?, ?, ?)", (session_id, role, content, calls, time.time()))
+        for i, (role, content, calls) in enumerate(rows):
+            thought = reasoning if role == "assistant" and i == len(rows) - 1 else None
+            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp, "
+                       "reasoning) VALUES (?, ?, ?, ?, ?, ?)",
+                       (session_id, role, content, calls, time.time(), thought))
 
 
 def active_roles(hermes_home: Path, session_id: str) -> list[str]:

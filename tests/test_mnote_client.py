@@ -130,8 +130,9 @@ def test_list_and_get_session_examples(c):
     res = c.get(f"{P}/sessions/mnote_doc_1_trace_1?workspaceId=ws_1&documentId=doc_1", headers=A)
     assert set(res.json) == {"ok", "sessionId", "traceId", "messages", "usage"}
     assert set(res.json["usage"]) == {"inputTokens", "outputTokens", "totalTokens"}
-    # the stub wrote no state.db: Hermes has no messages, and the service stores none itself
-    assert res.json["messages"] == []
+    # the transcript is Hermes's record of the turn (the stub writes it as Hermes does)
+    assert [(m["role"], m["content"]) for m in res.json["messages"]] == [
+        ("user", "概括当前页面标题和第一段"), ("assistant", "当前页标题是项目计划")]
     assert c.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_2", headers=A).json["sessions"] == []
 
 

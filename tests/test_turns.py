@@ -160,3 +160,34 @@ def test_a_message_that_looks_like_hermes_scaffolding_is_still_the_turns_own(tmp
     record_turn(home, HERMES_SID, "[System: fail]")
     assert hermes_state.rewind_unanswered(home, HERMES_SID, "[System: fail]")
     assert active_roles(home, HERMES_SID) == ["user", "assistant", "user", "assistant"]
+
+
+# -- answers come from Hermes's record (README §Runners), at the unit level: the stubbed CLI
+# turn writes state.db as Hermes does and puts a decoy on stdout
+
+
+def _v1_turn(client, message="hi"):
+    from conftest import API_KEY
+    H = {"X-API-Key": API_KEY}
+    sid = client.post("/api/v1/sessions", json={"user_id": "rec"}, headers=H).json["session_id"]
+    return client.post(f"/api/v1/sessions/{sid}/messages", json={"message": message}, headers=H)
+
+
+def test_the_answer_is_read_from_the_record_not_from_stdout(stubbed_app, stub):
+    res = _v1_turn(stubbed_app().test_client(), "what is in the record")
+    assert res.status_code == 200, res.json
+    assert res.json["response"] == "echo #1: what is in the record"
+    assert "⚕" not in res.json["response"] and stub.STDOUT_DECOY.strip() not in res.json["response"]
+
+
+def test_the_empty_placeholder_in_the_record_is_a_502(stubbed_app, stub):
+    stub.record = {"answer": "(empty)"}
+    res = _v1_turn(stubbed_app().test_client())
+    assert res.status_code == 502 and res.json["code"] == "upstream_empty_answer", res.json
+
+
+def test_reasoning_in_the_record_is_kept_apart_from_the_answer(stubbed_app, stub):
+    stub.record = {"reasoning": "first I think", "answer": "then I answer"}
+    res = _v1_turn(stubbed_app().test_client())
+    assert res.status_code == 200, res.json
+    assert res.json["response"] == "then I answer" and res.json["reasoning"] == "first I think"
