@@ -64,10 +64,13 @@ from .errors import RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
                      _ctx, _proc_start, _stopping, answer_from_record, classify_text, failure_reason,
                      kill_group, limit_error)
-from .sandbox import MODEL_URL_ENV, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
 
 log = logging.getLogger("hermes_service.acp")
 
+#: CPU seconds a warm process's sandbox may use while no turn runs before it is closed
+#: (Hermes's own idle work is far below; a process left behind by a turn is not)
+IDLE_CPU_SECONDS = 5.0
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
 FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
 POLL_SECONDS = 0.05
@@ -219,6 +222,7 @@ class AcpProcess:
         self.stderr_tail = bytearray()
         self.launch = None
         self.limit: str | None = None     # the sandbox limit that ended it (sandbox.py)
+        self.idle_cpu: float | None = None  # its sandbox's CPU seconds when its last turn ended
         self.cwd = runner.cli.sandbox.home_path(home) if runner.cli.sandbox else str(home.root)
 
     # -- life ------------------------------------------------------------------------
@@ -599,6 +603,9 @@ class AcpRunner:
                     await self._close(proc, "retired")
                 elif now - proc.last_used >= self.idle_seconds:
                     await self._close(proc, "idle")
+                elif proc.idle_cpu is not None and \
+                        proc.launch.cpu_seconds() - proc.idle_cpu > IDLE_CPU_SECONDS:
+                    await self._close(proc, "it used CPU between turns")
 
     # -- one turn (loop thread) --------------------------------------------------------
     async def _turn(self, req: TurnRequest, sink: _Sink, lost: bool, record: tuple | None = None):
@@ -631,6 +638,14 @@ class AcpRunner:
 
     def _release(self, proc: AcpProcess) -> None:
         proc.reserved -= 1
+        if not proc.busy and not proc.dead and proc.launch is not None and proc.launch.sandboxed:
+            # nothing a turn started outlives it (a daemonized tool command would burn CPU
+            # or hold files between turns, outside every turn's limits)
+            strays = kill_strays(proc.pgid)
+            if strays:
+                log.warning("ended %d process(es) a turn of user=%s left in its sandbox",
+                            strays, proc.key[0])
+            proc.idle_cpu = proc.launch.cpu_seconds()
         if proc.retired and not proc.busy and not proc.dead:
             asyncio.get_running_loop().create_task(self._close(proc, "retired"))
 
@@ -733,7 +748,7 @@ class AcpRunner:
                 self.cli.run_files.remove(run_file)
         cpu_cap = self.cli.sandbox.settings.limits.cpu_seconds / 2 if self.cli.sandboxed else None
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \
-                or (cpu_cap is not None and proc.cpu_seconds() > cpu_cap):
+                or (cpu_cap is not None and proc.launch.cpu_seconds() > cpu_cap):
             self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB, "
                                f"{proc.cpu_seconds():.0f} s CPU")
             self._replace(proc)

@@ -25,9 +25,11 @@ directory planted there is refused (409 ``home_tampered``), never followed (:fun
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
+import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,9 +154,20 @@ def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | Non
         try:
             # before anything is read (the main file is open, its WAL not yet): is it ours?
             _same(conn, hermes_home, db, real_dir, dfd, before)
+            # a user's agent owns this file: a view or trigger it wrote could make any query
+            # of ours run for ever (a recursive CTE), in the service, outside every sandbox
+            # limit. Every statement is cut off after STATE_DB_SECONDS (bounded, below).
+            deadline = time.monotonic() + STATE_DB_SECONDS
+            conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
             try:
                 tables = {r[0] for r in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE name IN ('sessions', 'messages')")}
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                    "name IN ('sessions', 'messages')")}
+                views = [r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'view' AND "
+                    "name IN ('sessions', 'messages')")]
+                if views:
+                    raise _refuse(hermes_home, f"{views[0]} is a view, not Hermes's table")
             except sqlite3.OperationalError as exc:
                 if "locked" in str(exc) or "busy" in str(exc):
                     raise
@@ -174,6 +187,26 @@ def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | Non
     return conn
 
 
+#: The longest the service lets one use of a user's ``state.db`` run (seconds): Hermes's
+#: own queries of a session take milliseconds.
+STATE_DB_SECONDS = 10.0
+
+
+def bounded(fn):
+    """Turn a statement cut off by :func:`_connect`'s deadline (SQLite ``interrupted``) into
+    :class:`~hermes_service.homefs.HomeTampered` (409) naming the home, not a 500."""
+    @functools.wraps(fn)
+    def wrapper(hermes_home, *args, **kwargs):
+        try:
+            return fn(hermes_home, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            if "interrupted" not in str(exc):
+                raise
+            raise _refuse(hermes_home, f"a query of it ran longer than {STATE_DB_SECONDS:g} s "
+                          "(a view or trigger the user's agent wrote?)") from None
+    return wrapper
+
+
 def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[sqlite3.Row]:
     """Session rows from the oldest ancestor to ``session_id`` (empty if unknown)."""
     rows, seen, current = [], set(), session_id
@@ -187,6 +220,7 @@ def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[
     return rows[::-1]
 
 
+@bounded
 def lineage_ids(hermes_home: Path, session_id: str | None) -> list[str]:
     """Ids of ``session_id``'s lineage, oldest first (empty if unknown or no state.db)."""
     conn = _connect(hermes_home) if session_id else None
@@ -196,6 +230,7 @@ def lineage_ids(hermes_home: Path, session_id: str | None) -> list[str]:
         return [r["id"] for r in lineage(conn, session_id)]
 
 
+@bounded
 def session_source(hermes_home: Path, session_id: str | None) -> str | None:
     """The ``source`` Hermes recorded for a session (``tool`` for CLI turns, ``acp`` for ACP
     sessions), or None when the session does not exist."""
@@ -319,6 +354,7 @@ def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
     return []
 
 
+@bounded
 def turn_record(hermes_home: Path, session_id: str | None, message: str) -> TurnRecord:
     """The turn of ``session_id`` that sent ``message`` (the session's newest turn)."""
     conn = _connect(hermes_home) if session_id else None
@@ -348,6 +384,7 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
     return rec
 
 
+@bounded
 def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> bool:
     """Make an ACP session that Hermes will restore use ``base_url`` (the model pass-through
     of this service process) instead of the one it was made with: Hermes 0.19.0's ACP
@@ -382,6 +419,7 @@ def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> b
         return True
 
 
+@bounded
 def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -> bool:
     """Take back the turn that sent ``message`` if it produced no answer: soft-delete its
     rows (``active = 0``, ``sessions.rewind_count + 1``), as Hermes's own
@@ -418,6 +456,7 @@ def _unanswered(r) -> bool:
                                    and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
 
 
+@bounded
 def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     """Before a turn (holding the session's turn lock): take back the session's newest turn
     if it has no answer. Only a service that died during that turn (``kill -9``, a crash,
@@ -442,6 +481,7 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
 
 
+@bounded
 def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     """What the session's record is now: (active messages, newest active message id) of its
     lineage; None when unknown. A write by anyone else (another service process, a CLI
@@ -459,6 +499,7 @@ def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     return (row[0], row[1])
 
 
+@bounded
 def has_messages(hermes_home: Path, session_id: str | None) -> bool:
     """Does the session's lineage hold any active message?"""
     record = fingerprint(hermes_home, session_id)
@@ -517,6 +558,7 @@ def _replayed(out: list[dict], content) -> bool:
     return False
 
 
+@bounded
 def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
     """The newest ``limit`` messages of the conversation, oldest first, in the client
     contract's shape (§2 GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``,
@@ -533,6 +575,7 @@ def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> 
     return out[-limit:] if limit else out
 
 
+@bounded
 def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
     """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,
     inputTokens, outputTokens}`` of the session's lineage, or None if Hermes has no such

@@ -157,6 +157,18 @@ _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
 _ENCODINGS = ("gzip", "deflate", "identity")
 
 
+def _leaves_root(path: str) -> bool:
+    """Could ``path`` name something outside ``/v1`` once a server normalises it? A ``.`` or
+    ``..`` segment, or an encoded dot, slash or backslash (RFC 3986 §5.2.4 dot-segment
+    removal; a provider or gateway in front of it may decode first): the real key must
+    never go with such a request."""
+    target = path.split("?", 1)[0]
+    if any(seg in (".", "..") for seg in target.split("/")):
+        return True
+    low = target.lower()
+    return any(enc in low for enc in ("%2e", "%2f", "%5c", "\\"))
+
+
 def usage_db_path(data_dir: Path) -> Path:
     """Where the service keeps per-user model usage: ``<data_dir>/model_usage.db``."""
     return Path(data_dir) / USAGE_DB_NAME
@@ -618,7 +630,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         proxy = self.server.proxy
         path = self.path
-        if not (path == "/v1" or path.startswith(("/v1/", "/v1?"))):
+        if not (path == "/v1" or path.startswith(("/v1/", "/v1?"))) or _leaves_root(path):
             self._drain_or_close()
             self._reply(404, f"no such route: {self.command} (only /v1/... is served)",
                         "invalid_request_error", "not_found")

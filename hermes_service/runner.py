@@ -705,7 +705,9 @@ class HermesRunner:
         if cached is not None and now < cached[0]:
             size = cached[1]
         else:
+            # the run folder is the user's too (writable in its sandbox)
             size = home_size_mb(home.root, stop_above=cap)
+            size += home_size_mb(self.run_files.root / home.user_id, stop_above=cap)
             took = time.monotonic() - now
             # a home of many files costs a walk of every entry: then reuse it for a while
             if took > HOME_WALK_SLOW_SECONDS:

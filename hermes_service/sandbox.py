@@ -82,6 +82,9 @@ RUNTIME_ETC = ("/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/alternative
 #: What a sandbox may not change in its home (the service writes them; the agent could
 #: otherwise turn approvals off or replace the service's plugins for its later turns).
 READ_ONLY_IN_HOME = (".hermes/config.yaml", ".hermes/plugins")
+#: The env files Hermes loads from HERMES_HOME (hermes_cli/env_loader.py; ``.env`` overrides
+#: the environment): empty inside a sandbox.
+DOTENV_FILES = (".env", ".op.env")
 
 
 @dataclass(frozen=True)
@@ -547,8 +550,11 @@ class Sandbox:
                  "--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
         for root in runtime_roots(command_path):
             bargs += ["--ro-bind", root, root]
+        tmp_bytes = str(lim.tmp_mb * 1024 * 1024)
         bargs += ["--ro-bind", str(self.site_dir), SITE_DIR,
-                  "--size", str(lim.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+                  "--size", tmp_bytes, "--tmpfs", "/tmp",
+                  # /dev/shm is memory too, capped like /tmp; the rest of /dev read-only
+                  "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                   "--bind", str(home.root), HOME]
         if os.path.isdir(home.hermes_home) and not os.path.islink(home.hermes_home):
             # a mount point of its own: the agent cannot rename or replace HERMES_HOME, so
@@ -559,6 +565,10 @@ class Sandbox:
             if os.path.lexists(entry) and not os.path.islink(entry) and \
                     not os.path.islink(entry.parent):
                 bargs += ["--ro-bind", str(entry), f"{HOME}/{rel}"]
+        # Hermes loads $HERMES_HOME/.env over its environment (HERMES_YOLO_MODE=1 there turns
+        # approvals off): inside the sandbox both env files read empty, whatever the agent wrote
+        for name in DOTENV_FILES:
+            bargs += ["--ro-bind", "/dev/null", f"{HOME}/.hermes/{name}"]
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
         bargs += ["--chdir", HOME]
@@ -670,6 +680,33 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+def kill_strays(leader: int) -> int:
+    """SIGKILL every process in the sandbox led by ``leader`` (its outer bwrap) except its
+    PID-namespace init and the command it started (the oldest child of init): what tool
+    commands left running, daemonized or not. Returns how many were killed."""
+    try:
+        init = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
+        kids = [int(k) for k in Path(f"/proc/{init}/task/{init}/children").read_text().split()]
+    except (OSError, ValueError, IndexError):
+        return 0
+    def started(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, ValueError, IndexError):
+            return 1 << 62
+    if not kids:
+        return 0
+    main = min(kids, key=started)
+    keep = {init, main}
+    strays = [p for p in descendants(init) if p not in keep and p not in descendants(main)]
+    for p in strays:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(strays)
+
+
 def limit_signal(returncode: int | None) -> str | None:
     """Which rlimit ended a process, from its exit status (negative: the signal; a shell or
     bwrap reports 128 + signal): ``"cpu"`` (SIGXCPU), ``"file_size"`` (SIGXFSZ)."""
@@ -714,34 +751,37 @@ def problems(settings: Settings, toolsets, source: str) -> list[str]:
     return out
 
 
+#: What one file or folder counts at least toward ``max_home_mb`` (its inode): 200 000 empty
+#: files are not free.
+MIN_ENTRY_BYTES = 4096
+
+
 def home_size_mb(root: Path, stop_above: float | None = None) -> float:
-    """Disk use of a home in MiB (allocated blocks; symlinks not followed; hard-linked files
-    counted once). Stops counting once above ``stop_above``."""
+    """Disk use of a home in MiB: allocated blocks, each entry at least
+    :data:`MIN_ENTRY_BYTES`; symlinks not followed; hard-linked files counted once; walked
+    by folder descriptors (``os.fwalk``), so paths too long to name still count. Stops
+    counting once above ``stop_above``."""
     seen: set = set()
     total = 0
     limit = None if stop_above is None else stop_above * 1024 * 1024
-    stack = [str(root)]
-    while stack:
-        d = stack.pop()
-        try:
-            it = os.scandir(d)
-        except OSError:
-            continue
-        with it:
-            for e in it:
+    try:
+        walk = os.fwalk(str(root), follow_symlinks=False)
+        for _dirpath, dirnames, filenames, dirfd in walk:
+            for name in (*dirnames, *filenames):
                 try:
-                    st = e.stat(follow_symlinks=False)
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
                 except OSError:
                     continue
-                if e.is_dir(follow_symlinks=False):
-                    stack.append(e.path)
-                if st.st_nlink > 1:
+                if st.st_nlink > 1 and not dirnames.count(name):
                     if (st.st_dev, st.st_ino) in seen:
                         continue
                     seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
+                total += max(st.st_blocks * 512, MIN_ENTRY_BYTES)
                 if limit is not None and total > limit:
+                    walk.close()
                     return total / 1024 / 1024
+    except OSError:
+        pass
     return total / 1024 / 1024
 
 

@@ -220,3 +220,43 @@ def test_a_home_over_its_quota_fails_before_hermes_starts(start_service, tmp_pat
     assert len(model.main_requests()) == seen             # Hermes never started
     (tmp_path / "data" / "users" / "hoarder" / "hoard.bin").unlink()
     assert svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "ok"}).status_code == 200
+
+
+def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
+    """A tool command that daemonizes (setsid, background) is ended when the ACP turn ends,
+    so it cannot burn CPU or hold files between turns, outside every turn's limits."""
+    svc = start_service({"hermes": {"runner": "acp", "toolsets": TOOLS,
+                                    "sandbox": {"mode": "bwrap"}}})
+    sid = svc.post("/api/v1/sessions", json={"user_id": "daemon"}).json()["session_id"]
+    (tmp_path / "data" / "users" / "daemon" / "d.sh").write_text(
+        "setsid sh -c 'while :; do sleep 0.37; done' </dev/null >/dev/null 2>&1 &\necho started\n")
+    res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("sh d.sh")})
+    assert res.status_code == 200 and "started" in res.text, res.text
+
+    def looping():
+        found = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and b"sleep 0.37" in (d / "cmdline").read_bytes():
+                    found.append(d.name)
+            except OSError:
+                pass
+        return found
+    wait_for(lambda: not looping(), 30, "the daemonized loop to be ended")
+    assert "left in its sandbox" in svc.log()
+    again = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "still warm"})
+    assert again.status_code == 200, again.text
+
+
+def test_an_env_file_planted_in_the_home_cannot_turn_approvals_off(start_service, tmp_path):
+    """Hermes loads ``$HERMES_HOME/.env`` over its environment; ``HERMES_YOLO_MODE=1`` there
+    would run dangerous commands unasked. Inside the sandbox it reads empty."""
+    svc = start_service({"hermes": {"toolsets": ["terminal"], "sandbox": {"mode": "bwrap"}}})
+    sid = svc.post("/api/v1/sessions", json={"user_id": "yolo"}).json()["session_id"]
+    home = tmp_path / "data" / "users" / "yolo"
+    (home / ".hermes" / ".env").write_text("HERMES_YOLO_MODE=1\n")
+    (home / "scratch").mkdir()
+    (home / "scratch" / "keep.txt").write_text("still here")
+    res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("rm -r ./scratch")})
+    assert res.status_code == 200, res.text
+    assert (home / "scratch" / "keep.txt").read_text() == "still here", res.text

@@ -419,3 +419,43 @@ def test_gc_purge_over_a_tampered_home_reports_it_and_touches_nothing_outside(ma
     assert "old-a" in report.problems[0] and "not a plain file" in report.problems[0]
     assert svc.store.get("old-a") is not None and svc.store.get("old-b") is None
     assert other.read_bytes() == before
+
+
+# -- a state.db whose schema the user's agent wrote: no query of the service runs for ever
+
+
+def _hostile_home(tmp_path):
+    hermes_home = tmp_path / "users" / "mallory" / ".hermes"
+    record_turn(hermes_home, "s1", "hello", answer="hi")
+    return hermes_home
+
+
+def test_a_view_in_place_of_hermess_table_is_refused_at_once(tmp_path):
+    hermes_home = _hostile_home(tmp_path)
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.executescript("""
+            ALTER TABLE messages RENAME TO messages_real;
+            CREATE VIEW messages AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n)
+              SELECT m.* FROM messages_real m, n;""")
+    started = time.monotonic()
+    with pytest.raises(homefs.HomeTampered, match="view"):
+        hermes_state.turn_record(hermes_home, "s1", "hello")
+    assert time.monotonic() - started < 5
+
+
+def test_a_trigger_that_never_ends_is_cut_off_and_refused(tmp_path, monkeypatch):
+    """A rewind (UPDATE of messages) fires the agent's trigger; it is stopped at the
+    deadline and reported as a tampered home (409), not a hung request."""
+    monkeypatch.setattr(hermes_state, "STATE_DB_SECONDS", 1.0)
+    hermes_home = _hostile_home(tmp_path)
+    record_turn(hermes_home, "s1", "unanswered")
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.executescript("""
+            CREATE TRIGGER forever AFTER UPDATE ON messages BEGIN
+              SELECT count(*) FROM (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1
+                FROM n) SELECT i FROM n);
+            END;""")
+    started = time.monotonic()
+    with pytest.raises(homefs.HomeTampered, match="longer than"):
+        hermes_state.rewind_unanswered(hermes_home, "s1", "unanswered")
+    assert time.monotonic() - started < 10

@@ -714,3 +714,11 @@ def test_hermes_reports_an_unreachable_provider_as_upstream_unavailable(make_pro
     res = run_hermes(hermes_home(tmp_path, proxy.base_url), proxy.issue("erin"), "hi")
     assert classify_text(res.stdout + "\n" + res.stderr).code == "upstream_unavailable", \
         (res.returncode, res.stdout, res.stderr)
+
+
+@pytest.mark.parametrize("path", ["/v1/../../admin/keys", "/v1/./models", "/v1/%2e%2e/admin",
+                                  "/v1/models%2F..%2Fadmin", "/v1/a%5c..%5cb"])
+def test_a_path_that_could_leave_the_api_root_is_never_forwarded(path):
+    from hermes_service.model_proxy import _leaves_root
+    assert _leaves_root(path)
+    assert not _leaves_root("/v1/chat/completions") and not _leaves_root("/v1/models?x=..")

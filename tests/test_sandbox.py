@@ -205,3 +205,26 @@ def test_a_cgroup_v2_subtree_without_the_controllers_is_not_used(tmp_path):
     own.mkdir()
     (own / "cgroup.controllers").write_text("cpu io\n")
     assert sandbox.CgroupBase._v2(own) is None
+
+
+def test_home_size_counts_every_entry_and_paths_too_long_to_name(tmp_path):
+    for i in range(1000):
+        (tmp_path / f"f{i}").touch()
+    assert sandbox.home_size_mb(tmp_path) >= 1000 * sandbox.MIN_ENTRY_BYTES / 1024 / 1024
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        for _ in range(30):                      # > PATH_MAX (4096) below tmp_path
+            os.mkdir("d" * 200, dir_fd=fd)
+            nxt = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        big = os.open("big.bin", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+        os.write(big, b"z" * 5 * 1024 * 1024)
+        os.close(big)
+    finally:
+        os.close(fd)
+    assert sandbox.home_size_mb(tmp_path) > 8.5
+    import shutil
+    shutil.rmtree(deep)
