@@ -141,8 +141,9 @@ def main() -> None:
             cli.stop()
         bare = bare_turns(hermes, bare_home, n)
         (tmp / "acp").mkdir()
+        both = {"hermes": {"runner": "acp"}, "mnote": {"runner": "acp"}}
         acp = ServiceProcess(tmp / "acp", deep_merge(base_config(tmp / "acp", model.base_url),
-                                                      {"hermes": {"runner": "acp"}})).start()
+                                                      both)).start()
         try:
             cold = cold_first_turns(acp, max(2, n // 2))
             warm = v1_turns(acp, "bench", n, warmup=1)

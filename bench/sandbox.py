@@ -68,7 +68,8 @@ def start_pair(tmp: Path, model_url: str, runner: str, extra: dict | None = None
             seed_page(d / "data")
             cfg = deep_merge(base_config(d, model_url),
                              {"hermes": {"runner": runner, "sandbox": {"mode": mode},
-                                         **(extra or {})}})
+                                         **(extra or {})},
+                              "mnote": {"runner": runner}})
             out[mode] = ServiceProcess(d, cfg).start()
     except BaseException:
         stop_all(out)

@@ -217,7 +217,7 @@ def settings(n: int) -> dict:
             "service": {"threads": threads, "connection_limit": threads + 176}}
 
 
-BENCH_ONLY = {"hermes": {"runner": "acp"}}     # phase 5 needs an answer that streams
+BENCH_ONLY = {"hermes": {"runner": "acp"}, "mnote": {"runner": "acp"}}     # phase 5 needs an answer that streams
 
 
 def one(n: int, model: ScriptedModel, idle: float) -> dict:

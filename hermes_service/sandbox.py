@@ -463,7 +463,8 @@ class Launch:
                 log.exception("sandbox cleanup failed")
         self._on_close.clear()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            # the kernel frees a cgroup a moment after its last process: off the turn's path
+            threading.Thread(target=self.cgroup.remove, name="cgroup-remove", daemon=True).start()
             self.cgroup = None
 
 
@@ -697,8 +698,8 @@ def kill_strays(leader: int) -> int:
     if not kids:
         return 0
     main = min(kids, key=started)
-    keep = {init, main}
-    strays = [p for p in descendants(init) if p not in keep and p not in descendants(main)]
+    keep = {init, main, *descendants(main)}
+    strays = [p for p in descendants(init) if p not in keep]
     for p in strays:
         try:
             os.kill(p, signal.SIGKILL)
