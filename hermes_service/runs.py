@@ -15,6 +15,14 @@ then the live ones. Event payloads follow the contract::
     {"event": "run.failed",    "run_id", "session_id", "code", "error"}
     {"event": "abort.started", "run_id"}
     {"event": "run.cancelled", "run_id", "session_id"}
+    {"event": "approval.request", "run_id", "session_id", "approval_id", "kind", "title", "detail", "choices"}
+    {"event": "approval.responded", "run_id", "session_id", "approval_id", "choice", "resolved_by"}
+
+``approval.*`` (added; README §Approvals): a question Hermes asks a human before a dangerous
+command or an edit (:meth:`Run.ask_approval`), and how it was resolved (:meth:`Run.answer`:
+``resolved_by`` ``user`` | ``timeout`` | ``abort``). While a run has a question pending its
+status is ``waiting_for_approval``. Each question has its own ``approval_id``; several may be
+pending at once (parallel tool calls).
 
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
@@ -36,13 +44,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from concurrent.futures import Future
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import logs, metrics
-from .errors import Conflict, NotFound, ServiceError, TooManyRuns
+from .errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
 from .limits import Limiter
 
 log = logging.getLogger("hermes_service.runs")
@@ -61,17 +70,28 @@ FANOUT_SPACING_SECONDS = 0.001
 
 
 @dataclass
+class Question:
+    """One pending question of a run: its id, the choices it accepts and the Future the
+    asking runner waits on (its result: the choice)."""
+    question_id: str
+    choices: list[str]
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
 class Run:
     """One run: identity, status and its event log (thread-safe)."""
     run_id: str
     session_id: str
     actor_id: str
     trace_id: str
-    status: str = "queued"         # queued | running | completed | failed | cancelled
+    status: str = "queued"         # queued | running | waiting_for_approval | completed |
+    #                                failed | cancelled
     finished: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     process: object = None          # the CliProcess while it runs
     events: list = field(default_factory=list)
+    questions: dict = field(default_factory=dict)   # approval_id -> Question, pending only
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _wakers: set = field(default_factory=set)      # the wake Event of each follower
     _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
@@ -89,6 +109,9 @@ class Run:
                                "run.cancelled": "cancelled"}[event]
                 self.finished = time.time()
                 self._ended.set()
+                for question in self.questions.values():   # nobody waits for them any more
+                    question.future.set_result("deny")
+                self.questions.clear()
             for wake in self._wakers:
                 wake.set()
             return len(self.events)
@@ -107,6 +130,60 @@ class Run:
     @property
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
+
+    # -- questions to the user (README §Approvals) ----------------------------------------
+    def ask_approval(self, kind: str, title: str, detail: str,
+                     choices: list[str]) -> tuple[str, Future] | None:
+        """Put a question to the user: emits ``approval.request`` and sets the status to
+        ``waiting_for_approval``. Returns ``(approval_id, future)`` — the future's result is
+        the choice, set by :meth:`answer` — or None when the run is ending (aborted or
+        finished: the caller denies)."""
+        with self._cond:
+            if self.done or self.cancel.is_set():
+                return None
+            question = Question("apr_" + secrets.token_hex(12), list(choices))
+            self.questions[question.question_id] = question
+            self.status = "waiting_for_approval"
+            self.emit("approval.request", approval_id=question.question_id, kind=kind,
+                      title=title, detail=detail, choices=list(choices))
+        metrics.approval_asked(kind)
+        return question.question_id, question.future
+
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str:
+        """Resolve a pending question with ``choice`` (one of its choices): emits
+        ``approval.responded`` and hands the choice to the waiting runner; the status is
+        ``running`` again once no question is pending. Returns the choice.
+
+        Raises BadRequest ``invalid_request`` for a choice the question does not offer,
+        Conflict ``approval_not_pending`` for an id that is not pending (never asked,
+        already answered, timed out, or the run ended)."""
+        with self._cond:
+            question = self.questions.get(approval_id)
+            if question is None:
+                raise Conflict(f"approval {approval_id} is not pending (never asked, already "
+                               "answered, timed out, or the run ended)",
+                               code="approval_not_pending")
+            if choice not in question.choices:
+                raise BadRequest(f"choice must be one of {', '.join(question.choices)}",
+                                 code="invalid_request")
+            del self.questions[approval_id]
+            if not self.questions and self.status == "waiting_for_approval":
+                self.status = "running"
+            self.emit("approval.responded", approval_id=approval_id, choice=choice,
+                      resolved_by=resolved_by)
+            question.future.set_result(choice)
+        metrics.approval_answered(resolved_by, choice)
+        return choice
+
+    def resolve_all(self, resolved_by: str) -> None:
+        """Deny every pending question (an abort): ``approval.responded`` for each."""
+        with self._cond:
+            pending = list(self.questions)
+        for approval_id in pending:
+            try:
+                self.answer(approval_id, "deny", resolved_by)
+            except (Conflict, BadRequest):     # answered meanwhile
+                pass
 
     def position(self) -> tuple[int, bool]:
         """``(last_id, done)`` read together: the id of the newest event (0 before the first;
@@ -323,6 +400,7 @@ class RunManager:
             if not run.cancel.is_set():
                 run.cancel.set()
                 run.emit("abort.started")
+        run.resolve_all("abort")       # a question pending: denied, resolved_by "abort"
         proc = run.process
         if proc is not None:
             threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()

@@ -9,8 +9,28 @@ anywhere on the host and have a vision model describe them. A message given to t
 is always text: this hook makes ``_detect_file_drop`` find nothing, as soon as Hermes's ``cli``
 module is imported. Explicit ``--image`` arguments (which the service never passes) are
 untouched. Plugins load too late for this (after the query was handled), hence a hook here.
+
+**How long Hermes waits for an approval** (``hermes acp`` only; README §Approvals). Hermes
+0.19.0's ACP adapter asks the client before a dangerous command or an edit and waits for the
+answer at most ``timeout`` seconds (``acp_adapter.permissions.make_approval_callback`` and
+``acp_adapter.edit_approval.make_acp_edit_approval_requester``, default 60; ``server.py``
+passes none), then denies. The service waits for the user up to
+``hermes.approvals.timeout_seconds`` and answers ``deny`` itself at that time; so that
+Hermes never gives up first (leaving the user a question nobody waits for), the service's
+ACP processes get ``HERMES_SERVICE_APPROVAL_TIMEOUT`` (seconds: ours plus a margin) and this
+hook makes it the default ``timeout`` of both functions. Nothing else changes; without the
+variable both stay as they are.
+
+**An ``always`` answer lasts for the process** (same processes, same variable). Hermes keeps
+an ``always`` approval in memory for the life of the process and also tries to save it into
+``$HERMES_HOME/config.yaml`` ``command_allowlist`` (``tools.approval.save_permanent_allowlist``).
+That file is the service's (rendered from the users' template, read-only inside the
+sandbox): the save is made a no-op here, so an ``always`` is honoured by that user's warm
+process until it ends, in every sandbox mode alike, and never written to disk.
 """
+import functools
 import importlib.abc
+import os
 import sys
 
 
@@ -18,11 +38,54 @@ def _no_file_drop(_user_input):
     return None
 
 
+def _patch_cli(module):
+    if hasattr(module, "_detect_file_drop"):
+        module._detect_file_drop = _no_file_drop
+
+
+def _approval_timeout():
+    try:
+        value = float(os.environ.get("HERMES_SERVICE_APPROVAL_TIMEOUT", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _with_timeout(module, name):
+    timeout = _approval_timeout()
+    original = getattr(module, name, None)
+    if timeout is None or original is None:
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        kwargs.setdefault("timeout", timeout)
+        return original(*args, **kwargs)
+    setattr(module, name, wrapper)
+
+
+def _no_allowlist_save(module):
+    if _approval_timeout() is not None and hasattr(module, "save_permanent_allowlist"):
+        module.save_permanent_allowlist = lambda patterns: None
+
+
+#: module name -> what to do to it once it has been executed
+_PATCHES = {
+    "cli": _patch_cli,
+    # server.py imports the name at its import: patch permissions before server runs
+    "acp_adapter.permissions": lambda m: _with_timeout(m, "make_approval_callback"),
+    # imported at call time by server.py: the module attribute is what it gets
+    "acp_adapter.edit_approval": lambda m: _with_timeout(m, "make_acp_edit_approval_requester"),
+    "tools.approval": _no_allowlist_save,
+}
+
+
 class _PatchCli(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of the top-level ``cli`` module."""
+    """Finds nothing itself; wraps the loader of the modules in :data:`_PATCHES`."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "cli":
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -39,8 +102,7 @@ class _PatchCli(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module):
             exec_module(module)
-            if hasattr(module, "_detect_file_drop"):
-                module._detect_file_drop = _no_file_drop
+            patch(module)
         loader.exec_module = exec_and_patch
         return spec
 
