@@ -57,6 +57,16 @@ the answer (60 s in ``make_approval_callback``) is lengthened to ours plus
 :data:`APPROVAL_MARGIN` by the service's import hook (``hermes_site/sitecustomize.py``), so
 Hermes never gives up first.
 
+**Clarifying questions.** Hermes 0.19.0 offers its ``clarify`` tool no way to reach an ACP
+client (the ACP session's agent has no ``clarify_callback``, and ACP has no request for a
+question). In the service's ``mnote`` processes with ``hermes.approvals.mode: ask`` the
+``clarify`` toolset is offered and the import hook gives the tool a callback that asks the
+client with the extension request :data:`CLARIFY_METHOD` ``{sessionId, question,
+choices}``; :meth:`_Client.ext_method` puts it to the run's user
+(:meth:`~hermes_service.runs.Run.ask_clarify`: ``clarify.request``) and answers
+``{"answer": <text>}``, or ``{"answer": null}`` after ``hermes.approvals.timeout_seconds``
+(Hermes is then told what its CLI tells it: the user did not answer, use your best judgement).
+
 **Fallback to the CLI** (:class:`~hermes_service.runner.UseCli`): a session made by the
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
@@ -93,6 +103,9 @@ APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site
 OPTION_CHOICES = {"allow_once": "once", "allow_session": "session", "allow_always": "always",
                   "deny": "deny"}
 CHOICE_OPTIONS = {choice: option for option, choice in OPTION_CHOICES.items()}
+CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clarify callback
+CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
+CLARIFY_TOOLSET = "clarify"
 STDERR_TAIL_BYTES = 16384
 
 
@@ -246,7 +259,37 @@ class _Client:
         raise RequestError.method_not_found("fs/read_text_file")
 
     async def ext_method(self, method, params):
-        return {}
+        """:data:`CLARIFY_METHOD` ``{sessionId, question, choices}`` → ``{"answer": text or
+        None}`` (see the module doc); any other extension request → ``{}``."""
+        if method != CLARIFY_METHOD or not isinstance(params, dict):
+            return {}
+        sink = self.proc.inflight.get(params.get("sessionId"))
+        asker = sink.approvals if sink is not None else None
+        question = params.get("question")
+        choices = params.get("choices")
+        if asker is None or not isinstance(question, str) or not question.strip():
+            return {"answer": None, "unavailable": True}
+        if not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
+            choices = None
+        asked = asker.ask_clarify(question.strip(), choices)
+        if asked is None:
+            return {"answer": None, "unavailable": True}
+        clarify_id, future = asked
+        sink.asking += 1
+        try:
+            try:
+                answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                                self.proc.runner.approval_timeout)
+            except asyncio.TimeoutError:
+                try:
+                    asker.answer_clarify(clarify_id, None, "timeout")
+                except Conflict:            # answered at that very moment
+                    pass
+                answer = future.result()
+        finally:
+            sink.asking -= 1
+            sink.touch()
+        return {"answer": answer}
 
     async def ext_notification(self, method, params):
         return None
@@ -446,6 +489,7 @@ class AcpRunner:
         approvals = hermes_cfg["approvals"]
         self.approval_timeout = float(approvals["timeout_seconds"])
         self.allow_always = bool(approvals["allow_always"])
+        self.ask = approvals["mode"] == "ask"
         self.default_model = (hermes_cfg.get("model") or {}).get("default")
 
     def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
@@ -604,6 +648,10 @@ class AcpRunner:
         env.pop("MNOTE_RUN_FILE", None)
         if key[1] == "mnote":
             env["MNOTE_RUN_DIR"] = str(self.cli.run_files.user_dir(home.user_id))
+            if self.ask:           # its turns can ask the panel's user: offer clarify
+                toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
+                env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
+                env[CLARIFY_ENV] = "1"
         proc = AcpProcess(self, key, home, env)
         proc.ready = asyncio.get_running_loop().create_future()
         self._procs[key] = proc

@@ -76,15 +76,17 @@ TURN_QUEUE_WAIT = Histogram(
     "turn_queue_wait_seconds", "From the turn holding its session to the runner starting it "
     "(waiting for a CLI slot); a turn refused or aborted while waiting counts its whole wait.",
     ["runner", "family"], namespace=NAMESPACE, buckets=WAIT_BUCKETS, registry=REGISTRY)
-APPROVAL_KINDS = frozenset({"command", "edit", "other"})
+APPROVAL_KINDS = frozenset({"command", "edit", "other", "clarify"})
 APPROVAL_RESOLUTIONS = frozenset({"user", "timeout", "abort"})
-APPROVAL_CHOICES = frozenset({"once", "session", "always", "deny"})
+APPROVAL_CHOICES = frozenset({"once", "session", "always", "deny",   # approvals
+                              "answer", "none"})                     # clarify: answered or not
 APPROVALS_ASKED = Counter(
-    "approvals_asked", "Questions Hermes asked the panel's user (approval.request), by kind "
-    "(command, edit, other).", ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+    "approvals_asked", "Questions Hermes asked the panel's user (approval.request, clarify.request), "
+    "by kind (command, edit, other, clarify).", ["kind"], namespace=NAMESPACE, registry=REGISTRY)
 APPROVALS_ANSWERED = Counter(
-    "approvals_answered", "Questions resolved (approval.responded), by resolution (user, "
-    "timeout, abort) and choice (once, session, always, deny).", ["resolved_by", "choice"],
+    "approvals_answered", "Questions resolved (approval.responded, clarify.responded), by resolution "
+    "(user, timeout, abort) and choice (once, session, always, deny; clarify: answer, none).",
+    ["resolved_by", "choice"],
     namespace=NAMESPACE, registry=REGISTRY)
 TOOL_CALLS = Counter(
     "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "

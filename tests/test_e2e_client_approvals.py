@@ -209,3 +209,60 @@ def test_where_nobody_can_be_asked_it_is_denied_as_before(start_service, tmp_pat
         output = res.json()["response"]
     assert "tools done: " in output, output
     assert (folder / "keep.txt").read_text() == "still here"
+
+
+def clarify(question: str, choices: list[str] | None = None) -> str:
+    """A message that makes the scripted model call Hermes's clarify tool once."""
+    args = {"question": question, **({"choices": choices} if choices else {})}
+    return "[[tools:clarify " + json.dumps(args) + "]]"
+
+
+def until(svc, run_id, event):
+    stream = SSEStream(svc.url + f"{P}/events/{run_id}", A)
+    frames = []
+    for frame in stream:
+        frames.append(frame)
+        if frame[1]["event"] == event:
+            return stream, frames
+        assert frame[1]["event"] not in ("run.completed", "run.failed", "run.cancelled"), frames
+    raise AssertionError(f"the stream ended without {event}: {frames}")
+
+
+def test_a_clarifying_question_is_answered_by_the_panel(start_service, tmp_path):
+    svc = start_service(acp())
+    sid = "mnote_doc_1_clarify"
+    run_id = start_run(svc, sid, clarify("Which target?", ["staging", "prod"]))
+    stream, frames = until(svc, run_id, "clarify.request")
+    q = frames[-1][1]
+    assert q["question"] == "Which target?" and q["choices"] == ["staging", "prod"], q
+    cid = q["clarify_id"]
+    url = f"{P}/runs/{run_id}/clarify"
+    assert svc.post(url, headers=B, json={"sessionId": sid, "clarifyId": cid,
+                                          "answer": "prod"}).status_code == 404
+    assert svc.post(url, headers=A, json={"sessionId": sid, "clarifyId": "clq_unknown",
+                                          "answer": "prod"}).status_code == 409
+    res = svc.post(url, headers=A, json={"sessionId": sid, "clarifyId": cid,
+                                         "answer": "staging, but only on Tuesdays"})
+    assert res.status_code == 200, res.text
+    assert res.json()["clarifyId"] == cid and res.json()["runId"] == run_id
+    again = svc.post(url, headers=A, json={"sessionId": sid, "clarifyId": cid, "answer": "x"})
+    assert again.status_code == 409
+    assert again.json()["code"] == "hermes_client_clarify_not_pending"
+    frames += list(stream)
+    assert names(frames)[-1] == "run.completed", frames
+    [responded] = [d for _, d in frames if d["event"] == "clarify.responded"]
+    assert responded == {"event": "clarify.responded", "run_id": run_id, "session_id": sid,
+                         "clarify_id": cid, "resolved_by": "user"}
+    assert "staging, but only on Tuesdays" in frames[-1][1]["output"]   # the model got it
+
+
+def test_a_clarifying_question_left_unanswered_times_out(start_service, tmp_path):
+    svc = start_service(acp({"timeout_seconds": 3}))
+    run_id = start_run(svc, "mnote_doc_1_clarify_late", clarify("Anything else?"))
+    stream, frames = until(svc, run_id, "clarify.request")
+    assert frames[-1][1]["choices"] is None
+    frames += list(stream)
+    assert names(frames)[-1] == "run.completed", frames
+    [responded] = [d for _, d in frames if d["event"] == "clarify.responded"]
+    assert responded["resolved_by"] == "timeout"
+    assert "did not provide a response" in frames[-1][1]["output"]    # Hermes's no-answer text

@@ -27,6 +27,18 @@ an ``always`` approval in memory for the life of the process and also tries to s
 That file is the service's (rendered from the users' template, read-only inside the
 sandbox): the save is made a no-op here, so an ``always`` is honoured by that user's warm
 process until it ends, in every sandbox mode alike, and never written to disk.
+
+**Clarifying questions reach the client** (``HERMES_SERVICE_CLARIFY=1``: the service's ACP
+processes whose turns can ask the panel's user). Hermes 0.19.0's ``clarify`` tool calls
+``agent.clarify_callback``, which the ACP adapter never sets (the tool then answers "not
+available in this execution context"), and ACP has no request for a question. Here the tool
+(``tools.clarify_tool.clarify_tool``, looked up at each call) gets, when it has no callback,
+one that sends the client the extension request ``_hermes_service/clarify`` ``{sessionId,
+question, choices}`` on the connection of the turn's ACP session (learnt from the
+``make_approval_callback`` call the adapter makes for every prompt, which names the
+connection, its loop and the session) and waits for ``{"answer": text}``. ``{"answer":
+null}`` (nobody answered in time) becomes what Hermes's own CLI says after its clarify
+timeout: the user did not provide a response, use your best judgement.
 """
 import functools
 import importlib.abc
@@ -64,6 +76,72 @@ def _with_timeout(module, name):
     setattr(module, name, wrapper)
 
 
+#: ACP session id -> (its connection, the connection's loop), from make_approval_callback
+_CHANNELS = {}
+_CLARIFY_METHOD = "hermes_service/clarify"
+_NO_ANSWER = ("The user did not provide a response within the time limit. "
+              "Use your best judgement to make the choice and proceed.")   # Hermes's cli.py
+
+
+def _clarify_enabled():
+    return os.environ.get("HERMES_SERVICE_CLARIFY") == "1"
+
+
+def _remember_channel(module):
+    """Wrap make_approval_callback to note each prompt's connection and loop (then patch its
+    timeout as for every service ACP process)."""
+    original = getattr(module, "make_approval_callback", None)
+    if original is not None and _clarify_enabled():
+        @functools.wraps(original)
+        def remember(request_permission_fn, loop, session_id, *args, **kwargs):
+            conn = getattr(request_permission_fn, "__self__", None)
+            if conn is not None:
+                _CHANNELS[session_id] = (conn, loop)
+            return original(request_permission_fn, loop, session_id, *args, **kwargs)
+        module.make_approval_callback = remember
+    _with_timeout(module, "make_approval_callback")
+
+
+def _current_session():
+    try:
+        from tools.approval import get_current_session_key
+        key = get_current_session_key(default="")
+    except Exception:      # noqa: BLE001 - fall back to the adapter's process variable
+        key = ""
+    return key if key in _CHANNELS else os.environ.get("HERMES_SESSION_ID", "")
+
+
+def _ask_client(question, choices):
+    import asyncio
+    session_id = _current_session()
+    conn, loop = _CHANNELS[session_id]
+    future = asyncio.run_coroutine_threadsafe(conn.ext_method(_CLARIFY_METHOD, {
+        "sessionId": session_id, "question": question, "choices": choices}), loop)
+    try:
+        reply = future.result(timeout=_approval_timeout() or 60.0)
+    except Exception:
+        future.cancel()
+        return _NO_ANSWER
+    reply = reply if isinstance(reply, dict) else {}
+    if reply.get("unavailable"):      # the tool then answers "Failed to get user input: …"
+        raise RuntimeError("nobody can be asked in this run")
+    answer = reply.get("answer")
+    return _NO_ANSWER if answer is None else str(answer)
+
+
+def _patch_clarify(module):
+    original = getattr(module, "clarify_tool", None)
+    if original is None or not _clarify_enabled():
+        return
+
+    @functools.wraps(original)
+    def clarify_tool(question, choices=None, callback=None):
+        if callback is None and _current_session() in _CHANNELS:
+            callback = _ask_client
+        return original(question, choices=choices, callback=callback)
+    module.clarify_tool = clarify_tool
+
+
 def _no_allowlist_save(module):
     if _approval_timeout() is not None and hasattr(module, "save_permanent_allowlist"):
         module.save_permanent_allowlist = lambda patterns: None
@@ -73,10 +151,11 @@ def _no_allowlist_save(module):
 _PATCHES = {
     "cli": _patch_cli,
     # server.py imports the name at its import: patch permissions before server runs
-    "acp_adapter.permissions": lambda m: _with_timeout(m, "make_approval_callback"),
+    "acp_adapter.permissions": _remember_channel,
     # imported at call time by server.py: the module attribute is what it gets
     "acp_adapter.edit_approval": lambda m: _with_timeout(m, "make_acp_edit_approval_requester"),
     "tools.approval": _no_allowlist_save,
+    "tools.clarify_tool": _patch_clarify,
 }
 
 

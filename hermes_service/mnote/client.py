@@ -68,6 +68,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "method_not_allowed": "hermes_client_bad_request",        # 405
     "session_busy": "hermes_client_session_busy",             # 409 a run is active
     "approval_not_pending": "hermes_client_approval_not_pending",  # 409 no such question pending
+    "clarify_not_pending": "hermes_client_clarify_not_pending",    # 409 no such question pending
     "session_exists": "hermes_client_session_busy",           # 409
     "too_many_runs": "hermes_client_busy",                    # 429 all run slots taken
     "too_many_streams": "hermes_client_busy",                 # 429 mnote.max_event_streams open
@@ -624,6 +625,7 @@ def events(run_id):
     """
     actor = actor_id()
     check_id(run_id, "runId")
+    trace_id()           # each traceId given must be an id (400), as on every client route
     svc = services()
     run = svc.runs.get(run_id, actor)
     sid = request.args.get("sessionId")
@@ -773,6 +775,48 @@ def approval(run_id):
     run = _own_run(run_id, body)
     choice = run.answer(check_id(body["approvalId"], "approvalId"), body["choice"], "user")
     return ok(runId=run.run_id, approvalId=body["approvalId"], choice=choice)
+
+
+CLARIFY = {"type": "object", "required": ["sessionId", "clarifyId", "answer"],
+           "additionalProperties": False,
+           "properties": {"sessionId": {"type": "string",
+                                        "description": "404 unless the run is on this session"},
+                          "clarifyId": {**ID_SCHEMA, "description":
+                                        "clarify.request's clarify_id"},
+                          "answer": {"type": "string", "minLength": 1, "maxLength": 4000,
+                                     "pattern": NO_NUL, "description":
+                                     "one of clarify.request's choices, or any text"},
+                          "workspaceId": {"type": "string",
+                                          "description": "404 unless the run is on this workspace"},
+                          "documentId": {"type": "string",
+                                         "description": "404 unless the run is on this page"},
+                          "traceId": _TRACE_BODY},
+           "examples": [{"sessionId": "mnote_doc_1_trace_1", "clarifyId": "clq_0123456789ab",
+                         "answer": "staging", "traceId": "trace_1"}]}
+CLARIFIED = _ok(["runId", "clarifyId"], {"runId": {"type": "string"},
+                                         "clarifyId": {"type": "string"}})
+
+
+@bp.post("/runs/<run_id>/clarify")
+@documented(summary="Answer a clarifying question of the run (clarify.request)",
+            family=ERRORS, tags=("client",),
+            params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=CLARIFY,
+            replies={200: Reply("the answer was handed to Hermes; clarify.responded follows "
+                                "on the stream", CLARIFIED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
+                    409: ("clarify_not_pending",)})
+def clarify(run_id):
+    """POST /runs/{id}/clarify (README §Approvals → Clarifying questions): answer the run's
+    pending clarifying question ``clarifyId`` with ``answer`` (a suggested choice or any
+    text, 1-4000 characters). Authorised exactly like abort (:func:`_own_run`: 404). 409
+    ``hermes_client_clarify_not_pending`` when ``clarifyId`` is not pending (never asked,
+    answered, timed out, the run ended). Emits ``clarify.responded`` ``{clarify_id,
+    resolved_by: "user"}``."""
+    actor_id()
+    body = json_body()
+    run = _own_run(run_id, body)
+    run.answer_clarify(check_id(body["clarifyId"], "clarifyId"), body["answer"], "user")
+    return ok(runId=run.run_id, clarifyId=body["clarifyId"])
 
 
 @bp.get("/models")

@@ -79,6 +79,18 @@ EVENTS = {
                                                                   "resolved_by"),
         {"approval_id": _STR, "choice": {"enum": ["once", "session", "always", "deny"]},
          "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
+    "clarify.request": ("ClarifyRequestEvent", _event(
+        "clarify.request", "added (README §Approvals): Hermes's clarify tool asks the user a "
+        "question; answer on POST /runs/{runId}/clarify. The run's status is "
+        "waiting_for_answer meanwhile", ("clarify_id", "question", "choices"),
+        {"clarify_id": _STR, "question": _STR,
+         "choices": {"type": ["array", "null"], "items": _STR,
+                     "description": "suggested answers (at most 4), or null: an open question; "
+                                    "any text is an answer"}})),
+    "clarify.responded": ("ClarifyRespondedEvent", _event(
+        "clarify.responded", "added: a clarifying question was resolved (timeout, abort: "
+        "unanswered)", ("clarify_id", "resolved_by"),
+        {"clarify_id": _STR, "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
 }
 #: any one event
 RUN_EVENT = {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name, _ in EVENTS.values()],
