@@ -266,3 +266,26 @@ def test_a_clarifying_question_left_unanswered_times_out(start_service, tmp_path
     [responded] = [d for _, d in frames if d["event"] == "clarify.responded"]
     assert responded["resolved_by"] == "timeout"
     assert "did not provide a response" in frames[-1][1]["output"]    # Hermes's no-answer text
+
+
+def test_two_questions_of_one_run_have_their_own_ids(start_service, tmp_path):
+    """Two dangerous calls in one model step: each is asked and answered on its own (Hermes
+    runs them one after the other or in parallel; either way two ids)."""
+    svc = start_service(acp())
+    first, second = scratch(tmp_path, "scratch"), scratch(tmp_path, "scratch2")
+    sid = "mnote_doc_1_two"
+    message = ("[[tools:terminal " + json.dumps({"command": "rm -r ./scratch"}) + " ; terminal "
+               + json.dumps({"command": "rm -r ./scratch2"}) + "]]")
+    run_id = start_run(svc, sid, message)
+    stream = SSEStream(svc.url + f"{P}/events/{run_id}", A)
+    frames, answered = [], []
+    for frame in stream:
+        frames.append(frame)
+        data = frame[1]
+        if data["event"] == "approval.request":
+            choice = "once" if "./scratch2" not in data["detail"] else "deny"
+            assert answer(svc, run_id, sid, data["approval_id"], choice).status_code == 200
+            answered.append(data["approval_id"])
+    assert names(frames)[-1] == "run.completed", frames
+    assert len(set(answered)) == 2, frames
+    assert not first.exists() and second.exists()
