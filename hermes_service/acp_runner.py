@@ -42,6 +42,31 @@ Timeouts (counted from the turn's start) and stalls kill the process. After any 
 process is retired (its in-memory history may hold the turn Hermes's record took back),
 and a replacement is started at once for the next turn.
 
+**Questions to a human** (README §Approvals). Hermes 0.19.0's ACP adapter asks before a
+dangerous command (and, with edit approval on, before a file edit) with
+``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
+``hermes.approvals.mode: ask``) puts the question to the run's user
+(:meth:`~hermes_service.runs.Run.ask_approval`: ``approval.request``) and answers Hermes with
+the user's choice — ``once`` / ``session`` / ``always`` / ``deny`` map to Hermes's option ids
+``allow_once`` / ``allow_session`` / ``allow_always`` / ``deny``; only the options Hermes
+offered are choices, ``always`` only with ``hermes.approvals.allow_always`` — or with ``deny``
+after ``hermes.approvals.timeout_seconds`` (``resolved_by: timeout``). The wait does not count
+for the stall watchdog (the hard limit ``hermes.timeout_seconds`` still runs). Every other
+turn (v1, mode ``deny``) has each request denied at once, as before. Hermes's own wait for
+the answer (60 s in ``make_approval_callback``) is lengthened to ours plus
+:data:`APPROVAL_MARGIN` by the service's import hook (``hermes_site/sitecustomize.py``), so
+Hermes never gives up first.
+
+**Clarifying questions.** Hermes 0.19.0 offers its ``clarify`` tool no way to reach an ACP
+client (the ACP session's agent has no ``clarify_callback``, and ACP has no request for a
+question). In the service's ``mnote`` processes with ``hermes.approvals.mode: ask`` the
+``clarify`` toolset is offered and the import hook gives the tool a callback that asks the
+client with the extension request :data:`CLARIFY_METHOD` ``{sessionId, question,
+choices}``; :meth:`_Client.ext_method` puts it to the run's user
+(:meth:`~hermes_service.runs.Run.ask_clarify`: ``clarify.request``) and answers
+``{"answer": <text>}``, or ``{"answer": null}`` after ``hermes.approvals.timeout_seconds``
+(Hermes is then told what its CLI tells it: the user did not answer, use your best judgement).
+
 **Fallback to the CLI** (:class:`~hermes_service.runner.UseCli`): a session made by the
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
@@ -60,7 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import hermes_state
-from .errors import RunError, ServiceError
+from .errors import BadRequest, Conflict, RunError, ServiceError
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
                      _ctx, _proc_start, _stopping, answer_from_record, classify_text, failure_reason,
                      kill_group, limit_error)
@@ -74,6 +99,16 @@ IDLE_CPU_SECONDS = 5.0
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
 FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
 POLL_SECONDS = 0.05
+APPROVAL_MARGIN = 10.0        # Hermes waits this much longer for an answer than we do (s)
+APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site/sitecustomize.py
+#: Hermes's permission option id -> the client's choice (Hermes's "deny_always" is a deny there
+#: too, and is not offered)
+OPTION_CHOICES = {"allow_once": "once", "allow_session": "session", "allow_always": "always",
+                  "deny": "deny"}
+CHOICE_OPTIONS = {choice: option for option, choice in OPTION_CHOICES.items()}
+CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clarify callback
+CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
+CLARIFY_TOOLSET = "clarify"
 STDERR_TAIL_BYTES = 16384
 
 
@@ -89,6 +124,8 @@ class _Sink:
     #                                                None for an mnote tool (the gateway reports it)
     kill_reason: str | None = None
     ended: bool = False              # the prompt has answered: the runner decides what is shown
+    approvals: object = None         # who answers Hermes's questions (TurnRequest.approvals)
+    asking: int = 0                  # questions waiting for a human now (no stall meanwhile)
     _timer: object = None
 
     def touch(self) -> None:
@@ -141,8 +178,9 @@ class _Handle:
 
 class _Client:
     """The client side of the protocol for one process: routes session updates to the
-    running prompt's sink; refuses permission requests (no dangerous command runs without a
-    human) and file/terminal requests (the client offers neither capability)."""
+    running prompt's sink; puts permission requests to the run's user when the turn has
+    someone to ask, else refuses them (no dangerous command runs without a human; see the
+    module doc); refuses file/terminal requests (the client offers neither capability)."""
 
     def __init__(self, proc: "AcpProcess"):
         self.proc = proc
@@ -175,10 +213,45 @@ class _Client:
                 listener.tool("tool.completed", call_id, title, update.status == "completed")
 
     async def request_permission(self, options, session_id, tool_call, **_kw):
-        from acp.schema import DeniedOutcome, RequestPermissionResponse
-        log.warning("denied a permission request of Hermes (session %s, tool %s): the ACP runner "
-                    "never approves on a user's behalf", session_id, getattr(tool_call, "title", "?"))
-        return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        """Hermes asks before a dangerous command or an edit: the user's answer (the turn's
+        ``approvals``), or a denial when nobody can be asked or nobody answers in time."""
+        from acp.schema import AllowedOutcome, DeniedOutcome, RequestPermissionResponse
+        denied = RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        sink = self.proc.inflight.get(session_id)
+        asker = sink.approvals if sink is not None else None
+        offered = [o.option_id for o in options or []]
+        runner = self.proc.runner
+        choices = [choice for option, choice in OPTION_CHOICES.items() if option in offered
+                   and (choice != "always" or runner.allow_always)]
+        if asker is None or "deny" not in choices or len(choices) < 2:
+            log.warning("denied a permission request of Hermes (session %s, tool %s): nobody "
+                        "to ask", session_id, getattr(tool_call, "title", "?"))
+            return denied
+        kind, title, detail = _question(tool_call)
+        asked = asker.ask_approval(kind, title, detail, choices)
+        if asked is None:                 # the run is ending
+            return denied
+        approval_id, future = asked
+        sink.asking += 1
+        try:
+            try:
+                choice = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                                runner.approval_timeout)
+            except asyncio.TimeoutError:
+                try:
+                    choice = asker.answer(approval_id, "deny", "timeout")
+                except (Conflict, BadRequest):     # answered at that very moment
+                    choice = future.result()
+        finally:
+            sink.asking -= 1
+            sink.touch()
+        log.info("permission request of Hermes (session %s, %s) answered %s", session_id, kind,
+                 choice)
+        if choice not in CHOICE_OPTIONS or choice == "deny":
+            return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected",
+                                                                    option_id="deny"))
+        return RequestPermissionResponse(outcome=AllowedOutcome(
+            outcome="selected", option_id=CHOICE_OPTIONS[choice]))
 
     async def write_text_file(self, *_a, **_kw):
         from acp import RequestError
@@ -189,13 +262,66 @@ class _Client:
         raise RequestError.method_not_found("fs/read_text_file")
 
     async def ext_method(self, method, params):
-        return {}
+        """:data:`CLARIFY_METHOD` ``{sessionId, question, choices}`` → ``{"answer": text or
+        None}`` (see the module doc); any other extension request → ``{}``."""
+        if method != CLARIFY_METHOD or not isinstance(params, dict):
+            return {}
+        sink = self.proc.inflight.get(params.get("sessionId"))
+        asker = sink.approvals if sink is not None else None
+        question = params.get("question")
+        choices = params.get("choices")
+        if asker is None or not isinstance(question, str) or not question.strip():
+            return {"answer": None, "unavailable": True}
+        if not (isinstance(choices, list) and all(isinstance(c, str) for c in choices)):
+            choices = None
+        asked = asker.ask_clarify(question.strip(), choices)
+        if asked is None:
+            return {"answer": None, "unavailable": True}
+        clarify_id, future = asked
+        sink.asking += 1
+        try:
+            try:
+                answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                                self.proc.runner.approval_timeout)
+            except asyncio.TimeoutError:
+                try:
+                    asker.answer_clarify(clarify_id, None, "timeout")
+                except Conflict:            # answered at that very moment
+                    pass
+                answer = future.result()
+        finally:
+            sink.asking -= 1
+            sink.touch()
+        return {"answer": answer}
 
     async def ext_notification(self, method, params):
         return None
 
     def on_connect(self, conn) -> None:
         pass
+
+
+def _question(tool_call) -> tuple[str, str, str]:
+    """``(kind, title, detail)`` of a permission request's tool call: ``command`` (Hermes's
+    ``perm-check-*`` calls, kind ``execute``: the description and ``$ command``, which Hermes
+    has already redacted), ``edit`` (kind ``edit``: the file and a unified diff), else
+    ``other`` (its text content)."""
+    import difflib
+    acp_kind = getattr(tool_call, "kind", None)
+    kind = {"execute": "command", "edit": "edit"}.get(acp_kind, "other")
+    title = getattr(tool_call, "title", None) or kind
+    parts = []
+    for item in getattr(tool_call, "content", None) or []:
+        block = getattr(item, "content", None)
+        text = getattr(block, "text", None)
+        if isinstance(text, str):
+            parts.append(text)
+        elif getattr(item, "type", None) == "diff":
+            path = getattr(item, "path", "") or ""
+            old = (getattr(item, "old_text", None) or "").splitlines(keepends=True)
+            new = (getattr(item, "new_text", None) or "").splitlines(keepends=True)
+            parts.append("".join(difflib.unified_diff(old, new, f"a/{path}", f"b/{path}")) or path)
+    return kind, title, "\n".join(parts) or title
 
 
 class AcpProcess:
@@ -364,6 +490,10 @@ class AcpRunner:
         self.recycle_after = int(acp_cfg["recycle_after_sessions"])
         self.max_rss_mb = float(acp_cfg["max_rss_mb"])
         self.start_timeout = float(acp_cfg["start_timeout_seconds"])
+        approvals = hermes_cfg["approvals"]
+        self.approval_timeout = float(approvals["timeout_seconds"])
+        self.allow_always = bool(approvals["allow_always"])
+        self.ask = approvals["mode"] == "ask"
         self.default_model = (hermes_cfg.get("model") or {}).get("default")
 
     def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
@@ -417,7 +547,7 @@ class AcpRunner:
         self.cli.check_home_quota(req.home)
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
-            sink = _Sink(req.listener)
+            sink = _Sink(req.listener, approvals=req.approvals)
             now = hermes_state.fingerprint(req.home.hermes_home, req.resume_id) \
                 if source == "acp" else None
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
@@ -516,11 +646,16 @@ class AcpRunner:
             return proc
 
     async def _start(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
-        env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets)}
+        env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
+               APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
         env.pop("MNOTE_RUN_FILE", None)
         if key[1] == "mnote":
             env["MNOTE_RUN_DIR"] = str(self.cli.run_files.user_dir(home.user_id))
+            if self.ask:           # its turns can ask the panel's user: offer clarify
+                toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
+                env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
+                env[CLARIFY_ENV] = "1"
         proc = AcpProcess(self, key, home, env)
         proc.ready = asyncio.get_running_loop().create_future()
         self._procs[key] = proc
@@ -777,6 +912,8 @@ class AcpRunner:
             now = time.monotonic()
             if now >= deadline:
                 return "timeout"
+            if sink.asking:              # a human is being asked: not a stall
+                sink.last_activity = now
             if now - sink.last_activity >= self.cli.stall_timeout:
                 return "stall"
 

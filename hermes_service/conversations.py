@@ -159,13 +159,14 @@ class Conversations:
              kind: str | None = None, wait: float | None = None, model: str | None = None,
              toolsets: list[str] | None = None, plugin_run: dict | None = None,
              listener: TurnListener | None = None, cancel: threading.Event | None = None,
-             record: dict | None = None) -> tuple[dict, TurnResult]:
+             record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (README §Runners).
 
         ``kind`` (``v1`` | ``mnote``) must match the session's; ``model`` is the provider
         model (``-m``); ``toolsets`` are offered in addition to ``hermes.toolsets``;
         ``plugin_run`` is the mnote run binding for the plugins; ``listener`` receives live
-        events; ``record`` fields are stored on the session when the turn starts.
+        events; ``record`` fields are stored on the session when the turn starts;
+        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
 
         A turn that ends without an answer is taken back from Hermes's record
         (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
@@ -188,7 +189,7 @@ class Conversations:
                               self.homes.cli_env(home, self.runner.command_path()), model=model,
                               toolsets=list(toolsets or []), family=family,
                               plugin_run=plugin_run, listener=_Timed(listener, clock),
-                              cancel=cancel,
+                              cancel=cancel, approvals=approvals,
                               log_ctx={"user": rec["user_id"], "session": session_id,
                                        "family": family,
                                        **({"run": plugin_run["runId"]} if plugin_run else {})})

@@ -8,6 +8,8 @@ user id, message text or key into a label:
 * :class:`TurnClock` / :func:`turn_finished` — one turn of a runner (queue wait, duration,
   outcome code);
 * :func:`tool_call` — one call on the mnote tool endpoint;
+* :func:`approval_asked` / :func:`approval_answered` — questions put to the panel's user
+  (README §Approvals) and how each was resolved;
 * :func:`stream_opened` / :func:`stream_closed` — event streams open now;
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
   endpoint (``model_proxy.py``) and the tokens the provider reported for it;
@@ -74,6 +76,18 @@ TURN_QUEUE_WAIT = Histogram(
     "turn_queue_wait_seconds", "From the turn holding its session to the runner starting it "
     "(waiting for a CLI slot); a turn refused or aborted while waiting counts its whole wait.",
     ["runner", "family"], namespace=NAMESPACE, buckets=WAIT_BUCKETS, registry=REGISTRY)
+APPROVAL_KINDS = frozenset({"command", "edit", "other", "clarify"})
+APPROVAL_RESOLUTIONS = frozenset({"user", "timeout", "abort"})
+APPROVAL_CHOICES = frozenset({"once", "session", "always", "deny",   # approvals
+                              "answer", "none"})                     # clarify: answered or not
+APPROVALS_ASKED = Counter(
+    "approvals_asked", "Questions Hermes asked the panel's user (approval.request, clarify.request), "
+    "by kind (command, edit, other, clarify).", ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+APPROVALS_ANSWERED = Counter(
+    "approvals_answered", "Questions resolved (approval.responded, clarify.responded), by resolution "
+    "(user, timeout, abort) and choice (once, session, always, deny; clarify: answer, none).",
+    ["resolved_by", "choice"],
+    namespace=NAMESPACE, registry=REGISTRY)
 TOOL_CALLS = Counter(
     "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "
     "any other) and outcome (ok, or the envelope's error code).", ["tool", "outcome"],
@@ -205,6 +219,17 @@ def tool_call(tool, outcome: str | None) -> None:
     from .mnote.tools import TOOLS_BY_NAME
     name = tool if isinstance(tool, str) and tool in TOOLS_BY_NAME else "unknown"
     TOOL_CALLS.labels(name, outcome or "ok").inc()
+
+
+def approval_asked(kind: str) -> None:
+    """One question put to the user; ``kind`` outside :data:`APPROVAL_KINDS` counts as other."""
+    APPROVALS_ASKED.labels(kind if kind in APPROVAL_KINDS else "other").inc()
+
+
+def approval_answered(resolved_by: str, choice: str) -> None:
+    """One question resolved (label values outside the known sets are not counted)."""
+    if resolved_by in APPROVAL_RESOLUTIONS and choice in APPROVAL_CHOICES:
+        APPROVALS_ANSWERED.labels(resolved_by, choice).inc()
 
 
 def model_tokens(prompt: int, completion: int) -> None:

@@ -350,7 +350,10 @@ class TurnRequest:
     """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
     ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
     family (``v1`` | ``mnote``: separate ACP processes); ``plugin_run`` is the mnote run
-    binding (see :mod:`hermes_service.mnote.gateway`) written to the run file."""
+    binding (see :mod:`hermes_service.mnote.gateway`) written to the run file; ``approvals``:
+    who answers Hermes's questions (a :class:`~hermes_service.runs.Run`: ``ask_approval`` /
+    ``answer``), or None: every question is denied (the CLI runner never asks; README
+    §Approvals)."""
     message: str
     resume_id: str | None
     home: "UserHome"
@@ -362,6 +365,7 @@ class TurnRequest:
     listener: TurnListener | None = None
     cancel: threading.Event | None = None
     log_ctx: dict = field(default_factory=dict)
+    approvals: object = None
 
 
 @dataclass

@@ -15,6 +15,19 @@ then the live ones. Event payloads follow the contract::
     {"event": "run.failed",    "run_id", "session_id", "code", "error"}
     {"event": "abort.started", "run_id"}
     {"event": "run.cancelled", "run_id", "session_id"}
+    {"event": "approval.request", "run_id", "session_id", "approval_id", "kind", "title", "detail", "choices"}
+    {"event": "approval.responded", "run_id", "session_id", "approval_id", "choice", "resolved_by"}
+    {"event": "clarify.request", "run_id", "session_id", "clarify_id", "question", "choices"}
+    {"event": "clarify.responded", "run_id", "session_id", "clarify_id", "resolved_by"}
+
+``approval.*`` (added; README §Approvals): a question Hermes asks a human before a dangerous
+command or an edit (:meth:`Run.ask_approval`), and how it was resolved (:meth:`Run.answer`:
+``resolved_by`` ``user`` | ``timeout`` | ``abort``). While a run has a question pending its
+status is ``waiting_for_approval``. Each question has its own ``approval_id``; several may be
+pending at once (parallel tool calls).
+``clarify.*`` (added; README §Approvals → Clarifying questions) the same for a question of
+Hermes's ``clarify`` tool (:meth:`Run.ask_clarify`, :meth:`Run.answer_clarify`); the status
+meanwhile is ``waiting_for_answer``.
 
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
@@ -36,13 +49,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from concurrent.futures import Future
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from . import logs, metrics
-from .errors import Conflict, NotFound, ServiceError, TooManyRuns
+from .errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
 from .limits import Limiter
 
 log = logging.getLogger("hermes_service.runs")
@@ -61,17 +75,29 @@ FANOUT_SPACING_SECONDS = 0.001
 
 
 @dataclass
+class Question:
+    """One pending question of a run: its id, the choices it accepts and the Future the
+    asking runner waits on (its result: the choice)."""
+    question_id: str
+    choices: list[str] | None
+    kind: str = "approval"           # approval | clarify
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
 class Run:
     """One run: identity, status and its event log (thread-safe)."""
     run_id: str
     session_id: str
     actor_id: str
     trace_id: str
-    status: str = "queued"         # queued | running | completed | failed | cancelled
+    status: str = "queued"         # queued | running | waiting_for_approval |
+    #                                waiting_for_answer | completed | failed | cancelled
     finished: float | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     process: object = None          # the CliProcess while it runs
     events: list = field(default_factory=list)
+    questions: dict = field(default_factory=dict)   # approval/clarify id -> Question, pending only
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _wakers: set = field(default_factory=set)      # the wake Event of each follower
     _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
@@ -89,6 +115,9 @@ class Run:
                                "run.cancelled": "cancelled"}[event]
                 self.finished = time.time()
                 self._ended.set()
+                for question in self.questions.values():   # nobody waits for them any more
+                    question.future.set_result("deny" if question.kind == "approval" else None)
+                self.questions.clear()
             for wake in self._wakers:
                 wake.set()
             return len(self.events)
@@ -107,6 +136,106 @@ class Run:
     @property
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
+
+    # -- questions to the user (README §Approvals) ----------------------------------------
+    def ask_approval(self, kind: str, title: str, detail: str,
+                     choices: list[str]) -> tuple[str, Future] | None:
+        """Put a question to the user: emits ``approval.request`` and sets the status to
+        ``waiting_for_approval``. Returns ``(approval_id, future)`` — the future's result is
+        the choice, set by :meth:`answer` — or None when the run is ending (aborted or
+        finished: the caller denies)."""
+        with self._cond:
+            if self.done or self.cancel.is_set():
+                return None
+            question = Question("apr_" + secrets.token_hex(12), list(choices))
+            self.questions[question.question_id] = question
+            self._waiting()
+            self.emit("approval.request", approval_id=question.question_id, kind=kind,
+                      title=title, detail=detail, choices=list(choices))
+        metrics.approval_asked(kind)
+        return question.question_id, question.future
+
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str:
+        """Resolve a pending question with ``choice`` (one of its choices): emits
+        ``approval.responded`` and hands the choice to the waiting runner; the status is
+        ``running`` again once no question is pending. Returns the choice.
+
+        Raises BadRequest ``invalid_request`` for a choice the question does not offer,
+        Conflict ``approval_not_pending`` for an id that is not pending (never asked,
+        already answered, timed out, or the run ended)."""
+        with self._cond:
+            question = self.questions.get(approval_id)
+            if question is None or question.kind != "approval":
+                raise Conflict(f"approval {approval_id} is not pending (never asked, already "
+                               "answered, timed out, or the run ended)",
+                               code="approval_not_pending")
+            if choice not in question.choices:
+                raise BadRequest(f"choice must be one of {', '.join(question.choices)}",
+                                 code="invalid_request")
+            del self.questions[approval_id]
+            self._waiting()
+            self.emit("approval.responded", approval_id=approval_id, choice=choice,
+                      resolved_by=resolved_by)
+            question.future.set_result(choice)
+        metrics.approval_answered(resolved_by, choice)
+        return choice
+
+    def ask_clarify(self, question: str, choices: list[str] | None) -> tuple[str, Future] | None:
+        """Put a clarifying question to the user: emits ``clarify.request`` (``choices``:
+        suggested answers, or None for an open question; any text is an answer) and sets the
+        status to ``waiting_for_answer``. Returns ``(clarify_id, future)`` — the future's
+        result is the answer text, or None when nobody answered — or None when the run is
+        ending."""
+        with self._cond:
+            if self.done or self.cancel.is_set():
+                return None
+            asked = Question("clq_" + secrets.token_hex(12),
+                             list(choices) if choices else None, kind="clarify")
+            self.questions[asked.question_id] = asked
+            self._waiting()
+            self.emit("clarify.request", clarify_id=asked.question_id, question=question,
+                      choices=asked.choices)
+        metrics.approval_asked("clarify")
+        return asked.question_id, asked.future
+
+    def answer_clarify(self, clarify_id: str, answer: str | None,
+                       resolved_by: str = "user") -> None:
+        """Resolve a pending clarifying question (``answer`` None: nobody answered): emits
+        ``clarify.responded`` ``{clarify_id, resolved_by}`` (the answer itself goes to Hermes,
+        which records it; it is not an event). Raises Conflict ``clarify_not_pending``."""
+        with self._cond:
+            question = self.questions.get(clarify_id)
+            if question is None or question.kind != "clarify":
+                raise Conflict(f"question {clarify_id} is not pending (never asked, already "
+                               "answered, timed out, or the run ended)",
+                               code="clarify_not_pending")
+            del self.questions[clarify_id]
+            self._waiting()
+            self.emit("clarify.responded", clarify_id=clarify_id, resolved_by=resolved_by)
+            question.future.set_result(answer)
+        metrics.approval_answered(resolved_by, "answer" if answer is not None else "none")
+
+    def _waiting(self) -> None:
+        """The status from the pending questions (under ``_cond``)."""
+        if self.status not in ("running", "waiting_for_approval", "waiting_for_answer"):
+            return
+        kinds = {q.kind for q in self.questions.values()}
+        self.status = ("waiting_for_approval" if "approval" in kinds else
+                       "waiting_for_answer" if kinds else "running")
+
+    def resolve_all(self, resolved_by: str) -> None:
+        """Resolve every pending question (an abort): approvals denied, clarifying questions
+        unanswered; an ``approval.responded`` / ``clarify.responded`` for each."""
+        with self._cond:
+            pending = [(q.question_id, q.kind) for q in self.questions.values()]
+        for question_id, kind in pending:
+            try:
+                if kind == "approval":
+                    self.answer(question_id, "deny", resolved_by)
+                else:
+                    self.answer_clarify(question_id, None, resolved_by)
+            except (Conflict, BadRequest):     # answered meanwhile
+                pass
 
     def position(self) -> tuple[int, bool]:
         """``(last_id, done)`` read together: the id of the newest event (0 before the first;
@@ -323,6 +452,7 @@ class RunManager:
             if not run.cancel.is_set():
                 run.cancel.set()
                 run.emit("abort.started")
+        run.resolve_all("abort")       # a question pending: denied, resolved_by "abort"
         proc = run.process
         if proc is not None:
             threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()

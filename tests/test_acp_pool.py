@@ -173,6 +173,8 @@ def _cfg(runner):
     return {"acp": {"idle_seconds": runner.idle_seconds, "max_processes": runner.max_processes,
                     "recycle_after_sessions": runner.recycle_after, "max_rss_mb": runner.max_rss_mb,
                     "start_timeout_seconds": runner.start_timeout},
+            "approvals": {"mode": "ask", "timeout_seconds": runner.approval_timeout,
+                          "allow_always": runner.allow_always},
             "model": {"default": runner.default_model}}
 
 

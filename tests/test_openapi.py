@@ -127,7 +127,8 @@ def test_event_stream_documents_each_event(app_factory):
               for r in schemas["RunEvent"]["oneOf"]}
     assert events == {"run.started", "message.delta", "reasoning.delta", "tool.started",
                       "tool.completed", "run.completed", "run.failed", "abort.started",
-                      "run.cancelled"}
+                      "run.cancelled", "approval.request", "approval.responded",
+                      "clarify.request", "clarify.responded"}
     resolver = {f"#/components/schemas/{k}": v for k, v in schemas.items()}
     completed = resolver["#/components/schemas/RunCompletedEvent"]
     jsonschema.validate({"event": "run.completed", "run_id": "run_1", "session_id": "s",

@@ -9,8 +9,40 @@ anywhere on the host and have a vision model describe them. A message given to t
 is always text: this hook makes ``_detect_file_drop`` find nothing, as soon as Hermes's ``cli``
 module is imported. Explicit ``--image`` arguments (which the service never passes) are
 untouched. Plugins load too late for this (after the query was handled), hence a hook here.
+
+**How long Hermes waits for an approval** (``hermes acp`` only; README §Approvals). Hermes
+0.19.0's ACP adapter asks the client before a dangerous command or an edit and waits for the
+answer at most ``timeout`` seconds (``acp_adapter.permissions.make_approval_callback`` and
+``acp_adapter.edit_approval.make_acp_edit_approval_requester``, default 60; ``server.py``
+passes none), then denies. The service waits for the user up to
+``hermes.approvals.timeout_seconds`` and answers ``deny`` itself at that time; so that
+Hermes never gives up first (leaving the user a question nobody waits for), the service's
+ACP processes get ``HERMES_SERVICE_APPROVAL_TIMEOUT`` (seconds: ours plus a margin) and this
+hook makes it the default ``timeout`` of both functions. Nothing else changes; without the
+variable both stay as they are.
+
+**An ``always`` answer lasts for the process** (same processes, same variable). Hermes keeps
+an ``always`` approval in memory for the life of the process and also tries to save it into
+``$HERMES_HOME/config.yaml`` ``command_allowlist`` (``tools.approval.save_permanent_allowlist``).
+That file is the service's (rendered from the users' template, read-only inside the
+sandbox): the save is made a no-op here, so an ``always`` is honoured by that user's warm
+process until it ends, in every sandbox mode alike, and never written to disk.
+
+**Clarifying questions reach the client** (``HERMES_SERVICE_CLARIFY=1``: the service's ACP
+processes whose turns can ask the panel's user). Hermes 0.19.0's ``clarify`` tool calls
+``agent.clarify_callback``, which the ACP adapter never sets (the tool then answers "not
+available in this execution context"), and ACP has no request for a question. Here the tool
+(``tools.clarify_tool.clarify_tool``, looked up at each call) gets, when it has no callback,
+one that sends the client the extension request ``_hermes_service/clarify`` ``{sessionId,
+question, choices}`` on the connection of the turn's ACP session (learnt from the
+``make_approval_callback`` call the adapter makes for every prompt, which names the
+connection, its loop and the session) and waits for ``{"answer": text}``. ``{"answer":
+null}`` (nobody answered in time) becomes what Hermes's own CLI says after its clarify
+timeout: the user did not provide a response, use your best judgement.
 """
+import functools
 import importlib.abc
+import os
 import sys
 
 
@@ -18,11 +50,121 @@ def _no_file_drop(_user_input):
     return None
 
 
+def _patch_cli(module):
+    if hasattr(module, "_detect_file_drop"):
+        module._detect_file_drop = _no_file_drop
+
+
+def _approval_timeout():
+    try:
+        value = float(os.environ.get("HERMES_SERVICE_APPROVAL_TIMEOUT", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def _with_timeout(module, name):
+    timeout = _approval_timeout()
+    original = getattr(module, name, None)
+    if timeout is None or original is None:
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        kwargs.setdefault("timeout", timeout)
+        return original(*args, **kwargs)
+    setattr(module, name, wrapper)
+
+
+#: ACP session id -> (its connection, the connection's loop), from make_approval_callback
+_CHANNELS = {}
+_CLARIFY_METHOD = "hermes_service/clarify"
+_NO_ANSWER = ("The user did not provide a response within the time limit. "
+              "Use your best judgement to make the choice and proceed.")   # Hermes's cli.py
+
+
+def _clarify_enabled():
+    return os.environ.get("HERMES_SERVICE_CLARIFY") == "1"
+
+
+def _remember_channel(module):
+    """Wrap make_approval_callback to note each prompt's connection and loop (then patch its
+    timeout as for every service ACP process)."""
+    original = getattr(module, "make_approval_callback", None)
+    if original is not None and _clarify_enabled():
+        @functools.wraps(original)
+        def remember(request_permission_fn, loop, session_id, *args, **kwargs):
+            conn = getattr(request_permission_fn, "__self__", None)
+            if conn is not None:
+                _CHANNELS[session_id] = (conn, loop)
+            return original(request_permission_fn, loop, session_id, *args, **kwargs)
+        module.make_approval_callback = remember
+    _with_timeout(module, "make_approval_callback")
+
+
+def _current_session():
+    try:
+        from tools.approval import get_current_session_key
+        key = get_current_session_key(default="")
+    except Exception:      # noqa: BLE001 - fall back to the adapter's process variable
+        key = ""
+    return key if key in _CHANNELS else os.environ.get("HERMES_SESSION_ID", "")
+
+
+def _ask_client(question, choices):
+    import asyncio
+    session_id = _current_session()
+    conn, loop = _CHANNELS[session_id]
+    future = asyncio.run_coroutine_threadsafe(conn.ext_method(_CLARIFY_METHOD, {
+        "sessionId": session_id, "question": question, "choices": choices}), loop)
+    try:
+        reply = future.result(timeout=_approval_timeout() or 60.0)
+    except Exception:
+        future.cancel()
+        return _NO_ANSWER
+    reply = reply if isinstance(reply, dict) else {}
+    if reply.get("unavailable"):      # the tool then answers "Failed to get user input: …"
+        raise RuntimeError("nobody can be asked in this run")
+    answer = reply.get("answer")
+    return _NO_ANSWER if answer is None else str(answer)
+
+
+def _patch_clarify(module):
+    original = getattr(module, "clarify_tool", None)
+    if original is None or not _clarify_enabled():
+        return
+
+    @functools.wraps(original)
+    def clarify_tool(question, choices=None, callback=None):
+        if callback is None and _current_session() in _CHANNELS:
+            callback = _ask_client
+        return original(question, choices=choices, callback=callback)
+    module.clarify_tool = clarify_tool
+
+
+def _no_allowlist_save(module):
+    if _approval_timeout() is not None and hasattr(module, "save_permanent_allowlist"):
+        module.save_permanent_allowlist = lambda patterns: None
+
+
+#: module name -> what to do to it once it has been executed
+_PATCHES = {
+    "cli": _patch_cli,
+    # server.py imports the name at its import: patch permissions before server runs
+    "acp_adapter.permissions": _remember_channel,
+    # imported at call time by server.py: the module attribute is what it gets
+    "acp_adapter.edit_approval": lambda m: _with_timeout(m, "make_acp_edit_approval_requester"),
+    "tools.approval": _no_allowlist_save,
+    "tools.clarify_tool": _patch_clarify,
+}
+
+
 class _PatchCli(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps the loader of the top-level ``cli`` module."""
+    """Finds nothing itself; wraps the loader of the modules in :data:`_PATCHES`."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "cli":
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -39,8 +181,7 @@ class _PatchCli(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module):
             exec_module(module)
-            if hasattr(module, "_detect_file_drop"):
-                module._detect_file_drop = _no_file_drop
+            patch(module)
         loader.exec_module = exec_and_patch
         return spec
 

@@ -67,6 +67,8 @@ EXTRA_CODES = {   # cases the contract does not cover
     "not_found": "hermes_client_not_found",                   # 404 unknown route
     "method_not_allowed": "hermes_client_bad_request",        # 405
     "session_busy": "hermes_client_session_busy",             # 409 a run is active
+    "approval_not_pending": "hermes_client_approval_not_pending",  # 409 no such question pending
+    "clarify_not_pending": "hermes_client_clarify_not_pending",    # 409 no such question pending
     "session_exists": "hermes_client_session_busy",           # 409
     "too_many_runs": "hermes_client_busy",                    # 429 all run slots taken
     "too_many_streams": "hermes_client_busy",                 # 429 mnote.max_event_streams open
@@ -543,6 +545,8 @@ def start_run():
     key = _ensure_session(sid, actor, ws, doc)["session_id"]
     hermes_model = models[model_id].get("hermes_model")
     scope = _capability_scope(svc)
+    # Hermes's questions go to the panel (ACP runner only; the CLI runner denies them)
+    asking = svc.config["hermes"]["approvals"]["mode"] == "ask"
 
     def execute(run):
         binding = svc.tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
@@ -554,7 +558,8 @@ def start_run():
             rec, result = svc.conversations.send(
                 key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
                 toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
-                cancel=run.cancel, record={"model": model_id})
+                cancel=run.cancel, record={"model": model_id},
+                approvals=run if asking else None)
         finally:
             svc.tools.end_run(run)
         after = session_summary(home, result.hermes_session_id) or {}
@@ -620,6 +625,7 @@ def events(run_id):
     """
     actor = actor_id()
     check_id(run_id, "runId")
+    trace_id()           # each traceId given must be an id (400), as on every client route
     svc = services()
     run = svc.runs.get(run_id, actor)
     sid = request.args.get("sessionId")
@@ -687,6 +693,25 @@ ABORT = {"type": "object", "additionalProperties": False,
                        "sessionId": "mnote_doc_1_trace_1", "traceId": "trace_1"}]}
 
 
+def _own_run(run_id: str, body: dict):
+    """The run ``run_id`` as abort and approval authorise it: the acting actor's run (the
+    key's scope and actor checks come first), on the body's ``sessionId`` / ``workspaceId``
+    / ``documentId`` when given (the run's page is its session's: POST /runs checks that).
+    404 ``run_not_found`` otherwise, the same for every mismatch."""
+    actor = actor_id()
+    check_id(run_id, "runId")
+    run = services().runs.get(run_id, actor)
+    if body.get("sessionId") not in (None, run.session_id):
+        raise NotFound(f"run {run_id} not found", code="run_not_found")
+    if body.get("workspaceId") is not None or body.get("documentId") is not None:
+        try:
+            _check_page_args(_own_session(run.session_id, actor), body.get("workspaceId"),
+                             body.get("documentId"))
+        except NotFound:
+            raise NotFound(f"run {run_id} not found", code="run_not_found") from None
+    return run
+
+
 @bp.post("/runs/<run_id>/abort")
 @documented(summary="Abort a run", family=ERRORS, tags=("client",),
             params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=ABORT,
@@ -697,23 +722,101 @@ ABORT = {"type": "object", "additionalProperties": False,
 def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
     run's process group and emits ``run.cancelled``. A finished run returns its final event."""
-    actor = actor_id()
+    actor_id()
     body = json_body() if has_body() else {}
-    check_id(run_id, "runId")
     svc = services()
-    run = svc.runs.get(run_id, actor)
-    if body.get("sessionId") not in (None, run.session_id):
-        raise NotFound(f"run {run_id} not found", code="run_not_found")
-    if body.get("workspaceId") is not None or body.get("documentId") is not None:
-        try:                       # the run's page is its session's (POST /runs checks that)
-            _check_page_args(_own_session(run.session_id, actor), body.get("workspaceId"),
-                             body.get("documentId"))
-        except NotFound:
-            raise NotFound(f"run {run_id} not found", code="run_not_found") from None
+    run = _own_run(run_id, body)
     events_out = svc.runs.abort(run)
     svc.tools.end_run(run)        # no tool call of an aborted run gets through, from now on
     return ok(runId=run.run_id, sessionId=run.session_id,
               events=[public_event(e) for e in events_out])
+
+
+CHOICES = ("once", "session", "always", "deny")
+APPROVAL = {"type": "object", "required": ["sessionId", "approvalId", "choice"],
+            "additionalProperties": False,
+            "properties": {"sessionId": {"type": "string",
+                                         "description": "404 unless the run is on this session"},
+                           "approvalId": {**ID_SCHEMA, "description":
+                                          "approval.request's approval_id"},
+                           "choice": {"enum": list(CHOICES), "description":
+                                      "one of approval.request's choices (else 400)"},
+                           "workspaceId": {"type": "string",
+                                           "description": "404 unless the run is on this workspace"},
+                           "documentId": {"type": "string",
+                                          "description": "404 unless the run is on this page"},
+                           "traceId": _TRACE_BODY},
+            "examples": [{"sessionId": "mnote_doc_1_trace_1", "approvalId": "apr_0123456789ab",
+                          "choice": "once", "traceId": "trace_1"}]}
+APPROVED = _ok(["runId", "approvalId", "choice"], {
+    "runId": {"type": "string"}, "approvalId": {"type": "string"},
+    "choice": {"enum": list(CHOICES)}})
+
+
+@bp.post("/runs/<run_id>/approval")
+@documented(summary="Answer a question of the run (approval.request)", family=ERRORS,
+            tags=("client",), params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS),
+            body=APPROVAL,
+            replies={200: Reply("the answer was handed to Hermes; approval.responded follows "
+                                "on the stream", APPROVED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
+                    409: ("approval_not_pending",)})
+def approval(run_id):
+    """POST /runs/{id}/approval (README §Approvals): answer the run's pending question
+    ``approvalId`` with ``choice`` (``once`` | ``session`` | ``always`` | ``deny``, one of
+    the question's ``choices``). Authorised exactly like abort (:func:`_own_run`: another
+    actor's run, another session or page → 404). 400 ``hermes_client_bad_request`` for a
+    choice the question does not offer (``always`` when ``hermes.approvals.allow_always`` is
+    false); 409 ``hermes_client_approval_not_pending`` when ``approvalId`` is not pending
+    (never asked, answered, timed out, or the run ended). Emits ``approval.responded``
+    ``{approval_id, choice, resolved_by: "user"}``."""
+    actor_id()
+    body = json_body()
+    run = _own_run(run_id, body)
+    choice = run.answer(check_id(body["approvalId"], "approvalId"), body["choice"], "user")
+    return ok(runId=run.run_id, approvalId=body["approvalId"], choice=choice)
+
+
+CLARIFY = {"type": "object", "required": ["sessionId", "clarifyId", "answer"],
+           "additionalProperties": False,
+           "properties": {"sessionId": {"type": "string",
+                                        "description": "404 unless the run is on this session"},
+                          "clarifyId": {**ID_SCHEMA, "description":
+                                        "clarify.request's clarify_id"},
+                          "answer": {"type": "string", "minLength": 1, "maxLength": 4000,
+                                     "pattern": NO_NUL, "description":
+                                     "one of clarify.request's choices, or any text"},
+                          "workspaceId": {"type": "string",
+                                          "description": "404 unless the run is on this workspace"},
+                          "documentId": {"type": "string",
+                                         "description": "404 unless the run is on this page"},
+                          "traceId": _TRACE_BODY},
+           "examples": [{"sessionId": "mnote_doc_1_trace_1", "clarifyId": "clq_0123456789ab",
+                         "answer": "staging", "traceId": "trace_1"}]}
+CLARIFIED = _ok(["runId", "clarifyId"], {"runId": {"type": "string"},
+                                         "clarifyId": {"type": "string"}})
+
+
+@bp.post("/runs/<run_id>/clarify")
+@documented(summary="Answer a clarifying question of the run (clarify.request)",
+            family=ERRORS, tags=("client",),
+            params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=CLARIFY,
+            replies={200: Reply("the answer was handed to Hermes; clarify.responded follows "
+                                "on the stream", CLARIFIED)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
+                    409: ("clarify_not_pending",)})
+def clarify(run_id):
+    """POST /runs/{id}/clarify (README §Approvals → Clarifying questions): answer the run's
+    pending clarifying question ``clarifyId`` with ``answer`` (a suggested choice or any
+    text, 1-4000 characters). Authorised exactly like abort (:func:`_own_run`: 404). 409
+    ``hermes_client_clarify_not_pending`` when ``clarifyId`` is not pending (never asked,
+    answered, timed out, the run ended). Emits ``clarify.responded`` ``{clarify_id,
+    resolved_by: "user"}``."""
+    actor_id()
+    body = json_body()
+    run = _own_run(run_id, body)
+    run.answer_clarify(check_id(body["clarifyId"], "clarifyId"), body["answer"], "user")
+    return ok(runId=run.run_id, clarifyId=body["clarifyId"])
 
 
 @bp.get("/models")

@@ -5,8 +5,8 @@ GET /events; README §The mnote client proxy, Events).
 :func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
 schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` and each item of an abort's
-``events``. ``reasoning.delta`` and ``run.completed``'s ``notice`` are additions to the
-contract. Fields beyond these may be added later; clients ignore what they do not know.
+``events``. ``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are
+additions to the contract. Fields beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
@@ -61,6 +61,36 @@ EVENTS = {
         session=False)),
     "run.cancelled": ("RunCancelledEvent", _event(
         "run.cancelled", "the run was aborted (ends the stream)")),
+    "approval.request": ("ApprovalRequestEvent", _event(
+        "approval.request", "added (README §Approvals): Hermes asks the user before a "
+        "dangerous command or a file edit; answer on POST /runs/{runId}/approval. The run's "
+        "status is waiting_for_approval until every question is resolved",
+        ("approval_id", "kind", "title", "detail", "choices"),
+        {"approval_id": _STR,
+         "kind": {"type": "string", "description": "command | edit | other"},
+         "title": _STR,
+         "detail": {"type": "string", "description": "the description and `$ <command>` (secrets "
+                                                     "redacted by Hermes), or the file and a diff"},
+         "choices": {"type": "array", "items": {"enum": ["once", "session", "always", "deny"]},
+                     "description": "what Hermes offers for this question; always only with "
+                                    "hermes.approvals.allow_always"}})),
+    "approval.responded": ("ApprovalRespondedEvent", _event(
+        "approval.responded", "added: a question was resolved", ("approval_id", "choice",
+                                                                  "resolved_by"),
+        {"approval_id": _STR, "choice": {"enum": ["once", "session", "always", "deny"]},
+         "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
+    "clarify.request": ("ClarifyRequestEvent", _event(
+        "clarify.request", "added (README §Approvals): Hermes's clarify tool asks the user a "
+        "question; answer on POST /runs/{runId}/clarify. The run's status is "
+        "waiting_for_answer meanwhile", ("clarify_id", "question", "choices"),
+        {"clarify_id": _STR, "question": _STR,
+         "choices": {"type": ["array", "null"], "items": _STR,
+                     "description": "suggested answers (at most 4), or null: an open question; "
+                                    "any text is an answer"}})),
+    "clarify.responded": ("ClarifyRespondedEvent", _event(
+        "clarify.responded", "added: a clarifying question was resolved (timeout, abort: "
+        "unanswered)", ("clarify_id", "resolved_by"),
+        {"clarify_id": _STR, "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
 }
 #: any one event
 RUN_EVENT = {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name, _ in EVENTS.values()],
