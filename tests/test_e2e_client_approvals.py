@@ -30,7 +30,8 @@ def terminal(command: str) -> str:
 
 
 def acp(approvals: dict | None = None, runner: str = "acp") -> dict:
-    return {"hermes": {"runner": runner, "toolsets": ["terminal"], "approvals": approvals or {}}}
+    return {"hermes": {"runner": runner, "toolsets": ["terminal"], "approvals": approvals or {}},
+            "mnote": {"runner": runner}}
 
 
 def start_run(svc, sid, message, doc="doc_1", headers=A):
