@@ -4,6 +4,7 @@ demo model server. End to end (make demo, hermes acp, the walk-through): test_e2
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -81,9 +82,11 @@ def test_the_overlay_swaps_model_runner_and_data_dir_only(tmp_path):
 
 def test_make_run_never_uses_the_demo():
     def recipe(target):
-        dry = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o",
+        # under `make test` this make is a sub-make: no "make[1]: Leaving directory" lines
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+        dry = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed", "-o",
                               ".hermes-venv/.installed", "-o", "bubblewrap", target], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, env=env)
         assert dry.returncode == 0, dry.stderr
         return dry.stdout.strip().splitlines()[-1]
     assert recipe("run").endswith("exec .venv/bin/python main.py")
