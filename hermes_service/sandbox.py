@@ -190,7 +190,8 @@ def _runtime_args() -> tuple[str, ...]:
     return tuple(args)
 
 
-def runtime_roots(command_path: str) -> list[str]:
+@functools.lru_cache(maxsize=8)
+def runtime_roots(command_path: str) -> tuple[str, ...]:
     """Folders the Hermes command needs read-only besides /usr: its venv and the venv's base
     interpreter prefix (``pyvenv.cfg`` ``home``; the venv's ``bin/python`` links there)."""
     cmd = Path(command_path).resolve()
@@ -214,7 +215,7 @@ def runtime_roots(command_path: str) -> list[str]:
         if s.startswith(("/usr/", "/bin", "/lib")) or s in out or s == "/":
             continue
         out.append(s)
-    return out
+    return tuple(out)
 
 
 def host_toolsets(toolsets) -> list[str]:

@@ -263,6 +263,18 @@ def stubbed_app(app_factory, stub, monkeypatch):
     return make
 
 
+def wait_for(condition, what: str = "condition", timeout: float = 60.0, log=None):
+    """Poll ``condition()`` until it is true and return its value; fail naming ``what`` after
+    ``timeout`` seconds (with ``log()``, e.g. the service's log, when given). Tests wait for
+    conditions, never for fixed times."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}" + (f":\n{log()}" if log else ""))
+        time.sleep(0.02)
+    return value
+
+
 def hermes_processes(marker: str) -> list[int]:
     """PIDs of live processes whose command line or environment mentions ``marker`` — or,
     for a process in a sandbox (which sees neither host paths nor the service's environment),

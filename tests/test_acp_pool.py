@@ -17,13 +17,12 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import base_config, deep_merge
+from conftest import base_config, deep_merge, wait_for
 from hermes_service.acp_runner import AcpRunner
 from hermes_service.config import build_config
 from hermes_service.errors import RunError
@@ -32,15 +31,6 @@ from hermes_service.runner import HermesRunner, UseCli
 AGENT = Path(__file__).with_name("fake_acp_agent.py")
 #: the bound of every wait here: a process start takes ~0.3 s idle, several s on a loaded machine
 WAIT = 60
-
-
-def wait_for(condition, what: str, timeout: float = WAIT):
-    """Poll ``condition()`` until it is true (returned); fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
-        time.sleep(0.02)
-    return value
 
 
 @pytest.fixture

@@ -15,13 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, wait_for
 from shipped import shipped_text, shipped_tree
 from sse_client import SSEStream
 
@@ -32,16 +31,6 @@ RUN = {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_doc_1_t
        "message": "概括当前页面标题和第一段，并在页尾追加一句总结", "model": "hermes-agent",
        "pageContext": {"title": "项目计划", "outline": [], "pageOptions": {"wideLayout": True}},
        "traceId": "trace_1"}
-
-
-def wait_for(cond, what: str, timeout: float, log=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {timeout:g} s:\n{log()}")
 
 
 @pytest.fixture

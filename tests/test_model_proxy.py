@@ -21,7 +21,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from conftest import ROOT, base_config, free_port, hermes_bin
+from conftest import ROOT, base_config, free_port, hermes_bin, wait_for
 from hermes_service import metrics
 from hermes_service.model_proxy import (MAX_BODY_BYTES, ModelProxy, UsageReader, UsageStore,
                                         read_usage, upstream_proxy_for, usage_db_path)
@@ -42,14 +41,6 @@ REAL_KEY = "sk-real-provider-key-7f3a"
 
 
 # -- helpers ---------------------------------------------------------------------------
-def wait_for(cond, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def usage_rows(proxy, expected_requests, **kw):
     """The proxy's usage rows once ``expected_requests`` are recorded: the caller may have
     the last byte of an answer a moment before the proxy counts it (metric first, then db)."""
