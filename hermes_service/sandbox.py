@@ -548,13 +548,13 @@ class Sandbox:
         env["TMPDIR"] = "/tmp"
         env["USER"] = env["LOGNAME"] = "hermes"
         passwd, group = self._identity_files()
-        bargs = [*_base_args(),
+        tmp_bytes = str(lim.tmp_mb * 1024 * 1024)
+        # the private /tmp first: a runtime under /tmp (a checkout there) is bound over it
+        bargs = [*_base_args(), "--size", tmp_bytes, "--tmpfs", "/tmp",
                  "--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
         for root in runtime_roots(command_path):
             bargs += ["--ro-bind", root, root]
-        tmp_bytes = str(lim.tmp_mb * 1024 * 1024)
         bargs += ["--ro-bind", str(self.site_dir), SITE_DIR,
-                  "--size", tmp_bytes, "--tmpfs", "/tmp",
                   # /dev/shm is memory too, capped like /tmp; the rest of /dev read-only
                   "--size", tmp_bytes, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                   "--bind", str(home.root), HOME]

@@ -228,3 +228,24 @@ def test_home_size_counts_every_entry_and_paths_too_long_to_name(tmp_path):
     assert sandbox.home_size_mb(tmp_path) > 8.5
     import shutil
     shutil.rmtree(deep)
+
+
+@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+def test_a_runtime_under_tmp_is_still_visible_over_the_private_tmp(tmp_path):
+    """A checkout (and so the Hermes venv) under /tmp: the sandbox's own /tmp must not hide it."""
+    assert str(tmp_path).startswith("/tmp/")
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    cmd = bindir / "fake-hermes"
+    cmd.write_text("#!/bin/sh\necho ran-inside\n")
+    cmd.chmod(0o755)
+    home = UserHome("u", tmp_path / "users" / "u", tmp_path / "users" / "u" / ".hermes")
+    home.hermes_home.mkdir(parents=True)
+    box = sandbox.Sandbox(sandbox.Settings(mode="bwrap"), tmp_path, HERMES_SITE)
+    launch = box.prepare([], {"PATH": "/usr/bin:/bin"}, home, None, str(cmd))
+    try:
+        out = subprocess.run(launch.argv, env=launch.env, cwd=launch.cwd, pass_fds=launch.pass_fds,
+                             capture_output=True, timeout=30)
+    finally:
+        launch.close()
+    assert out.returncode == 0 and b"ran-inside" in out.stdout, out.stderr
