@@ -86,8 +86,9 @@ from pathlib import Path
 
 from . import hermes_state
 from .errors import BadRequest, Conflict, RunError, ServiceError
+from .instance import proc_start
 from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _ctx, _proc_start, _stopping, answer_from_record, classify_text, failure_reason,
+                     _ctx, _stopping, answer_from_record, classify_text, failure_reason,
                      kill_group, limit_error)
 from .sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
 
@@ -413,10 +414,10 @@ class AcpProcess:
         def wait(timeout: float) -> bool:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                if _proc_start(pid) is None:
+                if proc_start(pid) is None:
                     return True
                 time.sleep(0.02)
-            return _proc_start(pid) is None
+            return proc_start(pid) is None
         kill_group(pid, wait, tree=self.launch is not None and self.launch.sandboxed)
 
     async def new_session(self) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import preflight
 from .files import atomic_write
+from .instance import proc_start
 from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
@@ -100,16 +101,6 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
     }
 
 
-def _proc_start(pid: int) -> str | None:
-    """Start time (clock ticks since boot) of a live process; None if it is gone."""
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(data), durable=False)
@@ -121,7 +112,7 @@ class ServiceRecord:
 
     def __init__(self, data_dir: Path, config_path: str, url: str):
         self.path = Path(data_dir) / RECORD_DIR / f"{os.getpid()}.json"
-        self.data = {"pid": os.getpid(), "start": _proc_start(os.getpid()),
+        self.data = {"pid": os.getpid(), "start": proc_start(os.getpid()),
                      "config": str(Path(config_path).resolve()), "url": url,
                      "reload": {"seq": 0, "ok": None, "lines": [], "at": None}}
         self._lock = threading.Lock()
@@ -148,7 +139,7 @@ def live_services(data_dir: Path) -> list[dict]:
     for path in sorted((Path(data_dir) / RECORD_DIR).glob("*.json")):
         try:
             data = json.loads(path.read_text())
-            alive = data.get("start") is not None and _proc_start(data["pid"]) == data["start"]
+            alive = data.get("start") is not None and proc_start(data["pid"]) == data["start"]
         except (OSError, ValueError, KeyError, TypeError):
             alive = False
         if alive:

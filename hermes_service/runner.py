@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Protocol
 from . import hermes_state, homefs
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
 from .limits import Limiter
+from .instance import alive_pid, proc_start
 from .sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
 
 if TYPE_CHECKING:
@@ -185,22 +186,6 @@ class CliProcess:
         return Outcome(self.proc.returncode, text["stdout"], text["stderr"],
                        time.monotonic() - self.started, self.killed, self._truncated,
                        self.limit)
-
-
-def _proc_start(pid) -> str | None:
-    """Start time (clock ticks since boot) of a live, non-zombie process; None otherwise."""
-    try:
-        stat = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, TypeError, ValueError):
-        return None
-    fields = stat.rsplit(")", 1)[1].split()   # after "(comm)": state, ppid, ...
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def _alive(pid, started: str | None) -> bool:
-    """Is the service process that wrote a record still running (same pid, same start)?"""
-    now = _proc_start(pid)
-    return now is not None and (started is None or now == started)
 
 
 def session_id_from_stderr(stderr: str) -> str | None:
@@ -532,8 +517,8 @@ class ProcessGroups:
             self._live.add(member)
         if self.pid_dir is not None:
             (self.pid_dir / f"{member.pgid}.json").write_text(json.dumps({
-                "service_pid": os.getpid(), "service_start": _proc_start(os.getpid()),
-                "leader_start": _proc_start(member.pgid), "home": home}))
+                "service_pid": os.getpid(), "service_start": proc_start(os.getpid()),
+                "leader_start": proc_start(member.pgid), "home": home}))
 
     def forget(self, member) -> None:
         with self._lock:
@@ -574,11 +559,11 @@ class ProcessGroups:
             except (OSError, ValueError):
                 record.unlink(missing_ok=True)
                 continue
-            if _alive(info.get("service_pid"), info.get("service_start")):
+            if alive_pid(info.get("service_pid"), info.get("service_start")):
                 continue
             home = (info.get("home") or "").encode()
             if info.get("leader_start") is not None:
-                ours = _proc_start(pgid) == info["leader_start"]
+                ours = proc_start(pgid) == info["leader_start"]
             else:
                 try:
                     environ = Path(f"/proc/{pgid}/environ").read_bytes()

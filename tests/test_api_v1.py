@@ -432,7 +432,7 @@ def test_huge_values_are_not_echoed_back(client):
 def test_dead_or_reused_service_pids_are_not_alive():
     import os
     import subprocess
-    from hermes_service.runner import _alive, _proc_start
+    from hermes_service.instance import alive_pid as _alive, proc_start as _proc_start
     me = _proc_start(os.getpid())
     assert _alive(os.getpid(), me) and not _alive(os.getpid(), str(int(me) + 1))   # reused pid
     zombie = subprocess.Popen(["true"])
