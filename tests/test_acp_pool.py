@@ -320,3 +320,83 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
     runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
+
+
+def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two "):
+    """A turn that streams ``pieces`` and is aborted once the listener was shown the second
+    (the first is no longer held), on an agent that honours or ignores ``session/cancel``.
+    Returns (runner, home, the turn's error code, shown text, ACP session id)."""
+    import threading
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(FAKE_ACP_STREAM=pieces, FAKE_ACP_CANCEL=cancel_mode, FAKE_ACP_PIECE_DELAY="0.01",
+                      HERMES_HOME=str(h.hermes_home))
+    shown, cancel = [], threading.Event()
+
+    class Listener:
+        def started(self, handle): pass
+        def reasoning(self, text): pass
+        def tool(self, *a): pass
+
+        def delta(self, text):
+            shown.append(text)
+            if len(shown) == 2:
+                cancel.set()
+    req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
+                      listener=Listener(), cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    t.join(WAIT)
+    [sid] = [line.split()[1] for line in Path(runner.env["FAKE_ACP_LOG"]).read_text().splitlines()
+             if line.startswith("prompt ")]
+    return runner, h, outcome.get("code"), "".join(shown), sid
+
+
+def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp_path):
+    """README §Runners → "A stopped turn": the agent ignores session/cancel, so the process is
+    killed before it saves the partial reply: the service writes the text the listener was
+    shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
+    from hermes_record import active_rows
+    from hermes_service import hermes_state
+    runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore")
+    assert code == "run_cancelled" and shown.startswith("echo: part one")
+    rows = active_rows(h.hermes_home, sid)
+    assert [(r["role"], r["content"]) for r in rows] == [("user", "tell me"), ("assistant", shown.strip())]
+    assert hermes_state.session_summary(h.hermes_home, sid)["messageCount"] == 2
+
+
+def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_warm(pool, tmp_path):
+    """The agent honours session/cancel and saves the partial reply itself: nothing is
+    written twice, and the process stays warm with its record fingerprint current (else the
+    next turn there would retire it as stale)."""
+    from hermes_record import active_rows
+    from hermes_service import hermes_state
+    runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "honour")
+    assert code == "run_cancelled"
+    assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user", "assistant"]
+    proc = runner._procs[("u1", "mnote")]
+    assert not proc.retired and not proc.dead
+    assert proc.seen[sid] == hermes_state.fingerprint(h.hermes_home, sid)
+
+
+def test_a_stop_before_any_text_was_shown_keeps_no_reply(pool, tmp_path):
+    """Only the first piece arrived (held back: it could be Hermes's error text), so the
+    listener was shown nothing: no reply is written (the turn is then taken back as an
+    unanswered one, conversations.py), and the process is killed, not cancelled."""
+    import threading
+    from hermes_record import active_rows
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(FAKE_ACP_STREAM="only piece ", HERMES_HOME=str(h.hermes_home))
+    cancel = threading.Event()
+    req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
+                      cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    wait_for(lambda: agent_log(runner, "piece"), "the agent to stream its piece")
+    cancel.set()
+    t.join(WAIT)
+    assert outcome.get("code") == "run_cancelled"
+    [sid] = [line.split()[1] for line in agent_log(runner, "prompt")]
+    assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user"]
+    assert not agent_log(runner, "cancel")

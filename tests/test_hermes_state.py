@@ -70,3 +70,48 @@ def test_a_message_that_only_starts_like_the_header_is_shown_as_written(tmp_path
     typed = f"{MERGED_HEADER}\nis what Hermes writes, isn't it?"
     record_turn(home, SID, typed, answer="it is")
     assert [m["content"] for m in transcript(home, SID)] == [typed, "it is"]
+
+
+def test_a_stopped_turn_keeps_the_shown_text_as_hermes_stores_an_interrupted_reply(tmp_path):
+    """README §Runners → "A stopped turn": Hermes saved the question only (its process was
+    killed): the shown text becomes the assistant row, counted once, no finish_reason."""
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2")
+    assert keep_partial(home, SID, "question 2", "half an ans")
+    assert [m["content"] for m in transcript(home, SID)] == \
+        ["question 1", "answer 1", "question 2", "half an ans"]
+    assert session_summary(home, SID)["messageCount"] == 4
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("SELECT finish_reason FROM messages ORDER BY id DESC").fetchone() == (None,)
+    # Hermes had saved it (an honoured session/cancel): not written twice
+    assert not keep_partial(home, SID, "question 2", "half an ans")
+    assert len(transcript(home, SID)) == 4
+
+
+def test_a_stopped_turn_hermes_saved_nothing_of_gets_its_question_too(tmp_path):
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    assert keep_partial(home, SID, "question 2", "the start")
+    assert [(m["role"], m["content"]) for m in transcript(home, SID)][2:] == \
+        [("user", "question 2"), ("assistant", "the start")]
+    assert not keep_partial(home, "no-such-session", "q", "text")     # no session row: nothing
+
+
+def test_a_stopped_turn_after_a_tool_step_keeps_only_the_text_not_yet_recorded(tmp_path):
+    """The text shown before a tool call is in Hermes's tool-call step already; only the
+    rest of what was shown is written."""
+    import json
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", tool_call="terminal")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE messages SET content = 'Let me look. ' WHERE role = 'assistant'")
+        db.execute("INSERT INTO messages (session_id, role, content, tool_call_id, timestamp) "
+                   "VALUES (?, 'tool', ?, 'call_1', 0)", (SID, json.dumps({"output": "ok"})))
+    assert keep_partial(home, SID, "question 1", "Let me look. It says ok, so")
+    assert transcript(home, SID)[-1]["content"] == "It says ok, so"
