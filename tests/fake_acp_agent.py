@@ -12,9 +12,12 @@ A stopped turn (``FAKE_ACP_STREAM``: pieces separated by ``|``): a prompt stream
 ``agent_message_chunk`` updates (``FAKE_ACP_PIECE_DELAY`` s apart, default 0.05), then waits
 until ``session/cancel``; ``FAKE_ACP_CANCEL=honour`` (the default) ends it then with
 ``stopReason: cancelled``, ``ignore`` never ends it (a Hermes whose cancel does not land).
-With ``HERMES_HOME`` set the agent keeps ``state.db`` as Hermes 0.19.0 does for such a turn
+With ``HERMES_HOME`` set the agent keeps ``state.db`` as Hermes 0.19.0 does
 (tests/hermes_record.py): the session row at ``session/new``, the user row when the prompt
-starts, and, on an honoured cancel, the streamed text as the interrupted reply."""
+starts, and, on an honoured cancel, the streamed text as the interrupted reply; a prompt
+without ``FAKE_ACP_STREAM`` ends at once, answered with ``FAKE_ACP_ANSWER`` (an assistant row)
+or, without it, with no answer recorded (what a model's empty reply or a provider error
+leaves)."""
 import asyncio
 import os
 import sys
@@ -59,6 +62,12 @@ class FakeAgent:
     async def prompt(self, prompt, session_id, **_kw):
         pieces = [p for p in os.environ.get("FAKE_ACP_STREAM", "").split("|") if p]
         if not pieces:
+            if _home():                # a turn Hermes answered with FAKE_ACP_ANSWER, or not at all
+                from hermes_record import append_message
+                append_message(_home(), session_id, "user", prompt[0].text)
+                if os.environ.get("FAKE_ACP_ANSWER"):
+                    append_message(_home(), session_id, "assistant",
+                                   os.environ["FAKE_ACP_ANSWER"], finish_reason="stop")
             return PromptResponse(stop_reason="end_turn")
         _log(f"prompt {session_id}")
         if _home():

@@ -400,3 +400,56 @@ def test_a_stop_before_any_text_was_shown_keeps_no_reply(pool, tmp_path):
     [sid] = [line.split()[1] for line in agent_log(runner, "prompt")]
     assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user"]
     assert not agent_log(runner, "cancel")
+
+
+def _answered_turn(runner, h, message="hi"):
+    """One turn of a new conversation on ``h``'s process; returns (its process, the error
+    code or "ok")."""
+    from hermes_service.runner import TurnRequest
+    req = TurnRequest(message=message, resume_id=None, home=h, env=runner.env, family="mnote")
+    try:
+        runner.run_turn(req)
+        code = "ok"
+    except RunError as err:
+        code = err.code
+    return runner._procs.get(("u1", "mnote")), code
+
+
+def _recording_pool(pool, tmp_path, answer):
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(HERMES_HOME=str(h.hermes_home), **({"FAKE_ACP_ANSWER": answer} if answer else {}))
+    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
+    return runner, h, proc
+
+
+def test_a_turn_with_no_answer_retires_its_process(pool, tmp_path):
+    """A turn that recorded no answer (upstream_empty_answer) is taken back from the record,
+    while the process's memory still holds it: that process takes no further turn."""
+    runner, h, proc = _recording_pool(pool, tmp_path, answer=None)
+    after, code = _answered_turn(runner, h)
+    assert code == "upstream_empty_answer"
+    assert proc.retired and after is not proc
+
+
+def test_an_answered_turn_keeps_its_process_warm(pool, tmp_path):
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and after is proc and not proc.retired
+
+
+def test_a_process_is_recycled_after_recycle_after_sessions(pool, tmp_path):
+    """Hermes 0.19.0 never frees an ACP session: after ``recycle_after_sessions`` sessions
+    the process is retired at the end of the turn (and a replacement started)."""
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    runner.recycle_after = 1                             # the turn's session reaches it
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and proc.retired and after is not proc
+
+
+def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    assert proc.rss_mb() > 1
+    runner.max_rss_mb = 1.0                              # below any live Python process
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and proc.retired and after is not proc

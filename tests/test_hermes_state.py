@@ -115,3 +115,16 @@ def test_a_stopped_turn_after_a_tool_step_keeps_only_the_text_not_yet_recorded(t
                    "VALUES (?, 'tool', ?, 'call_1', 0)", (SID, json.dumps({"output": "ok"})))
     assert keep_partial(home, SID, "question 1", "Let me look. It says ok, so")
     assert transcript(home, SID)[-1]["content"] == "It says ok, so"
+
+
+def test_a_user_message_replayed_without_an_answer_between_shows_once(tmp_path):
+    """Hermes's display history drops a user message repeated with no answer in between (a
+    replay, e.g. a turn retried over one Hermes kept unanswered); the transcript and its
+    count do the same, and a repeat after an answer is a turn of its own."""
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "same question")
+    record_turn(home, SID, "same question", answer="answer 1")
+    record_turn(home, SID, "same question", answer="answer 2")
+    got = [m["content"] for m in transcript(home, SID)]
+    assert got == ["same question", "answer 1", "same question", "answer 2"]
+    assert session_summary(home, SID)["messageCount"] == 4

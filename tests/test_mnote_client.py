@@ -714,3 +714,45 @@ def test_a_trace_id_ending_in_a_dot_makes_a_working_session(c, stub):
     assert "mnote_doc_1_t." in {s["sessionId"] for s in listed}
     from hermes_service.mnote.client import session_key
     assert session_key("user_1", "x.") != session_key("user_1", "x")
+
+
+def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
+    """``mnote.max_event_streams`` applies on reload (README §Reload, Services.apply): a
+    larger limit admits another stream at once; a smaller one takes no open stream away but
+    admits no new one until enough have closed."""
+    import yaml
+    from conftest import base_config
+    from hermes_service.lifecycle import reload_config
+    c = make({"mnote": {"max_event_streams": 1}})
+    stub.gate = threading.Event()
+    run_id = start(c)
+
+    def open_stream():
+        res = c.get(f"{P}/events/{run_id}", headers=A, buffered=False)
+        if res.status_code == 200:
+            assert next(res.response) == b": stream open\n\n"
+        return res
+
+    def reload(n):
+        cfg = base_config(tmp_path)
+        cfg["mnote"]["max_event_streams"] = n
+        path = tmp_path / f"reload-{n}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        ok, lines = reload_config(c.svc, str(path))
+        assert ok, lines
+    try:
+        first = open_stream()
+        assert first.status_code == 200 and open_stream().status_code == 429
+        reload(2)
+        second = open_stream()
+        assert second.status_code == 200 and open_stream().status_code == 429
+        reload(1)
+        second.close()                      # two open, limit one: still full after one closes
+        assert open_stream().status_code == 429
+        first.close()                       # (closed in the order Flask's contexts need)
+        third = open_stream()
+        assert third.status_code == 200
+        third.close()
+    finally:
+        stub.gate.set()
+    wait_done(c, run_id)
