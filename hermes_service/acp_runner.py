@@ -24,9 +24,10 @@ process has not loaded; its history replay is discarded), and ``session/prompt``
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
 model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
-(except the first, held until a second one arrives, 0.2 s pass or the turn ends: Hermes
-0.19.0 sends provider errors and its own hints as one ordinary chunk right at the end of a
-turn, and a turn that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
+(except a first one that could be the start of Hermes's error text, :data:`ERROR_TEXT_STARTS`,
+held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
+errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
+recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
 ``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
 tool calls are reported by the tool gateway). The answer is read from Hermes's record,
 exactly as for the CLI runner.
@@ -103,6 +104,28 @@ log = logging.getLogger("hermes_service.acp")
 IDLE_CPU_SECONDS = 5.0
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
 FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
+#: How the text Hermes 0.19.0 sends in place of an answer begins — provider errors and its own
+#: hints, one chunk at the end of a turn (``agent/conversation_loop.py`` ``final_response``
+#: values, ``acp_adapter/server.py`` ``Error: {e}``; measured: ``HTTP 401: …``, ``API call
+#: failed after 1 retries: HTTP 429: …``, ``⚠️ No reply: …``). Only a first chunk that could
+#: be the start of one of them is held back (:meth:`_Sink.message`); re-read on a new pin.
+ERROR_TEXT_STARTS = (
+    "HTTP ", "API call failed", "Error", "⚠", "Billing or credits", "Invalid API response",
+    "I apologize, but I encountered", "Request payload too large", "Context length exceeded",
+    "Response truncated", "First response truncated", "Operation interrupted",
+    "Model generated invalid tool call", "Incomplete REASONING_SCRATCHPAD",
+    "Codex response remained", "(empty)", "Failed", "No ", "Connection", "Provider",
+    "Rate limit", "Authentication", "Unauthorized", "Request timed out", "Timeout",
+)
+
+
+def could_be_error_text(text: str) -> bool:
+    """Could a first message chunk be (the start of) Hermes's error text instead of an answer
+    (:data:`ERROR_TEXT_STARTS`)? A chunk shorter than a prefix counts when it starts one."""
+    head = text.lstrip()
+    if not head:
+        return True
+    return any(head.startswith(p) or p.startswith(head) for p in ERROR_TEXT_STARTS)
 POLL_SECONDS = 0.05
 APPROVAL_MARGIN = 10.0        # Hermes waits this much longer for an answer than we do (s)
 APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site/sitecustomize.py
@@ -139,7 +162,7 @@ class _Sink:
 
     def message(self, text: str) -> None:
         self.text.append(text)
-        if not self.delivered and self.held is None:
+        if not self.delivered and self.held is None and could_be_error_text(text):
             self.held = text
             # a turn's error text comes alone, right before the prompt's answer; a real
             # first piece is followed by more, or the turn keeps going past the hold
@@ -544,7 +567,7 @@ class AcpRunner:
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
         :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
-        source = hermes_state.session_source(req.home.hermes_home, req.resume_id)
+        source, now = hermes_state.session_state(req.home.hermes_home, req.resume_id)
         if req.model and req.model != self.default_model:
             if source == "acp":       # the CLI turn adds to the record, not to a warm process
                 self._call(self._forget(req)).result(5)
@@ -555,8 +578,8 @@ class AcpRunner:
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener, approvals=req.approvals)
-            now = hermes_state.fingerprint(req.home.hermes_home, req.resume_id) \
-                if source == "acp" else None
+            if source != "acp":
+                now = None
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
                                         record=now))
             try:

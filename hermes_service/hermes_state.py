@@ -541,6 +541,30 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
 
 
 @bounded
+def session_state(hermes_home: Path, session_id: str | None) -> tuple[str | None, tuple | None]:
+    """(:func:`session_source`, :func:`fingerprint`) of a session, read in one opening of
+    ``state.db`` (the ACP runner asks both before every turn)."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None, None
+    with closing(conn):
+        row = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            return None, None
+        return row["source"], _fingerprint(conn, session_id)
+
+
+def _fingerprint(conn, session_id: str) -> tuple | None:
+    ids = [r["id"] for r in lineage(conn, session_id)]
+    if not ids:
+        return None
+    marks = ",".join("?" * len(ids))
+    row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
+                       " AND active = 1", ids).fetchone()
+    return (row[0], row[1])
+
+
+@bounded
 def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     """What the session's record is now: (active messages, newest active message id) of its
     lineage; None when unknown. A write by anyone else (another service process, a CLI
@@ -549,13 +573,7 @@ def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     if conn is None:
         return None
     with closing(conn):
-        ids = [r["id"] for r in lineage(conn, session_id)]
-        if not ids:
-            return None
-        marks = ",".join("?" * len(ids))
-        row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
-                           " AND active = 1", ids).fetchone()
-    return (row[0], row[1])
+        return _fingerprint(conn, session_id)
 
 
 @bounded

@@ -199,15 +199,12 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     ACP session in state.db; the user's warm process still held the conversation in memory
     (Hermes reads a loaded session's history once) and answered its next turn without the CLI
     turn (the model never saw it). That process now takes no further turn."""
-    import sqlite3
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
-    h.hermes_home.mkdir(parents=True)
-    with sqlite3.connect(h.hermes_home / "state.db") as db:
-        db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
-        db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT)")
-        db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
+    from hermes_record import start_session
+    for sid in ("s1", "s2"):                 # two ACP sessions as Hermes records them
+        start_session(h.hermes_home, sid, source="acp")
     proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")                          # a turn of s1 ran in it
     req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
@@ -388,7 +385,7 @@ def test_a_stop_before_any_text_was_shown_keeps_no_reply(pool, tmp_path):
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
-    runner.env.update(FAKE_ACP_STREAM="only piece ", HERMES_HOME=str(h.hermes_home))
+    runner.env.update(FAKE_ACP_STREAM="HTTP 5", HERMES_HOME=str(h.hermes_home))   # error-like
     cancel = threading.Event()
     req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
                       cancel=cancel)
@@ -453,3 +450,19 @@ def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
     runner.max_rss_mb = 1.0                              # below any live Python process
     after, code = _answered_turn(runner, h)
     assert code == "ok" and proc.retired and after is not proc
+
+
+@pytest.mark.parametrize("text, held", [
+    # what Hermes 0.19.0 sent in place of an answer (measured, scripted model)
+    ("HTTP 401: scripted HTTP 401 error", True),
+    ("API call failed after 1 retries: HTTP 429: scripted HTTP 429 error", True),
+    ("⚠️ No reply: the model returned empty content after retries", True),
+    ("Error: boom", True), ("HT", True), ("", True),
+    # the first piece of a real streamed answer is shown at once
+    ("echo ", False), ("当前页", False), ("Sure, here", False), ("The page", False),
+])
+def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
+    """README §Runners: the first chunk is held back only when it could be the start of the
+    error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
+    from hermes_service.acp_runner import could_be_error_text
+    assert could_be_error_text(text) is held
