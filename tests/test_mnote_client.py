@@ -756,3 +756,25 @@ def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
     finally:
         stub.gate.set()
     wait_done(c, run_id)
+
+
+def test_a_session_records_its_panel_model_and_writes_only_when_it_changes(make, monkeypatch):
+    """A session's ``model`` is the panel model id of its runs (README §The mnote client
+    proxy → Sessions); storing it is a durable registry write, made only when it changed
+    (not on the first token's path of every run)."""
+    models = [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"},
+              {"id": "other", "label": "Other", "provider": "hermes"}]
+    c = make({"mnote": {"models": models}})
+    writes = []
+    real = c.svc.store.update
+    monkeypatch.setattr(c.svc.store, "update",
+                        lambda sid, **fields: writes.append(sorted(fields)) or real(sid, **fields))
+
+    def run_with(model):
+        writes.clear()
+        wait_done(c, start(c, {**RUN_BODY, "model": model}))
+        [s] = c.get(f"{P}/sessions", headers=A).json["sessions"]
+        return s["model"], [w for w in writes if w == ["model"]]
+    assert run_with("hermes-agent") == ("hermes-agent", [["model"]])
+    assert run_with("hermes-agent") == ("hermes-agent", [])           # unchanged: no write
+    assert run_with("other") == ("other", [["model"]])
