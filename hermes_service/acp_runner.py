@@ -41,11 +41,12 @@ stays usable (kept warm when the prompt ends ``cancelled``, else retired); if th
 not ended 1 s later, the process is killed. Every other abort kills the user's process
 (SIGTERM, SIGKILL after 1 s). A stopped turn keeps the answer text the client was shown
 (README §Runners → "A stopped turn"): when the kill came first, the service writes it into
-the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before the prompt (the process starting, ``session/new`` or
-``session/load`` pending) ends the turn at once and leaves the process to finish its start.
-Timeouts (counted from the turn's start) and stalls kill the process. After any failed or aborted turn the
-process is retired (its in-memory history may hold the turn Hermes's record took back),
-and a replacement is started at once for the next turn.
+the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before the prompt
+(the process starting, ``session/new`` or ``session/load`` pending) ends the turn at once
+and leaves the process to finish its start. Timeouts (counted from the turn's start) and
+stalls kill the process. After any other failed or aborted turn the process is retired (its
+in-memory history may hold the turn Hermes's record took back), and a replacement is started
+at once for the next turn.
 
 **Questions to a human** (README §Approvals). Hermes 0.19.0's ACP adapter asks before a
 dangerous command (and, with edit approval on, before a file edit) with
