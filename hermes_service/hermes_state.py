@@ -653,6 +653,23 @@ def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> 
 
 
 @bounded
+def token_counts(hermes_home: Path, session_id: str | None) -> dict | None:
+    """``{inputTokens, outputTokens}`` of the session's lineage — :func:`session_summary`'s
+    counters without reading its messages (a run reads them before its turn: the first
+    token's path; a long conversation's transcript took milliseconds) — or None if Hermes has
+    no such session."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None
+    with closing(conn):
+        chain = lineage(conn, session_id)
+    if not chain:
+        return None
+    return {"inputTokens": sum(r["input_tokens"] or 0 for r in chain),
+            "outputTokens": sum(r["output_tokens"] or 0 for r in chain)}
+
+
+@bounded
 def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
     """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,
     inputTokens, outputTokens}`` of the session's lineage, or None if Hermes has no such

@@ -128,3 +128,21 @@ def test_a_user_message_replayed_without_an_answer_between_shows_once(tmp_path):
     got = [m["content"] for m in transcript(home, SID)]
     assert got == ["same question", "answer 1", "same question", "answer 2"]
     assert session_summary(home, SID)["messageCount"] == 4
+
+
+def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
+    """The counters a run reads before its turn (usage = their growth) are those of
+    session_summary, over the whole compaction lineage."""
+    import sqlite3
+    from hermes_service.hermes_state import token_counts
+    home = tmp_path / ".hermes"
+    record_turn(home, "parent", "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2", answer="answer 2")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE sessions SET parent_session_id = 'parent' WHERE id = ?", (SID,))
+        db.execute("UPDATE sessions SET input_tokens = 100, output_tokens = 7 WHERE id = 'parent'")
+        db.execute("UPDATE sessions SET input_tokens = 50, output_tokens = 3 WHERE id = ?", (SID,))
+    summary = session_summary(home, SID)
+    assert token_counts(home, SID) == {"inputTokens": 150, "outputTokens": 10} == \
+        {k: summary[k] for k in ("inputTokens", "outputTokens")}
+    assert token_counts(home, "unknown") is None and token_counts(home, None) is None

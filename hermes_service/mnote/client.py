@@ -28,7 +28,7 @@ from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, p
                    services)
 from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
 from ..security import acting_user
-from ..hermes_state import session_summary, transcript
+from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
 LEGACY_PREFIX = "/api/ai-agent"
@@ -554,7 +554,7 @@ def start_run():
         home = svc.homes.path(actor).hermes_home
         try:
             known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
-            before = session_summary(home, known) or {}
+            before = token_counts(home, known) or {}     # (not the transcript: first token)
             rec, result = svc.conversations.send(
                 key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
                 toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
