@@ -324,11 +324,21 @@ def idempotent(family: str, user: Callable[[], str | None], *,
             except BaseException:
                 store.release(scope, key)     # e.g. 413 or an internal error: not replayed
                 raise
-            if recordable(resp.status_code, code) and not resp.is_streamed:
-                store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
-                                                 resp.get_data()))
-            else:
-                store.release(scope, key)
+            try:
+                if recordable(resp.status_code, code) and not resp.is_streamed:
+                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
+                                                     resp.get_data()))
+                else:
+                    store.release(scope, key)
+            except sqlite3.Error:
+                # the work is done and its answer goes out; a record left "running" would hold
+                # the key until this process ends, so it is dropped (a retry runs again)
+                log.exception("idempotency record of %s %s not written", request.method,
+                              request.path)
+                try:
+                    store.release(scope, key)
+                except sqlite3.Error:
+                    pass
             return resp
         return inner
     return wrap

@@ -389,7 +389,11 @@ CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
 @_idempotent()
 def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
-    same session (idempotent). Chat history is persisted by Hermes on the first run."""
+    same session (idempotent). Chat history is persisted by Hermes on the first run.
+
+    ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer, byte for
+    byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
+    the same key with another body, query or ``X-Trace-Id``."""
     actor = actor_id()
     body = json_body()
     tid = trace_id()
