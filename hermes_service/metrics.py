@@ -121,6 +121,8 @@ class _Watched:
                              ["runner"]),
         "registry_sessions": ("Session records in the session registry (sessions.json).", []),
         "runs_active": ("mnote runs queued or running now.", []),
+        "event_streams_max": ("Event-stream slots (mnote.max_event_streams): "
+                              "event_streams_open can reach this, then streams get 429.", []),
     }
 
     def __init__(self):
@@ -157,8 +159,8 @@ REGISTRY.register(_WATCHED)
 def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
     """Report ``fn()`` as gauge ``hermes_service_<name>`` at every scrape.
 
-    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions`` or
-    ``runs_active``. A later call with the same name and labels replaces the callback (the
+    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions``,
+    ``runs_active`` or ``event_streams_max``. A later call with the same name and labels replaces the callback (the
     newest app of a process wins). Raises ValueError for an unknown name or label set.
     """
     _WATCHED.set(name, labels, fn)

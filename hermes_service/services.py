@@ -223,4 +223,5 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         metrics.watch("runner_processes", acp.processes, runner="acp")
     metrics.watch("registry_sessions", store.count)
     metrics.watch("runs_active", services.runs.active)
+    metrics.watch("event_streams_max", lambda: services.runs.streams.size)
     return services
