@@ -293,8 +293,8 @@ class Lifecycle:
         started = time.monotonic()
         svc.drain()
         left = svc.in_flight()
-        log.info("signal %d: draining: no new turns; waiting up to %g s "
-                 "(service.drain_seconds) for %d turn(s) in progress%s", signum, seconds,
+        log.info("signal %d: draining: no new turns; waiting up to %g s (service.drain_seconds; "
+                 "a second signal stops at once) for %d turn(s) in progress%s", signum, seconds,
                  len(left), f": {', '.join(left.values())}" if left else "")
         deadline = started + seconds
         while left and not self._hurry.is_set() and time.monotonic() < deadline:

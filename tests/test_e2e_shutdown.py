@@ -47,7 +47,7 @@ def _v1(svc, user: str, message: str):
 def test_sigterm_lets_turns_on_both_runners_finish(start_service, model, tmp_path):
     """v1 on the CLI runner and a panel run on the warm ACP runner are in flight at SIGTERM:
     new turns are refused while they finish; both complete and the process exits 0."""
-    svc = start_service({"mnote": {"runner": "acp"}})
+    svc = start_service({"mnote": {"runner": "acp"}, "service": {"drain_seconds": 60}})
     gate = "drain-" + uuid.uuid4().hex[:8]
     run_id, frames, reader = _run(svc, "mnote_doc_1_drain", f"[[gate:{gate}]] drain-acp")
     v1, waiter = _v1(svc, "bob", f"[[gate:{gate}]] drain-cli")
@@ -124,8 +124,8 @@ def test_ctrl_c_past_drain_seconds_stops_the_rest(start_service, model, tmp_path
 
 
 def test_second_sigterm_during_the_drain_stops_at_once(start_service, model, tmp_path):
-    """A second SIGTERM ends the drain (default drain_seconds: 60) and stops now."""
-    svc = start_service()
+    """A second SIGTERM ends the drain (drain_seconds: 60, the default) and stops now."""
+    svc = start_service({"service": {"drain_seconds": 60}})
     v1, waiter = _v1(svc, "bob", "[[hang]] second-signal")
     wait_for(lambda: model.requests_with("second-signal"), "the turn at the model",
              timeout=90, log=svc.log)
