@@ -71,7 +71,8 @@ class Services:
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (runner), CLI slots and v1 admission places, message size,
-        execute allowlist, event-stream slots and retention, mnote models and log level.
+        execute allowlist, event-stream slots and retention, mnote models and log level
+        (``service.drain_seconds`` is read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
