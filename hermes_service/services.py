@@ -114,8 +114,8 @@ class Services:
         """Raise 503 ``service_draining`` (``Retry-After: 5``) while draining: a route that
         would start a Hermes turn calls this before it accepts one."""
         if self.runner.draining:
-            raise ServiceError("the service is restarting and takes no new turns; retry "
-                               "(another node, or this one once it is back)",
+            raise ServiceError("the service is stopping and takes no new turns; retry "
+                               "(behind a proxy another node answers)",
                                code="service_draining", status=503,
                                headers={"Retry-After": str(DRAINING_RETRY_AFTER)})
 
