@@ -90,7 +90,7 @@ def test_python_client_has_every_route_and_typed_errors(document, python_client)
                                  r"\w+\.from_dict\(response\.json\(\)\)", code), \
                     f"{method} {path} {status}: no model"
             elif "text/event-stream" in media:
-                assert f"RunEventFrame.from_dict" in code, f"{method} {path}: no event model"
+                assert "RunEventFrame.from_dict" in code, f"{method} {path}: no event model"
     # each error status's codes are the enum of its model: the code a test meets is typed
     enum = (where / PACKAGE / "models" / "api_v1_execute_response_400_code.py").read_text()
     assert 'INVALID_REQUEST = "invalid_request"' in enum

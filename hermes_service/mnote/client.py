@@ -26,7 +26,8 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
                    services)
-from ..errors import ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
+                      Unauthorized, check_id)
 from ..security import acting_user
 from ..hermes_state import session_summary, transcript
 
@@ -452,7 +453,8 @@ RUN = {
                   "(GET /models); null: mnote.default_model"},
         "traceId": _TRACE_BODY,
         "pageContext": {"type": ["object", "null"], "properties": {
-            "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"], "items": {}},
+            "title": {"type": ["string", "null"]},
+            "outline": {"type": ["array", "null"], "items": {}},
             "pageOptions": {"type": ["object", "null"]}}},
         "selectedBlockId": {"type": ["string", "null"]},
         "selectedText": {"type": ["string", "null"]},

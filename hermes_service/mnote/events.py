@@ -5,8 +5,9 @@ GET /events; README §The mnote client proxy, Events).
 :func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
 schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
-schema its ``text/event-stream`` response names) and each item of an abort's ``events``. ``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are
-additions to the contract. Fields beyond these may be added later; clients ignore what they do not know.
+schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
+``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are additions to the
+contract. Fields beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
