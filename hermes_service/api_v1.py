@@ -42,15 +42,20 @@ SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties
                                                           "(UTF-8; else 413), no NUL"},
                                "user_context": _USER_CONTEXT},
                 "examples": [{"message": "What is Python?"}]}
+#: the shortest ``timeout`` of /api/v1/execute, seconds: enough to start a process (a shorter
+#: one could only end in 504 ``run_timeout`` before the command ran; README §The v1 API)
+MIN_EXECUTE_TIMEOUT = 1
 EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
            "properties": {"command": {"type": "array", "minItems": 1,
                                       "items": {"type": "string", "minLength": 1},
                                       "description": "hermes argv; must start with an entry of "
                                                      "hermes.execute.allowed"},
                           "user_context": _USER_CONTEXT,
-                          "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                                      "description": "seconds (null: the cap), capped at "
-                                                     "hermes.execute.timeout_seconds"}},
+                          "timeout": {"type": ["number", "null"],
+                                      "minimum": MIN_EXECUTE_TIMEOUT,
+                                      "description": f"seconds, at least {MIN_EXECUTE_TIMEOUT} "
+                                                     "(less is 400 invalid_request); null: the "
+                                                     "cap, hermes.execute.timeout_seconds"}},
            "examples": [{"command": ["sessions", "list", "--source", "tool"],
                          "user_context": {"user_id": "user123"}}]}
 
@@ -357,7 +362,8 @@ def execute():
 
     Response ``{"success", "stdout", "stderr", "returncode", "truncated"}`` (200 even when the
     command exits non-zero — that is the command's result). 403 ``command_not_allowed``;
-    504 ``run_timeout``; timeout capped at ``hermes.execute.timeout_seconds``.
+    504 ``run_timeout``; ``timeout`` (seconds) at least :data:`MIN_EXECUTE_TIMEOUT` (400
+    ``invalid_request`` naming the minimum) and capped at ``hermes.execute.timeout_seconds``.
     """
     body = json_body()
     svc = services()

@@ -26,7 +26,8 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
                    services)
-from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
+                      Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from ..security import acting_user
 from ..hermes_state import session_summary, transcript
@@ -187,7 +188,10 @@ _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the se
                required=True)
 # the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
 # one given must be an id (trace_id())
-_TRACE_ID = {"anyOf": [ID_SCHEMA, {"const": ""}], "description": "an id, or empty (none)"}
+# (one plain string schema, the id pattern made optional: header parameters must be plain
+# strings for client generators such as openapi-python-client)
+_TRACE_ID = {"type": "string", "maxLength": 128, "pattern": f"^(?:{ID_PATTERN[1:-1]})?$",
+             "description": f"an id ({ID_RULE}), or empty (none)"}
 _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
                 "the request's traceId unless the body or the query names one"),
           Param("traceId", "query", _TRACE_ID,
@@ -255,7 +259,8 @@ TRANSCRIPT = _ok(["sessionId", "messages", "usage"], {
 _EVENT_LIST = {"type": "array", "items": {"$ref": "#/components/schemas/RunEvent"}}
 RUN_STARTED = _ok(["sessionId", "runId", "messageId", "events"], {
     "sessionId": {"type": "string"}, "runId": {"type": "string"}, "messageId": {"type": "null"},
-    "events": {"type": "array", "maxItems": 0}})
+    "events": {**_EVENT_LIST, "maxItems": 0, "description": "always empty: the events are on "
+                                                            "GET /events/{runId}"}})
 ABORTED = _ok(["runId", "sessionId", "events"], {
     "runId": {"type": "string"}, "sessionId": {"type": "string"},
     "events": {**_EVENT_LIST, "description": "abort.started, or the final event of a run that "
@@ -270,21 +275,20 @@ TOOL_LIST = _ok(["tools"], {"tools": {"type": "array", "items": {
     "type": "object", "required": ["name", "scope", "schemaVersion"],
     "properties": {"name": {"type": "string"}, "scope": {"type": "string"},
                    "schemaVersion": {"type": "string"}}}}})
-#: GET /events: one event of the stream. OpenAPI 3.1 has no model of a stream; as OpenAPI 3.2's
-#: ``itemSchema`` does (and schemathesis reads a 3.1 stream schema), the schema describes each
-#: event: its ``id:`` and its ``data:``, a JSON RunEvent (``contentSchema``)
+#: GET /events. OpenAPI 3.1 has no model of a stream, and its two readings of a stream's
+#: schema are both given (``anyOf``): each event (as OpenAPI 3.2's ``itemSchema``, and as
+#: schemathesis reads a 3.1 stream schema) — ``RunEventFrame``, its ``id:`` and its ``data:``, a
+#: JSON ``RunEvent`` (``contentSchema``) — or the whole body as text (what a generated client
+#: that reads the response at once gets, e.g. openapi-python-client's ``str``)
 EVENT_STREAM = {"text/event-stream": {
-    "schema": {"type": "object", "required": ["id", "data"], "description": (
-        "one Server-Sent Event. The stream opens with the comment `: stream open`, sends "
-        "`: keepalive` every mnote.keepalive_seconds, and ends after run.completed, run.failed "
-        "or run.cancelled"),
-        "properties": {
-            "id": {"type": "string", "pattern": "^[0-9]+$",
-                   "description": "the event's sequence number in its run (Last-Event-ID)"},
-            "data": {"type": "string", "contentMediaType": "application/json",
-                     "contentSchema": {"$ref": "#/components/schemas/RunEvent"}}},
-        "examples": [{"id": "1", "data": '{"event": "run.started", "run_id": "run_123", '
-                                         '"session_id": "mnote_doc_1_trace_1"}'}]}}}
+    "schema": {"anyOf": [{"$ref": "#/components/schemas/RunEventFrame"},
+                         {"type": "string", "description": "the whole stream as text (frames "
+                                                           "separated by a blank line)"}],
+               "description": (
+        "Server-Sent Events, one RunEventFrame each, its data a JSON RunEvent "
+        "(hermes_service/mnote/events.py). The stream opens with the comment `: stream open`, "
+        "sends `: keepalive` every mnote.keepalive_seconds, and ends after run.completed, "
+        "run.failed or run.cancelled")}}}
 
 
 MAX_SESSION_ID = 115    # + "." + 12 hex of the actor = a 128-char store key
@@ -474,7 +478,8 @@ RUN = {
                   "(GET /models); null: mnote.default_model"},
         "traceId": _TRACE_BODY,
         "pageContext": {"type": ["object", "null"], "properties": {
-            "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"]},
+            "title": {"type": ["string", "null"]},
+            "outline": {"type": ["array", "null"], "items": {}},
             "pageOptions": {"type": ["object", "null"]}}},
         "selectedBlockId": {"type": ["string", "null"]},
         "selectedText": {"type": ["string", "null"]},
@@ -529,7 +534,9 @@ def strip_context(content: str | None) -> str | None:
 def _configured_models(schema: dict, config) -> dict:
     """RUN as the document shows it for ``config``: ``model`` is one of ``mnote.models``."""
     ids = [m["id"] for m in config["mnote"]["models"]]
-    model = {**schema["properties"]["model"], "enum": [*ids, None]}
+    # an enum with null and no type list: client generators make it one nullable enum type
+    model = {k: v for k, v in schema["properties"]["model"].items() if k != "type"}
+    model["enum"] = [*ids, None]
     return {**schema, "properties": {**schema["properties"], "model": model}}
 
 
