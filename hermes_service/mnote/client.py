@@ -77,6 +77,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
     "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
+    "run_interrupted": "hermes_client_run_interrupted",       # run.failed: its process died
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
