@@ -32,6 +32,14 @@ meanwhile is ``waiting_for_answer``.
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
+Durable logs (README §Data and durability → Runs and their events): with the service's
+:class:`~hermes_service.run_log.RunLogs`, :meth:`Run.emit` also appends each event to
+``data/run-events/<run_id>.jsonl`` (the terminal one fsynced before a follower is woken), so
+any process on the data dir serves the run as a :class:`ForeignRun` (followed through the
+one :class:`LogPoller` thread of that process), a session is busy across processes, aborts
+and answers reach the owner as request lines, and a run whose owner died ends with
+``{"event": "run.failed", …, "code": "run_interrupted"}`` exactly once.
+
 Subscribers (README §The mnote client proxy → Events, §Event-stream fan-out): each open stream
 is a :class:`Subscription` — one of ``mnote.max_event_streams`` slots, and the waitress thread
 that serves it. The thread sleeps on its own :class:`threading.Event` between events (set by
