@@ -15,8 +15,9 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
-from .web import V1_ERRORS, Param, Reply, documented, json_body, services
-from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, check_id
+from .web import V1_ERRORS, Param, Reply, documented, has_body, json_body, parse_json, services
+from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
+from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from .preflight import describe, health_checks
 from .runner import classify_failure
 from .security import acting_user
@@ -113,6 +114,38 @@ _TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too
                       "service_stopping"),
                 504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
+#: README §Idempotent retries
+IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
+                        "retry safely: the same key with the same request returns the first "
+                        "outcome (`Idempotency-Replayed: true`); with another request 409 "
+                        "(README §Idempotent retries)")
+_IDEMPOTENCY_ERRORS = {400: ("invalid_idempotency_key",),
+                       409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+
+
+def _merge(*tables: dict) -> dict:
+    """Error tables (status -> codes) joined."""
+    out: dict = {}
+    for table in tables:
+        for status, codes in table.items():
+            out[status] = tuple(dict.fromkeys((*out.get(status, ()), *codes)))
+    return out
+
+
+def _requested_user(*path: str) -> str | None:
+    """Whose idempotency key this is (:func:`~hermes_service.idempotency.idempotent`): the key's
+    bound actor, else the user the body names at ``path`` — read as sent, never raising (the
+    route reports a bad body itself)."""
+    bound = getattr(g.get("api_key"), "actor_id", None)
+    if bound:
+        return bound
+    try:
+        value = parse_json(request.get_data()) if has_body() else None
+    except ServiceError:
+        return None
+    for step in path:
+        value = value.get(step) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
 # Extra arguments after an allowed subcommand: plain words and --options only,
 # never a path (so e.g. `sessions export <file>` cannot write anywhere).
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
@@ -192,14 +225,19 @@ def new_session_id(node_id: str | None) -> str:
 
 @bp.post("/api/v1/sessions")
 @documented(summary="Create a session", family=V1_ERRORS, tags=("v1",), body=CREATE_SESSION,
+            params=(IDEMPOTENCY_KEY,),
             replies={200: Reply("created", SESSION_CREATED)},
-            errors={403: ("actor_mismatch",), 409: ("session_exists",),
-                    503: ("hermes_unconfigured",)},
+            errors=_merge({403: ("actor_mismatch",), 409: ("session_exists",),
+                           503: ("hermes_unconfigured",)}, _IDEMPOTENCY_ERRORS),
             links={"GetSession": ("api_v1.get_session", _NEW_SESSION),
                    "SendMessage": ("api_v1.send_message", _NEW_SESSION),
                    "DeleteSession": ("api_v1.delete_session", _NEW_SESSION)})
+@idempotent("v1", lambda: _requested_user("user_id"))
 def create_session():
-    """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
+    """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused.
+
+    With ``Idempotency-Key``, a retry gets the session the first request created (README
+    §Idempotent retries)."""
     body = json_body()
     svc = services()
     rec = svc.conversations.create(_user(body["user_id"]),
@@ -248,10 +286,13 @@ def delete_session(session_id):
 
 @bp.post("/api/v1/sessions/<session_id>/messages")
 @documented(summary="Send a message (one Hermes turn)", family=V1_ERRORS, tags=("v1",),
-            params=(_SESSION_ID,), body=SEND_MESSAGE,
+            params=(_SESSION_ID, IDEMPOTENCY_KEY), body=SEND_MESSAGE,
             replies={200: Reply("Hermes's answer", MESSAGE_REPLY)},
-            errors={400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
-                    404: ("session_not_found",), 413: ("message_too_large",), **_TURN_ERRORS})
+            errors=_merge({400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
+                           404: ("session_not_found",), 413: ("message_too_large",)},
+                          _TURN_ERRORS, _IDEMPOTENCY_ERRORS))
+@idempotent("v1", lambda: _requested_user("user_context", "user_id"),
+            wait=lambda: services().admission())
 def send_message(session_id):
     """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
     ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``)
@@ -260,6 +301,11 @@ def send_message(session_id):
 
     Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502 (incl.
     ``upstream_empty_answer``)/503/504.
+
+    With ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer
+    (``Idempotency-Replayed: true``) and Hermes runs once; a retry while the first turn runs
+    waits for it (holding an admission place, so 429 when none is free); 409
+    ``idempotency_key_conflict`` for the same key with another message or session.
     """
     check_id(session_id, "session_id")
     body = json_body()

@@ -18,6 +18,7 @@ from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations, acp_families
 from .errors import TooManyRuns, Unconfigured
+from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
@@ -45,6 +46,7 @@ class Services:
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
+    idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
 
     def require_provider(self) -> None:
         """Raise :class:`Unconfigured` (503 ``hermes_unconfigured``) when no model turn can
@@ -61,7 +63,8 @@ class Services:
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (runner), CLI slots and v1 admission places, message size,
-        execute allowlist, event-stream slots and retention, mnote models and log level.
+        execute allowlist, event-stream slots and retention, the idempotency records' lifetime
+        (from their next outcome), mnote models and log level.
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
@@ -80,6 +83,7 @@ class Services:
         self.conversations.max_message_bytes = h["max_message_bytes"]
         self.conversations.turn_wait = float(h["queue_wait_seconds"])
         self.runs.retention = config["mnote"]["events_retention_seconds"]
+        self.idempotency.ttl = float(config["service"]["idempotency_ttl_seconds"])
         self.runs.max_active = h["max_concurrent_runs"] * 4
         self.runs.streams.resize(config["mnote"]["max_event_streams"])
         self.admitted.resize(h["max_concurrent_runs"] + h["max_waiting_requests"])
@@ -152,7 +156,9 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
-        sandbox=sandbox, model_proxy=proxy)
+        sandbox=sandbox, model_proxy=proxy,
+        idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
+                                     config["service"]["idempotency_ttl_seconds"]))
     # an abort that reaches this process from another one revokes the run's token too
     services.runs.on_abort.append(services.tools.end_run)
     # gauges read at scrape time (README §Operations → Metrics)

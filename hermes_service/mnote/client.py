@@ -27,6 +27,7 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
                    services)
 from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from ..security import acting_user
 from ..hermes_state import session_summary, transcript
 
@@ -55,6 +56,7 @@ CODE_MAP = {
     "message_too_large": "hermes_client_bad_request",
     "payload_too_large": "hermes_client_bad_request",
     "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (framing.py)
+    "invalid_idempotency_key": "hermes_client_bad_request",  # README §Idempotent retries
     "upstream_unauthorized": "hermes_client_upstream_unauthorized",
     "upstream_rate_limited": "hermes_client_upstream_rate_limited",
     "upstream_unavailable": "hermes_client_upstream_unavailable",
@@ -82,6 +84,9 @@ EXTRA_CODES = {   # cases the contract does not cover
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
+    # 409 Idempotency-Key reused for another request / its first request still in progress
+    "idempotency_key_conflict": "hermes_client_idempotency_conflict",
+    "idempotency_key_in_progress": "hermes_client_idempotency_in_progress",
 }
 
 
@@ -188,6 +193,20 @@ _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
           Param("traceId", "query", _TRACE_ID,
                 "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
+#: README §Idempotent retries
+_IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
+                         "retry safely: the same key with the same request (body, query, "
+                         "X-Trace-Id) from the same actor returns the first outcome "
+                         "(`Idempotency-Replayed: true`); with another request 409 "
+                         "(README §Idempotent retries)")
+_IDEMPOTENT = {400: ("invalid_idempotency_key",),
+               409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+
+
+def _idempotent():
+    """The client routes' :func:`~hermes_service.idempotency.idempotent`: a key belongs to the
+    API key and the actor; the given ``X-Trace-Id`` is part of the request."""
+    return idempotent("client", actor_id, extra=lambda: (request.headers.get("X-Trace-Id"),))
 #: /models and /tools answer the same for every actor: the header is optional there (checked
 #: when given)
 _ANY_ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "optional: the answer is the same for "
@@ -361,16 +380,21 @@ CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
 
 @bp.post("/sessions")
 @documented(summary="Create (or find) the session of a page", family=ERRORS, tags=("client",),
-            params=_PARAMS, body=CREATE_SESSION,
+            params=(*_PARAMS, _IDEMPOTENCY_KEY), body=CREATE_SESSION,
             replies={200: Reply("the session (idempotent for the same traceId)",
                                 SESSION_CREATED)},
-            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
-                    404: ("session_not_found",)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
+                    404: ("session_not_found",), 409: _IDEMPOTENT[409]},
             links={"GetSession": ("mnote_client.get_session",
                                   {"session_id": "$response.body#/sessionId"})})
+@_idempotent()
 def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
-    same session (idempotent). Chat history is persisted by Hermes on the first run."""
+    same session (idempotent). Chat history is persisted by Hermes on the first run.
+
+    ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer, byte for
+    byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
+    the same key with another body, query or ``X-Trace-Id``."""
     actor = actor_id()
     body = json_body()
     tid = trace_id()
@@ -511,15 +535,16 @@ def _configured_models(schema: dict, config) -> dict:
 
 @bp.post("/runs")
 @documented(summary="Start a run (returns at once)", family=ERRORS, tags=("client",),
-            params=_PARAMS, body=RUN, body_for_config=_configured_models,
+            params=(*_PARAMS, _IDEMPOTENCY_KEY), body=RUN, body_for_config=_configured_models,
             replies={200: Reply("the run was started; follow it on GET /events/{runId}",
                                 RUN_STARTED)},
-            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
-                    404: ("session_not_found",), 409: ("session_busy",),
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
+                    404: ("session_not_found",), 409: ("session_busy", *_IDEMPOTENT[409]),
                     413: ("message_too_large",), 429: ("too_many_runs",),
                     503: ("hermes_unavailable", "hermes_unconfigured")},
             links={"Events": ("mnote_client.events", {"run_id": "$response.body#/runId"}),
                    "Abort": ("mnote_client.abort", {"run_id": "$response.body#/runId"})})
+@_idempotent()
 def start_run():
     """§2 POST /runs: start a run in the background, return at once with ``runId``.
 
@@ -527,6 +552,12 @@ def start_run():
     (``persistence: hermes_on_first_run``). 409 ``hermes_client_session_busy`` while a run
     is active on the session, its error body naming that run in ``runId`` (to attach to it on
     ``GET /events/{runId}``); 429 ``hermes_client_busy`` when every run slot is queued.
+
+    Every POST without ``Idempotency-Key`` starts a new run: a repeated ``traceId`` is a trace
+    id, not a retry. With the header (README §Idempotent retries) a retry of the same body from
+    the same actor gets the first answer — the same ``runId``, at once, while that run goes on
+    or after it ended — and Hermes runs once; 409 ``hermes_client_idempotency_conflict`` for
+    the same key with another body.
     """
     actor = actor_id()
     body = json_body()
