@@ -441,7 +441,8 @@ class ForeignRun:
                stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, dict]]]:
         """As :meth:`Run.follow`, from the file: the :class:`LogPoller` sets ``wake`` when the
         file grows (or closes the run when its owner died), so the stream sees an event
-        within ~:data:`POLL_SECONDS` of its write."""
+        within ~:data:`POLL_SECONDS` of its write. Ends without a terminal event only if the
+        file is deleted meanwhile (retention) or ``stop()``."""
         wake = wake or threading.Event()
         stop = stop or (lambda: False)
         seq = max(0, after)
@@ -461,7 +462,10 @@ class ForeignRun:
                 if self.done:
                     return
                 wake.clear()
-                if self._logs.size(self.run_id) != seen:     # grew since the read: no sleep
+                size = self._logs.size(self.run_id)
+                if size < 0:          # the file is gone (retention, gc): nothing will follow
+                    return
+                if size != seen:      # it grew since the read: no sleep
                     continue
                 if not wake.wait(keepalive):
                     yield []
