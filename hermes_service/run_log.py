@@ -112,8 +112,7 @@ class RunWriter:
     def append(self, event: dict, durable: bool = False) -> None:
         """Append one event line (one ``write``); ``durable``: fsync before returning (the
         terminal event), then the file is closed."""
-        data = (json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-                .encode("utf-8", "surrogatepass") + b"\n")
+        data = _line(event)
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
@@ -364,7 +363,7 @@ class RunLogs:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
         try:
-            os.write(fd, json.dumps(op, ensure_ascii=False).encode() + b"\n")
+            os.write(fd, _line(op))
         finally:
             os.close(fd)
 
@@ -390,6 +389,16 @@ class RunLogs:
             return os.stat(self._requests_path(run_id)).st_size
         except (OSError, TypeError):
             return 0
+
+
+def _line(obj: dict) -> bytes:
+    """One JSON line, UTF-8; an object whose strings hold a lone surrogate (a streamed delta
+    may), which UTF-8 cannot carry, with ``\\uXXXX`` escapes instead (it reads back the same)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def _read_all(fd: int) -> bytes:

@@ -292,3 +292,18 @@ def test_events_route_of_a_run_of_another_process(stubbed_app, other, tmp_path):
     assert c.get(f"{P}/events/{run.run_id}", headers={**h, "Last-Event-ID": last}).status_code == 204
     body = c.post(f"{P}/runs/{run.run_id}/abort", headers=h).json
     assert body["events"] == [run.events[-1]]
+
+
+def test_a_delta_with_a_lone_surrogate_is_kept_with_its_id(tmp_path, other):
+    """A streamed delta may end in half a surrogate pair; UTF-8 cannot carry it, so its line
+    is written with \\u escapes: another process reads the same string, and no id shifts."""
+    a, b = managers(tmp_path, other)
+
+    def execute(run):
+        run.listener().started(None)
+        run.emit("message.delta", delta="half \ud83d")
+        run.emit("message.delta", delta="\ude00 and 中文")
+        run.finish([("run.completed", {"output": "done", "usage": {}})])
+    run = a.start("key_1", "s_1", "alice", "t", execute)
+    wait_for(lambda: run.done, "the run")
+    assert b.get(run.run_id, "alice").events == run.events
