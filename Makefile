@@ -7,14 +7,14 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service bubblewrap nginx run demo test mutation bench bench-registry bench-streams bench-sandbox check-config clean
+.PHONY: setup setup-service bubblewrap nginx promtool run demo test mutation bench bench-registry bench-streams bench-sandbox check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
 setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 
-# What the tests need besides (`make test`): the test tools, and nginx for the deploy/ tests.
-setup: setup-service $(VENV)/.dev-installed nginx
+# What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/ tests.
+setup: setup-service $(VENV)/.dev-installed nginx promtool
 
 $(VENV)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,12 @@ bubblewrap:
 # Debian's nginx for tests/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
 	$(call apt-install,command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ],nginx,the deploy/nginx tests,the deploy/nginx tests will skip)
+
+# Debian's prometheus package for its promtool (tests/test_deploy_prometheus.py checks and
+# unit-tests deploy/prometheus/alerts.yml); without it those checks skip and say why.
+# (On a machine with systemd running, the package also enables a Prometheus server on :9090.)
+promtool:
+	$(call apt-install,command -v promtool >/dev/null 2>&1,prometheus,the deploy/prometheus tests,the promtool checks of deploy/prometheus will skip)
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into $(DEV_KEY) and printed that once; later

@@ -60,7 +60,7 @@ _HEALTH_CHECKS = {"type": "object", "description": "each part: `ok` or a short r
                                  ("hermes_command", "users_template", "data_dir", "provider",
                                   "sandbox")}}
 HEALTH = {"type": "object", "required": ["status", "service", "multi_user"],
-          "properties": {"status": {"enum": ["healthy", "degraded", "stopping"]},
+          "properties": {"status": {"enum": ["healthy", "degraded", "draining", "stopping"]},
                          "service": {"const": "hermes-service"},
                          "multi_user": {"const": True}, "checks": _HEALTH_CHECKS}}
 STATUS = {"type": "object", "required": ["status", "version"],
@@ -111,7 +111,7 @@ _TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
                       "hermes_failed"),
                 503: ("upstream_rate_limited", "hermes_unavailable", "hermes_unconfigured",
-                      "service_stopping"),
+                      "service_draining", "service_stopping"),
                 504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
 #: README §Idempotent retries
@@ -172,7 +172,8 @@ _last_health: list = [None]    # the last reported problems, so a change is logg
 @bp.get("/health")
 @documented(summary="Liveness and readiness", family=V1_ERRORS, auth="health", tags=("health",),
             replies={200: Reply("healthy, or degraded without a usable model provider", HEALTH),
-                     503: Reply("degraded (the node cannot work) or stopping", HEALTH)})
+                     503: Reply("degraded (the node cannot work), draining or stopping",
+                                HEALTH)})
 def health():
     """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
     answer (a few stat calls). When the node cannot work (``hermes_command``,
@@ -182,11 +183,20 @@ def health():
     well as any other node of the same config: no reason for a load balancer to take it out),
     and likewise (``checks.sandbox``) when ``hermes.sandbox.mode: auto`` found no usable
     bubblewrap, so Hermes processes run unconfined (README §Sandbox);
-    ``"status": "stopping"`` (503) during shutdown. Exempt from the API key unless
+    ``"status": "draining"`` (503, the rest of the body as it would be) while a stop lets
+    running turns finish, ``"status": "stopping"`` (503) after. Exempt from the API key unless
     ``security.health_requires_api_key``. README §Health."""
     svc = services()
     if svc.runner.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
+    body, code = _health(svc)
+    if svc.draining:           # new work goes elsewhere; the rest of the answer stays
+        return jsonify({**body, "status": "draining"}), 503
+    return jsonify(body), code
+
+
+def _health(svc) -> tuple[dict, int]:
+    """The answer of :func:`health` while the service is neither draining nor stopping."""
     checks = health_checks(svc.config)
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
@@ -199,9 +209,9 @@ def health():
             log.info("health: healthy")
     if failed:
         node_broken = any(k not in ("provider", "sandbox") for k in failed)
-        return jsonify(status="degraded", service="hermes-service", multi_user=True,
-                       checks={k: v or "ok" for k, v in checks.items()}), 503 if node_broken else 200
-    return jsonify(status="healthy", service="hermes-service", multi_user=True)
+        return {"status": "degraded", "service": "hermes-service", "multi_user": True,
+                "checks": {k: v or "ok" for k, v in checks.items()}}, 503 if node_broken else 200
+    return {"status": "healthy", "service": "hermes-service", "multi_user": True}, 200
 
 
 @bp.get("/api/v1/status")
@@ -279,7 +289,7 @@ def get_session(session_id):
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
     svc = services()
-    with svc.admission():          # may wait for a running turn: bounded like a message
+    with svc.admission(f"v1 delete of session {session_id}"):   # may wait for a running turn
         rec = svc.conversations.delete(session_id, owner=_user(None), kind="v1")
     return jsonify(session_id=rec["session_id"], status="deleted")
 
@@ -313,8 +323,9 @@ def send_message(session_id):
     owner = _user(ctx_user)           # a bound key naming another user: 403 actor_mismatch
     svc = services()
     svc.conversations.get(session_id, owner=owner, kind="v1")   # 404 first
+    svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
     svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
-    with svc.admission():
+    with svc.admission(f"v1 message on session {session_id}"):
         rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
@@ -338,7 +349,8 @@ def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
                                 EXECUTE_RESULT)},
             errors={403: ("command_not_allowed", "actor_mismatch"), 429: ("too_many_runs",),
                     502: ("hermes_failed",),
-                    503: ("hermes_unavailable", "hermes_unconfigured", "service_stopping"),
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining",
+                          "service_stopping"),
                     504: ("run_timeout",)})
 def execute():
     """Spec §4, restricted: only argv matching ``hermes.execute.allowed`` runs (no shell).
@@ -349,6 +361,7 @@ def execute():
     """
     body = json_body()
     svc = services()
+    svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
     ex = svc.config["hermes"]["execute"]
     argv = body["command"]
     if not _allowed(argv, ex["allowed"]):
@@ -358,7 +371,7 @@ def execute():
     env = svc.homes.cli_env(home, svc.runner.command_path())
     # capped before float(): a JSON integer may be too large for one (OverflowError)
     timeout = float(min(body.get("timeout") or ex["timeout_seconds"], ex["timeout_seconds"]))
-    with svc.admission(), svc.runner.slot():
+    with svc.admission(f"v1 execute {' '.join(argv[:2])}"), svc.runner.slot():
         outcome = svc.runner.spawn(argv, env, home, ex["max_output_bytes"]).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)

@@ -56,7 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
     "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "log_format": "text",
                 "threads": 32, "max_body_bytes": 1048576, "connection_limit": 500,
-                "idle_timeout_seconds": 20, "node_id": None, "idempotency_ttl_seconds": 86400},
+                "idle_timeout_seconds": 20, "drain_seconds": 60, "node_id": None,
+                "idempotency_ttl_seconds": 86400},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
@@ -174,6 +175,7 @@ SCHEMA = _obj({
         "max_body_bytes": _POS_INT,
         "connection_limit": _POS_INT,
         "idle_timeout_seconds": _POS_INT,
+        "drain_seconds": {"type": "number", "minimum": 0},
         "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
         "idempotency_ttl_seconds": _POS_NUM,
     }),

@@ -661,6 +661,16 @@ class RunManager:
         with self._lock:
             return [r for r in self._runs.values() if not r.done]
 
+    def active_ids(self) -> list[str]:
+        """The ids of the runs queued or running now, oldest first."""
+        with self._lock:
+            return [run_id for run_id, r in self._runs.items() if not r.done]
+
+    def peek(self, run_id: str) -> "Run | None":
+        """The run of ``run_id`` (any actor; for the service's own log lines), or None."""
+        with self._lock:
+            return self._runs.get(run_id)
+
     def _work(self, run: Run, execute, log_context: dict) -> None:
         logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
         try:

@@ -10,6 +10,7 @@ groups a crashed service left) and the periodic cleanup
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -17,7 +18,7 @@ from . import metrics
 from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations, acp_families
-from .errors import TooManyRuns, Unconfigured
+from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
@@ -30,6 +31,11 @@ from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore
 from .user_homes import HERMES_SITE, UserHomes
+
+
+#: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
+#: node; alone, the restarted service is usually back within a drain.
+DRAINING_RETRY_AFTER = 5
 
 
 @dataclass
@@ -47,6 +53,11 @@ class Services:
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
     idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
+    #: v1 requests holding an admission place now (message, execute, delete), by a label
+    #: naming them for the drain's log lines (:meth:`in_flight`)
+    _v1_turns: dict = field(repr=False, default_factory=dict)
+    _v1_lock: threading.Lock = field(repr=False, default_factory=threading.Lock)
+    _v1_outcomes: dict = field(repr=False, default_factory=dict)    # while draining
 
     def require_provider(self) -> None:
         """Raise :class:`Unconfigured` (503 ``hermes_unconfigured``) when no model turn can
@@ -64,7 +75,8 @@ class Services:
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (runner), CLI slots and v1 admission places, message size,
         execute allowlist, event-stream slots and retention, the idempotency records' lifetime
-        (from their next outcome), mnote models and log level.
+        (from their next outcome), mnote models and log level (``service.drain_seconds`` is
+        read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
@@ -91,6 +103,49 @@ class Services:
         self.guard = Guard(config)
         self.config = config
 
+    @property
+    def draining(self) -> bool:
+        """Is the service draining (README §Process lifetime): no new turn is accepted."""
+        return self.runner.draining
+
+    def drain(self) -> None:
+        """Stop accepting new turns (:meth:`check_accepting` refuses them), let the running
+        ones go on; the warm ACP pool starts no new process and pre-warms nothing
+        (README §Process lifetime). :meth:`shutdown` ends what is left."""
+        self.runner.draining = True
+        metrics.set_draining(True)
+
+    def check_accepting(self) -> None:
+        """Raise 503 ``service_draining`` (``Retry-After: 5``) while draining: a route that
+        would start a Hermes turn calls this before it accepts one."""
+        if self.runner.draining:
+            raise ServiceError("the service is stopping and takes no new turns; retry "
+                               "(behind a proxy another node answers)",
+                               code="service_draining", status=503,
+                               headers={"Retry-After": str(DRAINING_RETRY_AFTER)})
+
+    def in_flight(self) -> dict:
+        """What a drain waits for (README §Process lifetime): ``{key: label}``, one entry per
+        v1 request holding an admission place (label ``v1 message on session <id>``, …) and
+        per mnote run queued or running (key and label ``run <runId>``)."""
+        with self._v1_lock:
+            out = dict(self._v1_turns)
+        out.update({f"run {run_id}": f"run {run_id}" for run_id in self.runs.active_ids()})
+        return out
+
+    def outcome(self, key) -> str:
+        """How an entry of :meth:`in_flight` ended, once it left: ``ok`` or the error code of
+        a v1 request (recorded while draining), the terminal event of a run (``run.completed``,
+        ``run.failed <code>``, ``run.cancelled``); ``?`` when unknown."""
+        if isinstance(key, str) and key.startswith("run "):
+            run = self.runs.peek(key[4:])
+            last = run.events[-1] if run is not None and run.events else None
+            if last is None:
+                return "?"
+            return " ".join(x for x in (last.get("event"), last.get("code")) if x)
+        with self._v1_lock:
+            return self._v1_outcomes.pop(key, "?")
+
     def shutdown(self) -> int:
         """Stop starting Hermes processes, kill every running group (CLI turns, ACP
         processes) and stop the ACP runner's loop. Returns how many groups were killed."""
@@ -102,16 +157,28 @@ class Services:
         return killed
 
     @contextmanager
-    def admission(self):
+    def admission(self, label: str = "v1 request"):
         """Hold one of the ``max_concurrent_runs + max_waiting_requests`` places for a
         synchronous v1 turn (running or waiting), so waiting requests can never take every
-        waitress thread. Raises TooManyRuns (429) when none is free."""
+        waitress thread. Raises TooManyRuns (429) when none is free. ``label`` names the
+        request in the drain's log lines (:meth:`in_flight`)."""
         if not self.admitted.acquire(blocking=False):
             raise TooManyRuns("too many requests are waiting for Hermes; retry later",
                               headers={"Retry-After": "5"})
+        token, outcome = object(), "error"
+        with self._v1_lock:
+            self._v1_turns[token] = label
         try:
             yield
+            outcome = "ok"
+        except ServiceError as err:
+            outcome = err.code
+            raise
         finally:
+            with self._v1_lock:
+                del self._v1_turns[token]
+                if self.runner.draining:
+                    self._v1_outcomes[token] = outcome
             self.admitted.release()
 
 
@@ -167,4 +234,5 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         metrics.watch("runner_processes", acp.processes, runner="acp")
     metrics.watch("registry_sessions", store.count)
     metrics.watch("runs_active", services.runs.active)
+    metrics.watch("event_streams_max", lambda: services.runs.streams.size)
     return services

@@ -57,7 +57,10 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
                      "enable_api_key": True, "auth_method": "header",
                      "api_keys": [{"key": API_KEY, "description": "tests",
                                    "scopes": ["v1", "client", "execute", "metrics"]}]},
-        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24},
+        # drain_seconds 0: a test ending with a turn in flight stops its service at once (as
+        # before the drain existed); test_e2e_shutdown.py sets it to test the drain
+        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24,
+                    "drain_seconds": 0},
         "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
                    "max_concurrent_runs": 2, "queue_wait_seconds": 60,
                    "extra_env": {"HERMES_STREAM_RETRIES": "0"},

@@ -320,3 +320,20 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
     runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
+
+
+def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_path):
+    """README §Process lifetime: while the service drains, a turn of a user with a warm
+    process gets it; one without runs on the CLI (UseCli); pre-warm does nothing."""
+    runner = pool(max_processes=2)
+    warm = acquire(runner, tmp_path, "u1").result(WAIT)
+    wait_for(lambda: warm.spare is not None and warm.spare.done(), "u1's spare session")
+    runner.cli.draining = True
+    assert acquire(runner, tmp_path, "u1").result(WAIT) is warm
+    with pytest.raises(UseCli, match="draining"):
+        acquire(runner, tmp_path, "u2").result(WAIT)
+    runner.prewarm(home(tmp_path, "u3"), runner.env, "mnote", [])
+    runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)   # a failed turn: no
+    wait_for(lambda: warm.dead, "the retired process to close")      # replacement is started
+    assert runner.processes() == 0 and alive(runner) == []
+    assert len(agent_log(runner, "new")) == 1        # u1's spare, made before the drain

@@ -80,6 +80,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
     "run_interrupted": "hermes_client_run_interrupted",       # run.failed: its process died
+    "service_draining": "hermes_client_service_draining",     # 503 stopping: no new runs
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
@@ -541,7 +542,7 @@ def _configured_models(schema: dict, config) -> dict:
             errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
                     404: ("session_not_found",), 409: ("session_busy", *_IDEMPOTENT[409]),
                     413: ("message_too_large",), 429: ("too_many_runs",),
-                    503: ("hermes_unavailable", "hermes_unconfigured")},
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining")},
             links={"Events": ("mnote_client.events", {"run_id": "$response.body#/runId"}),
                    "Abort": ("mnote_client.abort", {"run_id": "$response.body#/runId"})})
 @_idempotent()
@@ -563,6 +564,7 @@ def start_run():
     body = json_body()
     tid = trace_id()
     svc = services()
+    svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
     svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
     mcfg = svc.config["mnote"]
