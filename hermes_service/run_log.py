@@ -47,7 +47,6 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from filelock import FileLock
 
@@ -438,7 +437,3 @@ def _last_line(fd: int, size: int, chunk: int = 65536) -> dict | None:
         return obj if isinstance(obj, dict) else None
     return None
 
-
-def iter_events(state: LogState, after: int) -> Iterator[tuple[int, dict]]:
-    """``(id, event)`` of the events with id > ``after``."""
-    return enumerate(state.events[after:], after + 1)
