@@ -122,6 +122,10 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     reaped = runner.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
+    closed = svc.runs.close_dead()
+    if closed:
+        log.warning("closed %d run(s) of a service process that died (run.failed "
+                    "run_interrupted)", closed)
     from .retention import RetentionJob
     retention = RetentionJob(svc)
     if retention.start():

@@ -11,6 +11,7 @@ user id, message text or key into a label:
 * :func:`approval_asked` / :func:`approval_answered` — questions put to the panel's user
   (README §Approvals) and how each was resolved;
 * :func:`stream_opened` / :func:`stream_closed` — event streams open now;
+* :func:`run_interrupted` — a run of a dead service process closed with ``run_interrupted``;
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
   endpoint (``model_proxy.py``) and the tokens the provider reported for it;
 * :func:`set_draining` — the process drains before it stops;
@@ -93,6 +94,10 @@ TOOL_CALLS = Counter(
     "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "
     "any other) and outcome (ok, or the envelope's error code).", ["tool", "outcome"],
     namespace=NAMESPACE, registry=REGISTRY)
+RUNS_INTERRUPTED = Counter(
+    "runs_interrupted", "Runs closed with run.failed run_interrupted (client code "
+    "hermes_client_run_interrupted) because the service process running them was gone (crash, "
+    "kill -9): counted by the process that closed them.", namespace=NAMESPACE, registry=REGISTRY)
 EVENT_STREAMS = Gauge(
     "event_streams_open", "Server-Sent Events streams open now (at most "
     "mnote.max_event_streams).", namespace=NAMESPACE, registry=REGISTRY)
@@ -253,6 +258,12 @@ def model_request(outcome: str) -> None:
     if outcome not in MODEL_OUTCOMES:
         raise ValueError(f"unknown model request outcome {outcome!r}")
     MODEL_REQUESTS.labels(outcome).inc()
+
+
+def run_interrupted() -> None:
+    """A run of a dead service process was closed (``hermes_service_runs_interrupted_total``;
+    README §Data and durability → Runs and their events)."""
+    RUNS_INTERRUPTED.inc()
 
 
 def set_draining(on: bool) -> None:

@@ -25,6 +25,7 @@ from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import CliProcess, HermesRunner
+from .run_log import RunLogs
 from .runs import RunManager
 from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
@@ -217,13 +218,16 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         conversations=Conversations(config, store, homes, runner, acp, families),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
                         max_active=hermes["max_concurrent_runs"] * 4,
-                        max_streams=config["mnote"]["max_event_streams"]),
+                        max_streams=config["mnote"]["max_event_streams"],
+                        logs=RunLogs(config.data_dir / "run-events")),
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
         sandbox=sandbox, model_proxy=proxy,
         idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
                                      config["service"]["idempotency_ttl_seconds"]))
+    # an abort that reaches this process from another one revokes the run's token too
+    services.runs.on_abort.append(services.tools.end_run)
     # gauges read at scrape time (README §Operations → Metrics)
     metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
     if acp is not None:

@@ -91,7 +91,7 @@ def stale_world(make_config):
 
 
 EXPECTED = {"session mappings": 2, "transcripts": 0, "owner links": 1, "temp files": 1,
-            "lock files": 2, "idempotency records": 1, "idempotency keys": 1,
+            "lock files": 2, "idempotency records": 1, "idempotency keys": 1, "run event logs": 0,
             "lock-table entries": 0, "event logs": 0}
 
 
@@ -193,6 +193,9 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
     report = job.run_once()
     assert report.counts["event logs"] == 1 and report.counts["lock-table entries"] == 1
     assert svc.runs._runs == {} and svc.conversations._local_locks == {}
+    # the run's durable log went too (README §Data and durability → Runs and their events)
+    assert report.counts["run event logs"] == 1
+    assert not (svc.config.data_dir / "run-events" / f"{run_id}.jsonl").exists()
     assert report.counts["session mappings"] == 0 and len(svc.store.list("alice")) == 1
 
 

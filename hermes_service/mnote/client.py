@@ -80,6 +80,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
     "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
+    "run_interrupted": "hermes_client_run_interrupted",       # run.failed: its process died
     "service_draining": "hermes_client_service_draining",     # 503 stopping: no new runs
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
@@ -654,7 +655,10 @@ def events(run_id):
 
     Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
     ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
-    replays every event after that id. The stream ends after the terminal event.
+    replays every event after that id. The stream ends after the terminal event. Any service
+    process on the data dir serves any run, from its durable log (README §Data and durability →
+    Runs and their events); a run whose process died is closed first (``run.failed``
+    ``hermes_client_run_interrupted``).
 
     * ``Last-Event-ID`` above the run's last id (never issued): 400 ``hermes_client_bad_request``
       naming the run's last id; not an integer (or negative): 400 too;
@@ -761,7 +765,9 @@ def _own_run(run_id: str, body: dict):
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",)})
 def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
-    run's process group and emits ``run.cancelled``. A finished run returns its final event."""
+    run's process group and emits ``run.cancelled``. A finished run returns its final event.
+    A run of another live process on the data dir gets the abort through its request file
+    (applied within ~50 ms: README §Data and durability → Runs and their events)."""
     actor_id()
     body = json_body() if has_body() else {}
     svc = services()
