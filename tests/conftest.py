@@ -101,8 +101,9 @@ class ServiceProcess:
         self.proc = None
         self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 20.0) -> "ServiceProcess":
-        self.port = free_port()
+    def start(self, timeout: float = 20.0, port: int | None = None) -> "ServiceProcess":
+        """Start on ``port`` (a free one when None; a restart passes its old port)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -123,14 +124,15 @@ class ServiceProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, sig=signal.SIGTERM) -> None:
+    def stop(self, sig=signal.SIGTERM, wait: float = 10.0) -> None:
+        """Signal the service's process group; SIGKILL after ``wait`` seconds (a drain)."""
         if self.proc and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
             try:
-                self.proc.wait(10)
+                self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)

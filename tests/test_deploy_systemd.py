@@ -125,3 +125,11 @@ def test_exec_start_serves_and_a_sigterm_stops_it_cleanly(tmp_path, model):
             proc.wait(5)
     successes = service_section()["SuccessExitStatus"][-1].split()
     assert rc == 0 or str(rc) in successes, rc
+
+
+def test_the_rolling_restart_drop_in_only_adds_the_port():
+    """hermes-service@.service = this unit + the drop-in: the same command, ``--port %i``."""
+    drop_in = ROOT / "deploy" / "systemd" / "hermes-service@.service.d" / "port.conf"
+    lines = [l for l in drop_in.read_text().splitlines() if l and not l.startswith("#")]
+    assert lines == ["[Service]", "ExecStart=",
+                     f"ExecStart={service_section()['ExecStart'][0]} --port %i"]

@@ -43,9 +43,11 @@ def snapshot(data_dir):
     out = {}
     for path in sorted(data_dir.rglob("*")):
         key = str(path.relative_to(data_dir))
+        if path.name.endswith((".db-wal", ".db-shm", ".db-journal")):
+            continue     # SQLite's side files come and go as connections close elsewhere
         if path.is_symlink():
             out[key] = "-> " + os.readlink(path)
-        elif path.is_file() and not path.name.startswith(("mnote.db", "idempotency.db")):
+        elif path.is_file() and not path.name.endswith(".db"):   # databases: rows below
             out[key] = path.read_bytes()
         else:
             out[key] = None
