@@ -3,18 +3,20 @@
 PY      ?= python3
 VENV    := .venv
 HVENV   := .hermes-venv
+TVENV   := .tools-venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service bubblewrap nginx run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
 setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 
-# What the tests need besides (`make test`): the test tools, and nginx for the deploy/ tests.
-setup: setup-service $(VENV)/.dev-installed nginx
+# What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/
+# tests, and the client generators (README §API description → Generating a client).
+setup: setup-service $(VENV)/.dev-installed nginx promtool client-tools
 
 $(VENV)/.installed: requirements.txt
 	$(PY) -m venv $(VENV)
@@ -30,6 +32,26 @@ $(HVENV)/.installed: requirements-hermes.txt
 	$(PY) -m venv $(HVENV)
 	$(HVENV)/bin/pip install -q --disable-pip-version-check -r requirements-hermes.txt
 	touch $@
+
+# The client generators, pinned: openapi-python-client in .tools-venv (tools/requirements.txt),
+# openapi-typescript + typescript in tools/node_modules (tools/package-lock.json, npm ci).
+client-tools: $(TVENV)/.installed tools/node_modules/.installed
+
+$(TVENV)/.installed: tools/requirements.txt
+	$(PY) -m venv $(TVENV)
+	$(TVENV)/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+	touch $@
+
+# without npm (not root, no apt) the TypeScript part of tests/test_openapi_clients.py skips
+tools/node_modules/.installed: tools/package.json tools/package-lock.json | npm
+	@if command -v npm >/dev/null 2>&1; then \
+	  echo "npm ci in tools/ (openapi-typescript)"; \
+	  cd tools && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm is not installed: the TypeScript client test will skip"; fi
+
+# Debian's npm (with Node.js) for openapi-typescript, when npm is missing and we are root.
+npm:
+	$(call apt-install,command -v npm >/dev/null 2>&1,npm,the TypeScript client generator,the TypeScript client test will skip)
 
 # A Debian package, installed when its command is missing and we are root (CI is):
 # $(call apt-install,<command test>,<package>,<what for>,<what happens without it>)
@@ -51,6 +73,12 @@ bubblewrap:
 # Debian's nginx for tests/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
 	$(call apt-install,command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ],nginx,the deploy/nginx tests,the deploy/nginx tests will skip)
+
+# Debian's prometheus package for its promtool (tests/test_deploy_prometheus.py checks and
+# unit-tests deploy/prometheus/alerts.yml); without it those checks skip and say why.
+# (On a machine with systemd running, the package also enables a Prometheus server on :9090.)
+promtool:
+	$(call apt-install,command -v promtool >/dev/null 2>&1,prometheus,the deploy/prometheus tests,the promtool checks of deploy/prometheus will skip)
 
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into $(DEV_KEY) and printed that once; later
@@ -117,4 +145,4 @@ bench-sandbox: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(HVENV)
+	rm -rf $(VENV) $(HVENV) $(TVENV) tools/node_modules

@@ -77,7 +77,9 @@ choices}``; :meth:`_Client.ext_method` puts it to the run's user
 CLI (Hermes cannot open it over ACP), a turn for a model other than
 ``hermes.model.default`` (Hermes's ACP model switch re-detects the provider from the model
 name; the user's process is retired when it has that session loaded: its in-memory history
-would miss the CLI's turn), or a full pool. Likewise a process whose copy of a session is
+would miss the CLI's turn), a full pool, or a turn accepted before a drain that finds no warm
+process for its user (while the service drains the pool starts no process, makes no spare
+session and pre-warms nothing; README §Process lifetime). Likewise a process whose copy of a session is
 stale (its record changed since the process's last turn there: another service process on the
 data dir) is retired before the turn, which then runs on a fresh process.
 """
@@ -466,7 +468,8 @@ class AcpProcess:
 
     def make_spare(self) -> None:
         """Make the next conversation's session ahead, while the process is idle."""
-        if self.spare is None and not self.inflight and not self.retired and not self.dead:
+        if self.spare is None and not self.inflight and not self.retired and not self.dead \
+                and not self.runner.cli.draining:
             async def make():
                 sid = (await self.conn.new_session(cwd=self.cwd)).session_id
                 self.sessions.add(sid)
@@ -558,7 +561,10 @@ class AcpRunner:
 
     # -- public ----------------------------------------------------------------------
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
-        """Start the user's process for ``family`` in the background (no wait, no error)."""
+        """Start the user's process for ``family`` in the background (no wait, no error);
+        nothing while the service drains (README §Process lifetime)."""
+        if self.cli.draining or self.cli.stopping:
+            return
         if self.processes() >= self.max_processes and not self._idle():
             return
         fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
@@ -677,6 +683,8 @@ class AcpRunner:
                     proc.reserved += reserve
                     return proc
                 continue
+            if self.cli.draining:     # the service is stopping: no new process (README
+                raise UseCli("the service is draining")   # §Process lifetime)
             if self.processes() >= self.max_processes:
                 idle = self._idle()
                 if not idle:
@@ -766,7 +774,10 @@ class AcpRunner:
             self._replace(proc)
 
     def _replace(self, old: AcpProcess) -> None:
-        """Start a replacement for a retired process in the background (the user is active)."""
+        """Start a replacement for a retired process in the background (the user is active);
+        none while the service drains."""
+        if self.cli.draining:
+            return
         task = asyncio.get_running_loop().create_task(
             self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
                           [t for t in old.env.get("HERMES_SERVICE_ACP_TOOLSETS", "").split(",") if t]))

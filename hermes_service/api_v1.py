@@ -15,8 +15,9 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
-from .web import V1_ERRORS, Param, Reply, documented, json_body, services
-from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, check_id
+from .web import V1_ERRORS, Param, Reply, documented, has_body, json_body, parse_json, services
+from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
+from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from .preflight import describe, health_checks
 from .runner import classify_failure
 from .security import acting_user
@@ -41,15 +42,20 @@ SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties
                                                           "(UTF-8; else 413), no NUL"},
                                "user_context": _USER_CONTEXT},
                 "examples": [{"message": "What is Python?"}]}
+#: the shortest ``timeout`` of /api/v1/execute, seconds: enough to start a process (a shorter
+#: one could only end in 504 ``run_timeout`` before the command ran; README §The v1 API)
+MIN_EXECUTE_TIMEOUT = 1
 EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
            "properties": {"command": {"type": "array", "minItems": 1,
                                       "items": {"type": "string", "minLength": 1},
                                       "description": "hermes argv; must start with an entry of "
                                                      "hermes.execute.allowed"},
                           "user_context": _USER_CONTEXT,
-                          "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0,
-                                      "description": "seconds (null: the cap), capped at "
-                                                     "hermes.execute.timeout_seconds"}},
+                          "timeout": {"type": ["number", "null"],
+                                      "minimum": MIN_EXECUTE_TIMEOUT,
+                                      "description": f"seconds, at least {MIN_EXECUTE_TIMEOUT} "
+                                                     "(less is 400 invalid_request); null: the "
+                                                     "cap, hermes.execute.timeout_seconds"}},
            "examples": [{"command": ["sessions", "list", "--source", "tool"],
                          "user_context": {"user_id": "user123"}}]}
 
@@ -59,7 +65,7 @@ _HEALTH_CHECKS = {"type": "object", "description": "each part: `ok` or a short r
                                  ("hermes_command", "users_template", "data_dir", "provider",
                                   "sandbox")}}
 HEALTH = {"type": "object", "required": ["status", "service", "multi_user"],
-          "properties": {"status": {"enum": ["healthy", "degraded", "stopping"]},
+          "properties": {"status": {"enum": ["healthy", "degraded", "draining", "stopping"]},
                          "service": {"const": "hermes-service"},
                          "multi_user": {"const": True}, "checks": _HEALTH_CHECKS}}
 STATUS = {"type": "object", "required": ["status", "version"],
@@ -110,9 +116,41 @@ _TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
                       "hermes_failed"),
                 503: ("upstream_rate_limited", "hermes_unavailable", "hermes_unconfigured",
-                      "service_stopping"),
+                      "service_draining", "service_stopping"),
                 504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
+#: README §Idempotent retries
+IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
+                        "retry safely: the same key with the same request returns the first "
+                        "outcome (`Idempotency-Replayed: true`); with another request 409 "
+                        "(README §Idempotent retries)")
+_IDEMPOTENCY_ERRORS = {400: ("invalid_idempotency_key",),
+                       409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+
+
+def _merge(*tables: dict) -> dict:
+    """Error tables (status -> codes) joined."""
+    out: dict = {}
+    for table in tables:
+        for status, codes in table.items():
+            out[status] = tuple(dict.fromkeys((*out.get(status, ()), *codes)))
+    return out
+
+
+def _requested_user(*path: str) -> str | None:
+    """Whose idempotency key this is (:func:`~hermes_service.idempotency.idempotent`): the key's
+    bound actor, else the user the body names at ``path`` — read as sent, never raising (the
+    route reports a bad body itself)."""
+    bound = getattr(g.get("api_key"), "actor_id", None)
+    if bound:
+        return bound
+    try:
+        value = parse_json(request.get_data()) if has_body() else None
+    except ServiceError:
+        return None
+    for step in path:
+        value = value.get(step) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else None
 # Extra arguments after an allowed subcommand: plain words and --options only,
 # never a path (so e.g. `sessions export <file>` cannot write anywhere).
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_.:=,@+-]{1,200}$")
@@ -139,7 +177,8 @@ _last_health: list = [None]    # the last reported problems, so a change is logg
 @bp.get("/health")
 @documented(summary="Liveness and readiness", family=V1_ERRORS, auth="health", tags=("health",),
             replies={200: Reply("healthy, or degraded without a usable model provider", HEALTH),
-                     503: Reply("degraded (the node cannot work) or stopping", HEALTH)})
+                     503: Reply("degraded (the node cannot work), draining or stopping",
+                                HEALTH)})
 def health():
     """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
     answer (a few stat calls). When the node cannot work (``hermes_command``,
@@ -149,11 +188,20 @@ def health():
     well as any other node of the same config: no reason for a load balancer to take it out),
     and likewise (``checks.sandbox``) when ``hermes.sandbox.mode: auto`` found no usable
     bubblewrap, so Hermes processes run unconfined (README §Sandbox);
-    ``"status": "stopping"`` (503) during shutdown. Exempt from the API key unless
+    ``"status": "draining"`` (503, the rest of the body as it would be) while a stop lets
+    running turns finish, ``"status": "stopping"`` (503) after. Exempt from the API key unless
     ``security.health_requires_api_key``. README §Health."""
     svc = services()
     if svc.runner.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
+    body, code = _health(svc)
+    if svc.draining:           # new work goes elsewhere; the rest of the answer stays
+        return jsonify({**body, "status": "draining"}), 503
+    return jsonify(body), code
+
+
+def _health(svc) -> tuple[dict, int]:
+    """The answer of :func:`health` while the service is neither draining nor stopping."""
     checks = health_checks(svc.config)
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
@@ -166,9 +214,9 @@ def health():
             log.info("health: healthy")
     if failed:
         node_broken = any(k not in ("provider", "sandbox") for k in failed)
-        return jsonify(status="degraded", service="hermes-service", multi_user=True,
-                       checks={k: v or "ok" for k, v in checks.items()}), 503 if node_broken else 200
-    return jsonify(status="healthy", service="hermes-service", multi_user=True)
+        return {"status": "degraded", "service": "hermes-service", "multi_user": True,
+                "checks": {k: v or "ok" for k, v in checks.items()}}, 503 if node_broken else 200
+    return {"status": "healthy", "service": "hermes-service", "multi_user": True}, 200
 
 
 @bp.get("/api/v1/status")
@@ -192,14 +240,19 @@ def new_session_id(node_id: str | None) -> str:
 
 @bp.post("/api/v1/sessions")
 @documented(summary="Create a session", family=V1_ERRORS, tags=("v1",), body=CREATE_SESSION,
+            params=(IDEMPOTENCY_KEY,),
             replies={200: Reply("created", SESSION_CREATED)},
-            errors={403: ("actor_mismatch",), 409: ("session_exists",),
-                    503: ("hermes_unconfigured",)},
+            errors=_merge({403: ("actor_mismatch",), 409: ("session_exists",),
+                           503: ("hermes_unconfigured",)}, _IDEMPOTENCY_ERRORS),
             links={"GetSession": ("api_v1.get_session", _NEW_SESSION),
                    "SendMessage": ("api_v1.send_message", _NEW_SESSION),
                    "DeleteSession": ("api_v1.delete_session", _NEW_SESSION)})
+@idempotent("v1", lambda: _requested_user("user_id"))
 def create_session():
-    """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused."""
+    """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused.
+
+    With ``Idempotency-Key``, a retry gets the session the first request created (README
+    §Idempotent retries)."""
     body = json_body()
     svc = services()
     rec = svc.conversations.create(_user(body["user_id"]),
@@ -241,17 +294,20 @@ def get_session(session_id):
 def delete_session(session_id):
     """Forget the session mapping (waits for a running turn). The Hermes transcript stays."""
     svc = services()
-    with svc.admission():          # may wait for a running turn: bounded like a message
+    with svc.admission(f"v1 delete of session {session_id}"):   # may wait for a running turn
         rec = svc.conversations.delete(session_id, owner=_user(None), kind="v1")
     return jsonify(session_id=rec["session_id"], status="deleted")
 
 
 @bp.post("/api/v1/sessions/<session_id>/messages")
 @documented(summary="Send a message (one Hermes turn)", family=V1_ERRORS, tags=("v1",),
-            params=(_SESSION_ID,), body=SEND_MESSAGE,
+            params=(_SESSION_ID, IDEMPOTENCY_KEY), body=SEND_MESSAGE,
             replies={200: Reply("Hermes's answer", MESSAGE_REPLY)},
-            errors={400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
-                    404: ("session_not_found",), 413: ("message_too_large",), **_TURN_ERRORS})
+            errors=_merge({400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
+                           404: ("session_not_found",), 413: ("message_too_large",)},
+                          _TURN_ERRORS, _IDEMPOTENCY_ERRORS))
+@idempotent("v1", lambda: _requested_user("user_context", "user_id"),
+            wait=lambda: services().admission())
 def send_message(session_id):
     """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
     ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``)
@@ -260,6 +316,11 @@ def send_message(session_id):
 
     Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502 (incl.
     ``upstream_empty_answer``)/503/504.
+
+    With ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer
+    (``Idempotency-Replayed: true``) and Hermes runs once; a retry while the first turn runs
+    waits for it (holding an admission place, so 429 when none is free); 409
+    ``idempotency_key_conflict`` for the same key with another message or session.
     """
     check_id(session_id, "session_id")
     body = json_body()
@@ -267,8 +328,9 @@ def send_message(session_id):
     owner = _user(ctx_user)           # a bound key naming another user: 403 actor_mismatch
     svc = services()
     svc.conversations.get(session_id, owner=owner, kind="v1")   # 404 first
+    svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
     svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
-    with svc.admission():
+    with svc.admission(f"v1 message on session {session_id}"):
         rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
@@ -292,17 +354,20 @@ def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
                                 EXECUTE_RESULT)},
             errors={403: ("command_not_allowed", "actor_mismatch"), 429: ("too_many_runs",),
                     502: ("hermes_failed",),
-                    503: ("hermes_unavailable", "hermes_unconfigured", "service_stopping"),
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining",
+                          "service_stopping"),
                     504: ("run_timeout",)})
 def execute():
     """Spec §4, restricted: only argv matching ``hermes.execute.allowed`` runs (no shell).
 
     Response ``{"success", "stdout", "stderr", "returncode", "truncated"}`` (200 even when the
     command exits non-zero — that is the command's result). 403 ``command_not_allowed``;
-    504 ``run_timeout``; timeout capped at ``hermes.execute.timeout_seconds``.
+    504 ``run_timeout``; ``timeout`` (seconds) at least :data:`MIN_EXECUTE_TIMEOUT` (400
+    ``invalid_request`` naming the minimum) and capped at ``hermes.execute.timeout_seconds``.
     """
     body = json_body()
     svc = services()
+    svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
     ex = svc.config["hermes"]["execute"]
     argv = body["command"]
     if not _allowed(argv, ex["allowed"]):
@@ -312,7 +377,7 @@ def execute():
     env = svc.homes.cli_env(home, svc.runner.command_path())
     # capped before float(): a JSON integer may be too large for one (OverflowError)
     timeout = float(min(body.get("timeout") or ex["timeout_seconds"], ex["timeout_seconds"]))
-    with svc.admission(), svc.runner.slot():
+    with svc.admission(f"v1 execute {' '.join(argv[:2])}"), svc.runner.slot():
         outcome = svc.runner.spawn(argv, env, home, ex["max_output_bytes"]).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)

@@ -41,7 +41,7 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         from flask_cors import CORS
         CORS(app, origins=cors["allow_origins"], supports_credentials=cors["allow_credentials"],
              methods=cors["allow_methods"], allow_headers=cors["allow_headers"],
-             expose_headers=["X-Request-Id", "Retry-After"])
+             expose_headers=["X-Request-Id", "Retry-After", "Idempotency-Replayed"])
 
     hooks.install(app)
 

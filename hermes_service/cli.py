@@ -122,6 +122,10 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     reaped = runner.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
+    closed = svc.runs.close_dead()
+    if closed:
+        log.warning("closed %d run(s) of a service process that died (run.failed "
+                    "run_interrupted)", closed)
     from .retention import RetentionJob
     retention = RetentionJob(svc)
     if retention.start():
@@ -266,8 +270,9 @@ def keygen():
                    "delete` in the user's home).")
 @click.pass_context
 def gc(ctx, older_than, dry_run, purge_transcripts):
-    """Remove stale session mappings, lock files nobody holds, leftovers of killed writes and
-    page-store idempotency records past their retry window; print each removal.
+    """Remove stale session mappings, lock files nobody holds, leftovers of killed writes,
+    page-store idempotency records past their retry window and expired Idempotency-Key
+    records (``service.idempotency_ttl_seconds``); print each removal.
 
     Never touches a session whose turn lock is held. Exit 0; 1 if something was skipped (a
     damaged shard, a failed purge); 3 if the registry or data/mnote.db cannot be opened.

@@ -56,7 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "nginx": {"trusted_proxies": [], "enable_real_ip": False},
     "service": {"host": "127.0.0.1", "port": 9123, "log_level": "info", "log_format": "text",
                 "threads": 32, "max_body_bytes": 1048576, "connection_limit": 500,
-                "idle_timeout_seconds": 20, "node_id": None},
+                "idle_timeout_seconds": 20, "drain_seconds": 60, "node_id": None,
+                "idempotency_ttl_seconds": 86400},
     "cors": {"allow_origins": [], "allow_credentials": False,
              "allow_methods": ["GET", "POST", "DELETE"], "allow_headers": ["*"]},
     "hermes": {
@@ -174,7 +175,9 @@ SCHEMA = _obj({
         "max_body_bytes": _POS_INT,
         "connection_limit": _POS_INT,
         "idle_timeout_seconds": _POS_INT,
+        "drain_seconds": {"type": "number", "minimum": 0},
         "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
+        "idempotency_ttl_seconds": _POS_NUM,
     }),
     "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
                   "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
@@ -525,6 +528,14 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         problems.append(f"{source}:retention.idempotency_window_seconds: must be at least "
                         f"hermes.timeout_seconds ({h['timeout_seconds']}): a run's retries must "
                         "find their first response")
+    ttl = raw["service"]["idempotency_ttl_seconds"]
+    if ok("service.idempotency_ttl_seconds", "hermes.timeout_seconds",
+          "hermes.queue_wait_seconds") and ttl < h["timeout_seconds"] + h["queue_wait_seconds"]:
+        problems.append(f"{source}:service.idempotency_ttl_seconds: must be at least "
+                        f"hermes.queue_wait_seconds + hermes.timeout_seconds "
+                        f"({h['queue_wait_seconds'] + h['timeout_seconds']}): a retry must find "
+                        "the outcome of a turn that took as long as a turn may (README "
+                        "§Idempotent retries)")
     if ok("hermes.sandbox", "hermes.toolsets"):
         problems += sandbox.problems(sandbox.Settings.from_config(h["sandbox"]), h["toolsets"],
                                      source)

@@ -205,7 +205,6 @@ class Conversations:
                 self._after_failure(session_id, rec, home, err, message)
                 raise
             clock.finished("ok")
-            clock.finished("ok")
             updated = self.store.update(
                 session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())

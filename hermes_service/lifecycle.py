@@ -7,10 +7,15 @@
   where the service reports each reload's outcome;
 * :func:`reload_config` — SIGHUP: re-read the config file, refuse it with its problems or
   hand it to the running service objects (:meth:`~hermes_service.services.Services.apply`);
-* :class:`Lifecycle` — SIGTERM and SIGINT stop the service the same way: no new CLI process,
-  every CLI process group killed at once, runs end with their terminal event, which open
-  event streams deliver before the process exits (bounded by :data:`DRAIN_SECONDS`); CLI pid
-  records and the service record are removed.
+* :class:`Lifecycle` — SIGTERM and SIGINT stop the service the same way, in two steps:
+  the **drain** (up to ``service.drain_seconds``; skipped when 0): no new turn is accepted
+  (503 ``service_draining``, ``/health`` 503 ``draining``), the turns in progress may finish
+  and their event streams deliver their terminal events; then the **stop**, for what is left:
+  no new Hermes process, every process group killed at once, runs end with their terminal
+  event (``service_stopping``), which open event streams deliver before the process exits
+  (bounded by :data:`DRAIN_SECONDS`); CLI pid records and the service record are removed. A
+  second signal during the drain starts the stop at once; one during the stop leaves the
+  serving loop at once. README §Process lifetime.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import preflight
+from . import metrics, preflight
 from .files import atomic_write
 from .instance import proc_start
 from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
@@ -230,7 +235,9 @@ class Lifecycle:
         self.record = record
         self.channels = channels
         self._reload_lock = threading.Lock()
-        self._stopping = False
+        self._stopping = False            # a signal came: draining or stopping
+        self._killing = False             # past the drain: killing what is left
+        self._hurry = threading.Event()   # a second signal during the drain
         self._stopped = threading.Event()
 
     def install(self) -> None:
@@ -265,9 +272,12 @@ class Lifecycle:
 
     # -- stop ------------------------------------------------------------
     def _on_stop(self, signum, _frame) -> None:
-        if self._stopped.is_set() or self._stopping:
-            # the drain is over (or a second Ctrl-C): leave the serving loop now
+        if self._stopped.is_set() or self._killing:
+            # the stop is over (or another Ctrl-C during it): leave the serving loop now
             raise SystemExit(0)
+        if self._stopping:          # a second signal during the drain: stop at once
+            self._hurry.set()
+            return
         self._stopping = True
         threading.Thread(target=self._stop, args=(signum,), name="shutdown", daemon=True).start()
 
@@ -275,7 +285,40 @@ class Lifecycle:
         """Does any connection still have a request in progress or output not yet sent?"""
         return any(ch.requests or ch.total_outbufs_len for ch in self.channels())
 
+    def _drain(self, signum: int, seconds: float) -> None:
+        """Let the turns in progress finish, for up to ``seconds`` or until a second signal
+        (:meth:`Services.drain`); logs its start, each turn that ends and its end
+        (README §Logs)."""
+        svc = self.svc
+        started = time.monotonic()
+        svc.drain()
+        left = svc.in_flight()
+        log.info("signal %d: draining: no new turns; waiting up to %g s (service.drain_seconds; "
+                 "a second signal stops at once) for %d turn(s) in progress%s", signum, seconds,
+                 len(left), f": {', '.join(left.values())}" if left else "")
+        deadline = started + seconds
+        while left and not self._hurry.is_set() and time.monotonic() < deadline:
+            self._hurry.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            now = svc.in_flight()
+            for key in [k for k in left if k not in now]:
+                log.info("draining: %s ended (%s); %d turn(s) left", left[key],
+                         svc.outcome(key), len(now))
+            left = now
+        took = time.monotonic() - started
+        if not left:
+            log.info("drain ended: every turn finished in %.1f s", took)
+        else:
+            why = "a second signal" if self._hurry.is_set() else \
+                f"service.drain_seconds ({seconds:g} s)"
+            log.warning("drain ended after %.1f s by %s: stopping %d turn(s) still in "
+                        "progress: %s", took, why, len(left), ", ".join(left.values()))
+        metrics.set_draining(False)
+
     def _stop(self, signum: int) -> None:
+        drain = float(self.svc.config["service"]["drain_seconds"])
+        if drain > 0:
+            self._drain(signum, drain)
+        self._killing = True
         started = time.monotonic()
         runner = self.svc.runner
         killed = self.svc.shutdown()      # no new Hermes process; queued runs end now

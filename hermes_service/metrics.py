@@ -11,8 +11,10 @@ user id, message text or key into a label:
 * :func:`approval_asked` / :func:`approval_answered` — questions put to the panel's user
   (README §Approvals) and how each was resolved;
 * :func:`stream_opened` / :func:`stream_closed` — event streams open now;
+* :func:`run_interrupted` — a run of a dead service process closed with ``run_interrupted``;
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
   endpoint (``model_proxy.py``) and the tokens the provider reported for it;
+* :func:`set_draining` — the process drains before it stops;
 * :func:`watch` — gauges read at scrape time from a callback (processes, registry size).
 
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
@@ -92,6 +94,10 @@ TOOL_CALLS = Counter(
     "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "
     "any other) and outcome (ok, or the envelope's error code).", ["tool", "outcome"],
     namespace=NAMESPACE, registry=REGISTRY)
+RUNS_INTERRUPTED = Counter(
+    "runs_interrupted", "Runs closed with run.failed run_interrupted (client code "
+    "hermes_client_run_interrupted) because the service process running them was gone (crash, "
+    "kill -9): counted by the process that closed them.", namespace=NAMESPACE, registry=REGISTRY)
 EVENT_STREAMS = Gauge(
     "event_streams_open", "Server-Sent Events streams open now (at most "
     "mnote.max_event_streams).", namespace=NAMESPACE, registry=REGISTRY)
@@ -106,6 +112,10 @@ MODEL_REQUESTS = Counter(
     "revoked credential, never forwarded).", ["outcome"], namespace=NAMESPACE,
     registry=REGISTRY)
 MODEL_OUTCOMES = frozenset({"ok", "provider_error", "unreachable", "unauthorized"})
+DRAINING = Gauge(
+    "draining", "1 while this process drains (after SIGTERM/Ctrl-C: no new turns, running "
+    "ones finish for up to service.drain_seconds), else 0.", namespace=NAMESPACE,
+    registry=REGISTRY)
 
 
 class _Watched:
@@ -116,6 +126,8 @@ class _Watched:
                              ["runner"]),
         "registry_sessions": ("Session records in the session registry (sessions.json).", []),
         "runs_active": ("mnote runs queued or running now.", []),
+        "event_streams_max": ("Event-stream slots (mnote.max_event_streams): "
+                              "event_streams_open can reach this, then streams get 429.", []),
     }
 
     def __init__(self):
@@ -152,8 +164,8 @@ REGISTRY.register(_WATCHED)
 def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
     """Report ``fn()`` as gauge ``hermes_service_<name>`` at every scrape.
 
-    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions`` or
-    ``runs_active``. A later call with the same name and labels replaces the callback (the
+    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions``,
+    ``runs_active`` or ``event_streams_max``. A later call with the same name and labels replaces the callback (the
     newest app of a process wins). Raises ValueError for an unknown name or label set.
     """
     _WATCHED.set(name, labels, fn)
@@ -246,6 +258,17 @@ def model_request(outcome: str) -> None:
     if outcome not in MODEL_OUTCOMES:
         raise ValueError(f"unknown model request outcome {outcome!r}")
     MODEL_REQUESTS.labels(outcome).inc()
+
+
+def run_interrupted() -> None:
+    """A run of a dead service process was closed (``hermes_service_runs_interrupted_total``;
+    README §Data and durability → Runs and their events)."""
+    RUNS_INTERRUPTED.inc()
+
+
+def set_draining(on: bool) -> None:
+    """The process started (True) or ended (False) a drain (README §Process lifetime)."""
+    DRAINING.set(1 if on else 0)
 
 
 def stream_opened() -> None:

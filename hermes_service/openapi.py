@@ -58,7 +58,14 @@ RESPONSE_HEADERS = {
     "Content-Security-Policy": {"description": "this origin only", "schema": {"type": "string"}},
     "Location": {"description": "where the resource is, relative to this URL",
                  "schema": {"type": "string"}},
+    "Idempotency-Replayed": {"description": "`true`: this is the recorded outcome of the first "
+                                            "request with this Idempotency-Key (README "
+                                            "§Idempotent retries); absent otherwise",
+                             "schema": {"type": "string", "enum": ["true"]}},
 }
+#: a request header that makes a route answer :data:`IDEMPOTENT_REPLY_HEADER` on replays
+IDEMPOTENCY_PARAM = "Idempotency-Key"
+IDEMPOTENT_REPLY_HEADER = "Idempotency-Replayed"
 TAGS = [
     {"name": "v1", "description": "The v1 REST API (spec hermes-service-api-v1.3.0; README "
                                   "§The v1 API). Errors: `{detail, code, requestId}`."},
@@ -158,9 +165,11 @@ def _code_schema(family, codes: list[str]) -> dict:
     return {"allOf": [{"$ref": f"#/components/schemas/{family.name}"}, inner]}
 
 
-def _headers(names, status: int, bearer: bool) -> dict:
+def _headers(names, status: int, bearer: bool, idempotent: bool = False) -> dict:
     # every answer of the service carries X-Request-Id; waitress's own 413 does not
     out = {"X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": status != 413}}
+    if idempotent and status < 500 and status != 429:    # an outcome that may be replayed
+        names = (*names, IDEMPOTENT_REPLY_HEADER)
     for name in names:
         out[name] = RESPONSE_HEADERS[name]
     if status in (429, 503):
@@ -209,8 +218,9 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
         op["requestBody"] = {"required": contract.body_required,
                              "content": {"application/json": {"schema": body}}}
     responses: dict = {}
+    idempotent = any(p.name == IDEMPOTENCY_PARAM for p in contract.params)
     for status, reply in sorted(contract.replies.items()):
-        responses[str(status)] = _success(reply, status, bearer, contract, op_ids)
+        responses[str(status)] = _success(reply, status, bearer, contract, op_ids, idempotent)
     family = contract.family
     errors = _common_errors(contract, path, config)
     for status, codes in contract.errors.items():
@@ -227,14 +237,16 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
                                                 "waitress's own answer to a body over "
                                                 "service.max_body_bytes"}}
         responses[str(status)] = {"description": ", ".join(f"`{c}`" for c in mapped),
-                                  "headers": _headers((), status, bearer), "content": content}
+                                  "headers": _headers((), status, bearer, idempotent),
+                                  "content": content}
     op["responses"] = responses
     return op
 
 
-def _success(reply: Reply, status: int, bearer: bool, contract: Contract, op_ids) -> dict:
+def _success(reply: Reply, status: int, bearer: bool, contract: Contract, op_ids,
+             idempotent: bool = False) -> dict:
     out: dict = {"description": reply.description,
-                 "headers": _headers(reply.headers, status, bearer)}
+                 "headers": _headers(reply.headers, status, bearer, idempotent)}
     if reply.media is not None:
         out["content"] = reply.media
     elif reply.schema is not None:

@@ -20,7 +20,13 @@ One pass (:func:`collect`) removes, in this order:
    files of live sessions and ``home-<user>.lock`` stay (bounded by sessions and users).
 5. **Page-store idempotency records** older than the retry window
    (``retention.idempotency_window_seconds``, 24 h).
-6. In the service only (``in_service``): idle entries of the in-memory turn-lock table
+6. **Idempotency-Key records** expired ``service.idempotency_ttl_seconds`` after their
+   outcome (``data/idempotency.db``; one in progress only when its process is gone: README
+   §Idempotent retries, :meth:`~hermes_service.idempotency.IdempotencyStore.prune`).
+7. **Run event logs** ``data/run-events/<run_id>.jsonl`` of runs that ended more than
+   ``mnote.events_retention_seconds`` ago (:meth:`RunManager.sweep_files`); a run whose
+   process died is closed (``run_interrupted``) on the way.
+8. In the service only (``in_service``): idle entries of the in-memory turn-lock table
    (:meth:`Conversations.prune_idle_locks`) and finished runs' event logs past
    ``mnote.events_retention_seconds`` (:meth:`RunManager.sweep`) — memory of that process.
 
@@ -61,7 +67,8 @@ _HERMES_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 # report kinds, in the order the summary lists them
 KINDS = ("temp files", "session mappings", "transcripts", "owner links", "lock files",
-         "idempotency records", "lock-table entries", "event logs")
+         "idempotency records", "idempotency keys", "run event logs", "lock-table entries",
+         "event logs")
 
 
 @dataclass
@@ -161,6 +168,13 @@ def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
     if n:
         report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
                        f"before {before.isoformat(timespec='seconds')}", n)
+    n = svc.idempotency.prune(dry_run=dry_run)
+    if n:
+        report.removed("idempotency keys", f"{n} expired Idempotency-Key record(s)", n)
+    n = svc.runs.sweep_files(dry_run=dry_run)
+    if n:
+        report.removed("run event logs", f"{n} run event log file(s) of runs that ended more "
+                       f"than mnote.events_retention_seconds ago", n)
     if in_service and not dry_run:
         n = svc.conversations.prune_idle_locks()
         report.removed("lock-table entries", f"{n} idle turn-lock table entries" if n else None, n)

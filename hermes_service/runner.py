@@ -627,6 +627,8 @@ class HermesRunner:
         self.toolsets = list(hermes_cfg["toolsets"])
         self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
+        self.draining = False       # set at a drain: routes take no new turn, the ACP pool
+                                    # starts no process (README §Process lifetime)
         self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()

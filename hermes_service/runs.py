@@ -32,6 +32,14 @@ meanwhile is ``waiting_for_answer``.
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
+Durable logs (README §Data and durability → Runs and their events): with the service's
+:class:`~hermes_service.run_log.RunLogs`, :meth:`Run.emit` also appends each event to
+``data/run-events/<run_id>.jsonl`` (the terminal one fsynced before a follower is woken), so
+any process on the data dir serves the run as a :class:`ForeignRun` (followed through the
+one :class:`LogPoller` thread of that process), a session is busy across processes, aborts
+and answers reach the owner as request lines, and a run whose owner died ends with
+``{"event": "run.failed", …, "code": "run_interrupted"}`` exactly once.
+
 Subscribers (README §The mnote client proxy → Events, §Event-stream fan-out): each open stream
 is a :class:`Subscription` — one of ``mnote.max_event_streams`` slots, and the waitress thread
 that serves it. The thread sleeps on its own :class:`threading.Event` between events (set by
@@ -55,9 +63,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from . import logs, metrics
+from . import instance, logs, metrics
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
 from .limits import Limiter
+from .run_log import LogState, RunLogs, RunWriter
 
 log = logging.getLogger("hermes_service.runs")
 
@@ -72,6 +81,12 @@ DISCONNECT_CHECK_SECONDS = 1.0
 #: subscribers: one write per second each), instead of taking every core. An event after a
 #: quiet spell leaves at once; the terminal event never waits.
 FANOUT_SPACING_SECONDS = 0.001
+#: How often the one :class:`LogPoller` thread of a process looks at the run files it watches
+#: (seconds): the size of each run another process owns that a stream here follows, and the
+#: request file of each run this process owns (an abort or an answer sent to another process).
+POLL_SECONDS = 0.05
+#: How often the poller asks whether the owner of a followed foreign run is still alive.
+OWNER_CHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -101,6 +116,9 @@ class Run:
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _wakers: set = field(default_factory=set)      # the wake Event of each follower
     _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
+    writer: RunWriter | None = field(default=None, repr=False)   # its durable log (run_log.py)
+    requests_offset: int = 0        # how far the owner has read the run's request file
+    foreign = False                 # owned by this process (ForeignRun: by another)
 
     def emit(self, event: str, **fields) -> int:
         """Append an event; returns its sequence number (1-based). Ignored after a terminal event.
@@ -109,6 +127,13 @@ class Run:
             if self.done:
                 return len(self.events)
             payload = {"event": event, "run_id": self.run_id, "session_id": self.session_id, **fields}
+            if self.writer is not None:     # durable first; the terminal event fsynced
+                try:
+                    self.writer.append(payload, durable=event in TERMINAL)
+                except (OSError, ValueError):
+                    log.exception("run %s: could not write its event log", self.run_id)
+                    self.writer.close()
+                    self.writer = None
             self.events.append(payload)
             if event in TERMINAL:
                 self.status = {"run.completed": "completed", "run.failed": "failed",
@@ -325,6 +350,207 @@ class RunListener:
         self.run.emit(event, **fields)
 
 
+class ForeignRun:
+    """A run owned by another service process on this data dir (alive or gone), read from its
+    durable log (:mod:`hermes_service.run_log`; README §Data and durability → Runs and their
+    events). It offers what the client routes use of a :class:`Run`: ``position``,
+    ``follow`` (polled: :class:`LogPoller`), and ``answer`` / ``answer_clarify``, which are
+    checked against the log here and handed to the owner as a request line."""
+    foreign = True
+
+    def __init__(self, manager: "RunManager", state: LogState):
+        meta = state.meta
+        self.run_id = meta["run_id"]
+        self.session_id = meta.get("session_id")
+        self.actor_id = meta.get("actor_id")
+        self.trace_id = meta.get("trace_id")
+        self.owner = meta.get("owner")
+        self.state = state
+        self._manager = manager
+        self._logs: RunLogs = manager.logs
+        self._lock = threading.Lock()
+        self.polled_size = state.size       # the poller's view of the file size
+
+    @property
+    def events(self) -> list:
+        return self.state.events
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    def refresh(self) -> None:
+        """Read what the owner appended since the last read."""
+        with self._lock:
+            self._logs.read_more(self.state, self.run_id)
+
+    def close_if_orphaned(self) -> None:
+        """Close the run (``run_interrupted``) if it has not ended and its owner is dead."""
+        if not self.done and not instance.alive(self.owner):
+            self._logs.close_interrupted(self.run_id)
+            self.refresh()
+
+    def position(self) -> tuple[int, bool]:
+        self.refresh()
+        return len(self.events), self.done
+
+    def _pending(self) -> dict:
+        """Questions asked and not yet resolved, from the log: id -> (kind, choices)."""
+        if self.done:
+            return {}
+        pending = {}
+        for e in self.events:
+            name = e.get("event")
+            if name == "approval.request":
+                pending[e.get("approval_id")] = ("approval", e.get("choices") or [])
+            elif name == "clarify.request":
+                pending[e.get("clarify_id")] = ("clarify", e.get("choices"))
+            elif name == "approval.responded":
+                pending.pop(e.get("approval_id"), None)
+            elif name == "clarify.responded":
+                pending.pop(e.get("clarify_id"), None)
+        return pending
+
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str:
+        """As :meth:`Run.answer` (the same errors), checked against the log; the owner
+        applies it within ~:data:`POLL_SECONDS` (if still pending then)."""
+        self.refresh()
+        question = self._pending().get(approval_id)
+        if question is None or question[0] != "approval":
+            raise Conflict(f"approval {approval_id} is not pending (never asked, already "
+                           "answered, timed out, or the run ended)", code="approval_not_pending")
+        if choice not in question[1]:
+            raise BadRequest(f"choice must be one of {', '.join(question[1])}",
+                             code="invalid_request")
+        self._logs.request(self.run_id, {"op": "approval", "approval_id": approval_id,
+                                         "choice": choice})
+        return choice
+
+    def answer_clarify(self, clarify_id: str, answer: str | None,
+                       resolved_by: str = "user") -> None:
+        """As :meth:`Run.answer_clarify`, through the owner (see :meth:`answer`)."""
+        self.refresh()
+        question = self._pending().get(clarify_id)
+        if question is None or question[0] != "clarify":
+            raise Conflict(f"question {clarify_id} is not pending (never asked, already "
+                           "answered, timed out, or the run ended)", code="clarify_not_pending")
+        self._logs.request(self.run_id, {"op": "clarify", "clarify_id": clarify_id,
+                                         "answer": answer})
+
+    def follow(self, after: int, keepalive: float, wake: threading.Event | None = None,
+               stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, dict]]]:
+        """As :meth:`Run.follow`, from the file: the :class:`LogPoller` sets ``wake`` when the
+        file grows (or closes the run when its owner died), so the stream sees an event
+        within ~:data:`POLL_SECONDS` of its write. Ends without a terminal event only if the
+        file is deleted meanwhile (retention) or ``stop()``."""
+        wake = wake or threading.Event()
+        stop = stop or (lambda: False)
+        seq = max(0, after)
+        poller = self._manager.poller
+        poller.add(self, wake)
+        try:
+            while not stop():
+                self.refresh()
+                seen = self.state.size
+                batch = list(enumerate(self.events[seq:], seq + 1))
+                if batch:
+                    seq += len(batch)
+                    yield batch
+                    if self.done:
+                        return
+                    continue
+                if self.done:
+                    return
+                wake.clear()
+                size = self._logs.size(self.run_id)
+                if size < 0:          # the file is gone (retention, gc): nothing will follow
+                    return
+                if size != seen:      # it grew since the read: no sleep
+                    continue
+                if not wake.wait(keepalive):
+                    yield []
+        finally:
+            poller.discard(self, wake)
+
+
+class LogPoller:
+    """One daemon thread per process (started on first use, asleep while it has nothing to
+    watch) that every :data:`POLL_SECONDS`:
+
+    * stats the file of each foreign run a stream here follows and wakes its streams when the
+      size changed; every :data:`OWNER_CHECK_SECONDS` closes such a run whose owner is dead
+      (:meth:`ForeignRun.close_if_orphaned`);
+    * reads the request file of each run this process owns that has not ended, and applies
+      what other processes asked (:meth:`RunManager.apply_request`).
+
+    Local streams never go through it: they keep the in-memory wake-up of :meth:`Run.emit`."""
+
+    def __init__(self, manager: "RunManager", interval: float = POLL_SECONDS):
+        self.manager = manager
+        self.interval = interval
+        self._followers: dict[ForeignRun, set] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, run: ForeignRun, wake: threading.Event) -> None:
+        with self._cond:
+            self._followers.setdefault(run, set()).add(wake)
+            self._start()
+
+    def discard(self, run: ForeignRun, wake: threading.Event) -> None:
+        with self._cond:
+            wakes = self._followers.get(run)
+            if wakes is not None:
+                wakes.discard(wake)
+                if not wakes:
+                    del self._followers[run]
+
+    def kick(self) -> None:
+        """Something to watch was added (a local run started)."""
+        with self._cond:
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="run-log-poller",
+                                            daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    def check(self, owners: bool = False) -> None:
+        """One pass (``owners``: also check the owners of followed runs)."""
+        with self._cond:
+            followed = [(run, set(wakes)) for run, wakes in self._followers.items()]
+        for run, wakes in followed:
+            if owners:
+                try:
+                    run.close_if_orphaned()
+                except OSError:
+                    log.exception("run %s: could not close it", run.run_id)
+            size = run._logs.size(run.run_id)
+            if size != run.polled_size:
+                run.polled_size = size
+                for wake in wakes:
+                    wake.set()
+        self.manager.poll_requests()
+
+    def _run(self) -> None:
+        last_owner_check = 0.0
+        while True:
+            with self._cond:
+                while not self._followers and not self.manager.owned_active():
+                    self._cond.wait(1.0)
+            now = time.monotonic()
+            owners = now - last_owner_check >= OWNER_CHECK_SECONDS
+            if owners:
+                last_owner_check = now
+            try:
+                self.check(owners)
+            except Exception:          # never let the poller die
+                log.exception("run-log poller pass failed")
+            time.sleep(self.interval)
+
+
 class RunManager:
     """Starts runs in worker threads and keeps them for replay.
 
@@ -332,13 +558,28 @@ class RunManager:
     emit the terminal event or raise a :class:`ServiceError` (turned into
     ``run.failed`` with the error's core ``code``; a blueprint maps core codes to its
     contract's codes when it sends events out).
+
+    With ``logs`` (:class:`~hermes_service.run_log.RunLogs`, the service's) every run's events
+    are also written to the data dir as they happen, so :meth:`get` finds runs of every
+    process on it (:class:`ForeignRun`), a session is busy across processes, an abort or an
+    answer reaches the owning process (:class:`LogPoller`), and runs of dead processes are
+    closed with ``run.failed`` ``run_interrupted`` (README §Data and durability → Runs and
+    their events). Without it (unit tests) runs live in memory only.
     """
 
-    def __init__(self, retention_seconds: float, max_active: int, max_streams: int = 12):
+    def __init__(self, retention_seconds: float, max_active: int, max_streams: int = 12,
+                 logs: RunLogs | None = None, owner: str | None = None):
         self.retention = retention_seconds
+        #: the owner id written in this process's run files (:func:`instance.current`;
+        #: tests name another live process)
+        self.owner = owner or instance.current()
         self.streams = Limiter(max_streams)   # open event streams (threads); resizable on reload
         self.watch = ClientWatch()
         self.max_active = max_active
+        self.logs = logs
+        self.poller = LogPoller(self)
+        #: called with the run when an abort reaches it from another process
+        self.on_abort: list[Callable[[Run], None]] = []
         self._runs: dict[str, Run] = {}
         self._by_session: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -354,17 +595,30 @@ class RunManager:
 
     def sweep(self) -> int:
         """Forget finished runs older than ``events_retention_seconds`` (also done on every
-        access; the service's retention job calls this periodically). Returns how many."""
+        access; the service's retention job calls this periodically). Returns how many.
+        Their files go with :meth:`sweep_files`."""
         with self._lock:
             before = len(self._runs)
             self._sweep()
             return before - len(self._runs)
 
+    def sweep_files(self, dry_run: bool = False) -> int:
+        """Delete the run files of runs that ended more than ``events_retention_seconds``
+        ago, and close runs of dead processes (:meth:`RunLogs.sweep`); the retention pass and
+        ``main.py gc``. Returns how many files were (would be) deleted."""
+        return self.logs.sweep(self.retention, dry_run=dry_run) if self.logs else 0
+
+    def close_dead(self) -> int:
+        """Close every run of a dead process on the data dir (at start). Returns how many."""
+        return self.logs.close_dead() if self.logs else 0
+
     def start(self, session_key: str, session_id: str, actor_id: str, trace_id: str,
               execute: Callable[[Run], None]) -> Run:
         """Start a run on a session (``session_key``: its store key; ``session_id``: the id the
         client knows, used in events). Raises Conflict ``session_busy`` if the session has an
-        active run (``extra`` ``{"runId"}``: that run, for the caller to attach to), TooManyRuns if ``max_active`` runs are already queued or running."""
+        active run, in this or any other process on the data dir (``extra`` ``{"runId"}``:
+        that run, for the caller to attach to), TooManyRuns if ``max_active`` runs are
+        already queued or running here."""
         with self._lock:
             self._sweep()
             current = self._runs.get(self._by_session.get(session_key, ""))
@@ -375,8 +629,23 @@ class RunManager:
                 raise TooManyRuns("too many runs in progress; retry later",
                                   headers={"Retry-After": "5"})
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
+            if self.logs is not None:
+                run.writer = self.logs.create({
+                    "run_id": run.run_id, "session_id": session_id, "session_key": session_key,
+                    "actor_id": actor_id, "trace_id": trace_id, "owner": self.owner,
+                    "created": time.time()})
+                other = self.logs.claim_session(
+                    session_key, run.run_id, self.owner,
+                    lambda rid: rid in self._runs and not self._runs[rid].done)
+                if other is not None:
+                    run.writer.close()
+                    self.logs.path(run.run_id).unlink(missing_ok=True)
+                    raise Conflict(f"session {session_id} already has an active run ({other})",
+                                   code="session_busy", extra={"runId": other})
             self._runs[run.run_id] = run
             self._by_session[session_key] = run.run_id
+        if self.logs is not None:
+            self.poller.kick()
         logs.bind(run_id=run.run_id, trace_id=trace_id)    # this request's access line
         threading.Thread(target=self._work, args=(run, execute, logs.current()), name=run.run_id,
                          daemon=True).start()
@@ -386,6 +655,21 @@ class RunManager:
         """Runs queued or running now (the ``runs_active`` gauge)."""
         with self._lock:
             return sum(1 for r in self._runs.values() if not r.done)
+
+    def owned_active(self) -> list[Run]:
+        """This process's runs that have not ended."""
+        with self._lock:
+            return [r for r in self._runs.values() if not r.done]
+
+    def active_ids(self) -> list[str]:
+        """The ids of the runs queued or running now, oldest first."""
+        with self._lock:
+            return [run_id for run_id, r in self._runs.items() if not r.done]
+
+    def peek(self, run_id: str) -> "Run | None":
+        """The run of ``run_id`` (any actor; for the service's own log lines), or None."""
+        with self._lock:
+            return self._runs.get(run_id)
 
     def _work(self, run: Run, execute, log_context: dict) -> None:
         logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
@@ -404,6 +688,83 @@ class RunManager:
             if not run.done:
                 run.emit("run.failed", code=ServiceError.code, error="the run ended without a result")
             run.process = None
+
+    def get(self, run_id: str, actor_id: str) -> "Run | ForeignRun":
+        """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail
+        leaked). A run of another process comes from its log (:class:`ForeignRun`); if its
+        owner is dead and it has not ended, it is closed here first (``run_interrupted``)."""
+        with self._lock:
+            self._sweep()
+            run = self._runs.get(run_id)
+        if run is None and self.logs is not None:
+            run = self._foreign(run_id)
+        if run is None or run.actor_id != actor_id:
+            raise NotFound(f"run {run_id} not found", code="run_not_found")
+        return run
+
+    def _foreign(self, run_id: str) -> ForeignRun | None:
+        state = self.logs.load(run_id)        # None for an id that is not a run id
+        if state is None or state.meta.get("run_id") != run_id:
+            return None
+        run = ForeignRun(self, state)
+        run.close_if_orphaned()
+        if run.done and state.mtime < time.time() - self.retention:
+            return None                       # past retention: as if swept
+        return run
+
+    def abort(self, run: "Run | ForeignRun") -> list[dict]:
+        """Ask a run to stop; returns the events to report (``abort.started``, or the final
+        event of a run that already ended). The worker kills the process group and emits
+        ``run.cancelled``. A run of another live process gets the abort as a request line
+        (its poller applies it within ~:data:`POLL_SECONDS`)."""
+        if run.foreign:
+            run.close_if_orphaned()
+            run.refresh()
+            if run.done:
+                return [run.events[-1]]
+            self.logs.request(run.run_id, {"op": "abort"})
+            return [{"event": "abort.started", "run_id": run.run_id}]
+        with run._cond:
+            if run.done:
+                return [run.events[-1]]
+            if not run.cancel.is_set():
+                run.cancel.set()
+                run.emit("abort.started")
+        run.resolve_all("abort")       # a question pending: denied, resolved_by "abort"
+        proc = run.process
+        if proc is not None:
+            threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()
+        return [{"event": "abort.started", "run_id": run.run_id}]
+
+    def poll_requests(self) -> None:
+        """Apply the requests other processes appended for this process's active runs."""
+        if self.logs is None:
+            return
+        for run in self.owned_active():
+            if self.logs.requests_size(run.run_id) <= run.requests_offset:
+                continue
+            ops, run.requests_offset = self.logs.requests_since(run.run_id, run.requests_offset)
+            for op in ops:
+                self.apply_request(run, op)
+
+    def apply_request(self, run: Run, op: dict) -> None:
+        """One request from another process: ``abort``, ``approval`` or ``clarify`` (one whose
+        question is no longer pending is dropped)."""
+        kind = op.get("op")
+        try:
+            if kind == "abort":
+                self.abort(run)
+                for hook in self.on_abort:
+                    hook(run)
+            elif kind == "approval":
+                run.answer(str(op.get("approval_id")), str(op.get("choice")), "user")
+            elif kind == "clarify":
+                answer = op.get("answer")
+                run.answer_clarify(str(op.get("clarify_id")),
+                                   answer if isinstance(answer, str) else None, "user")
+        except ServiceError as err:
+            log.info("run %s: dropped a %s request from another process: %s", run.run_id,
+                     kind, err.detail)
 
     def stream_slot(self) -> Callable[[], None]:
         """Take one event-stream slot; returns its release function (safe to call twice).
@@ -432,31 +793,6 @@ class RunManager:
         if client_gone is not None:
             self.watch.add(sub)
         return sub
-
-    def get(self, run_id: str, actor_id: str) -> Run:
-        """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail leaked)."""
-        with self._lock:
-            self._sweep()
-            run = self._runs.get(run_id)
-        if run is None or run.actor_id != actor_id:
-            raise NotFound(f"run {run_id} not found", code="run_not_found")
-        return run
-
-    def abort(self, run: Run) -> list[dict]:
-        """Ask a run to stop; returns the events to report (``abort.started``, or the final
-        event of a run that already ended). The worker kills the process group and emits
-        ``run.cancelled``."""
-        with run._cond:
-            if run.done:
-                return [run.events[-1]]
-            if not run.cancel.is_set():
-                run.cancel.set()
-                run.emit("abort.started")
-        run.resolve_all("abort")       # a question pending: denied, resolved_by "abort"
-        proc = run.process
-        if proc is not None:
-            threading.Thread(target=proc.kill, args=("cancelled",), daemon=True).start()
-        return [{"event": "abort.started", "run_id": run.run_id}]
 
 
 class Subscription:

@@ -66,6 +66,11 @@ Directives (in the last user message; first match in this order wins)
     Modifier, combinable with the text replies above (echo, recall,
     tools-offered, tools done): the text is streamed in ~N pieces (default 5)
     spread over S seconds (float).  Stops early on ``stop()`` or a closed client.
+``[[gate:NAME]]``
+    Modifier of any reply: hold it until :meth:`ScriptedModel.release` ``(NAME)``
+    is called (then answer as without it), ``stop()`` is called or the client
+    closes its connection (then drop it, as ``[[hang]]``).  NAME matches
+    ``[A-Za-z0-9_-]+``.  A turn a test keeps in flight for as long as it needs.
 ``[[reasoning]]``
     Modifier: before the text, stream :data:`REASONING_TEXT` as
     ``reasoning_content`` deltas (what DeepSeek/Qwen-style providers send).
@@ -172,6 +177,7 @@ AUX_MAIN_MARKER = "Hermes Agent"
 
 _STATUS_RE = re.compile(r"\[\[status:(\d{3})\]\]")
 _HANG_RE = re.compile(r"\[\[hang\]\]")
+_GATE_RE = re.compile(r"\[\[gate:([A-Za-z0-9_-]+)\]\]")
 _SLOW_RE = re.compile(r"\[\[slow:(\d+(?:\.\d+)?)(?::(\d+))?\]\]")
 _RECALL_RE = re.compile(r"\[\[recall\]\]")
 _OFFERED_RE = re.compile(r"\[\[tools-offered\]\]")
@@ -232,6 +238,12 @@ def _last_user_index(msgs: list[dict]) -> int:
         if msgs[i].get("role") == "user":
             return i
     return -1
+
+
+def _last_user_text(body: dict) -> str:
+    msgs = _messages(body)
+    i = _last_user_index(msgs)
+    return content_text(msgs[i].get("content")) if i >= 0 else ""
 
 
 def _system_text(msgs: list[dict]) -> str:
@@ -507,6 +519,13 @@ class _Handler(BaseHTTPRequestHandler):
         sm = self.server.scripted
         sm._record(body, dict(self.headers.items()))
         plan = (sm.planner or plan_reply)(body, sm._cut_done)
+        gate = None if is_auxiliary(body) else _GATE_RE.search(_last_user_text(body))
+        if gate is not None:
+            opened = sm._gate(gate.group(1))
+            while not opened.is_set():
+                if self._client_gone_or_stopped(0.2):
+                    self.close_connection = True
+                    return
         try:
             if plan.kind == "error":
                 headers = {"Retry-After": "1"} if plan.status == 429 else None
@@ -657,6 +676,7 @@ class ScriptedModel:
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
         self._cut_done: set[str] = set()
+        self._gates: dict[str, threading.Event] = {}
 
     # public ---------------------------------------------------------------
 
@@ -716,6 +736,14 @@ class ScriptedModel:
             if i >= 0 and marker in content_text(msgs[i].get("content")):
                 out.append(r)
         return out
+
+    def release(self, name: str) -> None:
+        """Let the replies held by ``[[gate:NAME]]`` go (now and from now on)."""
+        self._gate(name).set()
+
+    def _gate(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._gates.setdefault(name, threading.Event())
 
     def __enter__(self) -> "ScriptedModel":
         return self.start()

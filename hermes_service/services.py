@@ -10,6 +10,7 @@ groups a crashed service left) and the periodic cleanup
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -17,17 +18,24 @@ from . import metrics
 from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations, acp_families
-from .errors import TooManyRuns, Unconfigured
+from .errors import ServiceError, TooManyRuns, Unconfigured
+from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import CliProcess, HermesRunner
+from .run_log import RunLogs
 from .runs import RunManager
 from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore
 from .user_homes import HERMES_SITE, UserHomes
+
+
+#: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
+#: node; alone, the restarted service is usually back within a drain.
+DRAINING_RETRY_AFTER = 5
 
 
 @dataclass
@@ -44,6 +52,12 @@ class Services:
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
+    idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
+    #: v1 requests holding an admission place now (message, execute, delete), by a label
+    #: naming them for the drain's log lines (:meth:`in_flight`)
+    _v1_turns: dict = field(repr=False, default_factory=dict)
+    _v1_lock: threading.Lock = field(repr=False, default_factory=threading.Lock)
+    _v1_outcomes: dict = field(repr=False, default_factory=dict)    # while draining
 
     def require_provider(self) -> None:
         """Raise :class:`Unconfigured` (503 ``hermes_unconfigured``) when no model turn can
@@ -60,7 +74,9 @@ class Services:
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (runner), CLI slots and v1 admission places, message size,
-        execute allowlist, event-stream slots and retention, mnote models and log level.
+        execute allowlist, event-stream slots and retention, the idempotency records' lifetime
+        (from their next outcome), mnote models and log level (``service.drain_seconds`` is
+        read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
@@ -79,12 +95,56 @@ class Services:
         self.conversations.max_message_bytes = h["max_message_bytes"]
         self.conversations.turn_wait = float(h["queue_wait_seconds"])
         self.runs.retention = config["mnote"]["events_retention_seconds"]
+        self.idempotency.ttl = float(config["service"]["idempotency_ttl_seconds"])
         self.runs.max_active = h["max_concurrent_runs"] * 4
         self.runs.streams.resize(config["mnote"]["max_event_streams"])
         self.admitted.resize(h["max_concurrent_runs"] + h["max_waiting_requests"])
         logging.getLogger().setLevel(config["service"]["log_level"].upper())
         self.guard = Guard(config)
         self.config = config
+
+    @property
+    def draining(self) -> bool:
+        """Is the service draining (README §Process lifetime): no new turn is accepted."""
+        return self.runner.draining
+
+    def drain(self) -> None:
+        """Stop accepting new turns (:meth:`check_accepting` refuses them), let the running
+        ones go on; the warm ACP pool starts no new process and pre-warms nothing
+        (README §Process lifetime). :meth:`shutdown` ends what is left."""
+        self.runner.draining = True
+        metrics.set_draining(True)
+
+    def check_accepting(self) -> None:
+        """Raise 503 ``service_draining`` (``Retry-After: 5``) while draining: a route that
+        would start a Hermes turn calls this before it accepts one."""
+        if self.runner.draining:
+            raise ServiceError("the service is stopping and takes no new turns; retry "
+                               "(behind a proxy another node answers)",
+                               code="service_draining", status=503,
+                               headers={"Retry-After": str(DRAINING_RETRY_AFTER)})
+
+    def in_flight(self) -> dict:
+        """What a drain waits for (README §Process lifetime): ``{key: label}``, one entry per
+        v1 request holding an admission place (label ``v1 message on session <id>``, …) and
+        per mnote run queued or running (key and label ``run <runId>``)."""
+        with self._v1_lock:
+            out = dict(self._v1_turns)
+        out.update({f"run {run_id}": f"run {run_id}" for run_id in self.runs.active_ids()})
+        return out
+
+    def outcome(self, key) -> str:
+        """How an entry of :meth:`in_flight` ended, once it left: ``ok`` or the error code of
+        a v1 request (recorded while draining), the terminal event of a run (``run.completed``,
+        ``run.failed <code>``, ``run.cancelled``); ``?`` when unknown."""
+        if isinstance(key, str) and key.startswith("run "):
+            run = self.runs.peek(key[4:])
+            last = run.events[-1] if run is not None and run.events else None
+            if last is None:
+                return "?"
+            return " ".join(x for x in (last.get("event"), last.get("code")) if x)
+        with self._v1_lock:
+            return self._v1_outcomes.pop(key, "?")
 
     def shutdown(self) -> int:
         """Stop starting Hermes processes, kill every running group (CLI turns, ACP
@@ -97,16 +157,28 @@ class Services:
         return killed
 
     @contextmanager
-    def admission(self):
+    def admission(self, label: str = "v1 request"):
         """Hold one of the ``max_concurrent_runs + max_waiting_requests`` places for a
         synchronous v1 turn (running or waiting), so waiting requests can never take every
-        waitress thread. Raises TooManyRuns (429) when none is free."""
+        waitress thread. Raises TooManyRuns (429) when none is free. ``label`` names the
+        request in the drain's log lines (:meth:`in_flight`)."""
         if not self.admitted.acquire(blocking=False):
             raise TooManyRuns("too many requests are waiting for Hermes; retry later",
                               headers={"Retry-After": "5"})
+        token, outcome = object(), "error"
+        with self._v1_lock:
+            self._v1_turns[token] = label
         try:
             yield
+            outcome = "ok"
+        except ServiceError as err:
+            outcome = err.code
+            raise
         finally:
+            with self._v1_lock:
+                del self._v1_turns[token]
+                if self.runner.draining:
+                    self._v1_outcomes[token] = outcome
             self.admitted.release()
 
 
@@ -146,15 +218,21 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         conversations=Conversations(config, store, homes, runner, acp, families),
         runs=RunManager(config["mnote"]["events_retention_seconds"],
                         max_active=hermes["max_concurrent_runs"] * 4,
-                        max_streams=config["mnote"]["max_event_streams"]),
+                        max_streams=config["mnote"]["max_event_streams"],
+                        logs=RunLogs(config.data_dir / "run-events")),
         tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
                           service_url or default_service_url(config)),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
-        sandbox=sandbox, model_proxy=proxy)
+        sandbox=sandbox, model_proxy=proxy,
+        idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
+                                     config["service"]["idempotency_ttl_seconds"]))
+    # an abort that reaches this process from another one revokes the run's token too
+    services.runs.on_abort.append(services.tools.end_run)
     # gauges read at scrape time (README §Operations → Metrics)
     metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
     if acp is not None:
         metrics.watch("runner_processes", acp.processes, runner="acp")
     metrics.watch("registry_sessions", store.count)
     metrics.watch("runs_active", services.runs.active)
+    metrics.watch("event_streams_max", lambda: services.runs.streams.size)
     return services

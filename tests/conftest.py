@@ -57,7 +57,10 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
                      "enable_api_key": True, "auth_method": "header",
                      "api_keys": [{"key": API_KEY, "description": "tests",
                                    "scopes": ["v1", "client", "execute", "metrics"]}]},
-        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24},
+        # drain_seconds 0: a test ending with a turn in flight stops its service at once (as
+        # before the drain existed); test_e2e_shutdown.py sets it to test the drain
+        "service": {"host": "127.0.0.1", "port": 0, "log_level": "info", "threads": 24,
+                    "drain_seconds": 0},
         "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
                    "max_concurrent_runs": 2, "queue_wait_seconds": 60,
                    "extra_env": {"HERMES_STREAM_RETRIES": "0"},
@@ -98,8 +101,9 @@ class ServiceProcess:
         self.proc = None
         self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 20.0) -> "ServiceProcess":
-        self.port = free_port()
+    def start(self, timeout: float = 20.0, port: int | None = None) -> "ServiceProcess":
+        """Start on ``port`` (a free one when None; a restart passes its old port)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -120,14 +124,15 @@ class ServiceProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, sig=signal.SIGTERM) -> None:
+    def stop(self, sig=signal.SIGTERM, wait: float = 10.0) -> None:
+        """Signal the service's process group; SIGKILL after ``wait`` seconds (a drain)."""
         if self.proc and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
             try:
-                self.proc.wait(10)
+                self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)

@@ -466,3 +466,20 @@ def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
     error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
     from hermes_service.acp_runner import could_be_error_text
     assert could_be_error_text(text) is held
+
+
+def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_path):
+    """README §Process lifetime: while the service drains, a turn of a user with a warm
+    process gets it; one without runs on the CLI (UseCli); pre-warm does nothing."""
+    runner = pool(max_processes=2)
+    warm = acquire(runner, tmp_path, "u1").result(WAIT)
+    wait_for(lambda: warm.spare is not None and warm.spare.done(), "u1's spare session")
+    runner.cli.draining = True
+    assert acquire(runner, tmp_path, "u1").result(WAIT) is warm
+    with pytest.raises(UseCli, match="draining"):
+        acquire(runner, tmp_path, "u2").result(WAIT)
+    runner.prewarm(home(tmp_path, "u3"), runner.env, "mnote", [])
+    runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)   # a failed turn: no
+    wait_for(lambda: warm.dead, "the retired process to close")      # replacement is started
+    assert runner.processes() == 0 and alive(runner) == []
+    assert len(agent_log(runner, "new")) == 1        # u1's spare, made before the drain

@@ -451,3 +451,33 @@ def test_v1_session_ids_carry_the_node_id_when_there_is_one(app_factory):
                      headers={"X-API-Key": API_KEY}).json["session_id"]
         assert sid.startswith(prefix) and uuid.UUID(sid[len(prefix):]).version == 4
         assert c.get(f"/api/v1/sessions/{sid}", headers={"X-API-Key": API_KEY}).status_code == 200
+
+
+def test_a_draining_service_refuses_new_turns_and_says_so(stubbed_app, stub):
+    """README §Process lifetime: while draining, turns are refused with 503 (+ Retry-After)
+    on both route families, /health is 503 "draining", sessions are still made."""
+    from hermes_service import metrics
+    app = stubbed_app()
+    c, svc = app.test_client(), app.extensions["hermes_service"]
+    sid = new_session(c)
+    svc.drain()
+    try:
+        health = c.get("/health")
+        assert health.status_code == 503
+        assert health.json == {"status": "draining", "service": "hermes-service",
+                               "multi_user": True}
+        assert new_session(c, "user456")                         # not a turn
+        for path, body, code in [
+                (f"/api/v1/sessions/{sid}/messages", {"message": "x"}, "service_draining"),
+                ("/api/v1/execute", {"command": ["--version"]}, "service_draining")]:
+            res = c.post(path, json=body, headers=H)
+            assert res.status_code == 503 and res.json["code"] == code, (path, res.json)
+            assert res.headers["Retry-After"] == "5"
+        run = c.post("/api/hermes/client/runs", headers={**H, "X-Mnote-Actor-Id": "u1"},
+                     json={"workspaceId": "ws", "documentId": "d", "sessionId": "mnote_d_t",
+                           "message": "x"})
+        assert run.status_code == 503 and run.json["code"] == "hermes_client_service_draining"
+        assert run.headers["Retry-After"] == "5"
+        assert stub.calls == [] and svc.in_flight() == {}
+    finally:
+        metrics.set_draining(False)      # the gauge is the process's

@@ -69,6 +69,8 @@ def test_every_problem_is_reported_as_file_key_problem():
 
 @pytest.mark.parametrize("bad, where", [
     ({"service": {"port": "80"}}, "service.port"),
+    ({"service": {"drain_seconds": -1}}, "service.drain_seconds"),
+    ({"service": {"drain_seconds": "60"}}, "service.drain_seconds"),
     ({"security": {"auth_method": "cookie"}}, "security.auth_method"),
     ({"security": {"api_keys": [{"key": "short"}]}}, "security.api_keys.0.key"),
     ({"security": {"api_keys": [{"key": "k" * 20, "key_sha256": "0" * 64}]}}, "security.api_keys.0"),

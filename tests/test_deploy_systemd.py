@@ -78,6 +78,17 @@ def test_the_unit_carries_the_promised_sandbox_and_lifecycle():
     assert env["PATH"].split(":")[0] == f"{INSTALL_DIR}/.hermes-venv/bin"
 
 
+def test_stop_timeout_outlasts_the_drain():
+    """systemd must not kill the service mid-drain (README §Process lifetime): TimeoutStopSec
+    exceeds config.yaml's service.drain_seconds (and the code's default) with room for the stop."""
+    from hermes_service.config import DEFAULTS
+    timeout = service_section()["TimeoutStopSec"][-1]
+    assert timeout.isdigit(), f"TimeoutStopSec={timeout}: seconds, as a plain number"
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())["service"]["drain_seconds"]
+    assert shipped == DEFAULTS["service"]["drain_seconds"]
+    assert int(timeout) >= shipped + 15, (timeout, shipped)
+
+
 def test_exec_start_serves_and_a_sigterm_stops_it_cleanly(tmp_path, model):
     """What systemd would run: ExecStart with the unit's environment (paths of this checkout)."""
     port = free_port()
@@ -114,3 +125,11 @@ def test_exec_start_serves_and_a_sigterm_stops_it_cleanly(tmp_path, model):
             proc.wait(5)
     successes = service_section()["SuccessExitStatus"][-1].split()
     assert rc == 0 or str(rc) in successes, rc
+
+
+def test_the_rolling_restart_drop_in_only_adds_the_port():
+    """hermes-service@.service = this unit + the drop-in: the same command, ``--port %i``."""
+    drop_in = ROOT / "deploy" / "systemd" / "hermes-service@.service.d" / "port.conf"
+    lines = [l for l in drop_in.read_text().splitlines() if l and not l.startswith("#")]
+    assert lines == ["[Service]", "ExecStart=",
+                     f"ExecStart={service_section()['ExecStart'][0]} --port %i"]

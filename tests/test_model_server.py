@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from hermes_service.scripted_model import (  # noqa: E402
     parse_tool_directive,
     write_hermes_config,
 )
+from conftest import wait_for  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "You are Hermes Agent, a test."}
 TITLE_SYSTEM = {
@@ -261,6 +263,21 @@ def test_stop_releases_hanging_request():
     th.join(5)
     assert not th.is_alive()
     assert result["outcome"] != "answered"
+
+
+def test_gate_holds_the_reply_until_released(model):
+    """``[[gate:NAME]]`` answers only after ``release(NAME)``, as without the directive."""
+    gate = "g-" + uuid.uuid4().hex[:8]
+    got = {}
+    th = threading.Thread(target=lambda: got.update(reply=stream_reply(
+        model, [SYSTEM, {"role": "user", "content": f"[[gate:{gate}]] held"}], timeout=30)))
+    th.start()
+    wait_for(lambda: model.requests_with(f"[[gate:{gate}]]"), "the gated request")
+    th.join(0.3)
+    assert th.is_alive() and not got       # held (a moment: no reply without the release)
+    model.release(gate)
+    th.join(10)
+    assert got["reply"]["text"] == f"echo #1: [[gate:{gate}]] held"
 
 
 def test_slow_stream_spreads_chunks(model):

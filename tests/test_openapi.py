@@ -7,6 +7,7 @@ address. Also the regressions of what the fuzzer (test_openapi_fuzz.py) found.
 """
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
@@ -18,7 +19,9 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from conftest import API_KEY
 from hermes_service import api_v1, openapi
+from hermes_service.errors import is_id
 from hermes_service.mnote import client as mnote_client
+from hermes_service.mnote import endpoint as mnote_endpoint
 from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.web import contract_of
 
@@ -119,7 +122,12 @@ def test_event_stream_documents_each_event(app_factory):
     doc = document(app_factory())
     stream = doc["paths"]["/api/hermes/client/events/{run_id}"]["get"]
     media = stream["responses"]["200"]["content"]["text/event-stream"]["schema"]
-    assert media["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/RunEvent"}
+    # each event is a RunEventFrame (as schemathesis reads a 3.1 stream), or the whole body text
+    # (what a generated client that reads the answer at once gets)
+    assert media["anyOf"] == [{"$ref": "#/components/schemas/RunEventFrame"},
+                              {"type": "string", "description": media["anyOf"][1]["description"]}]
+    frame = doc["components"]["schemas"]["RunEventFrame"]
+    assert frame["properties"]["data"]["contentSchema"] == {"$ref": "#/components/schemas/RunEvent"}
     assert {p["name"] for p in stream["parameters"] if "name" in p} >= {
         "X-Mnote-Actor-Id", "Last-Event-ID", "lastEventId", "X-Trace-Id", "traceId"}
     schemas = doc["components"]["schemas"]
@@ -129,6 +137,14 @@ def test_event_stream_documents_each_event(app_factory):
                       "tool.completed", "run.completed", "run.failed", "abort.started",
                       "run.cancelled", "approval.request", "approval.responded",
                       "clarify.request", "clarify.responded"}
+    # the frame's data names every event's schema
+    for ref in schemas["RunEvent"]["oneOf"]:
+        name = ref["$ref"].rsplit("/", 1)[1]
+        event = schemas[name]["properties"]["event"]["const"]
+        assert f"{name} (`{event}`)" in frame["properties"]["data"]["description"]
+    jsonschema.validate({"id": "1", "data": '{"event": "run.started"}'}, frame)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"data": "{}"}, frame)
     resolver = {f"#/components/schemas/{k}": v for k, v in schemas.items()}
     completed = resolver["#/components/schemas/RunCompletedEvent"]
     jsonschema.validate({"event": "run.completed", "run_id": "run_1", "session_id": "s",
@@ -294,3 +310,74 @@ def test_v1_body_ids_answer_invalid_id_from_the_schema(app_factory):
                       json={"command": ["version"], "user_context": {"user_id": ""}})
     assert res.status_code == 400 and res.json["code"] == "invalid_id"
     assert res.json["detail"].startswith("user_context/user_id must be")
+
+
+# -- what client generators need (tests/test_openapi_clients.py generates the clients) --------
+@pytest.mark.parametrize("value", ["", "t_1", "trace.1@x:y-z", "a" * 128, "a b", "a..b", "_t",
+                                   "a" * 129, "ws\n", "é"])
+def test_trace_id_parameters_are_plain_strings_of_the_id_rule(app_factory, value):
+    """X-Trace-Id and ?traceId= are one string schema (a union of an id and "" made
+    openapi-python-client skip every client route): empty, or an id by errors.is_id."""
+    doc = document(app_factory())
+    params = [p for p in doc["paths"]["/api/hermes/client/runs"]["post"]["parameters"]
+              if p.get("name") in ("X-Trace-Id", "traceId")]
+    assert len(params) == 2
+    for param in params:
+        schema = param["schema"]
+        assert schema["type"] == "string" and set(schema) <= {"type", "pattern", "maxLength",
+                                                              "description"}
+        valid = jsonschema.Draft202012Validator(schema).is_valid(value)
+        assert valid == (value == "" or is_id(value)), value
+        # a JSON Schema pattern is searched, not matched whole: anchored, it is the same rule
+        assert bool(re.search(schema["pattern"], value)) == (value == "" or is_id(value))
+
+
+def test_tool_errors_are_failure_envelopes_and_calls_envelopes(app_factory):
+    """An error of the tool endpoint is a ToolFailure (ok false, error an object): one plain
+    object the generator adds each status's codes to; the 200 of an executed call is the
+    whole ToolEnvelope."""
+    doc = document(app_factory())
+    schemas = doc["components"]["schemas"]
+    op = doc["paths"]["/api/hermes/tools/invoke"]["post"]["responses"]
+    for status, response in op.items():
+        ref = response["content"]["application/json"]["schema"]["allOf"][0]["$ref"]
+        assert ref == ("#/components/schemas/ToolEnvelope" if status == "200"
+                       else "#/components/schemas/ToolFailure"), status
+    failure = schemas["ToolFailure"]
+    assert "oneOf" not in json.dumps(failure) and failure["properties"]["ok"] == {"const": False}
+    for body in (mnote_endpoint.failure_envelope("mnote_tool_bad_request", "no"),
+                 mnote_endpoint.failure_envelope("mnote_tool_unauthorized", "no",
+                                                 {"toolName": "mnote.page.get", "traceId": "t",
+                                                  "workspaceId": "ws_1"})):
+        jsonschema.validate(body, failure)
+        jsonschema.validate(body, OUTPUT_ENVELOPE_SCHEMA)       # still the contract's §3
+    success = {"ok": True, "toolName": "mnote.page.get", "toolCallId": "c", "traceId": "t",
+               "result": {}, "audit": {"effect": "read", "commandId": None,
+                                       "workspaceId": "ws_1", "documentId": "doc_1"},
+               "error": None}
+    jsonschema.validate(success, schemas["ToolEnvelope"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(success, failure)
+
+
+def test_the_retired_legacy_route_is_deprecated(app_factory):
+    """Its documented answer is 410 to everything: deprecated tells a fuzzer or a client
+    generator so (contract §4)."""
+    ops = document(app_factory())["paths"]["/api/ai-agent/run"]
+    assert set(ops) == {"get", "post"}
+    for op in ops.values():
+        assert op["deprecated"] is True and "200" not in op["responses"] and "410" in op["responses"]
+
+
+@pytest.mark.parametrize("timeout", [5e-324, 0.999, 0, -1])
+def test_an_execute_timeout_too_small_to_start_a_process_is_refused(app_factory, timeout):
+    """It used to be a 504 run_timeout after spawning: now 400 naming the minimum, which the
+    document's schema states (README §The v1 API)."""
+    app = app_factory()
+    schema = document(app)["paths"]["/api/v1/execute"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]["timeout"]
+    assert schema["minimum"] == api_v1.MIN_EXECUTE_TIMEOUT == 1 and "exclusiveMinimum" not in schema
+    res = app.test_client().post("/api/v1/execute", headers=K,
+                                 json={"command": ["version"], "timeout": timeout})
+    assert res.status_code == 400 and res.json["code"] == "invalid_request"
+    assert res.json["detail"] == f"timeout: {timeout!r} is less than the minimum of 1"

@@ -43,14 +43,18 @@ def snapshot(data_dir):
     out = {}
     for path in sorted(data_dir.rglob("*")):
         key = str(path.relative_to(data_dir))
+        if path.name.endswith((".db-wal", ".db-shm", ".db-journal")):
+            continue     # SQLite's side files come and go as connections close elsewhere
         if path.is_symlink():
             out[key] = "-> " + os.readlink(path)
-        elif path.is_file() and not path.name.startswith("mnote.db"):
+        elif path.is_file() and not path.name.endswith(".db"):   # databases: rows below
             out[key] = path.read_bytes()
         else:
             out[key] = None
     with sqlite3.connect(data_dir / "mnote.db") as con:
         out["idempotency"] = con.execute("SELECT * FROM idempotency ORDER BY idem_key").fetchall()
+    with sqlite3.connect(data_dir / "idempotency.db") as con:
+        out["idempotency keys"] = con.execute("SELECT * FROM requests ORDER BY idem_key").fetchall()
     return out
 
 
@@ -78,11 +82,19 @@ def stale_world(make_config):
         for key, age in (("k-old", 2 * DAY), ("k-new", 3600)):
             con.execute("INSERT INTO idempotency VALUES (?,?,?,?,?,?,?)",
                         ("alice", key, "mnote.page.save", "h", "{}", "c", iso(now - age, "milliseconds")))
+    keys = svc.idempotency        # Idempotency-Key records: one answered two days ago, one now
+    from hermes_service.idempotency import Outcome
+    for key, age in (("old-key", 2 * DAY), ("new-key", 60)):
+        keys.clock = lambda: now - age
+        assert keys.claim("scope", key, "fp") is None
+        keys.finish("scope", key, Outcome(200, "application/json", b"{}"))
+    keys.clock = time.time
     return svc
 
 
 EXPECTED = {"session mappings": 2, "transcripts": 0, "owner links": 1, "temp files": 1,
-            "lock files": 2, "idempotency records": 1, "lock-table entries": 0, "event logs": 0}
+            "lock files": 2, "idempotency records": 1, "idempotency keys": 1, "run event logs": 0,
+            "lock-table entries": 0, "event logs": 0}
 
 
 def test_dry_run_removes_nothing_and_says_what_would_go(stale_world):
@@ -94,7 +106,8 @@ def test_dry_run_removes_nothing_and_says_what_would_go(stale_world):
     text = "\n".join(report.lines)
     for needle in ("would remove session stale-a of user alice", "session stale-b of user bob",
                    "session-gone.lock", "session-stale-b.lock", "owner link of dangling-old",
-                   ".sessions.killed.tmp", "1 page-store idempotency record"):
+                   ".sessions.killed.tmp", "1 page-store idempotency record",
+                   "1 expired Idempotency-Key record"):
         assert needle in text
     assert "fresh" not in text and "undated" not in text and "dangling-young" not in text
     assert "nothing was removed" in report.summary()
@@ -113,6 +126,8 @@ def test_gc_removes_exactly_what_is_stale(stale_world):
     assert not list((data / "sessions").glob("*/.sessions.*.tmp"))
     with sqlite3.connect(svc.tools.store.path) as con:
         assert [r[0] for r in con.execute("SELECT idem_key FROM idempotency")] == ["k-new"]
+    with sqlite3.connect(svc.idempotency.path) as con:
+        assert [r[0] for r in con.execute("SELECT idem_key FROM requests")] == ["new-key"]
     again = collect(svc, older_than=30 * DAY)            # nothing left to do
     assert not any(again.counts.values()) and again.summary() == "gc: removed nothing"
 
@@ -180,6 +195,9 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
     report = job.run_once()
     assert report.counts["event logs"] == 1 and report.counts["lock-table entries"] == 1
     assert svc.runs._runs == {} and svc.conversations._local_locks == {}
+    # the run's durable log went too (README §Data and durability → Runs and their events)
+    assert report.counts["run event logs"] == 1
+    assert not (svc.config.data_dir / "run-events" / f"{run_id}.jsonl").exists()
     assert report.counts["session mappings"] == 0 and len(svc.store.list("alice")) == 1
 
 

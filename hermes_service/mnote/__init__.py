@@ -23,3 +23,4 @@ def register(app: Flask) -> None:
     register_error_shape(app, client.LEGACY_PREFIX, client.render_error_body)
     register_error_shape(app, endpoint.PREFIX, endpoint.render_error_body)
     register_components(app, events.COMPONENTS)     # the run events in /openapi.json
+    register_components(app, endpoint.COMPONENTS)   # the tool envelope

@@ -26,7 +26,9 @@ from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
                    services)
-from ..errors import ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError, Unauthorized, check_id
+from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
+                      Unauthorized, check_id)
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from ..security import acting_user
 from ..hermes_state import session_summary, token_counts, transcript
 
@@ -55,6 +57,7 @@ CODE_MAP = {
     "message_too_large": "hermes_client_bad_request",
     "payload_too_large": "hermes_client_bad_request",
     "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (framing.py)
+    "invalid_idempotency_key": "hermes_client_bad_request",  # README §Idempotent retries
     "upstream_unauthorized": "hermes_client_upstream_unauthorized",
     "upstream_rate_limited": "hermes_client_upstream_rate_limited",
     "upstream_unavailable": "hermes_client_upstream_unavailable",
@@ -77,10 +80,15 @@ EXTRA_CODES = {   # cases the contract does not cover
     "hermes_failed": "hermes_client_upstream_unavailable",    # CLI failed otherwise
     "upstream_empty_answer": "hermes_client_upstream_empty_answer",  # run.failed: no answer
     "service_stopping": "hermes_client_service_stopping",     # run.failed: service shut down
+    "run_interrupted": "hermes_client_run_interrupted",       # run.failed: its process died
+    "service_draining": "hermes_client_service_draining",     # 503 stopping: no new runs
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
+    # 409 Idempotency-Key reused for another request / its first request still in progress
+    "idempotency_key_conflict": "hermes_client_idempotency_conflict",
+    "idempotency_key_in_progress": "hermes_client_idempotency_in_progress",
 }
 
 
@@ -181,12 +189,29 @@ _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the se
                required=True)
 # the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
 # one given must be an id (trace_id())
-_TRACE_ID = {"anyOf": [ID_SCHEMA, {"const": ""}], "description": "an id, or empty (none)"}
+# (one plain string schema, the id pattern made optional: header parameters must be plain
+# strings for client generators such as openapi-python-client)
+_TRACE_ID = {"type": "string", "maxLength": 128, "pattern": f"^(?:{ID_PATTERN[1:-1]})?$",
+             "description": f"an id ({ID_RULE}), or empty (none)"}
 _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
                 "the request's traceId unless the body or the query names one"),
           Param("traceId", "query", _TRACE_ID,
                 "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
+#: README §Idempotent retries
+_IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
+                         "retry safely: the same key with the same request (body, query, "
+                         "X-Trace-Id) from the same actor returns the first outcome "
+                         "(`Idempotency-Replayed: true`); with another request 409 "
+                         "(README §Idempotent retries)")
+_IDEMPOTENT = {400: ("invalid_idempotency_key",),
+               409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+
+
+def _idempotent():
+    """The client routes' :func:`~hermes_service.idempotency.idempotent`: a key belongs to the
+    API key and the actor; the given ``X-Trace-Id`` is part of the request."""
+    return idempotent("client", actor_id, extra=lambda: (request.headers.get("X-Trace-Id"),))
 #: /models and /tools answer the same for every actor: the header is optional there (checked
 #: when given)
 _ANY_ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "optional: the answer is the same for "
@@ -235,7 +260,8 @@ TRANSCRIPT = _ok(["sessionId", "messages", "usage"], {
 _EVENT_LIST = {"type": "array", "items": {"$ref": "#/components/schemas/RunEvent"}}
 RUN_STARTED = _ok(["sessionId", "runId", "messageId", "events"], {
     "sessionId": {"type": "string"}, "runId": {"type": "string"}, "messageId": {"type": "null"},
-    "events": {"type": "array", "maxItems": 0}})
+    "events": {**_EVENT_LIST, "maxItems": 0, "description": "always empty: the events are on "
+                                                            "GET /events/{runId}"}})
 ABORTED = _ok(["runId", "sessionId", "events"], {
     "runId": {"type": "string"}, "sessionId": {"type": "string"},
     "events": {**_EVENT_LIST, "description": "abort.started, or the final event of a run that "
@@ -250,21 +276,20 @@ TOOL_LIST = _ok(["tools"], {"tools": {"type": "array", "items": {
     "type": "object", "required": ["name", "scope", "schemaVersion"],
     "properties": {"name": {"type": "string"}, "scope": {"type": "string"},
                    "schemaVersion": {"type": "string"}}}}})
-#: GET /events: one event of the stream. OpenAPI 3.1 has no model of a stream; as OpenAPI 3.2's
-#: ``itemSchema`` does (and schemathesis reads a 3.1 stream schema), the schema describes each
-#: event: its ``id:`` and its ``data:``, a JSON RunEvent (``contentSchema``)
+#: GET /events. OpenAPI 3.1 has no model of a stream, and its two readings of a stream's
+#: schema are both given (``anyOf``): each event (as OpenAPI 3.2's ``itemSchema``, and as
+#: schemathesis reads a 3.1 stream schema) — ``RunEventFrame``, its ``id:`` and its ``data:``, a
+#: JSON ``RunEvent`` (``contentSchema``) — or the whole body as text (what a generated client
+#: that reads the response at once gets, e.g. openapi-python-client's ``str``)
 EVENT_STREAM = {"text/event-stream": {
-    "schema": {"type": "object", "required": ["id", "data"], "description": (
-        "one Server-Sent Event. The stream opens with the comment `: stream open`, sends "
-        "`: keepalive` every mnote.keepalive_seconds, and ends after run.completed, run.failed "
-        "or run.cancelled"),
-        "properties": {
-            "id": {"type": "string", "pattern": "^[0-9]+$",
-                   "description": "the event's sequence number in its run (Last-Event-ID)"},
-            "data": {"type": "string", "contentMediaType": "application/json",
-                     "contentSchema": {"$ref": "#/components/schemas/RunEvent"}}},
-        "examples": [{"id": "1", "data": '{"event": "run.started", "run_id": "run_123", '
-                                         '"session_id": "mnote_doc_1_trace_1"}'}]}}}
+    "schema": {"anyOf": [{"$ref": "#/components/schemas/RunEventFrame"},
+                         {"type": "string", "description": "the whole stream as text (frames "
+                                                           "separated by a blank line)"}],
+               "description": (
+        "Server-Sent Events, one RunEventFrame each, its data a JSON RunEvent "
+        "(hermes_service/mnote/events.py). The stream opens with the comment `: stream open`, "
+        "sends `: keepalive` every mnote.keepalive_seconds, and ends after run.completed, "
+        "run.failed or run.cancelled")}}}
 
 
 MAX_SESSION_ID = 115    # + "." + 12 hex of the actor = a 128-char store key
@@ -360,16 +385,21 @@ CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
 
 @bp.post("/sessions")
 @documented(summary="Create (or find) the session of a page", family=ERRORS, tags=("client",),
-            params=_PARAMS, body=CREATE_SESSION,
+            params=(*_PARAMS, _IDEMPOTENCY_KEY), body=CREATE_SESSION,
             replies={200: Reply("the session (idempotent for the same traceId)",
                                 SESSION_CREATED)},
-            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
-                    404: ("session_not_found",)},
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
+                    404: ("session_not_found",), 409: _IDEMPOTENT[409]},
             links={"GetSession": ("mnote_client.get_session",
                                   {"session_id": "$response.body#/sessionId"})})
+@_idempotent()
 def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
-    same session (idempotent). Chat history is persisted by Hermes on the first run."""
+    same session (idempotent). Chat history is persisted by Hermes on the first run.
+
+    ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer, byte for
+    byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
+    the same key with another body, query or ``X-Trace-Id``."""
     actor = actor_id()
     body = json_body()
     tid = trace_id()
@@ -449,7 +479,8 @@ RUN = {
                   "(GET /models); null: mnote.default_model"},
         "traceId": _TRACE_BODY,
         "pageContext": {"type": ["object", "null"], "properties": {
-            "title": {"type": ["string", "null"]}, "outline": {"type": ["array", "null"]},
+            "title": {"type": ["string", "null"]},
+            "outline": {"type": ["array", "null"], "items": {}},
             "pageOptions": {"type": ["object", "null"]}}},
         "selectedBlockId": {"type": ["string", "null"]},
         "selectedText": {"type": ["string", "null"]},
@@ -504,21 +535,24 @@ def strip_context(content: str | None) -> str | None:
 def _configured_models(schema: dict, config) -> dict:
     """RUN as the document shows it for ``config``: ``model`` is one of ``mnote.models``."""
     ids = [m["id"] for m in config["mnote"]["models"]]
-    model = {**schema["properties"]["model"], "enum": [*ids, None]}
+    # an enum with null and no type list: client generators make it one nullable enum type
+    model = {k: v for k, v in schema["properties"]["model"].items() if k != "type"}
+    model["enum"] = [*ids, None]
     return {**schema, "properties": {**schema["properties"], "model": model}}
 
 
 @bp.post("/runs")
 @documented(summary="Start a run (returns at once)", family=ERRORS, tags=("client",),
-            params=_PARAMS, body=RUN, body_for_config=_configured_models,
+            params=(*_PARAMS, _IDEMPOTENCY_KEY), body=RUN, body_for_config=_configured_models,
             replies={200: Reply("the run was started; follow it on GET /events/{runId}",
                                 RUN_STARTED)},
-            errors={**_COMMON, 400: ("invalid_id", "invalid_request"),
-                    404: ("session_not_found",), 409: ("session_busy",),
+            errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
+                    404: ("session_not_found",), 409: ("session_busy", *_IDEMPOTENT[409]),
                     413: ("message_too_large",), 429: ("too_many_runs",),
-                    503: ("hermes_unavailable", "hermes_unconfigured")},
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining")},
             links={"Events": ("mnote_client.events", {"run_id": "$response.body#/runId"}),
                    "Abort": ("mnote_client.abort", {"run_id": "$response.body#/runId"})})
+@_idempotent()
 def start_run():
     """§2 POST /runs: start a run in the background, return at once with ``runId``.
 
@@ -526,11 +560,18 @@ def start_run():
     (``persistence: hermes_on_first_run``). 409 ``hermes_client_session_busy`` while a run
     is active on the session, its error body naming that run in ``runId`` (to attach to it on
     ``GET /events/{runId}``); 429 ``hermes_client_busy`` when every run slot is queued.
+
+    Every POST without ``Idempotency-Key`` starts a new run: a repeated ``traceId`` is a trace
+    id, not a retry. With the header (README §Idempotent retries) a retry of the same body from
+    the same actor gets the first answer — the same ``runId``, at once, while that run goes on
+    or after it ended — and Hermes runs once; 409 ``hermes_client_idempotency_conflict`` for
+    the same key with another body.
     """
     actor = actor_id()
     body = json_body()
     tid = trace_id()
     svc = services()
+    svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
     svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
     mcfg = svc.config["mnote"]
@@ -614,7 +655,10 @@ def events(run_id):
 
     Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
     ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
-    replays every event after that id. The stream ends after the terminal event.
+    replays every event after that id. The stream ends after the terminal event. Any service
+    process on the data dir serves any run, from its durable log (README §Data and durability →
+    Runs and their events); a run whose process died is closed first (``run.failed``
+    ``hermes_client_run_interrupted``).
 
     * ``Last-Event-ID`` above the run's last id (never issued): 400 ``hermes_client_bad_request``
       naming the run's last id; not an integer (or negative): 400 too;
@@ -721,7 +765,9 @@ def _own_run(run_id: str, body: dict):
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",)})
 def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
-    run's process group and emits ``run.cancelled``. A finished run returns its final event."""
+    run's process group and emits ``run.cancelled``. A finished run returns its final event.
+    A run of another live process on the data dir gets the abort through its request file
+    (applied within ~50 ms: README §Data and durability → Runs and their events)."""
     actor_id()
     body = json_body() if has_body() else {}
     svc = services()

@@ -60,9 +60,28 @@ def _schema(schema: dict) -> dict:
     return {k: v for k, v in schema.items() if k != "$schema"}
 
 
-#: every answer of the endpoint, errors included, is a contract §3 output envelope
-ERRORS = ErrorFamily("ToolEnvelope", _schema(OUTPUT_ENVELOPE_SCHEMA), tool_code,
-                     "tool contract §3 output envelope", code_path=("error", "code"))
+_OUT = OUTPUT_ENVELOPE_SCHEMA["properties"]
+#: an answer that is not an executed call (HTTP 4xx/5xx, :func:`failure_envelope`): the §3
+#: output envelope's failure branch (``ok`` false, ``error`` set, ``result`` null, ``audit``
+#: effect none) as one plain object, so that client generators can add each status's codes to
+#: it (the whole envelope's nullable ``error`` they cannot merge)
+FAILURE_ENVELOPE = {
+    "type": "object", "required": OUTPUT_ENVELOPE_SCHEMA["required"],
+    "additionalProperties": False,
+    "properties": {
+        **_OUT, "ok": {"const": False}, "result": {"type": "null"},
+        "audit": {**_OUT["audit"], "properties": {
+            **_OUT["audit"]["properties"], "effect": {"const": "none"},
+            "commandId": {"type": "null"}}},
+        "error": next(s for s in _OUT["error"]["oneOf"] if s.get("type") == "object")}}
+#: every answer of the endpoint, errors included, is a contract §3 output envelope: an error
+#: is a ``ToolFailure``, an executed call (200) a ``ToolEnvelope``
+ERRORS = ErrorFamily("ToolFailure", FAILURE_ENVELOPE, tool_code,
+                     "tool contract §3 output envelope of a call that was not executed",
+                     code_path=("error", "code"))
+#: the document's components besides the family's (mnote.register adds them)
+COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
+                               "description": "tool contract §3 output envelope"}}
 #: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py)
 CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
                  "mnote_tool_permission_denied", "mnote_tool_conflict",

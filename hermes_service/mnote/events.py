@@ -4,9 +4,10 @@ GET /events; README §The mnote client proxy, Events).
 :mod:`hermes_service.runs` emits them (its module doc lists the payloads) and
 :func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
 schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
-component per event), each ``data:`` line of ``GET /events/{run_id}`` and each item of an abort's
-``events``. ``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are
-additions to the contract. Fields beyond these may be added later; clients ignore what they do not know.
+component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
+schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
+``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are additions to the
+contract. Fields beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
@@ -96,5 +97,21 @@ EVENTS = {
 RUN_EVENT = {"oneOf": [{"$ref": f"#/components/schemas/{name}"} for name, _ in EVENTS.values()],
              "discriminator": {"propertyName": "event", "mapping": {
                  event: f"#/components/schemas/{name}" for event, (name, _) in EVENTS.items()}}}
-#: the document's components: ``RunEvent`` and one per event
-COMPONENTS = {"RunEvent": RUN_EVENT, **{name: schema for name, schema in EVENTS.values()}}
+#: one Server-Sent Event of ``GET /events/{run_id}`` as the stream frames it: ``id:`` and
+#: ``data:``, a JSON :data:`RUN_EVENT` (``contentSchema``, which schemathesis checks)
+RUN_EVENT_FRAME = {
+    "type": "object", "required": ["id", "data"],
+    "description": "one Server-Sent Event: `id: <seq>` and `data: <a JSON RunEvent>`",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$",
+               "description": "the event's sequence number in its run (Last-Event-ID)"},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"$ref": "#/components/schemas/RunEvent"},
+                 "description": "a JSON RunEvent: one of "
+                                + ", ".join(f"{name} (`{event}`)"
+                                            for event, (name, _) in EVENTS.items())}},
+    "examples": [{"id": "1", "data": '{"event": "run.started", "run_id": "run_123", '
+                                     '"session_id": "mnote_doc_1_trace_1"}'}]}
+#: the document's components: ``RunEvent``, one per event, and the stream's frame
+COMPONENTS = {"RunEvent": RUN_EVENT, "RunEventFrame": RUN_EVENT_FRAME,
+              **{name: schema for name, schema in EVENTS.values()}}

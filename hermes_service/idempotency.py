@@ -1,0 +1,344 @@
+"""Idempotent retries: the ``Idempotency-Key`` request header (README §Idempotent retries).
+
+A client that may have lost an answer (a cut connection, a restart, a timeout) sends the
+request again with the same ``Idempotency-Key``; it gets the first request's outcome instead
+of a second turn. The routes that take the header say so with :func:`idempotent`
+(``POST /api/v1/sessions``, ``POST /api/v1/sessions/{id}/messages``,
+``POST /api/hermes/client/sessions``, ``POST /api/hermes/client/runs``).
+
+Rules (README §Idempotent retries is the manual):
+
+* **The key**: 1-255 visible ASCII characters (``0x21``-``0x7E``, :data:`KEY_PATTERN`); any
+  other value of the header — empty, longer, a space, a control or non-ASCII character — is
+  400 ``invalid_idempotency_key`` (client routes: ``hermes_client_bad_request``). No header:
+  an ordinary request (nothing is recorded).
+* **Whose key**: a key belongs to its *scope* — the route family, the API key's identity (its
+  SHA-256) and the acting user (v1: the user the request acts for; client routes: the
+  ``X-Mnote-Actor-Id`` actor). The same key from another API key or user is a fresh request.
+* **The same request**: the *fingerprint* is a SHA-256 of the method, the route, its path
+  parameters, the query, the given ``X-Trace-Id`` (client routes) and the canonical JSON body
+  (keys sorted, no insignificant white space), so field order and spacing do not matter. The
+  same key with another fingerprint — another body, or another route — is 409
+  ``idempotency_key_conflict`` (client: ``hermes_client_idempotency_conflict``).
+* **What is replayed**: the first request's status, ``Content-Type`` and body, byte for byte
+  (an error body keeps the first request's ``requestId``), with ``Idempotency-Replayed:
+  true``; ``X-Request-Id`` is the retry's own. Recorded (:func:`recordable`): every 2xx, and
+  every 4xx except those that say "try again later" (409 ``session_busy``, 429). Never
+  recorded: 5xx (a provider, Hermes, a timeout or a stopping service; the failed turn was taken
+  back, so the retry is a fresh attempt) and what is refused before the record is claimed
+  (authentication, a bad key, a conflict). An unrecorded outcome releases the key: the next
+  request with it runs.
+* **A retry while the first runs** waits for its outcome (the record is polled; at most
+  ``hermes.queue_wait_seconds + hermes.timeout_seconds`` + :data:`WAIT_MARGIN_SECONDS`,
+  then 409 ``idempotency_key_in_progress`` with ``Retry-After``). ``POST /runs`` records its
+  answer (the ``runId``) as soon as the run is started, so a retry of it gets the same
+  ``runId`` at once, while the run goes on.
+* **A crash**: a record in progress names its owner (:func:`hermes_service.instance.current`).
+  When that process is gone (:func:`hermes_service.instance.alive` False) the retry takes the
+  record over and runs the request again: the interrupted turn was taken back by the runners'
+  rewind before the next turn (README §Process lifetime), so the conversation holds it once.
+* **Lifetime**: a finished record expires ``service.idempotency_ttl_seconds`` (default 86400)
+  after its outcome; an expired key is a fresh request. Expired records are deleted by the
+  retention job and ``main.py gc`` (:meth:`IdempotencyStore.prune`). A record in progress
+  whose owner is alive never expires.
+
+Store: SQLite ``<data_dir>/idempotency.db`` (WAL, ``busy_timeout``; shared by every service
+process on the data dir). A claim is one ``BEGIN IMMEDIATE`` transaction, so two requests
+racing with one key never both run. The outcome is written with ``synchronous=FULL`` before
+the response leaves (durable across a power cut).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import sqlite3
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from flask import Response, g, make_response, request
+
+from . import instance
+from .errors import BadRequest, Conflict, ServiceError
+
+log = logging.getLogger("hermes_service")
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotency-Replayed"
+MAX_KEY_LENGTH = 255
+#: the key rule as a JSON Schema pattern (ECMA-262 and Python alike): visible ASCII only
+KEY_PATTERN = "^[!-~]+$"
+KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH,
+              "pattern": KEY_PATTERN}
+_KEY = re.compile(r"[!-~]{1,%d}" % MAX_KEY_LENGTH)
+#: added to the turn's own bound when a retry waits for the first request
+WAIT_MARGIN_SECONDS = 30.0
+#: how often a waiting retry looks at the record (another process may finish it)
+POLL_SECONDS = 0.1
+DB_NAME = "idempotency.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    scope TEXT NOT NULL,            -- sha256 of [family, api key digest, user]
+    idem_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,      -- sha256 of method, route, path params, query, body
+    state TEXT NOT NULL,            -- 'running' | 'done'
+    owner TEXT,                     -- instance.current() of the process running it
+    status INTEGER,
+    content_type TEXT,
+    body BLOB,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,       -- unix seconds (a running record: when it was claimed + ttl)
+    PRIMARY KEY (scope, idem_key)
+);
+CREATE INDEX IF NOT EXISTS requests_expires_at ON requests(expires_at);
+"""
+
+
+def check_key(value: str | None) -> str | None:
+    """The request's ``Idempotency-Key`` (None when the header is absent). Raises BadRequest
+    ``invalid_idempotency_key`` unless it is 1-255 characters of ``0x21``-``0x7E``."""
+    if value is None:
+        return None
+    if not _KEY.fullmatch(value):
+        raise BadRequest(f"{HEADER} must be 1-{MAX_KEY_LENGTH} visible ASCII characters "
+                         "(0x21-0x7E: no space, control or non-ASCII character)",
+                         code="invalid_idempotency_key")
+    return value
+
+
+def recordable(status: int, code: str | None = None) -> bool:
+    """Is an outcome replayed to retries? Every 2xx (and 3xx), and a 4xx that is the
+    request's own (400, 403, 404, 413, 422 …) — not 409 ``session_busy`` or a 429, which say
+    "later", and never a 5xx."""
+    if status >= 500 or status == 429:
+        return False
+    return not (status == 409 and code == "session_busy")
+
+
+def fingerprint(body: bytes, extra: tuple = ()) -> str:
+    """SHA-256 of the request: method, route, path parameters, query, ``extra`` and the
+    canonical JSON body (the raw bytes when the body is not JSON)."""
+    try:
+        parsed = json.loads(body.decode("utf-8")) if body else None
+        canon = json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (ValueError, UnicodeError, RecursionError):
+        canon = "raw:" + body.hex()
+    query = sorted(request.args.items(multi=True))
+    parts = [request.method, request.url_rule.rule if request.url_rule else request.path,
+             sorted((request.view_args or {}).items()), query, list(extra), canon]
+    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
+
+
+def scope_of(family: str, user: str | None) -> str:
+    """The owner of a key: ``family``, the request's API key (its digest; ``-`` when keys
+    are off) and ``user``."""
+    key = g.get("api_key")
+    parts = [family, getattr(key, "sha256", None) or "-", user or "-"]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+@dataclass
+class Outcome:
+    """A finished request's recorded answer."""
+    status: int
+    content_type: str | None
+    body: bytes
+
+    def response(self) -> Response:
+        resp = Response(self.body, status=self.status, content_type=self.content_type)
+        resp.headers[REPLAYED_HEADER] = "true"
+        return resp
+
+
+class KeyConflict(Conflict):
+    code = "idempotency_key_conflict"
+
+
+class IdempotencyStore:
+    """The records of ``<data_dir>/idempotency.db`` (module doc). ``clock`` gives unix
+    seconds (tests move it)."""
+
+    def __init__(self, path: str | Path, ttl_seconds: float, busy_timeout: float = 10.0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.ttl = float(ttl_seconds)
+        self.busy_timeout = busy_timeout
+        self.clock: Callable[[], float] = time.time
+        self._local = threading.local()
+        self._changed = threading.Condition()     # wakes waiting retries in this process
+        con = self._con()
+        con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+
+    def _con(self) -> sqlite3.Connection:
+        """This thread's connection (re-opened after a fork)."""
+        pid, con = getattr(self._local, "con", (None, None))
+        if pid != os.getpid():
+            con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
+                                  check_same_thread=False)
+            con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            con.execute("PRAGMA synchronous=FULL")      # an outcome survives a power cut
+            self._local.con = (os.getpid(), con)
+        return con
+
+    def claim(self, scope: str, key: str, fp: str) -> Outcome | str | None:
+        """Try to take ``key`` for this request: None when taken (run the request, then
+        :meth:`finish` or :meth:`release`), the :class:`Outcome` to replay, or ``"running"``
+        while another live request holds it. A record of a dead owner is taken over (None);
+        an expired one is replaced. Raises :class:`KeyConflict` (409
+        ``idempotency_key_conflict``) for another fingerprint."""
+        now, me = self.clock(), instance.current()
+        con = self._con()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            row = con.execute("SELECT fingerprint, state, owner, status, content_type, body, "
+                              "expires_at FROM requests WHERE scope = ? AND idem_key = ?",
+                              (scope, key)).fetchone()
+            if row is not None:
+                fp_old, state, owner, status, ctype, body, expires = row
+                live = state == "running" and (owner == me or instance.alive(owner))
+                if expires <= now and not live:
+                    row = None                          # expired: a fresh request
+                elif fp_old != fp:
+                    raise KeyConflict(f"{HEADER} {key!r} was used for another request (another "
+                                      "body or route); use a new key for a new request",
+                                      code="idempotency_key_conflict")
+                elif state == "done":
+                    return Outcome(status, ctype, bytes(body))
+                elif live:
+                    return "running"
+                else:
+                    log.warning("idempotency key taken over: its request was in progress in "
+                                "process %s, which is gone; running it again", owner)
+                    con.execute("UPDATE requests SET owner = ?, expires_at = ? WHERE scope = ? "
+                                "AND idem_key = ?", (me, now + self.ttl, scope, key))
+                    return None
+            con.execute("INSERT OR REPLACE INTO requests (scope, idem_key, fingerprint, state, "
+                        "owner, created_at, expires_at) VALUES (?, ?, ?, 'running', ?, ?, ?)",
+                        (scope, key, fp, me, now, now + self.ttl))
+            return None
+        finally:
+            con.execute("COMMIT")
+
+    def finish(self, scope: str, key: str, outcome: Outcome) -> None:
+        """Record the outcome of the request holding ``key`` (durably, before it is sent)."""
+        now = self.clock()
+        self._con().execute(
+            "UPDATE requests SET state = 'done', status = ?, content_type = ?, body = ?, "
+            "expires_at = ? WHERE scope = ? AND idem_key = ? AND owner = ? AND state = 'running'",
+            (outcome.status, outcome.content_type, outcome.body, now + self.ttl, scope, key,
+             instance.current()))
+        self._notify()
+
+    def release(self, scope: str, key: str) -> None:
+        """Forget the claim of an outcome that is not replayed: the next request runs."""
+        self._con().execute("DELETE FROM requests WHERE scope = ? AND idem_key = ? AND "
+                            "owner = ? AND state = 'running'", (scope, key, instance.current()))
+        self._notify()
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until a record of this process changes, or ``seconds`` (another process's
+        change is seen on the next look)."""
+        with self._changed:
+            self._changed.wait(seconds)
+
+    def prune(self, dry_run: bool = False) -> int:
+        """Delete expired records (a finished one ``ttl`` after its outcome; one in progress
+        only when its owner is gone). Returns how many (would be) deleted."""
+        now = self.clock()
+        con = self._con()
+        rows = con.execute("SELECT scope, idem_key, state, owner FROM requests WHERE "
+                           "expires_at <= ?", (now,)).fetchall()
+        doomed = [(s, k) for s, k, state, owner in rows
+                  if state == "done" or not instance.alive(owner)]
+        if not dry_run and doomed:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.executemany("DELETE FROM requests WHERE scope = ? AND idem_key = ? AND "
+                                "expires_at <= ?", [(s, k, now) for s, k in doomed])
+            finally:
+                con.execute("COMMIT")
+        return len(doomed)
+
+    def count(self) -> int:
+        return self._con().execute("SELECT count(*) FROM requests").fetchone()[0]
+
+
+def idempotent(family: str, user: Callable[[], str | None], *,
+               extra: Callable[[], tuple] = tuple, wait: Callable | None = None):
+    """Make a view honour ``Idempotency-Key`` (module doc). ``family`` and ``user()`` (the
+    acting user; may raise the route's own 400/401/403 first) name the key's scope;
+    ``extra()`` adds request parts to the fingerprint; ``wait()`` is a context manager held
+    while a retry waits for the first request (e.g. a v1 admission place)."""
+    def wrap(view):
+        @functools.wraps(view)
+        def inner(**kwargs):
+            key = check_key(request.headers.get(HEADER))
+            if key is None:
+                return view(**kwargs)
+            from .web import render_error, services
+            svc = services()
+            store = svc.idempotency
+            scope = scope_of(family, user())
+            fp = fingerprint(request.get_data(), extra())
+            deadline, waiting = None, ExitStack()
+            with waiting:             # held while this retry waits for the first request
+                while True:
+                    got = store.claim(scope, key, fp)
+                    if got is None:
+                        break
+                    if isinstance(got, Outcome):
+                        log.info("idempotent replay of %s %s (status %d)", request.method,
+                                 request.path, got.status)
+                        return got.response()
+                    if deadline is None:   # "running": wait for the first request's outcome
+                        h = svc.config["hermes"]
+                        deadline = time.monotonic() + float(h["queue_wait_seconds"]) + \
+                            float(h["timeout_seconds"]) + WAIT_MARGIN_SECONDS
+                        if wait is not None:
+                            waiting.enter_context(wait())   # may raise 429: nothing claimed
+                    if time.monotonic() >= deadline:
+                        raise ServiceError(f"the first request with this {HEADER} is still "
+                                           "in progress; retry later",
+                                           code="idempotency_key_in_progress", status=409,
+                                           headers={"Retry-After": "5"})
+                    store.wait(POLL_SECONDS)
+            try:
+                try:
+                    resp = make_response(view(**kwargs))
+                    code = None
+                except ServiceError as err:
+                    resp, code = render_error(err), err.code
+            except BaseException:
+                store.release(scope, key)     # e.g. 413 or an internal error: not replayed
+                raise
+            try:
+                if recordable(resp.status_code, code) and not resp.is_streamed:
+                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
+                                                     resp.get_data()))
+                else:
+                    store.release(scope, key)
+            except sqlite3.Error:
+                # the work is done and its answer goes out; a record left "running" would hold
+                # the key until this process ends, so it is dropped (a retry runs again)
+                log.exception("idempotency record of %s %s not written", request.method,
+                              request.path)
+                try:
+                    store.release(scope, key)
+                except sqlite3.Error:
+                    pass
+            return resp
+        return inner
+    return wrap
