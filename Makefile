@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-registry bench-streams bench-sandbox check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
@@ -123,6 +123,11 @@ mutation: setup
 bench: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/runners.py $(BENCH_ARGS)
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+# The panel's first message.delta against a bare ACP client of the same hermes acp, taken
+# alternately in one run (README §Benchmark → First token); ~1 min. BENCH_ARGS="--turns 50".
+bench-first-token: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/first_token.py $(BENCH_ARGS)
 
 # Session registry at 1 000 / 10 000 / 100 000 sessions (no CLI; ~4 min; up to ~150 MB and
 # 100 000 small files in a temp folder, removed afterwards). BENCH_ARGS="--ops 200" etc.

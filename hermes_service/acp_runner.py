@@ -24,23 +24,29 @@ process has not loaded; its history replay is discarded), and ``session/prompt``
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
 model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
-(except the first, held until a second one arrives, 0.2 s pass or the turn ends: Hermes
-0.19.0 sends provider errors and its own hints as one ordinary chunk right at the end of a
-turn, and a turn that recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
+(except a first one that could be the start of Hermes's error text, :data:`ERROR_TEXT_STARTS`,
+held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
+errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
+recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
 ``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
 tool calls are reported by the tool gateway). The answer is read from Hermes's record,
 exactly as for the CLI runner.
 
 **Known 0.19.0 faults, designed around.** A ``session/cancel`` that lands when a session
 is idle (or just after a turn) wedges it for good, and one during a tool can raise an
-internal error. So an abort kills the user's process (SIGTERM, SIGKILL after 1 s) unless
-another turn runs in it; then the aborted prompt gets ``session/cancel`` (not during a
-tool) and the process is retired; if the prompt has not ended 1 s later, the process is
-killed anyway. An abort before the prompt (the process starting, ``session/new`` or
-``session/load`` pending) ends the turn at once and leaves the process to finish its start.
-Timeouts (counted from the turn's start) and stalls kill the process. After any failed or aborted turn the
-process is retired (its in-memory history may hold the turn Hermes's record took back),
-and a replacement is started at once for the next turn.
+internal error. So an abort of a prompt that has shown answer text (or that shares the
+process with another turn) and runs no tool gets ``session/cancel``: measured, Hermes ends a
+prompt cancelled mid-stream in 60-310 ms, saves the partial reply itself and the process
+stays usable (kept warm when the prompt ends ``cancelled``, else retired); if the prompt has
+not ended 1 s later, the process is killed. Every other abort kills the user's process
+(SIGTERM, SIGKILL after 1 s). A stopped turn keeps the answer text the client was shown
+(README §Runners → "A stopped turn"): when the kill came first, the service writes it into
+the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before the prompt
+(the process starting, ``session/new`` or ``session/load`` pending) ends the turn at once
+and leaves the process to finish its start. Timeouts (counted from the turn's start) and
+stalls kill the process. After any other failed or aborted turn the process is retired (its
+in-memory history may hold the turn Hermes's record took back), and a replacement is started
+at once for the next turn.
 
 **Questions to a human** (README §Approvals). Hermes 0.19.0's ACP adapter asks before a
 dangerous command (and, with edit approval on, before a file edit) with
@@ -101,6 +107,28 @@ log = logging.getLogger("hermes_service.acp")
 IDLE_CPU_SECONDS = 5.0
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
 FIRST_CHUNK_HOLD = 0.2        # the longest the first message chunk waits for a second one (s)
+#: How the text Hermes 0.19.0 sends in place of an answer begins — provider errors and its own
+#: hints, one chunk at the end of a turn (``agent/conversation_loop.py`` ``final_response``
+#: values, ``acp_adapter/server.py`` ``Error: {e}``; measured: ``HTTP 401: …``, ``API call
+#: failed after 1 retries: HTTP 429: …``, ``⚠️ No reply: …``). Only a first chunk that could
+#: be the start of one of them is held back (:meth:`_Sink.message`); re-read on a new pin.
+ERROR_TEXT_STARTS = (
+    "HTTP ", "API call failed", "Error", "⚠", "Billing or credits", "Invalid API response",
+    "I apologize, but I encountered", "Request payload too large", "Context length exceeded",
+    "Response truncated", "First response truncated", "Operation interrupted",
+    "Model generated invalid tool call", "Incomplete REASONING_SCRATCHPAD",
+    "Codex response remained", "(empty)", "Failed", "No ", "Connection", "Provider",
+    "Rate limit", "Authentication", "Unauthorized", "Request timed out", "Timeout",
+)
+
+
+def could_be_error_text(text: str) -> bool:
+    """Could a first message chunk be (the start of) Hermes's error text instead of an answer
+    (:data:`ERROR_TEXT_STARTS`)? A chunk shorter than a prefix counts when it starts one."""
+    head = text.lstrip()
+    if not head:
+        return True
+    return any(head.startswith(p) or p.startswith(head) for p in ERROR_TEXT_STARTS)
 POLL_SECONDS = 0.05
 APPROVAL_MARGIN = 10.0        # Hermes waits this much longer for an answer than we do (s)
 APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site/sitecustomize.py
@@ -122,6 +150,7 @@ class _Sink:
     last_activity: float = field(default_factory=time.monotonic)
     held: str | None = None          # the first message chunk, until a second one arrives
     delivered: int = 0               # message chunks handed to the listener
+    shown: list[str] = field(default_factory=list)  # their text (kept when the turn is stopped)
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
     tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
     #                                                None for an mnote tool (the gateway reports it)
@@ -136,7 +165,7 @@ class _Sink:
 
     def message(self, text: str) -> None:
         self.text.append(text)
-        if not self.delivered and self.held is None:
+        if not self.delivered and self.held is None and could_be_error_text(text):
             self.held = text
             # a turn's error text comes alone, right before the prompt's answer; a real
             # first piece is followed by more, or the turn keeps going past the hold
@@ -162,6 +191,7 @@ class _Sink:
     def _deliver(self, text: str) -> None:
         if text and self.listener is not None:
             self.delivered += 1
+            self.shown.append(text)
             self.listener.delta(text)
 
 
@@ -544,7 +574,7 @@ class AcpRunner:
     def run_turn(self, req: TurnRequest) -> TurnResult:
         """Run one turn on the user's ACP process (holding a slot). Raises
         :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
-        source = hermes_state.session_source(req.home.hermes_home, req.resume_id)
+        source, now = hermes_state.session_state(req.home.hermes_home, req.resume_id)
         if req.model and req.model != self.default_model:
             if source == "acp":       # the CLI turn adds to the record, not to a warm process
                 self._call(self._forget(req)).result(5)
@@ -555,8 +585,8 @@ class AcpRunner:
         with self.cli.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener, approvals=req.approvals)
-            now = hermes_state.fingerprint(req.home.hermes_home, req.resume_id) \
-                if source == "acp" else None
+            if source != "acp":
+                now = None
             fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
                                         record=now))
             try:
@@ -565,6 +595,8 @@ class AcpRunner:
                 if self.cli.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
                     raise _stopping() from None  # the shutdown killed the process it needed
+                if getattr(err, "code", "") == "run_cancelled" and sink.shown:
+                    self._keep_shown(req, getattr(err, "hermes_session_id", None), sink)
                 if getattr(err, "code", "") not in ("run_cancelled", "service_stopping", None):
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
@@ -597,6 +629,18 @@ class AcpRunner:
         return TurnResult(answer, sid, time.monotonic() - started, runner=self.name,
                           reasoning=reasoning, resumed=resumed, notice=notice,
                           streamed=sink.delivered > 0, usage=usage, queue_wait=waited)
+
+    def _keep_shown(self, req: TurnRequest, sid: str | None, sink: _Sink) -> None:
+        """A stopped turn keeps the answer text the client was shown (README §Runners → "A
+        stopped turn"): Hermes saved it when ``session/cancel`` ended the prompt, else (the
+        process was killed) it is written to the record now."""
+        try:
+            if hermes_state.keep_partial(req.home.hermes_home, sid, req.message,
+                                         "".join(sink.shown)):
+                log.info("kept the partial answer of a stopped turn %s", _ctx(req.log_ctx))
+        except ServiceError as exc:        # the home was tampered with: the abort stands
+            log.warning("could not keep the partial answer of a stopped turn %s: %s",
+                        _ctx(req.log_ctx), exc)
 
     def close(self, timeout: float = 2.0) -> None:
         """Kill every process and stop the loop (the service stops)."""
@@ -930,14 +974,33 @@ class AcpRunner:
                 return "stall"
 
     async def _end(self, task, proc: AcpProcess, sid: str, sink: _Sink, reason: str) -> None:
-        """End a prompt early without leaving a wedged session (see the module doc)."""
+        """End a prompt early without leaving a wedged session (see the module doc).
+
+        An abort of a prompt that has shown answer text (or that shares the process with
+        another turn) and runs no tool gets ``session/cancel`` first: Hermes then saves the
+        partial reply itself (measured: ``stopReason: cancelled`` 60-310 ms later). A prompt
+        Hermes ended as ``cancelled`` leaves the process warm (its record and memory agree;
+        :attr:`AcpProcess.seen` is brought up to date); any other end retires it. A prompt
+        that has not ended after :data:`ABORT_CANCEL_GRACE` is killed like every other
+        early end (the caller then keeps the shown text: :func:`hermes_state.keep_partial`)."""
         others = [s for s in proc.inflight if s != sid]
-        if reason == "cancelled" and others and not sink.tools_running and not proc.dead:
-            await proc.conn.cancel(session_id=sid)
-            done, _ = await asyncio.wait({task}, timeout=ABORT_CANCEL_GRACE)
+        if reason == "cancelled" and (others or sink.delivered) and not sink.tools_running \
+                and not proc.dead:
+            try:
+                await proc.conn.cancel(session_id=sid)
+                done, _ = await asyncio.wait({task}, timeout=ABORT_CANCEL_GRACE)
+            except Exception as exc:       # noqa: BLE001 - the kill below ends it anyway
+                log.info("session/cancel failed user=%s: %r", proc.key[0], exc)
+                done = ()
             if done:
-                self._retire(proc, "a turn was aborted")
-                self._replace(proc)
+                stop = None if task.cancelled() or task.exception() is not None \
+                    else getattr(task.result(), "stop_reason", None)
+                if stop == "cancelled" and not proc.dead:
+                    proc.seen[sid] = await asyncio.get_running_loop().run_in_executor(
+                        None, hermes_state.fingerprint, proc.home.hermes_home, sid)
+                else:
+                    self._retire(proc, "a turn was aborted")
+                    self._replace(proc)
                 return
         if not proc.dead:
             proc.retired = True

@@ -180,7 +180,8 @@ class Conversations:
         self.get(session_id, owner, kind)
         with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
             rec = self.get(session_id, owner, kind)   # re-read: a turn may have just finished
-            if record:
+            if record and any(rec.get(k) != v for k, v in record.items()):
+                # a durable write (fsync): only when a field changes, not on every turn
                 rec = self.store.update(session_id, **record) or rec
             home = self.homes.ensure(rec["user_id"])
             family = rec.get("kind") or "v1"

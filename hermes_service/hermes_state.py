@@ -17,7 +17,13 @@ This module is the service's one place that understands it:
   message. Counts (:func:`session_summary`) are counts of exactly these messages.
 * **A failed turn is taken back** (:func:`rewind_unanswered`): a turn that ended without an
   answer is soft-deleted exactly as Hermes's own ``/rewind`` does (``active = 0``), so a
-  retried message reaches the model once. This is the only write the service makes.
+  retried message reaches the model once.
+* **A stopped turn keeps what the panel showed** (:func:`keep_partial`): when an aborted
+  turn had streamed answer text to the client and Hermes's record holds none of it (the
+  user's process was killed before Hermes saved it), that text is appended as the assistant
+  row Hermes itself writes for an interrupted reply (``finish_reason`` NULL).
+
+These two, and :func:`repoint_model`, are the only writes the service makes.
 
 Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
 in a folder the user's agent can write: it is opened so that a symlink, hardlink, FIFO or
@@ -449,6 +455,59 @@ def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -
             raise
 
 
+@bounded
+def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown: str) -> bool:
+    """Keep the answer text ``shown`` to the client before the turn that sent ``message``
+    was stopped (README §Runners → "A stopped turn"): append it to the turn as one assistant
+    row — what Hermes 0.19.0 writes itself when a reply is interrupted mid-stream
+    (``agent/conversation_loop.py``, ``except InterruptedError``: ``{"role": "assistant",
+    "content": <partial>}``, no ``finish_reason``), with ``sessions.message_count + 1`` as
+    ``SessionDB.append_message`` does — unless the record already holds it.
+
+    The turn's user row is written first when Hermes saved nothing of the turn (the session
+    row must exist). Text the turn's tool-call steps already hold at the start of ``shown``
+    is not written twice; a turn whose record has an answer of its own is left alone.
+    Returns True when a row was written. Raises HomeTampered (409) like every access."""
+    shown = (shown or "").strip()
+    conn = _connect(hermes_home, write=True) if session_id and shown else None
+    if conn is None:
+        return False
+    with closing(conn):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            rows = _turn_rows(conn, session_id, message)
+            said = ""
+            for r in rows[1:]:
+                if r["role"] != "assistant":
+                    continue
+                text = display_content("assistant", r["content"])
+                if not isinstance(text, str) or text.strip() in ("", EMPTY_SENTINEL):
+                    continue
+                if not (r["tool_calls"] and r["tool_calls"] not in ("[]", "null")):
+                    conn.execute("ROLLBACK")       # Hermes kept the reply itself
+                    return False
+                said += text
+            rest = shown[len(said.strip()):].strip() if shown.startswith(said.strip()) else shown
+            target = rows[0]["session_id"] if rows else session_id
+            if not rest or conn.execute("SELECT 1 FROM sessions WHERE id = ?",
+                                        (target,)).fetchone() is None:
+                conn.execute("ROLLBACK")
+                return False
+            now = time.time()
+            new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
+            for role, content in new_rows:
+                conn.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
+                             "VALUES (?, ?, ?, ?, 1)", (target, role, content, now))
+            conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ? "
+                         "WHERE id = ?", (len(new_rows), target))
+            conn.execute("COMMIT")
+            return True
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
 def _unanswered(r) -> bool:
     """A row of a turn that has no answer: its user message, Hermes's nudges, an empty or
     ``(empty)`` assistant message without tool calls."""
@@ -482,6 +541,30 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
 
 
 @bounded
+def session_state(hermes_home: Path, session_id: str | None) -> tuple[str | None, tuple | None]:
+    """(:func:`session_source`, :func:`fingerprint`) of a session, read in one opening of
+    ``state.db`` (the ACP runner asks both before every turn)."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None, None
+    with closing(conn):
+        row = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            return None, None
+        return row["source"], _fingerprint(conn, session_id)
+
+
+def _fingerprint(conn, session_id: str) -> tuple | None:
+    ids = [r["id"] for r in lineage(conn, session_id)]
+    if not ids:
+        return None
+    marks = ",".join("?" * len(ids))
+    row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
+                       " AND active = 1", ids).fetchone()
+    return (row[0], row[1])
+
+
+@bounded
 def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     """What the session's record is now: (active messages, newest active message id) of its
     lineage; None when unknown. A write by anyone else (another service process, a CLI
@@ -490,13 +573,7 @@ def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
     if conn is None:
         return None
     with closing(conn):
-        ids = [r["id"] for r in lineage(conn, session_id)]
-        if not ids:
-            return None
-        marks = ",".join("?" * len(ids))
-        row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
-                           " AND active = 1", ids).fetchone()
-    return (row[0], row[1])
+        return _fingerprint(conn, session_id)
 
 
 @bounded
@@ -573,6 +650,23 @@ def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> 
     for m in out:
         del m["_calls"]
     return out[-limit:] if limit else out
+
+
+@bounded
+def token_counts(hermes_home: Path, session_id: str | None) -> dict | None:
+    """``{inputTokens, outputTokens}`` of the session's lineage — :func:`session_summary`'s
+    counters without reading its messages (a run reads them before its turn: the first
+    token's path; a long conversation's transcript took milliseconds) — or None if Hermes has
+    no such session."""
+    conn = _connect(hermes_home) if session_id else None
+    if conn is None:
+        return None
+    with closing(conn):
+        chain = lineage(conn, session_id)
+    if not chain:
+        return None
+    return {"inputTokens": sum(r["input_tokens"] or 0 for r in chain),
+            "outputTokens": sum(r["output_tokens"] or 0 for r in chain)}
 
 
 @bounded

@@ -48,6 +48,28 @@ def record_turn(hermes_home: Path, session_id: str, message: str, *, tool_call: 
                        (session_id, role, content, calls, time.time(), thought))
 
 
+def start_session(hermes_home: Path, session_id: str, source: str = "tool") -> None:
+    """The ``sessions`` row Hermes writes when a session starts (``session/new`` over ACP)."""
+    hermes_home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.executescript(SCHEMA)
+        db.execute("INSERT OR IGNORE INTO sessions (id, source, started_at) VALUES (?, ?, ?)",
+                    (session_id, source, time.time()))
+
+
+def append_message(hermes_home: Path, session_id: str, role: str, content: str,
+                   finish_reason: str | None = None) -> None:
+    """One row as ``SessionDB.append_message`` writes it (``message_count + 1``). An
+    interrupted reply is an assistant row with the text streamed so far and no
+    ``finish_reason`` (agent/conversation_loop.py, ``except InterruptedError``)."""
+    start_session(hermes_home, session_id)
+    with sqlite3.connect(hermes_home / "state.db") as db:
+        db.execute("INSERT INTO messages (session_id, role, content, timestamp, finish_reason) "
+                   "VALUES (?, ?, ?, ?, ?)", (session_id, role, content, time.time(), finish_reason))
+        db.execute("UPDATE sessions SET message_count = message_count + 1 WHERE id = ?",
+                   (session_id,))
+
+
 def active_roles(hermes_home: Path, session_id: str) -> list[str]:
     with sqlite3.connect(hermes_home / "state.db") as db:
         return [r[0] for r in db.execute("SELECT role FROM messages WHERE session_id = ? AND "

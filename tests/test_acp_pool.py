@@ -199,15 +199,12 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     ACP session in state.db; the user's warm process still held the conversation in memory
     (Hermes reads a loaded session's history once) and answered its next turn without the CLI
     turn (the model never saw it). That process now takes no further turn."""
-    import sqlite3
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
-    h.hermes_home.mkdir(parents=True)
-    with sqlite3.connect(h.hermes_home / "state.db") as db:
-        db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT)")
-        db.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, session_id TEXT)")
-        db.execute("INSERT INTO sessions VALUES ('s1', 'acp'), ('s2', 'acp')")
+    from hermes_record import start_session
+    for sid in ("s1", "s2"):                 # two ACP sessions as Hermes records them
+        start_session(h.hermes_home, sid, source="acp")
     proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")                          # a turn of s1 ran in it
     req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
@@ -320,6 +317,155 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
     runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
+
+
+def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two "):
+    """A turn that streams ``pieces`` and is aborted once the listener was shown the second
+    (the first is no longer held), on an agent that honours or ignores ``session/cancel``.
+    Returns (runner, home, the turn's error code, shown text, ACP session id)."""
+    import threading
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(FAKE_ACP_STREAM=pieces, FAKE_ACP_CANCEL=cancel_mode, FAKE_ACP_PIECE_DELAY="0.01",
+                      HERMES_HOME=str(h.hermes_home))
+    shown, cancel = [], threading.Event()
+
+    class Listener:
+        def started(self, handle): pass
+        def reasoning(self, text): pass
+        def tool(self, *a): pass
+
+        def delta(self, text):
+            shown.append(text)
+            if len(shown) == 2:
+                cancel.set()
+    req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
+                      listener=Listener(), cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    t.join(WAIT)
+    [sid] = [line.split()[1] for line in Path(runner.env["FAKE_ACP_LOG"]).read_text().splitlines()
+             if line.startswith("prompt ")]
+    return runner, h, outcome.get("code"), "".join(shown), sid
+
+
+def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp_path):
+    """README §Runners → "A stopped turn": the agent ignores session/cancel, so the process is
+    killed before it saves the partial reply: the service writes the text the listener was
+    shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
+    from hermes_record import active_rows
+    from hermes_service import hermes_state
+    runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore")
+    assert code == "run_cancelled" and shown.startswith("echo: part one")
+    rows = active_rows(h.hermes_home, sid)
+    assert [(r["role"], r["content"]) for r in rows] == [("user", "tell me"), ("assistant", shown.strip())]
+    assert hermes_state.session_summary(h.hermes_home, sid)["messageCount"] == 2
+
+
+def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_warm(pool, tmp_path):
+    """The agent honours session/cancel and saves the partial reply itself: nothing is
+    written twice, and the process stays warm with its record fingerprint current (else the
+    next turn there would retire it as stale)."""
+    from hermes_record import active_rows
+    from hermes_service import hermes_state
+    runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "honour")
+    assert code == "run_cancelled"
+    assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user", "assistant"]
+    proc = runner._procs[("u1", "mnote")]
+    assert not proc.retired and not proc.dead
+    assert proc.seen[sid] == hermes_state.fingerprint(h.hermes_home, sid)
+
+
+def test_a_stop_before_any_text_was_shown_keeps_no_reply(pool, tmp_path):
+    """Only the first piece arrived (held back: it could be Hermes's error text), so the
+    listener was shown nothing: no reply is written (the turn is then taken back as an
+    unanswered one, conversations.py), and the process is killed, not cancelled."""
+    import threading
+    from hermes_record import active_rows
+    from hermes_service.runner import TurnRequest
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(FAKE_ACP_STREAM="HTTP 5", HERMES_HOME=str(h.hermes_home))   # error-like
+    cancel = threading.Event()
+    req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
+                      cancel=cancel)
+    t, outcome = _turn_in_thread(runner, req)
+    wait_for(lambda: agent_log(runner, "piece"), "the agent to stream its piece")
+    cancel.set()
+    t.join(WAIT)
+    assert outcome.get("code") == "run_cancelled"
+    [sid] = [line.split()[1] for line in agent_log(runner, "prompt")]
+    assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user"]
+    assert not agent_log(runner, "cancel")
+
+
+def _answered_turn(runner, h, message="hi"):
+    """One turn of a new conversation on ``h``'s process; returns (its process, the error
+    code or "ok")."""
+    from hermes_service.runner import TurnRequest
+    req = TurnRequest(message=message, resume_id=None, home=h, env=runner.env, family="mnote")
+    try:
+        runner.run_turn(req)
+        code = "ok"
+    except RunError as err:
+        code = err.code
+    return runner._procs.get(("u1", "mnote")), code
+
+
+def _recording_pool(pool, tmp_path, answer):
+    runner = pool(max_processes=2)
+    h = home(tmp_path, "u1")
+    runner.env.update(HERMES_HOME=str(h.hermes_home), **({"FAKE_ACP_ANSWER": answer} if answer else {}))
+    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
+    return runner, h, proc
+
+
+def test_a_turn_with_no_answer_retires_its_process(pool, tmp_path):
+    """A turn that recorded no answer (upstream_empty_answer) is taken back from the record,
+    while the process's memory still holds it: that process takes no further turn."""
+    runner, h, proc = _recording_pool(pool, tmp_path, answer=None)
+    after, code = _answered_turn(runner, h)
+    assert code == "upstream_empty_answer"
+    assert proc.retired and after is not proc
+
+
+def test_an_answered_turn_keeps_its_process_warm(pool, tmp_path):
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and after is proc and not proc.retired
+
+
+def test_a_process_is_recycled_after_recycle_after_sessions(pool, tmp_path):
+    """Hermes 0.19.0 never frees an ACP session: after ``recycle_after_sessions`` sessions
+    the process is retired at the end of the turn (and a replacement started)."""
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    runner.recycle_after = 1                             # the turn's session reaches it
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and proc.retired and after is not proc
+
+
+def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
+    runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
+    assert proc.rss_mb() > 1
+    runner.max_rss_mb = 1.0                              # below any live Python process
+    after, code = _answered_turn(runner, h)
+    assert code == "ok" and proc.retired and after is not proc
+
+
+@pytest.mark.parametrize("text, held", [
+    # what Hermes 0.19.0 sent in place of an answer (measured, scripted model)
+    ("HTTP 401: scripted HTTP 401 error", True),
+    ("API call failed after 1 retries: HTTP 429: scripted HTTP 429 error", True),
+    ("⚠️ No reply: the model returned empty content after retries", True),
+    ("Error: boom", True), ("HT", True), ("", True),
+    # the first piece of a real streamed answer is shown at once
+    ("echo ", False), ("当前页", False), ("Sure, here", False), ("The page", False),
+])
+def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
+    """README §Runners: the first chunk is held back only when it could be the start of the
+    error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
+    from hermes_service.acp_runner import could_be_error_text
+    assert could_be_error_text(text) is held
 
 
 def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_path):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes
+from conftest import (API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes,
+                      wait_for)
 from hermes_service.scripted_model import REASONING_TEXT
 from sse_client import SSEStream, read_all
 
@@ -38,7 +39,7 @@ def svc(request, tmp_path_factory, model):
     from hermes_service.mnote.page_store import SQLitePageStore
     store = SQLitePageStore(tmp / "data" / "mnote.db")
     store.add_workspace("ws_1")
-    for actor in ("a_abort", "a_twins", "a_ctx", "a_reason", "a_fail", "a_cut", "a_stream"):
+    for actor in ("a_abort", "a_stop", "a_twins", "a_ctx", "a_reason", "a_fail", "a_cut", "a_stream"):
         store.add_member("ws_1", actor, "editor")
     store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
                        "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]})
@@ -246,6 +247,56 @@ def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
     evts = events(svc, who, run(svc, who, sid, f"next {moment} {svc.runner}"))
     assert evts[-1]["event"] == "run.completed"
     assert evts[-1]["output"].startswith(f"echo #") and f"next {moment}" in evts[-1]["output"]
+
+
+def test_a_stop_keeps_what_the_panel_showed(svc, model):
+    """README §Runners → "A stopped turn": the question and the answer text streamed before
+    the stop stay in the transcript (and in the model's history of the next turn); a stop
+    before any answer text was shown takes the turn back. The ACP runner streams the answer,
+    so the partial stays; the CLI runner shows the answer only at the end (and ``hermes
+    chat`` keeps no partial on SIGTERM), so the stopped turn is taken back."""
+    who, sid, tag = "a_stop", f"mnote_doc_1_stop_{svc.runner}", svc.runner
+    assert events(svc, who, run(svc, who, sid, f"first {tag}"))[-1]["event"] == "run.completed"
+    run_id = run(svc, who, sid, f"[[slow:30:60]] stop me {tag}")
+    it = iter(SSEStream(svc.url + f"{P}/events/{run_id}", actor(who)))
+    shown = []
+    if svc.runner == "acp":     # mid-answer: two pieces shown (the first is no longer held)
+        for _, data in it:
+            if data["event"] == "message.delta":
+                shown.append(data["delta"])
+                if len(shown) == 2:
+                    break
+    else:                       # the model is streaming the answer to Hermes
+        wait_for(lambda: model.requests_with(f"stop me {tag}"), "the model to be asked")
+    res = svc.post(f"{P}/runs/{run_id}/abort", json={}, headers=actor(who)).json()
+    assert res["events"] == [{"event": "abort.started", "run_id": run_id}]
+    rest = [d for _, d in it]
+    assert rest[-1]["event"] == "run.cancelled", rest
+    shown += [d["delta"] for d in rest if d["event"] == "message.delta"]
+    got = svc.get(f"{P}/sessions/{sid}", headers=actor(who)).json()["messages"]
+    [listed] = [s for s in svc.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1",
+                                   headers=actor(who)).json()["sessions"] if s["sessionId"] == sid]
+    assert listed["messageCount"] == len(got)
+    if svc.runner == "acp":
+        assert [m["role"] for m in got] == ["user", "assistant", "user", "assistant"]
+        assert got[2]["content"] == f"[[slow:30:60]] stop me {tag}"
+        partial = got[3]["content"]
+        # what was shown, and at most what Hermes had streamed past it when the stop landed
+        assert len(shown) >= 2 and partial.strip().startswith("".join(shown).strip())
+        assert partial.startswith("echo #2:")
+    else:
+        assert not shown and [m["role"] for m in got] == ["user", "assistant"]
+    # the next turn works and its model request carries exactly that history
+    evts = events(svc, who, run(svc, who, sid, f"after the stop {tag}"))
+    assert evts[-1]["event"] == "run.completed", evts
+    [req] = model.requests_with(f"after the stop {tag}")
+    history = [(m["role"], m["content"]) for m in req["messages"] if m["role"] != "system"]
+    if svc.runner == "acp":
+        assert history[2] == ("user", f"[[slow:30:60]] stop me {tag}")
+        assert history[3] == ("assistant", partial)
+        assert len(history) == 5
+    else:
+        assert len(history) == 3 and not any("stop me" in str(c) for _, c in history)
 
 
 def _running(home: str, argv: bytes) -> bool:

@@ -70,3 +70,79 @@ def test_a_message_that_only_starts_like_the_header_is_shown_as_written(tmp_path
     typed = f"{MERGED_HEADER}\nis what Hermes writes, isn't it?"
     record_turn(home, SID, typed, answer="it is")
     assert [m["content"] for m in transcript(home, SID)] == [typed, "it is"]
+
+
+def test_a_stopped_turn_keeps_the_shown_text_as_hermes_stores_an_interrupted_reply(tmp_path):
+    """README §Runners → "A stopped turn": Hermes saved the question only (its process was
+    killed): the shown text becomes the assistant row, counted once, no finish_reason."""
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2")
+    assert keep_partial(home, SID, "question 2", "half an ans")
+    assert [m["content"] for m in transcript(home, SID)] == \
+        ["question 1", "answer 1", "question 2", "half an ans"]
+    assert session_summary(home, SID)["messageCount"] == 4
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("SELECT finish_reason FROM messages ORDER BY id DESC").fetchone() == (None,)
+    # Hermes had saved it (an honoured session/cancel): not written twice
+    assert not keep_partial(home, SID, "question 2", "half an ans")
+    assert len(transcript(home, SID)) == 4
+
+
+def test_a_stopped_turn_hermes_saved_nothing_of_gets_its_question_too(tmp_path):
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    assert keep_partial(home, SID, "question 2", "the start")
+    assert [(m["role"], m["content"]) for m in transcript(home, SID)][2:] == \
+        [("user", "question 2"), ("assistant", "the start")]
+    assert not keep_partial(home, "no-such-session", "q", "text")     # no session row: nothing
+
+
+def test_a_stopped_turn_after_a_tool_step_keeps_only_the_text_not_yet_recorded(tmp_path):
+    """The text shown before a tool call is in Hermes's tool-call step already; only the
+    rest of what was shown is written."""
+    import json
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", tool_call="terminal")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE messages SET content = 'Let me look. ' WHERE role = 'assistant'")
+        db.execute("INSERT INTO messages (session_id, role, content, tool_call_id, timestamp) "
+                   "VALUES (?, 'tool', ?, 'call_1', 0)", (SID, json.dumps({"output": "ok"})))
+    assert keep_partial(home, SID, "question 1", "Let me look. It says ok, so")
+    assert transcript(home, SID)[-1]["content"] == "It says ok, so"
+
+
+def test_a_user_message_replayed_without_an_answer_between_shows_once(tmp_path):
+    """Hermes's display history drops a user message repeated with no answer in between (a
+    replay, e.g. a turn retried over one Hermes kept unanswered); the transcript and its
+    count do the same, and a repeat after an answer is a turn of its own."""
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "same question")
+    record_turn(home, SID, "same question", answer="answer 1")
+    record_turn(home, SID, "same question", answer="answer 2")
+    got = [m["content"] for m in transcript(home, SID)]
+    assert got == ["same question", "answer 1", "same question", "answer 2"]
+    assert session_summary(home, SID)["messageCount"] == 4
+
+
+def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
+    """The counters a run reads before its turn (usage = their growth) are those of
+    session_summary, over the whole compaction lineage."""
+    import sqlite3
+    from hermes_service.hermes_state import token_counts
+    home = tmp_path / ".hermes"
+    record_turn(home, "parent", "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2", answer="answer 2")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE sessions SET parent_session_id = 'parent' WHERE id = ?", (SID,))
+        db.execute("UPDATE sessions SET input_tokens = 100, output_tokens = 7 WHERE id = 'parent'")
+        db.execute("UPDATE sessions SET input_tokens = 50, output_tokens = 3 WHERE id = ?", (SID,))
+    summary = session_summary(home, SID)
+    assert token_counts(home, SID) == {"inputTokens": 150, "outputTokens": 10} == \
+        {k: summary[k] for k in ("inputTokens", "outputTokens")}
+    assert token_counts(home, "unknown") is None and token_counts(home, None) is None

@@ -714,3 +714,67 @@ def test_a_trace_id_ending_in_a_dot_makes_a_working_session(c, stub):
     assert "mnote_doc_1_t." in {s["sessionId"] for s in listed}
     from hermes_service.mnote.client import session_key
     assert session_key("user_1", "x.") != session_key("user_1", "x")
+
+
+def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
+    """``mnote.max_event_streams`` applies on reload (README §Reload, Services.apply): a
+    larger limit admits another stream at once; a smaller one takes no open stream away but
+    admits no new one until enough have closed."""
+    import yaml
+    from conftest import base_config
+    from hermes_service.lifecycle import reload_config
+    c = make({"mnote": {"max_event_streams": 1}})
+    stub.gate = threading.Event()
+    run_id = start(c)
+
+    def open_stream():
+        res = c.get(f"{P}/events/{run_id}", headers=A, buffered=False)
+        if res.status_code == 200:
+            assert next(res.response) == b": stream open\n\n"
+        return res
+
+    def reload(n):
+        cfg = base_config(tmp_path)
+        cfg["mnote"]["max_event_streams"] = n
+        path = tmp_path / f"reload-{n}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        ok, lines = reload_config(c.svc, str(path))
+        assert ok, lines
+    try:
+        first = open_stream()
+        assert first.status_code == 200 and open_stream().status_code == 429
+        reload(2)
+        second = open_stream()
+        assert second.status_code == 200 and open_stream().status_code == 429
+        reload(1)
+        second.close()                      # two open, limit one: still full after one closes
+        assert open_stream().status_code == 429
+        first.close()                       # (closed in the order Flask's contexts need)
+        third = open_stream()
+        assert third.status_code == 200
+        third.close()
+    finally:
+        stub.gate.set()
+    wait_done(c, run_id)
+
+
+def test_a_session_records_its_panel_model_and_writes_only_when_it_changes(make, monkeypatch):
+    """A session's ``model`` is the panel model id of its runs (README §The mnote client
+    proxy → Sessions); storing it is a durable registry write, made only when it changed
+    (not on the first token's path of every run)."""
+    models = [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"},
+              {"id": "other", "label": "Other", "provider": "hermes"}]
+    c = make({"mnote": {"models": models}})
+    writes = []
+    real = c.svc.store.update
+    monkeypatch.setattr(c.svc.store, "update",
+                        lambda sid, **fields: writes.append(sorted(fields)) or real(sid, **fields))
+
+    def run_with(model):
+        writes.clear()
+        wait_done(c, start(c, {**RUN_BODY, "model": model}))
+        [s] = c.get(f"{P}/sessions", headers=A).json["sessions"]
+        return s["model"], [w for w in writes if w == ["model"]]
+    assert run_with("hermes-agent") == ("hermes-agent", [["model"]])
+    assert run_with("hermes-agent") == ("hermes-agent", [])           # unchanged: no write
+    assert run_with("other") == ("other", [["model"]])

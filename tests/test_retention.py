@@ -392,3 +392,24 @@ def test_a_damaged_page_store_is_refused_with_its_name_not_a_traceback(tmp_path)
         svc.start(timeout=15)
     assert "refusing to start" in str(exc.value) and "mnote.db" in str(exc.value)
     assert svc.proc.returncode == 3 and db.read_bytes() == before
+
+
+def test_a_mapping_used_again_before_its_lock_is_taken_is_kept(stubbed_app, monkeypatch):
+    """gc lists the stale mappings, then takes each one's turn lock; a turn that ran and
+    ended in between made it fresh again. The mapping is re-checked under the lock (the
+    registry's shard lock, ``SessionStore.delete(where=…)``) and kept."""
+    from hermes_service import retention
+    svc = stubbed_app().extensions["hermes_service"]
+    svc.store.create(rec("raced", "alice", time.time() - 40 * DAY))
+    real = retention._try_lock
+
+    def lock_after_a_turn(path, create):
+        if path.name == "session-raced.lock":       # a turn used it just now, then ended
+            svc.store.update("raced", updated_at=iso(time.time()))
+        return real(path, create)
+    monkeypatch.setattr(retention, "_try_lock", lock_after_a_turn)
+    report = collect(svc, older_than=30 * DAY)
+    assert svc.store.get("raced") is not None
+    assert report.counts["session mappings"] == 0
+    assert any(line.startswith("kept session raced of user alice: used again after")
+               for line in report.lines), report.lines

@@ -44,3 +44,28 @@ def test_every_home_gets_the_update_check_stamp(make_config, tmp_path):
     homes = homes_for(make_config, tmp_path, None)
     home = homes.ensure("alice")
     assert json.loads((home.hermes_home / ".update_check").read_text())["ts"] > 4e9
+
+
+def test_a_template_edit_reaches_the_next_turns_home_without_a_reload(make_config, tmp_path):
+    """README: a changed template brings every home up to date on its next run. The parse and
+    hash of the template are cached per turn (the first token's path), keyed on each file's
+    inode, size and mtime: an edit (even one keeping the size), a new file and a removed one
+    each refresh the home."""
+    import os
+    homes = homes_for(make_config, tmp_path, {"display": {"tool_progress": "off"}})
+    template = homes.template
+    home = homes.ensure("alice")
+    assert yaml.safe_load((home.hermes_home / "config.yaml").read_text())["display"] == \
+        {"tool_progress": "off"}
+    homes.ensure("alice")                                      # cached: nothing changed
+    path = template / "config.yaml"
+    st = path.stat()
+    path.write_text(path.read_text().replace("'off'", "'new'"))        # the same size
+    assert path.stat().st_size == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))         # a later mtime
+    homes.ensure("alice")
+    assert yaml.safe_load((home.hermes_home / "config.yaml").read_text())["display"] == \
+        {"tool_progress": "new"}
+    (template / "NOTES.md").write_text("added")
+    homes.ensure("alice")
+    assert (home.hermes_home / "NOTES.md").read_text() == "added"

@@ -30,7 +30,7 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
                       Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
 from ..security import acting_user
-from ..hermes_state import session_summary, transcript
+from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
 LEGACY_PREFIX = "/api/ai-agent"
@@ -595,7 +595,7 @@ def start_run():
         home = svc.homes.path(actor).hermes_home
         try:
             known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
-            before = session_summary(home, known) or {}
+            before = token_counts(home, known) or {}     # (not the transcript: first token)
             rec, result = svc.conversations.send(
                 key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
                 toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
