@@ -96,7 +96,7 @@ def _parse_lines(data: bytes) -> tuple[list[dict], int]:
     for line in data[:end].splitlines():
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):     # nested beyond the parser: damaged too
             log.warning("skipped a damaged line in a run event log")
             continue
         if isinstance(obj, dict):
@@ -458,7 +458,7 @@ def _last_line(fd: int, size: int, chunk: int = 65536) -> dict | None:
             continue
         try:
             obj = json.loads(buf[start + 1:end])
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return obj if isinstance(obj, dict) else None
     return None

@@ -139,3 +139,22 @@ def test_a_followed_run_file_cut_or_replaced_ends_the_stream(tmp_path, other, da
     assert len(reads) < 50, "the follower spun on the damaged file"
     gate.set()
     wait_for(lambda: run.done, "the run")
+
+
+def test_a_deeply_nested_damaged_line_is_skipped(tmp_path, other):
+    """A complete line that does not parse is skipped — also one nested beyond the JSON
+    parser's recursion limit (RecursionError, not ValueError)."""
+    logs = RunLogs(tmp_path)
+    w = logs.create(meta(RID, other.owner))
+    w.append({"event": "run.started", "run_id": RID, "session_id": "s_1"})
+    with open(tmp_path / f"{RID}.jsonl", "ab") as f:
+        f.write(b"[" * 200000 + b"\n")
+    w.append({"event": "message.delta", "run_id": RID, "session_id": "s_1", "delta": "x"})
+    assert names(logs.load(RID).events) == ["run.started", "message.delta"]
+    with open(tmp_path / f"{RID}.jsonl", "ab") as f:
+        f.write(b"[" * 200000 + b"\n")            # as the last line too
+    assert logs._head(RID) is not None
+    other.die()
+    assert logs.close_dead() == 1
+    assert names(logs.load(RID).events) == ["run.started", "message.delta", "run.failed"]
+
