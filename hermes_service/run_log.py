@@ -340,7 +340,8 @@ class RunLogs:
                       local_busy=None) -> str | None:
         """Record ``run_id`` as the active run of ``session_key`` unless another run is
         active on it in any process: returns that run's id instead (nothing recorded). A
-        recorded run that is terminal, gone, or whose owner is dead does not hold the session
+        recorded run that is terminal, gone, of another session (a damaged index; its id is
+        never answered) or whose owner is dead does not hold the session
         (a dead owner's run is closed here, :meth:`close_interrupted`). ``owner``: the
         caller's owner id; ``local_busy(run_id)`` (optional): the caller's own view of a run
         it owns (True: still active)."""
@@ -349,6 +350,8 @@ class RunLogs:
             current = _read_small(index)
             if current and current != run_id and valid_run_id(current):
                 head = self._head(current)
+                if head is not None and head[0].get("session_key") != session_key:
+                    head = None      # a damaged index names another session's run: not ours
                 if head is not None and not head[1]:
                     if head[0].get("owner") == owner:
                         if local_busy is None or local_busy(current):

@@ -158,3 +158,18 @@ def test_a_deeply_nested_damaged_line_is_skipped(tmp_path, other):
     assert logs.close_dead() == 1
     assert names(logs.load(RID).events) == ["run.started", "message.delta", "run.failed"]
 
+
+def test_a_session_index_naming_another_actors_run_neither_blocks_nor_leaks_it(tmp_path,
+                                                                              other):
+    """run-events/sessions/<digest> names the active run of another session (a damaged or
+    edited data dir): it does not hold this session, and its id is not answered."""
+    owner = RunManager(60, 4, logs=RunLogs(tmp_path), owner=other.owner)
+    gate = threading.Event()
+    theirs = owner.start("key_mallory", "s_1", "mallory", "t", gated(gate))
+    logs = RunLogs(tmp_path)
+    logs._index_path("key_alice").write_text(theirs.run_id)
+    a = RunManager(60, 4, logs=logs)
+    mine = a.start("key_alice", "s_1", "alice", "t", gated(gate))     # not session_busy
+    assert mine.run_id != theirs.run_id
+    gate.set()
+    wait_for(lambda: mine.done and theirs.done, "both runs")
