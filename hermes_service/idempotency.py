@@ -134,7 +134,12 @@ def fingerprint(body: bytes, extra: tuple = ()) -> str:
     query = sorted(request.args.items(multi=True))
     parts = [request.method, request.url_rule.rule if request.url_rule else request.path,
              sorted((request.view_args or {}).items()), query, list(extra), canon]
-    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
+    text = json.dumps(parts, ensure_ascii=False)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:     # a lone surrogate (the route answers 400 invalid_json)
+        data = json.dumps(parts).encode()      # \u escapes: still one text per request
+    return hashlib.sha256(data).hexdigest()
 
 
 def scope_of(family: str, user: str | None) -> str:

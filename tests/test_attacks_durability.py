@@ -173,3 +173,134 @@ def test_a_session_index_naming_another_actors_run_neither_blocks_nor_leaks_it(t
     assert mine.run_id != theirs.run_id
     gate.set()
     wait_for(lambda: mine.done and theirs.done, "both runs")
+
+
+# -- the run routes: another actor, forged ids, through this and the other process ------------
+def asking(gate):
+    """An execute() that starts and asks an approval and a clarifying question, then waits
+    for ``gate`` (or an abort)."""
+    def execute(run):
+        run.listener().started(None)
+        run.ask_approval("command", "rm", "$ rm x", ["once", "deny"])
+        run.ask_clarify("which?", None)
+        while not gate.wait(0.02):
+            if run.cancel.is_set():
+                from hermes_service.errors import ServiceError
+                raise ServiceError("aborted", code="run_cancelled")
+        run.finish([("run.completed", {"output": "done", "usage": {}})])
+    return execute
+
+
+def scrub(res):
+    """A response without what differs per request (ids, the run id in the message)."""
+    body = dict(res.json or {})
+    for k in ("requestId", "traceId"):
+        body.pop(k, None)
+    if "message" in body:
+        body["message"] = body["message"].split(" ")[0]
+    return res.status_code, body
+
+
+@pytest.mark.parametrize("where", ["local", "foreign"])
+def test_another_actors_run_is_404_on_every_route_like_no_run(stubbed_app, other, where):
+    app = stubbed_app()
+    svc = app.extensions["hermes_service"]
+    c = app.test_client()
+    manager = svc.runs if where == "local" else RunManager(60, 4, logs=svc.runs.logs,
+                                                           owner=other.owner)
+    gate = threading.Event()
+    run = manager.start("key_x", "s_x", "alice", "trace_x", asking(gate))
+    wait_for(lambda: len(run.questions) == 2, "both questions")
+    [apr] = [q for q, v in run.questions.items() if v.kind == "approval"]
+    [clq] = [q for q, v in run.questions.items() if v.kind == "clarify"]
+    missing = "run_" + "0" * 24
+
+    def calls(run_id, headers):
+        yield c.get(f"{P}/events/{run_id}", headers=headers)
+        yield c.get(f"{P}/events/{run_id}", headers={**headers, "Last-Event-ID": "999"})
+        yield c.post(f"{P}/runs/{run_id}/abort", headers=headers, json={})
+        yield c.post(f"{P}/runs/{run_id}/approval", headers=headers,
+                     json={"sessionId": "s_x", "approvalId": apr, "choice": "once"})
+        yield c.post(f"{P}/runs/{run_id}/clarify", headers=headers,
+                     json={"sessionId": "s_x", "clarifyId": clq, "answer": "x"})
+    for theirs, none in zip(calls(run.run_id, MALLORY), calls(missing, MALLORY)):
+        assert theirs.status_code == 404, theirs.get_data(as_text=True)
+        assert scrub(theirs) == scrub(none)
+        assert "s_x" not in theirs.get_data(as_text=True)
+        assert "trace_x" not in theirs.get_data(as_text=True) + str(theirs.headers)
+    # alice on another session of hers: 404 the same
+    wrong = c.get(f"{P}/events/{run.run_id}?sessionId=s_other", headers=ALICE)
+    assert scrub(wrong) == scrub(c.get(f"{P}/events/{missing}", headers=ALICE))
+    # nothing reached the run
+    assert len(run.questions) == 2 and not run.cancel.is_set() and not run.done
+    if where == "foreign":
+        assert manager.logs.requests_size(run.run_id) == 0
+    gate.set()
+    wait_for(lambda: run.done, "the run")
+
+
+FORGED = ["run_" + "g" * 24, "run_" + "A" * 24, "run_" + "a" * 23, "run_" + "a" * 5000,
+          "run_" + "ä" * 24, "run_%00" + "a" * 21, "run_aaaa%0a", "..", "%2e%2e",
+          "run_" + "a" * 24 + ".jsonl", "run_" + "a" * 24 + "%00", "sessions", "sessions.lock",
+          "%2e%2e%2fidempotency.db", "run_" + "a" * 24 + ".requests", " run_" + "a" * 24]
+
+
+@pytest.mark.parametrize("where", ["local", "foreign"])
+def test_forged_run_ids_are_400_or_404_on_every_route(stubbed_app, other, where, tmp_path):
+    app = stubbed_app()
+    svc = app.extensions["hermes_service"]
+    c = app.test_client()
+    if where == "foreign":            # a run file of another live process lies next to them
+        manager = RunManager(60, 4, logs=svc.runs.logs, owner=other.owner)
+        gate = threading.Event()
+        real = manager.start("key_x", "s_x", "alice", "t", gated(gate))
+        (svc.runs.logs.root / f"{'run_' + 'a' * 24}.jsonl.jsonl").write_text(
+            json.dumps({"meta": meta("run_" + "a" * 24, other.owner)}) + "\n")
+    for run_id in FORGED:
+        for res in (c.get(f"{P}/events/{run_id}", headers=ALICE),
+                    c.post(f"{P}/runs/{run_id}/abort", headers=ALICE, json={}),
+                    c.post(f"{P}/runs/{run_id}/approval", headers=ALICE,
+                           json={"sessionId": "s_x", "approvalId": "apr_1", "choice": "once"}),
+                    c.post(f"{P}/runs/{run_id}/clarify", headers=ALICE,
+                           json={"sessionId": "s_x", "clarifyId": "clq_1", "answer": "x"})):
+            assert res.status_code in (400, 404), (run_id, res.status_code, res.get_data())
+            assert res.json["ok"] is False and res.json["code"].startswith("hermes_client_")
+    if where == "foreign":
+        gate.set()
+        wait_for(lambda: real.done, "the run")
+
+
+# -- Idempotency-Key: bodies, headers, owners -------------------------------------------------
+from hermes_service.idempotency import HEADER, REPLAYED_HEADER  # noqa: E402
+
+V1 = {"X-API-Key": API_KEY}
+RUN_BODY = {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_doc_1_t1",
+            "message": "hi"}
+
+
+@pytest.fixture
+def c(stubbed_app):
+    app = stubbed_app()
+    client = app.test_client()
+    client.svc = app.extensions["hermes_service"]
+    return client
+
+
+def raw_post(c, path, text, headers):
+    return c.post(path, data=text.encode(), headers={**headers, "Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("text", ['{"message": "\\ud800"}', '{"message": "x", "n": NaN}',
+                                  '{"message": "x", "n": 1e400}', '{"message": "\\udfff\\ud800"}'])
+def test_a_body_the_service_rejects_is_400_with_a_key_too(c, stub, text):
+    """A lone surrogate, NaN or an overflowing number: 400 invalid_json, with or without a
+    key (the fingerprint of such a body must not fail first)."""
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    for headers in (V1, {**V1, HEADER: "bad-body"}):
+        res = raw_post(c, f"/api/v1/sessions/{sid}/messages", text, headers)
+        assert res.status_code == 400 and res.json["code"] == "invalid_json", res.get_data()
+    res = raw_post(c, f"{P}/runs", text.replace('"message"', '"workspaceId": "ws_1", '
+                   '"documentId": "doc_1", "sessionId": "s_1", "message"'),
+                   {**ALICE, HEADER: "bad-run"})
+    assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
+    assert not stub.calls
