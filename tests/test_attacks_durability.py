@@ -304,3 +304,92 @@ def test_a_body_the_service_rejects_is_400_with_a_key_too(c, stub, text):
                    {**ALICE, HEADER: "bad-run"})
     assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
     assert not stub.calls
+
+
+def test_equivalent_bodies_replay_and_different_values_conflict(c, stub):
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    path = f"/api/v1/sessions/{sid}/messages"
+    h = {**V1, HEADER: "eq"}
+    first = raw_post(c, path, '{"message": "caf\u00e9", "user_context": {"user_id": "alice"}}', h)
+    assert first.status_code == 200, first.get_data()
+    for same in ('{"user_context":{"user_id":"alice"},"message":"caf\\u00e9"}',
+                 ' {\n "message" : "caf\\u00e9" ,"user_context":{ "user_id" :"alice"}} '):
+        again = raw_post(c, path, same, h)
+        assert again.headers.get(REPLAYED_HEADER) == "true" and again.get_data() == first.get_data()
+    assert len(stub.calls) == 1
+    # 1, 1.0 and true are different requests (no guess which the route treats alike)
+    h = {**V1, HEADER: "num"}
+    one = raw_post(c, path, '{"message": "n", "timeout": 1}', h)
+    for other_value in ("1.0", "true"):
+        res = raw_post(c, path, '{"message": "n", "timeout": %s}' % other_value, h)
+        assert res.status_code == 409 and res.json["code"] == "idempotency_key_conflict"
+    assert raw_post(c, path, '{"message": "n", "timeout": 1}', h).get_data() == one.get_data()
+
+
+def test_a_key_of_user_a_is_never_answered_to_user_b(c, stub):
+    """The same key and the same body from another actor, or another v1 user: a fresh
+    request of theirs, never the first user's answer (and never a 409 telling them the key
+    exists)."""
+    first = c.post(f"{P}/runs", json=RUN_BODY, headers={**ALICE, HEADER: "shared"})
+    theirs = c.post(f"{P}/runs", json=RUN_BODY, headers={**MALLORY, HEADER: "shared"})
+    assert theirs.status_code == 200 and REPLAYED_HEADER not in theirs.headers
+    assert theirs.json["runId"] != first.json["runId"]
+    other_body = c.post(f"{P}/runs", json={**RUN_BODY, "message": "x"},
+                        headers={**MALLORY, HEADER: "alices-key"})
+    c.post(f"{P}/runs", json=RUN_BODY, headers={**ALICE, HEADER: "alices-key"})
+    assert other_body.status_code in (200, 409)
+    assert other_body.json["code" if other_body.status_code == 409 else "ok"] in (
+        True, "hermes_client_session_busy")
+    a = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers={**V1, HEADER: "v1k"})
+    b = c.post("/api/v1/sessions", json={"user_id": "bob"}, headers={**V1, HEADER: "v1k"})
+    assert b.json["user_id"] == "bob" and REPLAYED_HEADER not in b.headers
+    assert a.json["session_id"] != b.json["session_id"]
+
+
+def test_a_locked_idempotency_db_is_a_clear_retryable_error(c, stub):
+    """Another process holds idempotency.db locked (an operator's sqlite3 shell, a stuck
+    process): a keyed request waits at most the busy timeout, then 503 with a stable code and
+    Retry-After; no turn ran, and the key works once the lock is gone."""
+    import sqlite3
+    store = c.svc.idempotency
+    store.busy_timeout = 0.2
+    store._local = threading.local()          # reconnect with the short timeout
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    holder = sqlite3.connect(store.path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "m"},
+                     headers={**V1, HEADER: "locked"})
+        assert res.status_code == 503 and res.json["code"] == "idempotency_unavailable"
+        assert res.headers["Retry-After"]
+        run = c.post(f"{P}/runs", json=RUN_BODY, headers={**ALICE, HEADER: "locked"})
+        assert run.status_code == 503
+        assert run.json["code"] == "hermes_client_idempotency_unavailable"
+        assert not stub.calls
+        plain = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "m"}, headers=V1)
+        assert plain.status_code == 200           # a request without a key is not affected
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "m"},
+                 headers={**V1, HEADER: "locked"})
+    assert res.status_code == 200 and REPLAYED_HEADER not in res.headers
+
+
+def test_a_damaged_idempotency_db_refuses_the_start_and_keyed_requests(c, stub, app_factory):
+    from hermes_service.session_store import CorruptStore
+    store = c.svc.idempotency
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    for suffix in ("-wal", "-shm", ""):
+        p = store.path.with_name(store.path.name + suffix)
+        if p.exists():
+            p.unlink()
+    store.path.write_bytes(b"not a database " * 512)
+    store._local = threading.local()          # the next connection sees the damaged file
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "m"},
+                 headers={**V1, HEADER: "dmg"})
+    assert res.status_code == 503 and res.json["code"] == "idempotency_unavailable"
+    assert not stub.calls
+    with pytest.raises(CorruptStore) as err:   # a start: exit 3 naming the file (cli.serve)
+        app_factory()
+    assert str(store.path) in str(err.value) and "move it away" in str(err.value)
