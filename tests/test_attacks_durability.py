@@ -393,3 +393,77 @@ def test_a_damaged_idempotency_db_refuses_the_start_and_keyed_requests(c, stub, 
     with pytest.raises(CorruptStore) as err:   # a start: exit 3 naming the file (cli.serve)
         app_factory()
     assert str(store.path) in str(err.value) and "move it away" in str(err.value)
+
+
+def storm(c, count, send_one):
+    out, start = [None] * count, threading.Barrier(count)
+
+    def one(i):
+        client = c.application.test_client()
+        start.wait()
+        out[i] = send_one(client)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads, out
+
+
+def test_a_storm_of_20_identical_keyed_requests_is_one_turn(c, stub):
+    stub.gate = threading.Event()
+    threads, out = storm(c, 20, lambda cl: cl.post(f"{P}/runs", json=RUN_BODY,
+                                                     headers={**ALICE, HEADER: "storm"}))
+    for t in threads:
+        t.join(60)
+    assert [r.status_code for r in out] == [200] * 20
+    assert len({r.json["runId"] for r in out}) == 1
+    assert sum(REPLAYED_HEADER not in r.headers for r in out) == 1
+    stub.gate.set()
+    run_id = out[0].json["runId"]
+    wait_for(lambda: c.svc.runs.get(run_id, "alice").done, "the run")
+    # v1: the retries wait for the one turn (or 429 when no waiting place is free: not
+    # recorded, so they would retry); the turn runs once
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    stub.gate = threading.Event()
+    threads, out = storm(c, 20, lambda cl: cl.post(f"/api/v1/sessions/{sid}/messages",
+                                                     json={"message": "m"},
+                                                     headers={**V1, HEADER: "storm-v1"}))
+    wait_for(lambda: len(stub.calls) == 2, "the one turn")
+    stub.gate.set()
+    for t in threads:
+        t.join(60)
+    codes = sorted(r.status_code for r in out)
+    assert set(codes) <= {200, 429} and 200 in codes, codes
+    assert len({r.get_data() for r in out if r.status_code == 200}) == 1
+    assert len(stub.calls) == 2
+
+
+def test_a_keyed_retry_during_the_drain(c, stub):
+    """Draining: a retry of a finished request is still answered (replayed); a new keyed
+    request is 503 service_draining and not recorded, so the same key runs once the service
+    (or another node) accepts again; an abort still works."""
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
+    path = f"/api/v1/sessions/{sid}/messages"
+    done = c.post(path, json={"message": "before"}, headers={**V1, HEADER: "before"})
+    stub.gate = threading.Event()
+    run_id = c.post(f"{P}/runs", json=RUN_BODY, headers={**ALICE, HEADER: "r"}).json["runId"]
+    c.svc.drain()
+    again = c.post(path, json={"message": "before"}, headers={**V1, HEADER: "before"})
+    assert again.headers.get(REPLAYED_HEADER) == "true" and again.get_data() == done.get_data()
+    assert c.post(f"{P}/runs", json=RUN_BODY,
+                  headers={**ALICE, HEADER: "r"}).json["runId"] == run_id
+    new = c.post(path, json={"message": "during"}, headers={**V1, HEADER: "during"})
+    assert new.status_code == 503 and new.json["code"] == "service_draining"
+    assert REPLAYED_HEADER not in new.headers
+    res = c.post(f"{P}/runs", json={**RUN_BODY, "sessionId": "s_2"},
+                 headers={**ALICE, HEADER: "during-run"})
+    assert res.json["code"] == "hermes_client_service_draining"
+    assert c.svc.idempotency._con().execute(
+        "SELECT count(*) FROM requests WHERE idem_key LIKE 'during%'").fetchone()[0] == 0
+    aborted = c.post(f"{P}/runs/{run_id}/abort", headers=ALICE, json={})
+    assert aborted.status_code == 200 and aborted.json["events"][0]["event"] == "abort.started"
+    wait_for(lambda: c.svc.runs.get(run_id, "alice").done, "the aborted run")
+    assert c.svc.runs.get(run_id, "alice").events[-1]["event"] == "run.cancelled"
+    stub.gate.set()
+    c.svc.runner.draining = False          # the next start (or another node) accepts it
+    after = c.post(path, json={"message": "during"}, headers={**V1, HEADER: "during"})
+    assert after.status_code == 200 and REPLAYED_HEADER not in after.headers
