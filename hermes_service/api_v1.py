@@ -125,7 +125,8 @@ IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
                         "outcome (`Idempotency-Replayed: true`); with another request 409 "
                         "(README §Idempotent retries)")
 _IDEMPOTENCY_ERRORS = {400: ("invalid_idempotency_key",),
-                       409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+                       409: ("idempotency_key_conflict", "idempotency_key_in_progress"),
+                       503: ("idempotency_unavailable",)}
 
 
 def _merge(*tables: dict) -> dict:

@@ -28,6 +28,10 @@ Rules (README §Idempotent retries is the manual):
   back, so the retry is a fresh attempt) and what is refused before the record is claimed
   (authentication, a bad key, a conflict). An unrecorded outcome releases the key: the next
   request with it runs.
+* **The store unusable** (``idempotency.db`` locked by another process beyond the busy
+  timeout of 10 s, damaged, unwritable): a keyed request is 503 ``idempotency_unavailable``
+  with ``Retry-After`` before anything runs (client: ``hermes_client_idempotency_unavailable``);
+  requests without the header are not affected.
 * **A retry while the first runs** waits for its outcome (the record is polled; at most
   ``hermes.queue_wait_seconds + hermes.timeout_seconds`` + :data:`WAIT_MARGIN_SECONDS`,
   then 409 ``idempotency_key_in_progress`` with ``Retry-After``). ``POST /runs`` records its
@@ -134,7 +138,12 @@ def fingerprint(body: bytes, extra: tuple = ()) -> str:
     query = sorted(request.args.items(multi=True))
     parts = [request.method, request.url_rule.rule if request.url_rule else request.path,
              sorted((request.view_args or {}).items()), query, list(extra), canon]
-    return hashlib.sha256(json.dumps(parts, ensure_ascii=False).encode()).hexdigest()
+    text = json.dumps(parts, ensure_ascii=False)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:     # a lone surrogate (the route answers 400 invalid_json)
+        data = json.dumps(parts).encode()      # \u escapes: still one text per request
+    return hashlib.sha256(data).hexdigest()
 
 
 def scope_of(family: str, user: str | None) -> str:
@@ -164,7 +173,8 @@ class KeyConflict(Conflict):
 
 class IdempotencyStore:
     """The records of ``<data_dir>/idempotency.db`` (module doc). ``clock`` gives unix
-    seconds (tests move it)."""
+    seconds (tests move it). Raises :class:`~hermes_service.session_store.CorruptStore` when
+    the file cannot be opened as the store (not SQLite, a folder, unreadable)."""
 
     def __init__(self, path: str | Path, ttl_seconds: float, busy_timeout: float = 10.0):
         self.path = Path(path)
@@ -174,9 +184,16 @@ class IdempotencyStore:
         self.clock: Callable[[], float] = time.time
         self._local = threading.local()
         self._changed = threading.Condition()     # wakes waiting retries in this process
-        con = self._con()
-        con.execute("PRAGMA journal_mode=WAL")
-        con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+        try:
+            con = self._con()
+            con.execute("PRAGMA journal_mode=WAL")
+            con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+        except sqlite3.Error as err:
+            from .session_store import CorruptStore     # the service refuses to start (exit 3)
+            raise CorruptStore(
+                f"{self.path}: the Idempotency-Key record store cannot be opened ({err}); "
+                "stop every service process on the data dir, move it away with its -wal and "
+                "-shm files, and start again (README §Idempotent retries)") from None
 
     def _con(self) -> sqlite3.Connection:
         """This thread's connection (re-opened after a fork)."""
@@ -276,6 +293,20 @@ class IdempotencyStore:
         return self._con().execute("SELECT count(*) FROM requests").fetchone()[0]
 
 
+def _claim(store: IdempotencyStore, scope: str, key: str, fp: str) -> Outcome | str | None:
+    """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
+    beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
+    ``Retry-After`` (nothing ran: the retry is safe), logged."""
+    try:
+        return store.claim(scope, key, fp)
+    except sqlite3.Error as err:
+        log.error("idempotency record store %s unusable (%s): keyed requests are refused",
+                  store.path, err)
+        raise ServiceError(f"the {HEADER} record store is unavailable (locked or damaged); "
+                           "nothing was done, retry later", code="idempotency_unavailable",
+                           status=503, headers={"Retry-After": "5"}) from None
+
+
 def idempotent(family: str, user: Callable[[], str | None], *,
                extra: Callable[[], tuple] = tuple, wait: Callable | None = None):
     """Make a view honour ``Idempotency-Key`` (module doc). ``family`` and ``user()`` (the
@@ -296,7 +327,7 @@ def idempotent(family: str, user: Callable[[], str | None], *,
             deadline, waiting = None, ExitStack()
             with waiting:             # held while this retry waits for the first request
                 while True:
-                    got = store.claim(scope, key, fp)
+                    got = _claim(store, scope, key, fp)
                     if got is None:
                         break
                     if isinstance(got, Outcome):

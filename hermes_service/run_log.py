@@ -38,12 +38,14 @@ Run ids become file names only through :func:`valid_run_id` (the id rule of
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +96,7 @@ def _parse_lines(data: bytes) -> tuple[list[dict], int]:
     for line in data[:end].splitlines():
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):     # nested beyond the parser: damaged too
             log.warning("skipped a damaged line in a run event log")
             continue
         if isinstance(obj, dict):
@@ -153,8 +155,7 @@ class RunLogs:
         path = self.path(meta["run_id"])
         if path is None:
             raise ValueError(f"not a run id: {meta['run_id']!r}")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o600)
+        fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
         writer = RunWriter(fd)
         writer.append({"meta": meta})
         os.fsync(fd)
@@ -175,7 +176,7 @@ class RunLogs:
         if path is None:
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_file(path, os.O_RDONLY)
         except OSError:
             return None
         try:
@@ -192,7 +193,7 @@ class RunLogs:
         """Add the events appended since ``state.offset``; returns whether there were any."""
         path = self.path(run_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_file(path, os.O_RDONLY)
         except OSError:
             return False
         try:
@@ -211,11 +212,13 @@ class RunLogs:
         return bool(lines)
 
     def size(self, run_id: str) -> int:
-        """The run file's size now (the follow poller's cheap check); -1 when gone."""
+        """The run file's size now (the follow poller's cheap check); -1 when gone or no
+        longer a regular file (replaced by a symlink, FIFO …: never followed)."""
         try:
-            return os.stat(self.path(run_id)).st_size
+            st = os.lstat(self.path(run_id))
         except (OSError, TypeError):
             return -1
+        return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
     def run_ids(self) -> list[str]:
         """The ids of every run file."""
@@ -236,7 +239,7 @@ class RunLogs:
         if path is None:
             return False
         try:
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_file(path, os.O_RDWR | os.O_APPEND)
         except OSError:
             return False
         try:
@@ -278,7 +281,7 @@ class RunLogs:
         """(meta, done, mtime) from the first line and the last complete line only."""
         path = self.path(run_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_file(path, os.O_RDONLY)
         except (OSError, TypeError):
             return None
         try:
@@ -325,7 +328,11 @@ class RunLogs:
                 for entry in os.scandir(self.root / "sessions"):
                     run_id = _read_small(Path(entry.path))
                     if run_id is None or not self.path(run_id) or not self.path(run_id).exists():
-                        os.unlink(entry.path)
+                        try:
+                            os.unlink(entry.path)
+                        except OSError:      # not a file (a damaged data dir): left, logged
+                            log.warning("run-events/sessions/%s is not a file; left as is",
+                                        entry.name)
         return removed
 
     # -- sessions: busy across processes ------------------------------------------------------
@@ -333,7 +340,8 @@ class RunLogs:
                       local_busy=None) -> str | None:
         """Record ``run_id`` as the active run of ``session_key`` unless another run is
         active on it in any process: returns that run's id instead (nothing recorded). A
-        recorded run that is terminal, gone, or whose owner is dead does not hold the session
+        recorded run that is terminal, gone, of another session (a damaged index; its id is
+        never answered) or whose owner is dead does not hold the session
         (a dead owner's run is closed here, :meth:`close_interrupted`). ``owner``: the
         caller's owner id; ``local_busy(run_id)`` (optional): the caller's own view of a run
         it owns (True: still active)."""
@@ -342,6 +350,8 @@ class RunLogs:
             current = _read_small(index)
             if current and current != run_id and valid_run_id(current):
                 head = self._head(current)
+                if head is not None and head[0].get("session_key") != session_key:
+                    head = None      # a damaged index names another session's run: not ours
                 if head is not None and not head[1]:
                     if head[0].get("owner") == owner:
                         if local_busy is None or local_busy(current):
@@ -359,8 +369,7 @@ class RunLogs:
     def request(self, run_id: str, op: dict) -> None:
         """Append a request for the run's owner (abort, an answer); one ``O_APPEND`` write."""
         path = self._requests_path(run_id)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, _line(op))
         finally:
@@ -370,7 +379,7 @@ class RunLogs:
         """The requests appended after byte ``offset`` and the new offset."""
         path = self._requests_path(run_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = _open_file(path, os.O_RDONLY)
         except (OSError, TypeError):
             return [], offset
         try:
@@ -400,6 +409,18 @@ def _line(obj: dict) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
+def _open_file(path, flags: int) -> int:
+    """Open a file of this folder (``flags`` plus never through a symlink, never blocking, not
+    inherited; created 0600). Only a regular file is used: a FIFO, folder, socket or device
+    found under the name (a damaged or tampered data dir) raises OSError like a missing file,
+    so no request or start ever waits on it."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def _read_all(fd: int) -> bytes:
     chunks = []
     while True:
@@ -410,10 +431,18 @@ def _read_all(fd: int) -> bytes:
 
 
 def _read_small(path: Path) -> str | None:
+    """The text of a small regular file (an index entry), or None (missing, not a regular
+    file, not UTF-8)."""
     try:
-        return path.read_text()[:200].strip() or None
+        fd = _open_file(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 200).decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
 
 
 def _last_line(fd: int, size: int, chunk: int = 65536) -> dict | None:
@@ -432,7 +461,7 @@ def _last_line(fd: int, size: int, chunk: int = 65536) -> dict | None:
             continue
         try:
             obj = json.loads(buf[start + 1:end])
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return obj if isinstance(obj, dict) else None
     return None

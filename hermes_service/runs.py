@@ -442,7 +442,8 @@ class ForeignRun:
         """As :meth:`Run.follow`, from the file: the :class:`LogPoller` sets ``wake`` when the
         file grows (or closes the run when its owner died), so the stream sees an event
         within ~:data:`POLL_SECONDS` of its write. Ends without a terminal event only if the
-        file is deleted meanwhile (retention) or ``stop()``."""
+        file is deleted meanwhile (retention), cut below what was read or replaced by what is
+        not a regular file (a damaged data dir), or ``stop()``."""
         wake = wake or threading.Event()
         stop = stop or (lambda: False)
         seq = max(0, after)
@@ -464,6 +465,10 @@ class ForeignRun:
                 wake.clear()
                 size = self._logs.size(self.run_id)
                 if size < 0:          # the file is gone (retention, gc): nothing will follow
+                    return
+                if size < self.state.offset:   # cut below what was read, or replaced by a
+                    log.warning("run %s: its event log shrank below what was read; its "
+                                "stream ends here", self.run_id)   # damaged data dir
                     return
                 if size != seen:      # it grew since the read: no sleep
                     continue

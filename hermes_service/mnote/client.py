@@ -89,6 +89,8 @@ EXTRA_CODES = {   # cases the contract does not cover
     # 409 Idempotency-Key reused for another request / its first request still in progress
     "idempotency_key_conflict": "hermes_client_idempotency_conflict",
     "idempotency_key_in_progress": "hermes_client_idempotency_in_progress",
+    # 503 the Idempotency-Key record store is locked or damaged: nothing ran, retry later
+    "idempotency_unavailable": "hermes_client_idempotency_unavailable",
 }
 
 
@@ -205,7 +207,8 @@ _IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
                          "(`Idempotency-Replayed: true`); with another request 409 "
                          "(README §Idempotent retries)")
 _IDEMPOTENT = {400: ("invalid_idempotency_key",),
-               409: ("idempotency_key_conflict", "idempotency_key_in_progress")}
+               409: ("idempotency_key_conflict", "idempotency_key_in_progress"),
+               503: ("idempotency_unavailable",)}
 
 
 def _idempotent():
@@ -389,7 +392,8 @@ CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
             replies={200: Reply("the session (idempotent for the same traceId)",
                                 SESSION_CREATED)},
             errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
-                    404: ("session_not_found",), 409: _IDEMPOTENT[409]},
+                    404: ("session_not_found",), 409: _IDEMPOTENT[409],
+                    503: _IDEMPOTENT[503]},
             links={"GetSession": ("mnote_client.get_session",
                                   {"session_id": "$response.body#/sessionId"})})
 @_idempotent()
@@ -549,7 +553,8 @@ def _configured_models(schema: dict, config) -> dict:
             errors={**_COMMON, 400: ("invalid_id", "invalid_request", "invalid_idempotency_key"),
                     404: ("session_not_found",), 409: ("session_busy", *_IDEMPOTENT[409]),
                     413: ("message_too_large",), 429: ("too_many_runs",),
-                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining")},
+                    503: ("hermes_unavailable", "hermes_unconfigured", "service_draining",
+                          *_IDEMPOTENT[503])},
             links={"Events": ("mnote_client.events", {"run_id": "$response.body#/runId"}),
                    "Abort": ("mnote_client.abort", {"run_id": "$response.body#/runId"})})
 @_idempotent()
