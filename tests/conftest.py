@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -308,3 +309,35 @@ def _mounted_at_home(mountinfo: bytes, path: str) -> bool:
                 and path.endswith(fields[3]):
             return True
     return False
+
+
+@pytest.fixture
+def other():
+    """A live process standing in for another service process on the data dir: ``.owner``
+    its owner id (:func:`hermes_service.instance.current` form), ``.die()`` makes it dead."""
+    from hermes_service import instance
+    proc = subprocess.Popen(["sleep", "300"])
+    proc.owner = f"{proc.pid}-{instance.proc_start(proc.pid)}"
+
+    def die():
+        proc.kill()
+        proc.wait()
+    proc.die = die
+    yield proc
+    if proc.poll() is None:
+        die()
+
+
+def race(app, count, send_one):
+    """Run ``send_one(client)`` in ``count`` threads released at once (a barrier), each with
+    its own test client of ``app``. Returns ``(threads, responses)``; join the threads."""
+    out, start = [None] * count, threading.Barrier(count)
+
+    def one(i):
+        client = app.test_client()
+        start.wait()
+        out[i] = send_one(client)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads, out

@@ -9,34 +9,17 @@ is a second RunManager whose owner id names a live child process (tests/test_run
 """
 import json
 import os
-import subprocess
 import threading
 
 import pytest
 
-from conftest import API_KEY, wait_for
-from hermes_service import instance
+from conftest import API_KEY, race, wait_for
 from hermes_service.run_log import RunLogs
 from hermes_service.runs import RunManager
 
 P = "/api/hermes/client"
 ALICE = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "alice"}
 MALLORY = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "mallory"}
-
-
-@pytest.fixture
-def other():
-    """A live process standing in for another service process (``.owner``; ``.die()``)."""
-    proc = subprocess.Popen(["sleep", "300"])
-    proc.owner = f"{proc.pid}-{instance.proc_start(proc.pid)}"
-
-    def die():
-        proc.kill()
-        proc.wait()
-    proc.die = die
-    yield proc
-    if proc.poll() is None:
-        die()
 
 
 def meta(run_id, owner, actor="alice", session_key="key_1", session_id="s_1"):
@@ -397,22 +380,9 @@ def test_a_damaged_idempotency_db_refuses_the_start_and_keyed_requests(c, stub, 
     assert str(store.path) in str(err.value) and "move it away" in str(err.value)
 
 
-def storm(c, count, send_one):
-    out, start = [None] * count, threading.Barrier(count)
-
-    def one(i):
-        client = c.application.test_client()
-        start.wait()
-        out[i] = send_one(client)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    return threads, out
-
-
 def test_a_storm_of_20_identical_keyed_requests_is_one_turn(c, stub):
     stub.gate = threading.Event()
-    threads, out = storm(c, 20, lambda cl: cl.post(f"{P}/runs", json=RUN_BODY,
+    threads, out = race(c.application, 20, lambda cl: cl.post(f"{P}/runs", json=RUN_BODY,
                                                      headers={**ALICE, HEADER: "storm"}))
     for t in threads:
         t.join(60)
@@ -426,7 +396,7 @@ def test_a_storm_of_20_identical_keyed_requests_is_one_turn(c, stub):
     # recorded, so they would retry); the turn runs once
     sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
     stub.gate = threading.Event()
-    threads, out = storm(c, 20, lambda cl: cl.post(f"/api/v1/sessions/{sid}/messages",
+    threads, out = race(c.application, 20, lambda cl: cl.post(f"/api/v1/sessions/{sid}/messages",
                                                      json={"message": "m"},
                                                      headers={**V1, HEADER: "storm-v1"}))
     wait_for(lambda: len(stub.calls) == 2, "the one turn")

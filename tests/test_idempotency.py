@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, wait_for
+from conftest import API_KEY, race, wait_for
 from hermes_service import instance
 from hermes_service.config import ConfigError
 from hermes_service.idempotency import HEADER, REPLAYED_HEADER
@@ -124,20 +124,6 @@ def test_without_a_key_a_repeated_trace_id_is_a_new_run(c, stub):
 
 
 # -- racing retries ----------------------------------------------------------------------------
-def race(app, count, send_one):
-    """Run ``send_one(client)`` in ``count`` threads at once; their responses."""
-    out, start = [None] * count, threading.Barrier(count)
-
-    def one(i):
-        client = app.test_client()
-        start.wait()
-        out[i] = send_one(client)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    return threads, out
-
-
 def test_racing_v1_retries_wait_for_the_one_turn(c, stub):
     sid = new_session(c)
     stub.gate = threading.Event()

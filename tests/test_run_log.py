@@ -7,7 +7,6 @@ actor's run, unsafe run ids, session busy / abort / answers across processes.
 child process (``sleep``): alive while it runs, dead once killed — what
 :func:`hermes_service.instance.alive` checks."""
 import json
-import subprocess
 import threading
 
 import pytest
@@ -17,22 +16,6 @@ from hermes_service import instance, metrics
 from hermes_service.errors import Conflict, NotFound, ServiceError
 from hermes_service.run_log import RunLogs, valid_run_id
 from hermes_service.runs import RunManager
-
-
-@pytest.fixture
-def other():
-    """A live process to stand in for another service process: ``.owner`` its owner id;
-    ``.kill()`` makes it dead."""
-    proc = subprocess.Popen(["sleep", "300"])
-    proc.owner = f"{proc.pid}-{instance.proc_start(proc.pid)}"
-
-    def kill():
-        proc.kill()
-        proc.wait()
-    proc.die = kill
-    yield proc
-    if proc.poll() is None:
-        kill()
 
 
 def managers(tmp_path, other, retention=60):
