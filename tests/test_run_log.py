@@ -61,6 +61,8 @@ def test_a_run_is_replayed_and_followed_live_from_another_process(tmp_path, othe
     follower.join(10)
     assert not follower.is_alive()
     assert [i for i, _ in got] == [2, 3, 4] and names(e for _, e in got)[-1] == "run.completed"
+    # the owner writes an event to the file before its own memory: B may have it first
+    wait_for(lambda: run.done, "the owner's copy of the terminal event")
     assert [e for _, e in got] == run.events[1:]       # the same events, the same ids
     # the file: a meta line, then exactly the events
     lines = (tmp_path / f"{run.run_id}.jsonl").read_text().splitlines()
