@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -638,7 +639,8 @@ class AcpRunner:
             if hermes_state.keep_partial(req.home.hermes_home, sid, req.message,
                                          "".join(sink.shown)):
                 log.info("kept the partial answer of a stopped turn %s", _ctx(req.log_ctx))
-        except ServiceError as exc:        # the home was tampered with: the abort stands
+        except (ServiceError, sqlite3.Error) as exc:   # the abort stands: a
+            # tampered home (409), or a state.db another process keeps locked past its timeout
             log.warning("could not keep the partial answer of a stopped turn %s: %s",
                         _ctx(req.log_ctx), exc)
 

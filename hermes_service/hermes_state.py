@@ -199,12 +199,16 @@ STATE_DB_SECONDS = 10.0
 
 
 def bounded(fn):
-    """Turn a statement cut off by :func:`_connect`'s deadline (SQLite ``interrupted``) into
+    """Turn a statement cut off by :func:`_connect`'s deadline (SQLite ``interrupted``), or a
+    write refused by a trigger the user's agent planted (``RAISE``: SQLite ``constraint``;
+    Hermes's own tables have no constraint the service's writes hit), into
     :class:`~hermes_service.homefs.HomeTampered` (409) naming the home, not a 500."""
     @functools.wraps(fn)
     def wrapper(hermes_home, *args, **kwargs):
         try:
             return fn(hermes_home, *args, **kwargs)
+        except sqlite3.IntegrityError as exc:
+            raise _refuse(hermes_home, f"a trigger refused the service's write ({exc})") from None
         except sqlite3.OperationalError as exc:
             if "interrupted" not in str(exc):
                 raise
@@ -455,6 +459,12 @@ def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -
             raise
 
 
+def _storable(text: str) -> str:
+    """``text`` with each lone surrogate (unstorable in UTF-8) replaced by U+FFFD; a valid
+    surrogate pair becomes its character."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 @bounded
 def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown: str) -> bool:
     """Keep the answer text ``shown`` to the client before the turn that sent ``message``
@@ -467,8 +477,12 @@ def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown:
     The turn's user row is written first when Hermes saved nothing of the turn (the session
     row must exist). Text the turn's tool-call steps already hold at the start of ``shown``
     is not written twice; a turn whose record has an answer of its own is left alone.
-    Returns True when a row was written. Raises HomeTampered (409) like every access."""
-    shown = (shown or "").strip()
+    A lone surrogate in ``shown`` (text decoded from the agent's JSON, ``"\\ud800"``; UTF-8
+    cannot hold it) is kept as U+FFFD, as a client decoding the event stream's UTF-8 sees it.
+
+    Returns True when a row was written. Raises HomeTampered (409) like every access, and when
+    a trigger the user's agent planted refuses the write (``RAISE``): nothing is written."""
+    shown = _storable((shown or "").strip())
     conn = _connect(hermes_home, write=True) if session_id and shown else None
     if conn is None:
         return False

@@ -319,9 +319,11 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     assert agent_log(runner, "load") == ["load s1"]
 
 
-def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two "):
+def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two ",
+                  before_stop=None):
     """A turn that streams ``pieces`` and is aborted once the listener was shown the second
-    (the first is no longer held), on an agent that honours or ignores ``session/cancel``.
+    (the first is no longer held), on an agent that honours or ignores ``session/cancel``;
+    ``before_stop(home)`` is called just before the abort.
     Returns (runner, home, the turn's error code, shown text, ACP session id)."""
     import threading
     from hermes_service.runner import TurnRequest
@@ -339,6 +341,8 @@ def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two
         def delta(self, text):
             shown.append(text)
             if len(shown) == 2:
+                if before_stop is not None:
+                    before_stop(h)
                 cancel.set()
     req = TurnRequest(message="tell me", resume_id=None, home=h, env=runner.env, family="mnote",
                       listener=Listener(), cancel=cancel)
@@ -360,6 +364,23 @@ def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp
     rows = active_rows(h.hermes_home, sid)
     assert [(r["role"], r["content"]) for r in rows] == [("user", "tell me"), ("assistant", shown.strip())]
     assert hermes_state.session_summary(h.hermes_home, sid)["messageCount"] == 2
+
+
+
+def test_a_stop_whose_partial_a_planted_trigger_refuses_still_ends_cancelled(pool, tmp_path):
+    """The user's agent planted a trigger on ``messages`` that refuses every insert (RAISE):
+    the kill path cannot keep the shown text; the abort still ends the turn with
+    run_cancelled (not a raw SQLite error) and nothing is half-written."""
+    import sqlite3
+    from hermes_record import active_rows
+
+    def plant(h):
+        with sqlite3.connect(h.hermes_home / "state.db") as db:
+            db.execute("CREATE TRIGGER planted BEFORE INSERT ON messages "
+                       "BEGIN SELECT RAISE(ABORT, 'planted'); END")
+    runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore", before_stop=plant)
+    assert code == "run_cancelled" and shown.startswith("echo: part one")
+    assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user"]
 
 
 def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_warm(pool, tmp_path):

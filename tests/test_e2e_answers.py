@@ -299,6 +299,43 @@ def test_a_stop_keeps_what_the_panel_showed(svc, model):
         assert len(history) == 3 and not any("stop me" in str(c) for _, c in history)
 
 
+
+def test_a_stop_at_the_first_shown_text_sent_twice_keeps_it_once(svc, model):
+    """README §Runners → "A stopped turn", attacked: two aborts sent back to back as soon as
+    the first answer text is shown. One run.cancelled; the partial is in the transcript once
+    (one assistant row after the question, whatever path kept it), messageCount agrees and
+    the next turn answers with that history."""
+    if svc.runner != "acp":
+        pytest.skip("the CLI runner shows no answer text before the turn ends")
+    who, sid = "a_stop_twice", "mnote_doc_1_stop_twice"
+    run_id = run(svc, who, sid, "[[slow:30:60]] stop twice")
+    it = iter(SSEStream(svc.url + f"{P}/events/{run_id}", actor(who)))
+    shown = []
+    for _, data in it:
+        if data["event"] == "message.delta":
+            shown.append(data["delta"])
+            break
+    answers = [svc.post(f"{P}/runs/{run_id}/abort", json={}, headers=actor(who))
+               for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    rest = [d for _, d in it]
+    assert [d["event"] for d in rest].count("run.cancelled") == 1 and \
+        rest[-1]["event"] == "run.cancelled", rest
+    shown += [d["delta"] for d in rest if d["event"] == "message.delta"]
+    got = svc.get(f"{P}/sessions/{sid}", headers=actor(who)).json()["messages"]
+    [listed] = [s for s in svc.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1",
+                                   headers=actor(who)).json()["sessions"] if s["sessionId"] == sid]
+    assert [m["role"] for m in got] == ["user", "assistant"], got
+    assert listed["messageCount"] == 2
+    assert got[1]["content"].strip().startswith("".join(shown).strip())
+    evts = events(svc, who, run(svc, who, sid, "after two stops"))
+    assert evts[-1]["event"] == "run.completed", evts
+    [req] = model.requests_with("after two stops")
+    history = [(m["role"], m["content"]) for m in req["messages"] if m["role"] != "system"]
+    assert history[:2] == [("user", "[[slow:30:60]] stop twice"), ("assistant", got[1]["content"])]
+    assert len(history) == 3
+
+
 def _running(home: str, argv: bytes) -> bool:
     """Is a process of ``home`` (its command line or environment names it) running ``argv``
     (its arguments joined by spaces)?"""

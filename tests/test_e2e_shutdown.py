@@ -138,3 +138,44 @@ def test_second_sigterm_during_the_drain_stops_at_once(start_service, model, tmp
     assert v1["res"].status_code == 503 and v1["res"].json()["code"] == "service_stopping"
     assert "by a second signal: stopping 1 turn(s)" in svc.log(), svc.log()
     assert hermes_processes(str(tmp_path / "data" / "users")) == []
+
+
+
+def _runs_active(svc) -> int:
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in svc.get("/metrics").text.splitlines()
+               if line.startswith("hermes_service_runs_active"))
+
+
+def test_a_queued_run_and_a_reload_during_the_drain(start_service, model, tmp_path):
+    """One CLI slot, a v1 turn that never ends and a panel run queued for the slot when
+    SIGTERM comes: the drain waits for both; /health says draining; a SIGHUP reload then is
+    applied and leaves the drain as it was (still no new turn); the stop ends the v1 call with
+    503 service_stopping and the queued run with run.failed service_stopping — it never
+    started a Hermes process — and the service exits leaving none."""
+    svc = start_service({"service": {"drain_seconds": 60},
+                         "hermes": {"max_concurrent_runs": 1, "queue_wait_seconds": 120}})
+    v1, waiter = _v1(svc, "bob", "[[hang]] queued-a")
+    wait_for(lambda: model.requests_with("queued-a"), "the v1 turn at the model",
+             timeout=90, log=svc.log)
+    _, frames, reader = _run(svc, "mnote_doc_1_queued", "queued-b")
+    wait_for(lambda: _runs_active(svc) == 1, "the run queued for the slot", log=svc.log)
+    os.kill(svc.proc.pid, signal.SIGTERM)
+    wait_for(lambda: "for 2 turn(s) in progress" in svc.log(), "the drain, with both turns",
+             log=svc.log)
+    health = svc.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "draining"
+    os.kill(svc.proc.pid, signal.SIGHUP)
+    wait_for(lambda: "reloaded " in svc.log(), "the reload", log=svc.log)
+    assert svc.get("/health").json()["status"] == "draining"
+    late = svc.post("/api/v1/sessions", json={"user_id": "dave"}).json()["session_id"]
+    res = svc.post(f"/api/v1/sessions/{late}/messages", json={"message": "late"})
+    assert res.status_code == 503 and res.json()["code"] == "service_draining", res.text
+    os.kill(svc.proc.pid, signal.SIGTERM)
+    assert svc.proc.wait(30) == 0
+    waiter.join(10)
+    reader.join(10)
+    assert v1["res"].status_code == 503 and v1["res"].json()["code"] == "service_stopping"
+    assert frames and frames[-1][1]["event"] == "run.failed", frames
+    assert frames[-1][1]["code"] == "hermes_client_service_stopping", frames
+    assert not model.requests_with("queued-b") and not model.requests_with("late")
+    assert hermes_processes(str(tmp_path / "data" / "users")) == []

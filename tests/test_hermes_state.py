@@ -146,3 +146,42 @@ def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
     assert token_counts(home, SID) == {"inputTokens": 150, "outputTokens": 10} == \
         {k: summary[k] for k in ("inputTokens", "outputTokens")}
     assert token_counts(home, "unknown") is None and token_counts(home, None) is None
+
+
+@pytest.mark.parametrize("body", [
+    "SELECT RAISE(ABORT, 'no partial here')",
+    "SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+    "SELECT x FROM c)",
+])
+def test_a_trigger_the_agent_planted_on_messages_ends_keep_partial_with_409(tmp_path, monkeypatch,
+                                                                            body):
+    """README §Runners → "A stopped turn": the user's agent owns its state.db; a trigger that
+    refuses the partial row or runs for ever is a tampered home (409 home_tampered), never a
+    raw SQLite error or a hang, and nothing of the turn is half-written."""
+    import sqlite3
+    from hermes_service import hermes_state
+    from hermes_service.homefs import HomeTampered
+    monkeypatch.setattr(hermes_state, "STATE_DB_SECONDS", 0.5)
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute(f"CREATE TRIGGER planted AFTER INSERT ON messages BEGIN {body}; END")
+    with pytest.raises(HomeTampered) as err:
+        hermes_state.keep_partial(home, SID, "question 1", "half an ans")
+    assert err.value.code == "home_tampered" and err.value.status == 409
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("SELECT count(*) FROM messages").fetchone() == (1,)
+
+
+def test_a_stopped_turn_whose_shown_text_holds_a_lone_surrogate_or_nul_is_kept(tmp_path):
+    """Text decoded from the agent's JSON can hold a lone surrogate (``"\\ud800"``), which
+    UTF-8 (SQLite) cannot store: it is kept as U+FFFD, the rest (a NUL, a pair, a long text)
+    exactly as shown, once."""
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1")
+    shown = "a\ud800b\x00c \U0001f600 " + "x" * 200_000
+    assert keep_partial(home, SID, "question 1", shown)
+    assert transcript(home, SID)[-1]["content"] == shown.replace("\ud800", "\ufffd").strip()
+    assert not keep_partial(home, SID, "question 1", shown)
+    assert session_summary(home, SID)["messageCount"] == 2
