@@ -1,4 +1,4 @@
-"""Mutation testing of the security- and durability-critical code (README §Tests → Mutation
+"""Mutation testing of the security- and durability-critical code (docs/testing.md §Mutation
 testing). Run by ``make mutation``; not part of ``make test`` or CI (~35 min on the shared
 2-core machine).
 
@@ -66,7 +66,7 @@ class Module:
         return self.path[:-3].replace("/", ".")
 
 
-# The selections (README §Tests → Mutation testing): the unit tests that exercise each module,
+# The selections (docs/testing.md §Mutation testing): the unit tests that exercise each module,
 # without tests that start service processes (covered by the fast suite; seconds per mutant).
 _WAITRESS = "tests/test_security.py::test_forwarded_for_reaches_the_guard_through_real_waitress"
 _GC_COMMAND = "tests/test_retention.py::test_gc_command"
@@ -134,7 +134,7 @@ def _setup_cfg(module: Module, dest: Path) -> None:
     lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in PYTEST_ARGS]
     lines += ["also_copy ="] + [f"    {p}" for p in ("pytest.ini", "main.py", "config.yaml",
                                                     "users_template/", "examples/")]
-    # log calls are not mutated: their text is not behaviour (README: Mutation testing)
+    # log calls are not mutated: their text is not behaviour (docs/testing.md §Mutation testing)
     lines += ["do_not_mutate_patterns =", r"    ^\s*(log|logger|access_logger)\.(debug|info|warning|error|exception)\("]
     # never ask git which files changed: every run is fresh
     lines += ["use_git_change_detection = false", "use_setproctitle = false", ""]
