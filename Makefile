@@ -11,11 +11,11 @@ DEMO_ARGS ?=
 .PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
-# and bubblewrap for the sandbox of every Hermes process (README "Sandbox and threat model").
+# and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
 setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 
 # What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/
-# tests, and the client generators (README §API description → Generating a client).
+# tests, and the client generators (docs/api-description.md §Generating a client).
 setup: setup-service $(VENV)/.dev-installed nginx promtool client-tools
 
 $(VENV)/.installed: requirements.txt
@@ -112,7 +112,7 @@ check-config: setup-service
 test: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
 
-# Mutation testing of the security- and durability-critical modules (README §Tests → Mutation
+# Mutation testing of the security- and durability-critical modules (docs/testing.md §Mutation
 # testing): mutmut module by module, then the hand-made mutants. Not part of `make test` or CI:
 # ~35 min on 2 cores. MUTATION_ARGS="security hooks" runs some modules; "--hand-only" the hand ones.
 MUTATION_ARGS ?=
@@ -125,7 +125,7 @@ bench: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
 
 # The panel's first message.delta against a bare ACP client of the same hermes acp, taken
-# alternately in one run (README §Benchmark → First token); ~1 min. BENCH_ARGS="--turns 50".
+# alternately in one run (docs/benchmarks.md §First token); ~1 min. BENCH_ARGS="--turns 50".
 bench-first-token: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/first_token.py $(BENCH_ARGS)
 
@@ -134,13 +134,13 @@ bench-first-token: setup
 bench-registry: setup
 	$(VENV)/bin/python bench/registry_scale.py $(BENCH_ARGS)
 
-# Event-stream fan-out: 100, 500 and 1000 subscribers on one live run (README §Event-stream
-# fan-out); ~2 minutes. BENCH_ARGS="--subscribers 1000" for one size.
+# Event-stream fan-out: 100, 500 and 1000 subscribers on one live run (docs/mnote-client.md
+# §Event-stream fan-out); ~2 minutes. BENCH_ARGS="--subscribers 1000" for one size.
 bench-streams: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/stream_fanout.py $(BENCH_ARGS)
 
-# Sandbox on (hermes.sandbox.mode: bwrap) vs off (none), side by side (README §Sandbox and
-# threat model); ~5 minutes. BENCH_ARGS="--turns 10" for more samples.
+# Sandbox on (hermes.sandbox.mode: bwrap) vs off (none), side by side
+# (docs/sandbox.md); ~5 minutes. BENCH_ARGS="--turns 10" for more samples.
 bench-sandbox: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
 

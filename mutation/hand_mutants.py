@@ -1,8 +1,8 @@
-"""Hand-made mutants (README §Tests → Mutation testing), run by ``mutation/run.py``.
+"""Hand-made mutants (docs/testing.md §Mutation testing), run by ``mutation/run.py``.
 
 Two kinds, each a one-line (or one-statement) change that the tests named with it must fail:
 
-* the mutations a review (issue #10) found surviving the fast suite, kept as a regression
+* the mutations a review found surviving the fast suite, kept as a regression
   list: each is killed by a test written for it;
 * changes mutmut cannot make: it never mutates a decorated function (Flask routes, context
   managers such as the session turn lock, the store's transactions and the shard lock).

@@ -1,4 +1,4 @@
-"""Mutation testing of the security- and durability-critical code (README §Tests → Mutation
+"""Mutation testing of the security- and durability-critical code (docs/testing.md §Mutation
 testing). Run by ``make mutation``; not part of ``make test`` or CI (~35 min on the shared
 2-core machine).
 
@@ -9,8 +9,8 @@ Two parts, run one after the other (never two mutation runs at once):
    the work tree itself is never touched) and each against its own focused selection of fast
    unit tests (no CLI turn: ``HERMES_BIN`` is a stand-in that refuses to answer a turn).
    mutmut runs, for every mutant, only the selected tests that executed the mutated function.
-   Every survivor must be explained in README's table of surviving mutants (matched by
-   module, function and the mutated line); an unexplained survivor fails the run.
+   Every survivor must be explained in :data:`SURVIVORS` (``mutation/survivors.tsv``, matched
+   by module, function and the mutated line); an unexplained survivor fails the run.
 2. **Hand-made mutants** (:mod:`mutation.hand_mutants`): one-line changes mutmut cannot make
    (it skips decorated functions: Flask routes, context managers) and the survivors a review
    found with hand-made mutations. Each must make its tests fail.
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutation"
+SURVIVORS = Path(__file__).resolve().parent / "survivors.tsv"   # the explained survivors
 PYTHON = sys.executable
 
 #: Replaces the hermes CLI in mutation runs: a unit test that starts a real CLI turn fails
@@ -66,7 +66,7 @@ class Module:
         return self.path[:-3].replace("/", ".")
 
 
-# The selections (README §Tests → Mutation testing): the unit tests that exercise each module,
+# The selections (docs/testing.md §Mutation testing): the unit tests that exercise each module,
 # without tests that start service processes (covered by the fast suite; seconds per mutant).
 _WAITRESS = "tests/test_security.py::test_forwarded_for_reaches_the_guard_through_real_waitress"
 _GC_COMMAND = "tests/test_retention.py::test_gc_command"
@@ -134,7 +134,7 @@ def _setup_cfg(module: Module, dest: Path) -> None:
     lines += ["pytest_add_cli_args ="] + [f"    {a}" for a in PYTEST_ARGS]
     lines += ["also_copy ="] + [f"    {p}" for p in ("pytest.ini", "main.py", "config.yaml",
                                                     "users_template/", "examples/")]
-    # log calls are not mutated: their text is not behaviour (README: Mutation testing)
+    # log calls are not mutated: their text is not behaviour (docs/testing.md §Mutation testing)
     lines += ["do_not_mutate_patterns =", r"    ^\s*(log|logger|access_logger)\.(debug|info|warning|error|exception)\("]
     # never ask git which files changed: every run is fresh
     lines += ["use_git_change_detection = false", "use_setproctitle = false", ""]
@@ -188,27 +188,21 @@ def mutated_lines(diff: str) -> str:
                       if line.startswith("+") and not line.startswith("+++"))
 
 
-def explained_survivors(readme: Path = ROOT / "README.md") -> dict[tuple[str, str, str], str]:
-    """README's table of surviving mutants: (module, function, mutated line) → reason.
+def explained_survivors(path: Path = SURVIVORS) -> dict[tuple[str, str, str], str]:
+    """The explained survivors of :data:`SURVIVORS`: (module, function, mutated line) → reason.
 
-    Rows of the table under ``#### Surviving mutants``:
-    ``| module | function | mutated line | why it survives |`` (code in backticks, a ``|``
-    inside code written ``\\|``)."""
-    text = readme.read_text("utf-8")
-    start = text.find("#### Surviving mutants")
-    if start < 0:
-        return {}
+    One tab-separated row per survivor after the header row ``module  function  mutated line
+    why it survives``; lines starting with ``#`` are comments. A row with another number of
+    fields raises :class:`ValueError` naming its line."""
     out = {}
-    for line in text[start:].splitlines()[1:]:
-        if line.startswith("#"):
-            break
-        if not line.startswith("| `"):
-            continue
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+    lines = path.read_text("utf-8").splitlines()
+    rows = [(n, line) for n, line in enumerate(lines, 1) if line.strip() and not line.startswith("#")]
+    for n, line in rows[1:]:
+        cells = line.split("\t")
         if len(cells) != 4:
-            continue
-        mod, func, mutated = (c.strip("`") for c in cells[:3])
-        out[(mod, func, mutated)] = cells[3]
+            raise ValueError(f"{path}:{n}: {len(cells)} tab-separated fields, not 4")
+        mod, func, mutated, reason = (c.strip() for c in cells)
+        out[(mod, func, mutated)] = reason
     return out
 
 
@@ -242,7 +236,7 @@ def run_module(key: str, module: Module, max_children: int) -> dict:
         else:
             unexplained.append(name)
     print(f"   {len(results)} mutants: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-          + f"; {len(reasons)} survivor(s) explained in README, {len(unexplained)} not; {seconds} s",
+          + f"; {len(reasons)} survivor(s) explained in survivors.tsv, {len(unexplained)} not; {seconds} s",
           flush=True)
     for name in unexplained:
         print(f"   UNEXPLAINED {name}  [{key} | {function_of(name)} | {mutated_lines(diffs[name])}]")

@@ -113,8 +113,9 @@ def test_docs_name_no_file_outside_the_repository_and_the_right_interpreter():
         assert "shared/" not in text, f"{name} names a file outside the repository"
         assert not re.search(r"(?<![./\w])python3 main\.py", text), \
             f"{name}: the system python3 lacks the dependencies; say .venv/bin/python"
-    for named in re.findall(r"`((?:docs|deploy|examples|bench)/[\w./-]+)`", README.read_text()):
-        assert (ROOT / named).exists(), f"README names {named}, which does not exist"
+    for page in (README, *ROOT.glob("docs/*.md")):
+        for named in re.findall(r"`((?:docs|deploy|examples|bench)/[\w./-]+)`", page.read_text()):
+            assert (ROOT / named).exists(), f"{page.name} names {named}, which does not exist"
 
 
 def test_make_run_installs_only_what_the_service_needs():
