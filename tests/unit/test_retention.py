@@ -1,6 +1,5 @@
 """Retention and cleanup (issue #9 item 2): ``main.py gc`` and the service's periodic pass remove
 exactly what is stale, keep what a running turn uses, and ``--dry-run`` removes nothing."""
-import json
 import os
 import sqlite3
 import subprocess
@@ -287,35 +286,6 @@ def test_retention_defaults_keep_mappings(make_config):
                    "purge_transcripts": False, "idempotency_window_seconds": 86400}
     assert make_config({"retention": {"interval_seconds": 0, "sessions_older_than": "90d",
                                       "purge_transcripts": True}})["retention"]["interval_seconds"] == 0
-
-
-@pytest.mark.e2e
-def test_purge_transcripts_deletes_them_with_the_hermes_cli(start_service, tmp_path):
-    """Two real turns; gc --purge-transcripts removes the stale session's Hermes transcript with
-    `hermes sessions delete` and keeps the other one's."""
-    from hermes_service.hermes_state import session_summary
-    svc = start_service()
-    sids = []
-    for text in ("first conversation", "second conversation"):
-        sid = svc.post("/api/v1/sessions", json={"user_id": "purger"}).json()["session_id"]
-        res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": text})
-        assert res.status_code == 200, res.text
-        sids.append((sid, res.json()["hermes_session_id"]))
-    svc.stop()
-    shard = tmp_path / "data" / "sessions" / "purger" / "sessions.json"
-    data = json.loads(shard.read_text())
-    data["sessions"][sids[0][0]]["updated_at"] = iso(time.time() - 60 * DAY)
-    shard.write_text(json.dumps(data))
-    hermes_home = tmp_path / "data" / "users" / "purger" / ".hermes"
-    assert session_summary(hermes_home, sids[0][1]) and session_summary(hermes_home, sids[1][1])
-    out = run_gc(svc.config_path, "--purge-transcripts", "--older-than", "30d")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert f"removed Hermes session {sids[0][1]} of user purger" in out.stdout
-    assert f"removed session {sids[0][0]} of user purger" in out.stdout
-    assert session_summary(hermes_home, sids[0][1]) is None          # gone from state.db
-    assert session_summary(hermes_home, sids[1][1])["messageCount"] >= 2   # the other stays
-    remaining = json.loads(shard.read_text())["sessions"]
-    assert list(remaining) == [sids[1][0]]
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
