@@ -119,8 +119,8 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
-    HermesRunner(cfg)._turn(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
-    HermesRunner({**cfg, "command": shutil.which("false")})._turn(
+    HermesRunner(cfg).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
+    HermesRunner({**cfg, "command": shutil.which("false")}).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":
