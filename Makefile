@@ -18,9 +18,12 @@ setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 # tests, and the client generators (docs/api-description.md §Generating a client).
 setup: setup-service $(VENV)/.dev-installed nginx promtool client-tools
 
-$(VENV)/.installed: requirements.txt
+# the pinned lock, then this package itself (pyproject.toml; editable, no other dependency:
+# the lock decides the versions), which puts the `hermes-service` command into .venv/bin
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
