@@ -18,9 +18,12 @@ setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 # tests, and the client generators (docs/api-description.md §Generating a client).
 setup: setup-service $(VENV)/.dev-installed nginx promtool client-tools
 
-$(VENV)/.installed: requirements.txt
+# the pinned lock, then this package itself (pyproject.toml; editable, no other dependency:
+# the lock decides the versions), which puts the `hermes-service` command into .venv/bin
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt
@@ -42,7 +45,7 @@ $(TVENV)/.installed: tools/requirements.txt
 	$(TVENV)/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
 	touch $@
 
-# without npm (not root, no apt) the TypeScript part of tests/test_openapi_clients.py skips
+# without npm (not root, no apt) the TypeScript part of tests/e2e/test_openapi_clients.py skips
 tools/node_modules/.installed: tools/package.json tools/package-lock.json | npm
 	@if command -v npm >/dev/null 2>&1; then \
 	  echo "npm ci in tools/ (openapi-typescript)"; \
@@ -70,11 +73,11 @@ apt-install = @if $(1); then :; \
 bubblewrap:
 	$(call apt-install,command -v bwrap >/dev/null 2>&1,bubblewrap,the sandbox of Hermes processes,Hermes processes run unconfined (see check-config))
 
-# Debian's nginx for tests/test_deploy_nginx.py; without it those tests skip and say why.
+# Debian's nginx for tests/e2e/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
 	$(call apt-install,command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ],nginx,the deploy/nginx tests,the deploy/nginx tests will skip)
 
-# Debian's prometheus package for its promtool (tests/test_deploy_prometheus.py checks and
+# Debian's prometheus package for its promtool (tests/e2e/test_deploy_prometheus.py checks and
 # unit-tests deploy/prometheus/alerts.yml); without it those checks skip and say why.
 # (On a machine with systemd running, the package also enables a Prometheus server on :9090.)
 promtool:

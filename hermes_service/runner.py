@@ -774,16 +774,17 @@ class HermesRunner:
         try:
             resume, notice = req.resume_id, None
             self.check_home_quota(req.home)
-            outcome = self._turn(self.chat_args(req.message, resume, req.model, req.toolsets), env,
-                                 req.home, _on_spawn(req.listener), req.cancel, req.log_ctx)
+            outcome = self.run_process(
+                self.chat_args(req.message, resume, req.model, req.toolsets), env, req.home,
+                _on_spawn(req.listener), req.cancel, req.log_ctx)
             if outcome.returncode != 0 and resume and outcome.killed is None \
                     and classify_failure(outcome).code == "session_not_found":
                 log.warning("resume id unknown, starting a fresh Hermes session %s", req.log_ctx)
                 notice, resume = LOST_HISTORY_NOTICE, None
                 self.run_files.remove(marker)
-                outcome = self._turn(self.chat_args(req.message, None, req.model, req.toolsets), env,
-                                     req.home, _on_spawn(req.listener), req.cancel,
-                                     req.log_ctx)
+                outcome = self.run_process(
+                    self.chat_args(req.message, None, req.model, req.toolsets), env, req.home,
+                    _on_spawn(req.listener), req.cancel, req.log_ctx)
             sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker, self.run_files)
             if outcome.returncode != 0 or outcome.killed:
                 err = classify_failure(outcome)
@@ -800,8 +801,11 @@ class HermesRunner:
             if run_file is not None:
                 self.run_files.remove(run_file)
 
-    def _turn(self, args: list[str], env, home, on_spawn, cancel, log_ctx) -> Outcome:
-        """One CLI process for ``home`` to its end (the seam unit tests replace)."""
+    def run_process(self, args: list[str], env, home, on_spawn, cancel, log_ctx) -> Outcome:
+        """One CLI process for ``home`` to its end: ``hermes <args>`` with ``env``, reported to
+        ``on_spawn(process)``, stopped by a set ``cancel``; returns its :class:`Outcome`.
+        The CLI runner's seam: unit tests replace it on the instance with a scripted turn
+        (tests/support/fixtures.py ``StubTurns``)."""
         if cancel is not None and cancel.is_set():
             return Outcome(-1, "", "", 0.0, killed="cancelled")
         proc = self.spawn(args, env, home)

@@ -28,11 +28,11 @@ class Hand:
     repeat: int = 1
 
 
-SEC = "tests/test_security.py"
-TOOLS = "tests/test_tool_endpoint.py"
-STORE = "tests/test_session_store.py"
-CLIENT = "tests/test_mnote_client.py"
-TURNS = "tests/test_turns.py"
+SEC = "tests/unit/test_security.py"
+TOOLS = "tests/unit/test_tool_endpoint.py"
+STORE = "tests/unit/test_session_store.py"
+CLIENT = "tests/unit/test_mnote_client.py"
+TURNS = "tests/unit/test_turns.py"
 
 MUTANTS = [
     # -- the review's survivors ------------------------------------------------------------
@@ -124,12 +124,12 @@ MUTANTS = [
          "hermes_service/mnote/page_store.py",
          "            if con.in_transaction:\n                con.execute(\"ROLLBACK\")\n",
          "            pass\n",
-         ["tests/test_page_store.py"]),
+         ["tests/unit/test_page_store.py"]),
     Hand("page store: a write command is never committed",
          "hermes_service/mnote/page_store.py",
          'con.execute("COMMIT" if write else "ROLLBACK")',
          'con.execute("ROLLBACK")',
-         ["tests/test_page_store.py"]),
+         ["tests/unit/test_page_store.py"]),
     Hand("turn lock: a busy session is waited for without a bound",
          "hermes_service/conversations.py",
          'flock = FileLock(str(self.locks_dir / f"session-{session_id}.lock"), timeout=wait)',

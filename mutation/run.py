@@ -68,41 +68,40 @@ class Module:
 
 # The selections (docs/testing.md §Mutation testing): the unit tests that exercise each module,
 # without tests that start service processes (covered by the fast suite; seconds per mutant).
-_WAITRESS = "tests/test_security.py::test_forwarded_for_reaches_the_guard_through_real_waitress"
-_GC_COMMAND = "tests/test_retention.py::test_gc_command"
+_GC_COMMAND = "tests/unit/test_retention.py::test_gc_command"
+_STORE = "tests/unit/test_session_store.py::"
 MODULES: dict[str, Module] = {
     "security": Module("hermes_service/security.py", [
-        "tests/test_security.py", "tests/test_scopes_health.py", "--deselect", _WAITRESS]),
+        "tests/unit/test_security.py", "tests/unit/test_scopes_health.py"]),
     "hooks": Module("hermes_service/hooks.py", [
-        "tests/test_security.py", "tests/test_scopes_health.py", "tests/test_tool_endpoint.py",
-        "--deselect", _WAITRESS],
+        "tests/unit/test_security.py", "tests/unit/test_scopes_health.py",
+        "tests/unit/test_tool_endpoint.py"],
         # authentication, scope and loopback; not the request id or access log
         functions=["x_required_scope", "x_is_loopback", "x_resolve_client", "x_authenticate"]),
     "session_store": Module("hermes_service/session_store.py", [
-        "tests/test_session_store.py", "tests/test_retention.py", "--deselect", _GC_COMMAND,
-        "--deselect", "tests/test_session_store.py::test_kill_9_at_random_moments_of_a_migration_loses_nothing",
-        "--deselect", "tests/test_session_store.py::test_service_migrates_an_existing_data_dir_on_first_start",
-        "--deselect", "tests/test_session_store.py::test_service_refuses_to_start_on_a_corrupt_legacy_file",
-        "--deselect", "tests/test_session_store.py::"
-                      "test_two_service_processes_sharing_a_data_dir_lose_no_session_and_survive_restart"]),
+        "tests/unit/test_session_store.py", "tests/unit/test_retention.py",
+        "--deselect", _GC_COMMAND,
+        "--deselect", _STORE + "test_kill_9_at_random_moments_of_a_migration_loses_nothing",
+        "--deselect", _STORE + "test_service_refuses_to_start_on_a_corrupt_legacy_file"]),
     # the one atomic-write rule (temp file, fsync, rename, folder fsync): the registry's tests
     # kill a writer mid-write, count its fsyncs and make a write fail
     "files": Module("hermes_service/files.py", [
-        "tests/test_files.py", "tests/test_session_store.py",
+        "tests/unit/test_files.py", "tests/unit/test_session_store.py",
         "-k", "killed_inside or durable_before or failed_shard_write or roundtrip or format_utf8"]),
     "gateway": Module("hermes_service/mnote/gateway.py", [
-        "tests/test_tool_endpoint.py"]),
+        "tests/unit/test_tool_endpoint.py"]),
     "endpoint": Module("hermes_service/mnote/endpoint.py", [
-        "tests/test_tool_endpoint.py"],
+        "tests/unit/test_tool_endpoint.py"],
         # the envelope and its codes; not _schema (the API document's copy of the contract
-        # schemas, tests/test_openapi.py); the route is decorated: hand mutants
+        # schemas, tests/unit/test_openapi.py); the route is decorated: hand mutants
         functions=["x_failure_envelope", "x_render_error_body", "x_tool_code"]),
     "page_store": Module("hermes_service/mnote/page_store.py", [
-        "tests/test_page_store.py", "tests/test_mnote_tools.py", "tests/test_tool_endpoint.py",
-        "tests/test_retention.py", "--deselect", _GC_COMMAND,
+        "tests/unit/test_page_store.py", "tests/unit/test_mnote_tools.py",
+        "tests/unit/test_tool_endpoint.py", "tests/unit/test_retention.py",
+        "--deselect", _GC_COMMAND,
         # isinstance() against the typing.Protocol fails on mutmut's copy (its trampolines add
         # members to the protocol class): a tool artefact, not a finding
-        "--deselect", "tests/test_page_store.py::test_is_a_page_store_with_wal"],
+        "--deselect", "tests/unit/test_page_store.py::test_is_a_page_store_with_wal"],
         # permissions (member, read, write, protectEditing, artifact write; options AI may
         # not change) and idempotency (lookup, conflict, replay, record, retry window)
         functions=["xǁSQLitePageStoreǁ_authorize", "xǁSQLitePageStoreǁ_write",

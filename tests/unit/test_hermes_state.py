@@ -1,0 +1,187 @@
+"""Transcripts read from a ``state.db`` that Hermes compacted in place (README §Answers;
+client-proxy contract §2 ``GET /sessions/{id}``), built the way hermes-agent 0.19.0 writes it
+(tests/support/hermes_record.py): no CLI runs here. The real CLI's compaction is checked end to end
+in test_e2e_answers.py."""
+from __future__ import annotations
+
+import pytest
+
+from support.hermes_record import (MERGED_HEADER, SUMMARY_END_MARKER, SUMMARY_PREFIX, active_rows,
+                           archive_and_compact, merged_into, record_turn)
+from hermes_service.hermes_state import session_summary, transcript, turn_record
+
+SID = "20260101_000000_abcdef"
+
+
+def compact(home, keep_from: int, summary: str, head: int = 0) -> None:
+    """One in-place compaction: the first ``head`` active rows are kept (protected head), those
+    from ``head`` to ``keep_from`` are summarized away, and the summary is merged into the
+    first row of the kept tail (Hermes's merge-into-tail case)."""
+    rows = active_rows(home, SID)
+    tail = rows[keep_from:]
+    tail[0] = {**tail[0], "content": merged_into(tail[0]["content"], summary)}
+    archive_and_compact(home, SID, rows[:head] + tail)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 5])
+@pytest.mark.parametrize("first_kept", ["assistant", "user"])
+def test_a_message_merged_into_by_any_number_of_compactions_shows_as_itself(tmp_path, depth,
+                                                                           first_kept):
+    home = tmp_path / ".hermes"
+    for i in (1, 2):
+        record_turn(home, SID, f"question {i}", answer=f"answer {i}")
+    # the first kept row: "answer 1" (head ends with a user message) or "question 2"
+    keep_from = 1 if first_kept == "assistant" else 2
+    for n in range(depth):
+        compact(home, keep_from, f"summary number {n}")
+        keep_from = 0                      # the same row is the first kept one again
+        record_turn(home, SID, f"question {n + 3}", answer=f"answer {n + 3}")
+    first = active_rows(home, SID)[0]["content"]
+    assert first.count(MERGED_HEADER) == depth        # what Hermes left: nested headers
+
+    got = transcript(home, SID)
+    expected = ["answer 1", "question 2", "answer 2"] if first_kept == "assistant" \
+        else ["question 2", "answer 2"]
+    for n in range(depth):
+        expected += [f"question {n + 3}", f"answer {n + 3}"]
+    assert [m["content"] for m in got] == expected
+    assert got[0]["role"] == first_kept
+    assert session_summary(home, SID)["messageCount"] == len(expected)
+    assert session_summary(home, SID)["preview"] == "question 2"
+    newest = turn_record(home, SID, f"question {depth + 2}")
+    assert newest.found and newest.answer == f"answer {depth + 2}"
+
+
+def test_a_summary_merged_into_an_earlier_standalone_summary_is_left_out(tmp_path):
+    home = tmp_path / ".hermes"
+    for i in (1, 2, 3):
+        record_turn(home, SID, f"question {i}", answer=f"answer {i}")
+    rows = active_rows(home, SID)
+    standalone = {"role": "assistant", "timestamp": rows[1]["timestamp"],
+                  "content": f"{SUMMARY_PREFIX}\nfirst summary\n\n{SUMMARY_END_MARKER}"}
+    archive_and_compact(home, SID, [rows[0], standalone, *rows[2:]])
+    compact(home, 1, "second summary", head=1)     # merged into the first summary
+    assert [m["content"] for m in transcript(home, SID)] == \
+        ["question 1", "question 2", "answer 2", "question 3", "answer 3"]
+
+
+def test_a_message_that_only_starts_like_the_header_is_shown_as_written(tmp_path):
+    home = tmp_path / ".hermes"
+    typed = f"{MERGED_HEADER}\nis what Hermes writes, isn't it?"
+    record_turn(home, SID, typed, answer="it is")
+    assert [m["content"] for m in transcript(home, SID)] == [typed, "it is"]
+
+
+def test_a_stopped_turn_keeps_the_shown_text_as_hermes_stores_an_interrupted_reply(tmp_path):
+    """README §Runners → "A stopped turn": Hermes saved the question only (its process was
+    killed): the shown text becomes the assistant row, counted once, no finish_reason."""
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2")
+    assert keep_partial(home, SID, "question 2", "half an ans")
+    assert [m["content"] for m in transcript(home, SID)] == \
+        ["question 1", "answer 1", "question 2", "half an ans"]
+    assert session_summary(home, SID)["messageCount"] == 4
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("SELECT finish_reason FROM messages ORDER BY id DESC").fetchone() == (None,)
+    # Hermes had saved it (an honoured session/cancel): not written twice
+    assert not keep_partial(home, SID, "question 2", "half an ans")
+    assert len(transcript(home, SID)) == 4
+
+
+def test_a_stopped_turn_hermes_saved_nothing_of_gets_its_question_too(tmp_path):
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", answer="answer 1")
+    assert keep_partial(home, SID, "question 2", "the start")
+    assert [(m["role"], m["content"]) for m in transcript(home, SID)][2:] == \
+        [("user", "question 2"), ("assistant", "the start")]
+    assert not keep_partial(home, "no-such-session", "q", "text")     # no session row: nothing
+
+
+def test_a_stopped_turn_after_a_tool_step_keeps_only_the_text_not_yet_recorded(tmp_path):
+    """The text shown before a tool call is in Hermes's tool-call step already; only the
+    rest of what was shown is written."""
+    import json
+    import sqlite3
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", tool_call="terminal")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE messages SET content = 'Let me look. ' WHERE role = 'assistant'")
+        db.execute("INSERT INTO messages (session_id, role, content, tool_call_id, timestamp) "
+                   "VALUES (?, 'tool', ?, 'call_1', 0)", (SID, json.dumps({"output": "ok"})))
+    assert keep_partial(home, SID, "question 1", "Let me look. It says ok, so")
+    assert transcript(home, SID)[-1]["content"] == "It says ok, so"
+
+
+def test_a_user_message_replayed_without_an_answer_between_shows_once(tmp_path):
+    """Hermes's display history drops a user message repeated with no answer in between (a
+    replay, e.g. a turn retried over one Hermes kept unanswered); the transcript and its
+    count do the same, and a repeat after an answer is a turn of its own."""
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "same question")
+    record_turn(home, SID, "same question", answer="answer 1")
+    record_turn(home, SID, "same question", answer="answer 2")
+    got = [m["content"] for m in transcript(home, SID)]
+    assert got == ["same question", "answer 1", "same question", "answer 2"]
+    assert session_summary(home, SID)["messageCount"] == 4
+
+
+def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
+    """The counters a run reads before its turn (usage = their growth) are those of
+    session_summary, over the whole compaction lineage."""
+    import sqlite3
+    from hermes_service.hermes_state import token_counts
+    home = tmp_path / ".hermes"
+    record_turn(home, "parent", "question 1", answer="answer 1")
+    record_turn(home, SID, "question 2", answer="answer 2")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE sessions SET parent_session_id = 'parent' WHERE id = ?", (SID,))
+        db.execute("UPDATE sessions SET input_tokens = 100, output_tokens = 7 WHERE id = 'parent'")
+        db.execute("UPDATE sessions SET input_tokens = 50, output_tokens = 3 WHERE id = ?", (SID,))
+    summary = session_summary(home, SID)
+    assert token_counts(home, SID) == {"inputTokens": 150, "outputTokens": 10} == \
+        {k: summary[k] for k in ("inputTokens", "outputTokens")}
+    assert token_counts(home, "unknown") is None and token_counts(home, None) is None
+
+
+@pytest.mark.parametrize("body", [
+    "SELECT RAISE(ABORT, 'no partial here')",
+    "SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+    "SELECT x FROM c)",
+])
+def test_a_trigger_the_agent_planted_on_messages_ends_keep_partial_with_409(tmp_path, monkeypatch,
+                                                                            body):
+    """README §Runners → "A stopped turn": the user's agent owns its state.db; a trigger that
+    refuses the partial row or runs for ever is a tampered home (409 home_tampered), never a
+    raw SQLite error or a hang, and nothing of the turn is half-written."""
+    import sqlite3
+    from hermes_service import hermes_state
+    from hermes_service.homefs import HomeTampered
+    monkeypatch.setattr(hermes_state, "STATE_DB_SECONDS", 0.5)
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1")
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute(f"CREATE TRIGGER planted AFTER INSERT ON messages BEGIN {body}; END")
+    with pytest.raises(HomeTampered) as err:
+        hermes_state.keep_partial(home, SID, "question 1", "half an ans")
+    assert err.value.code == "home_tampered" and err.value.status == 409
+    with sqlite3.connect(home / "state.db") as db:
+        assert db.execute("SELECT count(*) FROM messages").fetchone() == (1,)
+
+
+def test_a_stopped_turn_whose_shown_text_holds_a_lone_surrogate_or_nul_is_kept(tmp_path):
+    """Text decoded from the agent's JSON can hold a lone surrogate (``"\\ud800"``), which
+    UTF-8 (SQLite) cannot store: it is kept as U+FFFD, the rest (a NUL, a pair, a long text)
+    exactly as shown, once."""
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1")
+    shown = "a\ud800b\x00c \U0001f600 " + "x" * 200_000
+    assert keep_partial(home, SID, "question 1", shown)
+    assert transcript(home, SID)[-1]["content"] == shown.replace("\ud800", "\ufffd").strip()
+    assert not keep_partial(home, SID, "question 1", shown)
+    assert session_summary(home, SID)["messageCount"] == 2

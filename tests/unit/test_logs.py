@@ -1,0 +1,153 @@
+"""Structured logs (README §Operations → Logs; ``service.log_format``).
+
+In-process: the formatters and the context filter are the service's own (hermes_service.logs),
+fed by the real request hooks, run workers and runner. The same lines from a real service
+process (json format): test_deploy_nginx.py.
+"""
+import io
+import json
+import logging
+import shutil
+import threading
+import time
+
+import pytest
+
+from support.fixtures import API_KEY
+from hermes_service import logs
+from hermes_service.runner import HermesRunner
+
+P = "/api/hermes/client"
+A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
+FORGED = 'x\n2026-01-01 00:00:00,000 INFO hermes_service.access "forged" rid=FAKE\r\n{"level": "INFO"}'
+
+
+@pytest.fixture(params=["json", "text"])
+def captured(request, caplog):
+    """Log records of this test as the service writes them (format = the param)."""
+    caplog.set_level("INFO")
+    buf = io.StringIO()
+    handler = logging.StreamHandler(buf)
+    handler.setFormatter(logs.json_formatter() if request.param == "json" else logs.TextFormatter())
+    handler.addFilter(logs.ContextFilter())
+    logging.getLogger().addHandler(handler)
+    buf.format = request.param
+    yield buf
+    logging.getLogger().removeHandler(handler)
+
+
+def lines(buf):
+    text = buf.getvalue()
+    assert text.endswith("\n")
+    return text[:-1].split("\n")
+
+
+def records(buf):
+    return [json.loads(line) for line in lines(buf)]      # every line is one JSON object
+
+
+def test_access_and_run_lines_carry_request_trace_and_run_ids(stubbed_app, stub, captured):
+    app = stubbed_app()
+    c = app.test_client()
+    seen = threading.Event()
+    # stands in for a line the runner logs inside the run's worker thread
+    stub.block = lambda: (logging.getLogger("hermes_service.runner").info("probe from the run"),
+                          seen.set())
+    res = c.post(f"{P}/runs", headers={**A, "X-Request-Id": "req_fixed_1"}, json={
+        "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "s1", "message": "SECRET TEXT",
+        "traceId": "trace_json_1"})
+    run_id = res.json["runId"]
+    assert seen.wait(10)
+    run = app.extensions["hermes_service"].runs.get(run_id, "user_1")
+    deadline = time.monotonic() + 10
+    while not run.done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    c.get(f"/api/v1/sessions/nope", headers={"X-API-Key": API_KEY})
+    assert "SECRET TEXT" not in captured.getvalue()            # message text never at info
+    if captured.format == "text":
+        access, probe, other = (next(l for l in lines(captured) if m in l) for m in
+                                ("POST /api/hermes/client/runs", "probe from the run", "nope"))
+        assert f"rid=req_fixed_1 trace=trace_json_1 run={run_id} route=/api/hermes/client/runs " \
+               f"status=200 ms=" in access
+        assert f"rid=req_fixed_1 trace=trace_json_1 run={run_id} route=/api/hermes/client/runs" in probe
+        assert " trace=- run=- route=/api/v1/sessions/<session_id> status=404 ms=" in other
+        return
+    recs = records(captured)
+    access = next(r for r in recs if r["logger"] == "hermes_service.access"
+                  and r["route"] == "/api/hermes/client/runs")
+    assert access["request_id"] == "req_fixed_1" and access["trace_id"] == "trace_json_1"
+    assert access["run_id"] == run_id and access["status"] == 200
+    assert access["method"] == "POST" and access["client_ip"] == "127.0.0.1"
+    assert isinstance(access["duration_ms"], float) and access["level"] == "INFO"
+    assert access["time"].endswith("+00:00")
+    probe = next(r for r in recs if r["message"] == "probe from the run")
+    assert (probe["request_id"], probe["trace_id"], probe["run_id"], probe["route"]) == \
+        ("req_fixed_1", "trace_json_1", run_id, "/api/hermes/client/runs")
+    other = next(r for r in recs if r["logger"] == "hermes_service.access" and r["status"] == 404)
+    assert other["route"] == "/api/v1/sessions/<session_id>" and other["trace_id"] is None
+    assert other["run_id"] is None and other["request_id"].startswith("req_")
+
+
+def test_a_message_with_newlines_and_quotes_cannot_forge_a_line(app_factory, captured):
+    c = app_factory().test_client()
+    forged_path = "/api/v1/sessions/" + FORGED.replace("\n", "%0a").replace("\r", "%0d") \
+        .replace(" ", "%20").replace('"', "%22").replace("{", "%7b").replace("}", "%7d")
+    c.get(forged_path, headers={"X-API-Key": API_KEY})
+    c.post("/api/v1/sessions/s/messages", json={"message": FORGED}, headers={"X-API-Key": API_KEY})
+    logging.getLogger("hermes_service").warning("value from outside: %s", FORGED)
+    try:
+        raise ValueError(FORGED)
+    except ValueError:
+        logging.getLogger("hermes_service").exception("failure")
+    out = lines(captured)
+    assert len(out) == 4                      # two access lines, the warning, the exception
+    assert not any(l.startswith(("2026-01-01", '{"level"', "rid=")) for l in out)
+    if captured.format == "json":
+        recs = records(captured)
+        assert [r["logger"] for r in recs] == ["hermes_service.access"] * 2 + ["hermes_service"] * 2
+        assert recs[2]["message"] == "value from outside: " + FORGED     # intact, just escaped
+        assert FORGED in recs[3]["exc_info"]
+    else:
+        assert "\\n2026-01-01" in out[2] and "\\r\\n{" in out[2]
+
+
+def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(captured, tmp_path):
+    """The runner's real run line (a real process: ``true`` / ``false`` stand in for hermes)."""
+    cfg = {"command": shutil.which("true"), "timeout_seconds": 10, "stall_timeout_seconds": 10,
+           "queue_wait_seconds": 1, "toolsets": [], "max_concurrent_runs": 1}
+    logs.start(request_id="req_run_1", route="/api/v1/sessions/<session_id>/messages")
+    ctx = {"user": "u1", "session": "s1", "family": "v1"}
+    from hermes_service.user_homes import UserHome
+    home = UserHome("u1", tmp_path, tmp_path / ".hermes")
+    HermesRunner(cfg).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
+    HermesRunner({**cfg, "command": shutil.which("false")}).run_process(
+        ["chat", "--query=SECRET"], {}, home, None, None, ctx)
+    assert "SECRET" not in captured.getvalue()
+    if captured.format == "text":
+        ok, failed = (l for l in lines(captured) if "hermes chat" in l)
+        assert "user=u1 session=s1 family=v1 rc=0" in ok and " status=ok ms=" in ok
+        assert "rid=req_run_1 trace=- run=- route=/api/v1/sessions/<session_id>/messages" in ok
+        assert " status=hermes_failed " in failed
+        return
+    ok, failed = (r for r in records(captured) if r["logger"] == "hermes_service.runner"
+                  and r["message"].startswith("hermes chat"))
+    assert (ok["status"], ok["request_id"], ok["runner"]) == ("ok", "req_run_1", "cli")
+    assert ok["route"] == "/api/v1/sessions/<session_id>/messages" and ok["duration_ms"] >= 0
+    assert failed["status"] == "hermes_failed"
+
+
+def test_configure_installs_one_handler_in_the_chosen_format():
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    buf = io.StringIO()
+    try:
+        handler = logs.configure("warning", "json", stream=buf)
+        assert root.handlers == [handler] and root.level == logging.WARNING
+        logs.start(request_id="req_cfg")
+        logging.getLogger("x").warning("hello")
+        logging.getLogger("x").info("not at warning level")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    [rec] = [json.loads(l) for l in buf.getvalue().splitlines()]
+    assert rec["message"] == "hello" and rec["request_id"] == "req_cfg" and rec["run_id"] is None
