@@ -1,4 +1,4 @@
-"""Flask app factory: service objects, request hooks, error shapes, blueprints (README §Architecture).
+"""Flask app factory: service objects, request hooks, error handlers, blueprints (README §Architecture).
 
 Data flows one way: blueprint → service objects (:mod:`hermes_service.services`) → runner/store.
 """

@@ -4,10 +4,11 @@
    which also starts the log context (request id, route template; :mod:`hermes_service.logs`);
 2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
-3. :func:`authenticate` — IP allowlist, API key (``g.api_key``) and the key's scope for the
-   route (:func:`required_scope`); the tool endpoint authenticates itself with a run token and
-   only admits loopback peers without proxy headers; ``/health`` and the API description
-   (:func:`is_docs_path`) need a key only when the config says so;
+3. :func:`authenticate` — what the request's route family (:func:`hermes_service.routing.current`)
+   asks: IP allowlist, API key (``g.api_key``) and the family's key scope; a run-token family
+   (the tool endpoint, which checks its token itself) admits loopback peers without proxy
+   headers only; an open-unless-configured family (``/health``, the API description) needs a
+   key only when its ``security.*`` flag says so;
 4. :func:`access_log` — one line per request (client, method, path; request id, trace id, run
    id, route template, status, duration) and the request's metrics
    (:func:`hermes_service.metrics.http_request`).
@@ -23,7 +24,7 @@ from urllib.parse import quote
 
 from flask import Flask, g, request
 
-from . import logs, metrics
+from . import logs, metrics, routing
 from .errors import ID_PATTERN, Forbidden
 from .web import services
 
@@ -31,27 +32,8 @@ access_logger = logging.getLogger("hermes_service.access")
 _REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _ID = re.compile(ID_PATTERN)
 
-# Paths that authenticate themselves (a run-scoped token) instead of an API key.
-SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
+# headers a (same-host) reverse proxy adds: a run-token family refuses requests carrying any
 PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host")
-# Which API key scope a route family needs (README §API keys); first match wins.
-ROUTE_SCOPES = (("/api/v1/execute", "execute"), ("/api/v1/", "v1"),
-                ("/api/hermes/client/", "client"), ("/api/ai-agent/", "client"),
-                ("/metrics", "metrics"))
-
-
-def is_docs_path(path: str) -> bool:
-    """``/openapi.json``, ``/docs`` and its files: open to allowed addresses without a key
-    when ``security.docs_requires_api_key`` is false (README §API description)."""
-    return path in ("/openapi.json", "/docs") or path.startswith("/docs/")
-
-
-def required_scope(path: str) -> str | None:
-    """The scope a key needs for ``path`` (None: any valid key, e.g. ``/health``, ``/docs``)."""
-    for prefix, scope in ROUTE_SCOPES:
-        if path == prefix.rstrip("/") or path.startswith(prefix):
-            return scope
-    return None
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -86,7 +68,8 @@ def authenticate() -> None:
     needed)."""
     svc = services()
     g.api_key = None
-    if request.path.startswith(SELF_AUTH_PREFIXES):
+    family = routing.current()
+    if family is not None and family.auth == routing.RUN_TOKEN:
         # tool calls come from the local CLI with a run token: loopback peers only, and
         # never through a (same-host) reverse proxy, whose requests also come from loopback
         proxied = any(h in request.headers for h in PROXY_HEADERS)
@@ -97,12 +80,10 @@ def authenticate() -> None:
     svc.guard.check_ip(g.client_ip)
     if request.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
         return    # CORS preflight carries no credentials
-    if request.path == "/health" and not svc.config["security"]["health_requires_api_key"]:
-        return
-    if is_docs_path(request.path) and not svc.config["security"]["docs_requires_api_key"]:
+    if family is not None and not family.needs_key(svc.config["security"]):
         return
     g.api_key = svc.guard.check_key(request.headers)
-    scope = required_scope(request.path)
+    scope = family.scope if family is not None else None
     if g.api_key is not None and scope and scope not in g.api_key.scopes:
         raise Forbidden(f"this API key is not granted the '{scope}' scope (security.api_keys[]."
                         "scopes)", code="insufficient_scope")

@@ -7,16 +7,17 @@ exposition. Allowlist and API key like every route, and the key's ``scopes``
 """
 from __future__ import annotations
 
-from flask import Blueprint, Response, g, request
+from flask import Blueprint, Response, request
 from prometheus_client.exposition import choose_encoder
 
-from .errors import Forbidden
 from .metrics import REGISTRY
+from .routing import RouteFamily, declare
 from .web import V1_ERRORS, Reply, documented
 
-METRICS_SCOPE = "metrics"
-
-bp = Blueprint("metrics", __name__)
+#: ``/metrics``: an allowed address and an API key with the ``metrics`` scope
+#: (the request hooks check it, before the view)
+METRICS = RouteFamily("metrics", ("/metrics/",), V1_ERRORS, scope="metrics")
+bp = declare(Blueprint("metrics", __name__), METRICS)
 
 _EXPOSITION = {"text/plain": {"schema": {"type": "string",
                                          "description": "Prometheus text format 0.0.4"}},
@@ -25,7 +26,7 @@ _EXPOSITION = {"text/plain": {"schema": {"type": "string",
 
 
 @bp.get("/metrics")
-@documented(summary="Prometheus metrics", family=V1_ERRORS, tags=("operations",),
+@documented(summary="Prometheus metrics", tags=("operations",),
             replies={200: Reply("this process's metrics (README §Operations → Metrics)",
                                 media=_EXPOSITION, headers=("Cache-Control",))},
             errors={403: ("insufficient_scope",)})
@@ -35,9 +36,6 @@ def metrics():
     Needs what every route needs (allowlist, API key); the key's scopes must include
     ``metrics`` (a key that lists none has ``[v1, client]``), else 403 ``insufficient_scope``.
     """
-    scopes = getattr(g.get("api_key"), "scopes", None)
-    if scopes is not None and METRICS_SCOPE not in scopes:
-        raise Forbidden("this API key lacks the 'metrics' scope", code="insufficient_scope")
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
     return Response(encoder(REGISTRY), content_type=content_type,
                     headers={"Cache-Control": "no-store"})

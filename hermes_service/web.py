@@ -4,9 +4,9 @@
 * :func:`parse_json` / :func:`json_body` / :func:`has_body` — strict JSON request bodies (read
   whatever their Content-Type), validated with jsonschema;
 * :func:`schema_problem` — a request body's jsonschema error as ``path: message``;
-* :func:`register_error_shape` / :func:`render_error` — each route family renders a
-  :class:`~hermes_service.errors.ServiceError` in its own contract's shape, chosen by URL prefix
-  (v1 API: ``{"detail", "code", "requestId"}``; the mnote blueprints register theirs);
+* :func:`render_error` — a :class:`~hermes_service.errors.ServiceError` in the shape of the
+  request's route family (:func:`hermes_service.routing.current`; v1 API and requests of no
+  family: ``{"detail", "code", "requestId"}``);
 * :func:`documented` — a route's contract (parameters, request schema, responses, error codes),
   declared next to the route; :mod:`hermes_service.openapi` builds ``GET /openapi.json`` from
   these and refuses a route without one (README §API description). :func:`json_body` validates
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Callable
 import jsonschema
 from flask import current_app, g, jsonify, request
 
+from . import routing
 from .errors import ID_PATTERN, ID_RULE, BadRequest, ServiceError, schema_error
+from .routing import ErrorFamily
 
 if TYPE_CHECKING:
     from .services import Services
-
-ErrorRenderer = Callable[[ServiceError], dict]
 
 
 def services() -> "Services":
@@ -118,23 +118,6 @@ def json_body(schema: dict | None = None) -> dict:
 
 
 # -- route contracts (the OpenAPI document) -------------------------------------------------
-def _same(code: str) -> str:
-    return code
-
-
-@dataclass(frozen=True)
-class ErrorFamily:
-    """How one route family answers errors: the JSON schema of its error body (component
-    ``name`` in the document), ``code``, the function mapping a core error code
-    (:mod:`hermes_service.errors`) to the code its contract shows, and ``code_path``, where
-    the code is in the body."""
-    name: str
-    schema: dict
-    code: Callable[[str], str] = _same
-    description: str = ""
-    code_path: tuple[str, ...] = ("code",)
-
-
 @dataclass(frozen=True)
 class Param:
     """One documented request parameter: ``where`` is ``path``, ``query`` or ``header``;
@@ -161,21 +144,18 @@ class Reply:
 class Contract:
     """A route's documented contract (README §API description).
 
-    ``family``: its error shape; ``auth``: ``key`` (API key and scope), ``health``/``docs``
-    (API key only when ``security.health_requires_api_key``/``docs_requires_api_key``) or
-    ``run_token`` (the tool endpoint); ``body``: the request schema :func:`json_body`
-    validates with (``body_required`` False: an empty body is allowed;
-    ``body_for_config(body, config)``: the body as the document shows it when a rule depends on
-    the config); ``params``;
+    Who may call the route and its error shape are its route family's
+    (:class:`~hermes_service.routing.RouteFamily`, declared by its blueprint), not the
+    contract's. ``body``: the request schema :func:`json_body` validates with
+    (``body_required`` False: an empty body is allowed; ``body_for_config(body, config)``: the
+    body as the document shows it when a rule depends on the config); ``params``;
     ``replies``: status → :class:`Reply`; ``errors``: status → core error codes this route
     raises itself (the authentication, body and internal errors every route of its kind can
     answer are added by the document builder). ``links``: OpenAPI links of the 200 reply,
     ``name → (endpoint, {parameter: runtime expression})``.
     """
     summary: str
-    family: ErrorFamily
     replies: dict
-    auth: str = "key"
     tags: tuple[str, ...] = ()
     body: dict | None = None
     body_required: bool = True
@@ -190,7 +170,7 @@ def documented(**contract) -> Callable:
     """Declare a route's :class:`Contract` next to it (below the route decorator)::
 
         @bp.post("/api/v1/sessions")
-        @documented(summary="Create a session", family=V1_ERRORS, body=CREATE_SESSION, ...)
+        @documented(summary="Create a session", body=CREATE_SESSION, ...)
         def create_session(): ...
 
     The view's docstring becomes the operation's description.
@@ -208,16 +188,17 @@ def contract_of(view: Callable | None) -> Contract | None:
     return getattr(view, "__contract__", None)
 
 
+def v1_error(err: ServiceError) -> dict:
+    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; README §The v1 API)."""
+    return {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
+
+
 #: the v1 API's error body (README §The v1 API); ``err.extra`` may add fields
 V1_ERROR = {"type": "object", "required": ["detail", "code", "requestId"],
             "properties": {"detail": {"type": "string"}, "code": {"type": "string"},
                            "requestId": {"type": "string"}}}
-V1_ERRORS = ErrorFamily("V1Error", V1_ERROR, description="v1 API error")
-
-
-def v1_error(err: ServiceError) -> dict:
-    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; README §The v1 API)."""
-    return {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
+#: the error shape of the v1 API and the core routes (health, docs, metrics)
+V1_ERRORS = ErrorFamily("V1Error", V1_ERROR, description="v1 API error", render=v1_error)
 
 
 def register_components(app, schemas: dict[str, dict]) -> None:
@@ -226,18 +207,11 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     app.extensions.setdefault("openapi_components", {}).update(schemas)
 
 
-def register_error_shape(app, prefix: str, renderer: ErrorRenderer) -> None:
-    """Render errors of requests under ``prefix`` with ``renderer`` (longest prefix wins)."""
-    app.extensions.setdefault("error_shapes", []).append((prefix, renderer))
-
-
 def render_error(err: ServiceError):
-    """The JSON response for ``err`` in the shape of the request's route family."""
-    renderer, best = v1_error, ""
-    for prefix, fn in current_app.extensions.get("error_shapes", []):
-        if request.path.startswith(prefix) and len(prefix) > len(best):
-            renderer, best = fn, prefix
-    resp = jsonify(renderer(err))
+    """The JSON response for ``err`` in the shape of the request's route family
+    (:func:`hermes_service.routing.current`; the v1 shape for a request of no family)."""
+    family = routing.current()
+    resp = jsonify((family.errors.render if family is not None else v1_error)(err))
     resp.status_code = err.status
     for k, v in err.headers.items():
         resp.headers[k] = v

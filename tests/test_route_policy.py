@@ -117,3 +117,45 @@ def test_routes_get_the_scope_of_their_family(c):
     assert c.get("/api/hermes/client/tools", headers=key(CLIENT_ONLY)).status_code == 200
     assert c.get("/api/v1/status", headers=key(CLIENT_ONLY)).status_code == 403
     assert c.get("/health", headers=key(CLIENT_ONLY)).status_code == 200
+
+
+# -- the records are checked ----------------------------------------------------------------
+def test_a_route_outside_the_families_of_its_blueprint_stops_the_app(app_factory, make_config):
+    from flask import Blueprint
+
+    from hermes_service import openapi, routing
+    from hermes_service.api_v1 import V1
+    from hermes_service.web import Reply, documented
+
+    def view():
+        return ""
+    app = app_factory()
+    stray = routing.declare(Blueprint("stray", __name__), V1)
+    contract = documented(summary="stray", replies={200: Reply("ok")})
+    stray.add_url_rule("/api/hermes/client/stray", "in_client", contract(view))
+    stray.add_url_rule("/elsewhere", "nowhere", contract(view))
+    undeclared = Blueprint("undeclared", __name__)
+    undeclared.add_url_rule("/api/v1/undeclared", "x", contract(view))
+    app.register_blueprint(stray)
+    app.register_blueprint(undeclared)
+    with pytest.raises(openapi.UndocumentedRoute) as err:
+        openapi.build_document(app, make_config())
+    text = str(err.value)
+    assert "/api/hermes/client/stray (stray.in_client): not under a family of its blueprint " \
+           "(v1); its path is client's" in text
+    assert "/elsewhere (stray.nowhere): not under a family" in text
+    assert "/api/v1/undeclared (undeclared.x): its blueprint declares no route family" in text
+
+
+def test_a_family_record_is_consistent():
+    from hermes_service.routing import OPEN_UNLESS, RUN_TOKEN, RouteFamily
+    from hermes_service.web import V1_ERRORS
+    for bad in ({"auth": "password"}, {"auth": OPEN_UNLESS},
+                {"auth": RUN_TOKEN, "key_setting": "health_requires_api_key"}):
+        with pytest.raises(ValueError):
+            RouteFamily("x", ("/x/",), V1_ERRORS, **bad)
+    with pytest.raises(ValueError, match="absolute"):
+        RouteFamily("x", ("x/",), V1_ERRORS)
+    family = RouteFamily("x", ("/a/", "/b"), V1_ERRORS)
+    assert [family.owns(p) for p in ("/a", "/a/", "/a/z", "/ab", "/b", "/b/", "/bc")] == \
+        [3, 3, 3, 0, 2, 0, 0]
