@@ -16,9 +16,10 @@ import uuid
 from flask import Blueprint, g, jsonify, request
 
 from .routing import OPEN_UNLESS, RouteFamily, declare
-from .web import V1_ERRORS, Param, Reply, documented, has_body, json_body, parse_json, services
+from .web import (V1_ERRORS, Param, Reply, documented, has_body, idempotent, json_body,
+                  parse_json, services)
 from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
-from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
+from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from .preflight import describe, health_checks
 from .runner import classify_failure
 from .security import acting_user
@@ -147,7 +148,7 @@ def _merge(*tables: dict) -> dict:
 
 
 def _requested_user(*path: str) -> str | None:
-    """Whose idempotency key this is (:func:`~hermes_service.idempotency.idempotent`): the key's
+    """Whose idempotency key this is (:func:`~hermes_service.web.idempotent`): the key's
     bound actor, else the user the body names at ``path`` — read as sent, never raising (the
     route reports a bad body itself)."""
     bound = getattr(g.get("api_key"), "actor_id", None)

@@ -7,6 +7,8 @@
 * :func:`render_error` — a :class:`~hermes_service.errors.ServiceError` in the shape of the
   request's route family (:func:`hermes_service.routing.current`; v1 API and requests of no
   family: ``{"detail", "code", "requestId"}``);
+* :func:`idempotent` — a view honouring ``Idempotency-Key`` (the rules and the record store:
+  :mod:`hermes_service.idempotency`);
 * :func:`documented` — a route's contract (parameters, request schema, responses, error codes),
   declared next to the route; :mod:`hermes_service.openapi` builds ``GET /openapi.json`` from
   these and refuses a route without one (README §API description). :func:`json_body` validates
@@ -16,20 +18,29 @@ Blueprints import from here, never from ``app.py``; ``app.py`` imports the bluep
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
+import sqlite3
+import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import jsonschema
-from flask import current_app, g, jsonify, request
+from flask import current_app, g, jsonify, make_response, request
 
 from . import routing
 from .errors import ID_PATTERN, ID_RULE, BadRequest, ServiceError, schema_error
+from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, IdempotencyStore, Outcome,
+                          check_key, fingerprint, recordable, scope_of)
 from .routing import ErrorFamily
 
 if TYPE_CHECKING:
     from .services import Services
+
+log = logging.getLogger("hermes_service")
 
 
 def services() -> "Services":
@@ -216,3 +227,86 @@ def render_error(err: ServiceError):
     for k, v in err.headers.items():
         resp.headers[k] = v
     return resp
+
+
+# -- idempotent routes ------------------------------------------------------------------------
+def _claim(store: IdempotencyStore, scope: str, key: str, fp: str) -> Outcome | str | None:
+    """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
+    beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
+    ``Retry-After`` (nothing ran: the retry is safe), logged."""
+    try:
+        return store.claim(scope, key, fp)
+    except sqlite3.Error as err:
+        log.error("idempotency record store %s unusable (%s): keyed requests are refused",
+                  store.path, err)
+        raise ServiceError(f"the {HEADER} record store is unavailable (locked or damaged); "
+                           "nothing was done, retry later", code="idempotency_unavailable",
+                           status=503, headers={"Retry-After": "5"}) from None
+
+
+def idempotent(family: str, user: Callable[[], str | None], *,
+               extra: Callable[[], tuple] = tuple, wait: Callable | None = None):
+    """Make a view honour ``Idempotency-Key`` (the rules: :mod:`hermes_service.idempotency`).
+    ``family`` and ``user()`` (the acting user; may raise the route's own 400/401/403 first)
+    name the key's scope; ``extra()`` adds request parts to the fingerprint; ``wait()`` is a
+    context manager held while a retry waits for the first request (e.g. a v1 admission
+    place)."""
+    def wrap(view):
+        @functools.wraps(view)
+        def inner(**kwargs):
+            key = check_key(request.headers.get(HEADER))
+            if key is None:
+                return view(**kwargs)
+            svc = services()
+            store = svc.idempotency
+            scope = scope_of(family, user())
+            fp = fingerprint(request.get_data(), extra())
+            deadline, waiting = None, ExitStack()
+            with waiting:             # held while this retry waits for the first request
+                while True:
+                    got = _claim(store, scope, key, fp)
+                    if got is None:
+                        break
+                    if isinstance(got, Outcome):
+                        log.info("idempotent replay of %s %s (status %d)", request.method,
+                                 request.path, got.status)
+                        return got.response()
+                    if deadline is None:   # "running": wait for the first request's outcome
+                        h = svc.config["hermes"]
+                        deadline = time.monotonic() + float(h["queue_wait_seconds"]) + \
+                            float(h["timeout_seconds"]) + WAIT_MARGIN_SECONDS
+                        if wait is not None:
+                            waiting.enter_context(wait())   # may raise 429: nothing claimed
+                    if time.monotonic() >= deadline:
+                        raise ServiceError(f"the first request with this {HEADER} is still "
+                                           "in progress; retry later",
+                                           code="idempotency_key_in_progress", status=409,
+                                           headers={"Retry-After": "5"})
+                    store.wait(POLL_SECONDS)
+            try:
+                try:
+                    resp = make_response(view(**kwargs))
+                    code = None
+                except ServiceError as err:
+                    resp, code = render_error(err), err.code
+            except BaseException:
+                store.release(scope, key)     # e.g. 413 or an internal error: not replayed
+                raise
+            try:
+                if recordable(resp.status_code, code) and not resp.is_streamed:
+                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
+                                                     resp.get_data()))
+                else:
+                    store.release(scope, key)
+            except sqlite3.Error:
+                # the work is done and its answer goes out; a record left "running" would hold
+                # the key until this process ends, so it is dropped (a retry runs again)
+                log.exception("idempotency record of %s %s not written", request.method,
+                              request.path)
+                try:
+                    store.release(scope, key)
+                except sqlite3.Error:
+                    pass
+            return resp
+        return inner
+    return wrap

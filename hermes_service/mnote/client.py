@@ -25,10 +25,11 @@ from datetime import datetime
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from ..routing import ErrorFamily, RouteFamily, declare
-from ..web import Param, Reply, documented, has_body, json_body, parse_json, services
+from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
+                   services)
 from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
                       Unauthorized, check_id)
-from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
 from ..hermes_state import session_summary, token_counts, transcript
 
@@ -217,7 +218,7 @@ _IDEMPOTENT = {400: ("invalid_idempotency_key",),
 
 
 def _idempotent():
-    """The client routes' :func:`~hermes_service.idempotency.idempotent`: a key belongs to the
+    """The client routes' :func:`~hermes_service.web.idempotent`: a key belongs to the
     API key and the actor; the given ``X-Trace-Id`` is part of the request."""
     return idempotent("client", actor_id, extra=lambda: (request.headers.get("X-Trace-Id"),))
 #: /models and /tools answer the same for every actor: the header is optional there (checked
