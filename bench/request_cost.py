@@ -11,7 +11,10 @@ Flask app served by waitress with the same thread count, then runs ``wrk`` (8 co
 The runs alternate (bare, the two service routes, bare, …) and each service run is set
 against the mean of the bare runs just before and after it, so a noisy neighbour weighs on
 both sides of a ratio alike; the table gives each side's median requests/s and the median of
-its ratios to bare.
+its ratios to bare. Each run also measures the server process's CPU time per request
+(``/proc/<pid>/stat``): on a busy shared machine the req/s of both sides swing with the
+neighbours' load, while CPU per request barely moves, so bare's CPU per request over the
+service's is the steadier estimate of the ratio on an idle machine; both are printed.
 
     python3 bench/request_cost.py [--rounds 3] [--seconds 5] [--log-format text|json]
     make bench-requests
@@ -93,15 +96,38 @@ def wait_up(url: str, proc: subprocess.Popen, log: Path, headers: dict | None = 
     sys.exit(f"{url} did not answer 200:\n{log.read_text()}")
 
 
-def wrk(url: str, headers: dict, seconds: int, connections: int) -> float:
-    """Requests/s of one wrk run (non-2xx answers make the run fail)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Side:
+    """One side of the comparison: a URL, its headers and the server process answering it."""
+
+    def __init__(self, name: str, url: str, headers: dict, pid: int):
+        self.name, self.url, self.headers, self.pid = name, url, headers, pid
+        self.rates: list[float] = []
+        self.cpu_ms: list[float] = []     # server CPU per request
+
+    def run(self, seconds: int, connections: int) -> float:
+        before = cpu_seconds(self.pid)
+        rate, count = wrk(self.url, self.headers, seconds, connections)
+        self.rates.append(rate)
+        self.cpu_ms.append((cpu_seconds(self.pid) - before) * 1000 / max(count, 1))
+        return rate
+
+
+def wrk(url: str, headers: dict, seconds: int, connections: int) -> tuple[float, int]:
+    """Requests/s and requests of one wrk run (non-2xx answers make the run fail)."""
     cmd = ["wrk", "-t2", f"-c{connections}", f"-d{int(seconds)}s", url]
     for name, value in headers.items():
         cmd[1:1] = ["-H", f"{name}: {value}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     if "Non-2xx" in out:
         sys.exit(f"{url}: non-2xx answers:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1))
+    return (float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1)),
+            int(re.search(r"([0-9]+) requests in", out).group(1)))
 
 
 def serve_bare(port: int, threads: int) -> None:
@@ -154,35 +180,40 @@ def main() -> None:
         wait_up(bare_url + "/health", bare, bare_log)
         for path, headers in ROUTES.items():
             wait_up(svc_url + path, svc, svc_log, headers)
-        sides = [("bare /health", bare_url + "/health", {})] + [
-            (f"service {path}", svc_url + path, headers) for path, headers in ROUTES.items()]
-        for _name, url, headers in sides:       # warm up: imports, caches, first connections
-            wrk(url, headers, 1, args.connections)
+        bare_side = Side("bare /health", bare_url + "/health", {}, bare.pid)
+        sides = [Side(f"service {path}", svc_url + path, headers, svc.pid)
+                 for path, headers in ROUTES.items()]
+        for side in (bare_side, *sides):       # warm up: imports, caches, first connections
+            wrk(side.url, side.headers, 1, args.connections)
         # B S1 S2 B S1 S2 … B: each service run is set against the bare runs on either side
-        bare_name = sides[0][0]
-        rates: dict[str, list[float]] = {name: [] for name, _, _ in sides}
-        ratios: dict[str, list[float]] = {name: [] for name, _, _ in sides[1:]}
-        rates[bare_name].append(wrk(bare_url + "/health", {}, args.seconds, args.connections))
+        ratios: dict[str, list[float]] = {side.name: [] for side in sides}
+        bare_side.run(args.seconds, args.connections)
         for r in range(args.rounds):
-            for name, url, headers in sides[1:]:
-                rates[name].append(wrk(url, headers, args.seconds, args.connections))
-            rates[bare_name].append(wrk(bare_url + "/health", {}, args.seconds,
-                                        args.connections))
-            around = (rates[bare_name][-2] + rates[bare_name][-1]) / 2
-            for name, _, _ in sides[1:]:
-                ratios[name].append(rates[name][-1] / around)
-            print(f"round {r + 1}/{args.rounds}: bare {around:.0f}, " + ", ".join(
-                f"{name} {rates[name][-1]:.0f} ({ratios[name][-1]:.2f})"
-                for name, _, _ in sides[1:]), flush=True)
+            for side in sides:
+                side.run(args.seconds, args.connections)
+            bare_side.run(args.seconds, args.connections)
+            around = (bare_side.rates[-2] + bare_side.rates[-1]) / 2
+            for side in sides:
+                ratios[side.name].append(side.rates[-1] / around)
+            print(f"round {r + 1}/{args.rounds}: bare {around:.0f} req/s, " + ", ".join(
+                f"{side.name} {side.rates[-1]:.0f} ({ratios[side.name][-1]:.2f})"
+                for side in sides), flush=True)
+        bare_cpu = statistics.median(bare_side.cpu_ms)
         print(f"\nwrk -c{args.connections}, {args.seconds} s runs, {args.rounds} rounds, "
-              f"waitress threads {threads}, log_format {args.log_format}")
-        print(f"{'side':<36} {'median req/s':>12} {'vs bare':>8}")
-        print(f"{bare_name:<36} {statistics.median(rates[bare_name]):>12.0f} {1:>8.2f}")
-        for name, _, _ in sides[1:]:
-            print(f"{name:<36} {statistics.median(rates[name]):>12.0f} "
-                  f"{statistics.median(ratios[name]):>8.2f}")
-        print("(vs bare: the median over the rounds of each run's requests/s over the mean "
-              "of the bare runs just before and after it)")
+              f"waitress threads {threads}, log_format {args.log_format}, "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"{'side':<34} {'req/s':>7} {'vs bare':>8} {'CPU ms/req':>11} {'bare/CPU':>9}")
+        print(f"{bare_side.name:<34} {statistics.median(bare_side.rates):>7.0f} {1:>8.2f} "
+              f"{bare_cpu:>11.3f} {1:>9.2f}")
+        for side in sides:
+            cpu = statistics.median(side.cpu_ms)
+            print(f"{side.name:<34} {statistics.median(side.rates):>7.0f} "
+                  f"{statistics.median(ratios[side.name]):>8.2f} {cpu:>11.3f} "
+                  f"{bare_cpu / cpu:>9.2f}")
+        print("req/s: median of the runs; vs bare: median over the rounds of a run's req/s over "
+              "the mean of the bare runs\nbefore and after it. CPU ms/req: the server process's "
+              "CPU time per answered request\n(median); bare/CPU: bare's over this side's, the "
+              "req/s ratio to expect on an idle machine.")
     finally:
         for proc in procs:
             if proc.poll() is None:
