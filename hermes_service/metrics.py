@@ -165,13 +165,25 @@ def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
 
 
 # -- events ------------------------------------------------------------------------
+# (route, method, status) -> the two children of that series: ``labels()`` validates and
+# locks on every call; the series of a label set never change, so each is looked up once
+_HTTP_SERIES: dict[tuple, tuple] = {}
+
+
 def http_request(route: str | None, method: str, status: int, seconds: float) -> None:
     """One answered request. ``route``: the Flask rule (``request.url_rule.rule``), None if
     no route matched; ``seconds``: time to the response headers."""
-    route = route or UNMATCHED_ROUTE
-    method = method if method in HTTP_METHODS else "other"
-    HTTP_REQUESTS.labels(route, method, str(int(status))).inc()
-    HTTP_DURATION.labels(route, method).observe(max(0.0, seconds))
+    key = (route, method, status)
+    series = _HTTP_SERIES.get(key)
+    if series is None:
+        route = route or UNMATCHED_ROUTE
+        method = method if method in HTTP_METHODS else "other"
+        series = (HTTP_REQUESTS.labels(route, method, str(int(status))),
+                  HTTP_DURATION.labels(route, method))
+        if len(_HTTP_SERIES) < 10000:   # bounded whatever callers pass
+            _HTTP_SERIES[key] = series
+    series[0].inc()
+    series[1].observe(max(0.0, seconds))
 
 
 def turn_finished(runner: str, family: str, outcome: str, seconds: float | None,
