@@ -80,8 +80,8 @@ MODULES: dict[str, Module] = {
         functions=["x_is_loopback", "x_resolve_client", "x_authenticate"]),
     # the route families: which family a route or path is in, and what it asks
     "routing": Module("hermes_service/routing.py", [
-        "tests/test_route_policy.py", "tests/test_scopes_health.py", "tests/test_security.py",
-        "tests/test_tool_endpoint.py", "--deselect", _WAITRESS]),
+        "tests/unit/test_route_policy.py", "tests/unit/test_scopes_health.py",
+        "tests/unit/test_security.py", "tests/unit/test_tool_endpoint.py"]),
     "session_store": Module("hermes_service/session_store.py", [
         "tests/unit/test_session_store.py", "tests/unit/test_retention.py",
         "--deselect", _GC_COMMAND,

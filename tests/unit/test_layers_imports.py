@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = "hermes_service"
-ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

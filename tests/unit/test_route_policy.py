@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import API_KEY
+from support.fixtures import API_KEY
 
 V1_ONLY = "v1-only-key-0123456789"
 CLIENT_ONLY = "client-only-key-0123456"
