@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-requests wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -83,6 +83,10 @@ nginx:
 promtool:
 	$(call apt-install,command -v promtool >/dev/null 2>&1,prometheus,the deploy/prometheus tests,the promtool checks of deploy/prometheus will skip)
 
+# Debian's wrk for bench/request_cost.py (make bench-requests); not needed by make test.
+wrk:
+	$(call apt-install,command -v wrk >/dev/null 2>&1,wrk,bench/request_cost.py,make bench-requests cannot run)
+
 # Serves config.yaml with .hermes-venv/bin first on PATH. If HERMES_SERVICE_API_KEY is
 # unset, a development key is generated once into $(DEV_KEY) and printed that once; later
 # runs say only where it is (a key on every start would end up in logs and scrollback).
@@ -146,6 +150,12 @@ bench-streams: setup
 # (docs/sandbox.md); ~5 minutes. BENCH_ARGS="--turns 10" for more samples.
 bench-sandbox: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
+
+# Per-request cost of the light routes (/health, /api/hermes/client/tools) against a bare
+# Flask + waitress app of the same thread count, wrk -c8, alternating runs; ~1 min.
+# BENCH_ARGS="--rounds 5 --log-format json" etc.
+bench-requests: setup-service wrk
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/request_cost.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV) $(TVENV) tools/node_modules

@@ -15,16 +15,25 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
-from .web import V1_ERRORS, Param, Reply, documented, has_body, json_body, parse_json, services
+from .routing import OPEN_UNLESS, RouteFamily, declare
+from .web import (V1_ERRORS, Param, Reply, documented, has_body, idempotent, json_body,
+                  parse_json, services)
 from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
-from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
+from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from .preflight import describe, health_checks
 from .runner import classify_failure
 from .security import acting_user
 
 log = logging.getLogger("hermes_service")
 
-bp = Blueprint("api_v1", __name__)
+# the route families of this blueprint (README §API keys): the v1 API, its execute route
+# (a scope of its own: it reads any user's data), and /health (a key only when
+# security.health_requires_api_key)
+V1 = RouteFamily("v1", ("/api/v1/",), V1_ERRORS, scope="v1")
+EXECUTE = RouteFamily("execute", ("/api/v1/execute/",), V1_ERRORS, scope="execute")
+HEALTH = RouteFamily("health", ("/health",), V1_ERRORS, auth=OPEN_UNLESS,
+                     key_setting="health_requires_api_key")
+bp = declare(Blueprint("api_v1", __name__), V1, EXECUTE, HEALTH)
 
 # -- request schemas (spec §3-§5) ---------------------------------------------------------
 # optional fields may also be sent as null (= absent), as initial_message may
@@ -139,7 +148,7 @@ def _merge(*tables: dict) -> dict:
 
 
 def _requested_user(*path: str) -> str | None:
-    """Whose idempotency key this is (:func:`~hermes_service.idempotency.idempotent`): the key's
+    """Whose idempotency key this is (:func:`~hermes_service.web.idempotent`): the key's
     bound actor, else the user the body names at ``path`` — read as sent, never raising (the
     route reports a bad body itself)."""
     bound = getattr(g.get("api_key"), "actor_id", None)
@@ -176,7 +185,7 @@ _last_health: list = [None]    # the last reported problems, so a change is logg
 
 
 @bp.get("/health")
-@documented(summary="Liveness and readiness", family=V1_ERRORS, auth="health", tags=("health",),
+@documented(summary="Liveness and readiness", tags=("health",),
             replies={200: Reply("healthy, or degraded without a usable model provider", HEALTH),
                      503: Reply("degraded (the node cannot work), draining or stopping",
                                 HEALTH)})
@@ -221,7 +230,7 @@ def _health(svc) -> tuple[dict, int]:
 
 
 @bp.get("/api/v1/status")
-@documented(summary="Hermes version", family=V1_ERRORS, tags=("v1",),
+@documented(summary="Hermes version", tags=("v1",),
             replies={200: Reply("the service runs", STATUS)},
             errors={429: ("too_many_runs",), 502: ("hermes_failed",),
                     503: ("hermes_unavailable", "hermes_unconfigured", "service_stopping")})
@@ -240,7 +249,7 @@ def new_session_id(node_id: str | None) -> str:
 
 
 @bp.post("/api/v1/sessions")
-@documented(summary="Create a session", family=V1_ERRORS, tags=("v1",), body=CREATE_SESSION,
+@documented(summary="Create a session", tags=("v1",), body=CREATE_SESSION,
             params=(IDEMPOTENCY_KEY,),
             replies={200: Reply("created", SESSION_CREATED)},
             errors=_merge({403: ("actor_mismatch",), 409: ("session_exists",),
@@ -264,7 +273,7 @@ def create_session():
 
 
 @bp.get("/api/v1/sessions")
-@documented(summary="A user's sessions", family=V1_ERRORS, tags=("v1",),
+@documented(summary="A user's sessions", tags=("v1",),
             params=(Param("user_id", "query", ID_SCHEMA, "the user", required=True),),
             replies={200: Reply("the user's v1 sessions, oldest first", SESSION_LIST)},
             errors={400: ("invalid_request", "invalid_id"), 403: ("actor_mismatch",)})
@@ -278,7 +287,7 @@ def list_sessions():
 
 
 @bp.get("/api/v1/sessions/<session_id>")
-@documented(summary="A session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
+@documented(summary="A session", tags=("v1",), params=(_SESSION_ID,),
             replies={200: Reply("the session", SESSION)},
             errors={400: ("invalid_id",), 404: ("session_not_found",)})
 def get_session(session_id):
@@ -287,7 +296,7 @@ def get_session(session_id):
 
 
 @bp.delete("/api/v1/sessions/<session_id>")
-@documented(summary="Forget a session", family=V1_ERRORS, tags=("v1",), params=(_SESSION_ID,),
+@documented(summary="Forget a session", tags=("v1",), params=(_SESSION_ID,),
             replies={200: Reply("deleted (the transcript stays in the user's state.db)",
                                 SESSION_DELETED)},
             errors={400: ("invalid_id",), 404: ("session_not_found",), 409: ("session_busy",),
@@ -301,7 +310,7 @@ def delete_session(session_id):
 
 
 @bp.post("/api/v1/sessions/<session_id>/messages")
-@documented(summary="Send a message (one Hermes turn)", family=V1_ERRORS, tags=("v1",),
+@documented(summary="Send a message (one Hermes turn)", tags=("v1",),
             params=(_SESSION_ID, IDEMPOTENCY_KEY), body=SEND_MESSAGE,
             replies={200: Reply("Hermes's answer", MESSAGE_REPLY)},
             errors=_merge({400: ("invalid_id", "invalid_request"), 403: ("actor_mismatch",),
@@ -350,7 +359,7 @@ def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
 
 
 @bp.post("/api/v1/execute")
-@documented(summary="Run an allowed hermes command", family=V1_ERRORS, tags=("v1",), body=EXECUTE,
+@documented(summary="Run an allowed hermes command", tags=("v1",), body=EXECUTE,
             replies={200: Reply("the command ran (success false: it exited non-zero)",
                                 EXECUTE_RESULT)},
             errors={403: ("command_not_allowed", "actor_mismatch"), 429: ("too_many_runs",),

@@ -1,4 +1,4 @@
-"""Flask app factory: service objects, request hooks, error shapes, blueprints (README §Architecture).
+"""Flask app factory: service objects, request hooks, error handlers, blueprints (README §Architecture).
 
 Data flows one way: blueprint → service objects (:mod:`hermes_service.services`) → runner/store.
 """
@@ -9,7 +9,7 @@ import logging
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, metrics, openapi
+from . import hooks, openapi, ops
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, TooLarge
@@ -69,7 +69,7 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         return render_error(ServiceError("internal error", code="internal_error"))
 
     app.register_blueprint(v1)
-    app.register_blueprint(metrics.bp)
+    app.register_blueprint(ops.bp)
     register_mnote(app)
     app.register_blueprint(openapi.bp)
     # every route must declare its contract: an undocumented one stops the app here

@@ -4,10 +4,11 @@
    which also starts the log context (request id, route template; :mod:`hermes_service.logs`);
 2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
-3. :func:`authenticate` — IP allowlist, API key (``g.api_key``) and the key's scope for the
-   route (:func:`required_scope`); the tool endpoint authenticates itself with a run token and
-   only admits loopback peers without proxy headers; ``/health`` and the API description
-   (:func:`is_docs_path`) need a key only when the config says so;
+3. :func:`authenticate` — what the request's route family (:func:`hermes_service.routing.current`)
+   asks: IP allowlist, API key (``g.api_key``) and the family's key scope; a run-token family
+   (the tool endpoint, which checks its token itself) admits loopback peers without proxy
+   headers only; an open-unless-configured family (``/health``, the API description) needs a
+   key only when its ``security.*`` flag says so;
 4. :func:`access_log` — one line per request (client, method, path; request id, trace id, run
    id, route template, status, duration) and the request's metrics
    (:func:`hermes_service.metrics.http_request`).
@@ -23,35 +24,20 @@ from urllib.parse import quote
 
 from flask import Flask, g, request
 
-from . import logs, metrics
+from . import logs, metrics, routing
 from .errors import ID_PATTERN, Forbidden
 from .web import services
 
 access_logger = logging.getLogger("hermes_service.access")
 _REQ_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _ID = re.compile(ID_PATTERN)
+# the access line's path: percent-encoded except these; a path of only these (and letters,
+# digits) is logged as it is, as quote() would leave it
+_PATH_SAFE = "/@:+,;=-._~!$&'()*"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/@:+,;=\-._~!$&'()*]*")
 
-# Paths that authenticate themselves (a run-scoped token) instead of an API key.
-SELF_AUTH_PREFIXES = ("/api/hermes/tools/",)
+# headers a (same-host) reverse proxy adds: a run-token family refuses requests carrying any
 PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host")
-# Which API key scope a route family needs (README §API keys); first match wins.
-ROUTE_SCOPES = (("/api/v1/execute", "execute"), ("/api/v1/", "v1"),
-                ("/api/hermes/client/", "client"), ("/api/ai-agent/", "client"),
-                ("/metrics", "metrics"))
-
-
-def is_docs_path(path: str) -> bool:
-    """``/openapi.json``, ``/docs`` and its files: open to allowed addresses without a key
-    when ``security.docs_requires_api_key`` is false (README §API description)."""
-    return path in ("/openapi.json", "/docs") or path.startswith("/docs/")
-
-
-def required_scope(path: str) -> str | None:
-    """The scope a key needs for ``path`` (None: any valid key, e.g. ``/health``, ``/docs``)."""
-    for prefix, scope in ROUTE_SCOPES:
-        if path == prefix.rstrip("/") or path.startswith(prefix):
-            return scope
-    return None
 
 
 def is_loopback(addr: str | None) -> bool:
@@ -63,10 +49,12 @@ def is_loopback(addr: str | None) -> bool:
 
 
 def assign_request_id() -> None:
-    g.start = time.perf_counter()
-    incoming = request.headers.get("X-Request-Id", "")
-    g.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + secrets.token_hex(8)
-    logs.start(request_id=g.request_id, route=route_template())
+    ctx, req = g._get_current_object(), request._get_current_object()
+    ctx.start = time.perf_counter()
+    incoming = req.headers.get("X-Request-Id", "")
+    ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + secrets.token_hex(8)
+    logs.start(request_id=ctx.request_id,
+               route=req.url_rule.rule if req.url_rule is not None else None)  # route_template()
 
 
 def route_template() -> str | None:
@@ -76,53 +64,55 @@ def route_template() -> str | None:
 
 
 def resolve_client() -> None:
-    g.client_ip = services().guard.client_ip(request.remote_addr,
-                                             request.headers.get("X-Forwarded-For"))
+    req = request._get_current_object()
+    g.client_ip = services().guard.client_ip(req.remote_addr, req.headers.get("X-Forwarded-For"))
 
 
 def authenticate() -> None:
     """Raise Forbidden (``ip_not_allowed``, ``insufficient_scope``) or Unauthorized (key
     codes) unless the request may pass; sets ``g.api_key`` (None when keys are disabled or not
     needed)."""
-    svc = services()
-    g.api_key = None
-    if request.path.startswith(SELF_AUTH_PREFIXES):
+    svc, ctx, req = services(), g._get_current_object(), request._get_current_object()
+    ctx.api_key = None
+    family = routing.current()
+    if family is not None and family.auth == routing.RUN_TOKEN:
         # tool calls come from the local CLI with a run token: loopback peers only, and
         # never through a (same-host) reverse proxy, whose requests also come from loopback
-        proxied = any(h in request.headers for h in PROXY_HEADERS)
-        if proxied or not is_loopback(request.remote_addr):
+        proxied = any(h in req.headers for h in PROXY_HEADERS)
+        if proxied or not is_loopback(req.remote_addr):
             raise Forbidden("tool calls are accepted from the local CLI only",
                             code="ip_not_allowed")
         return
-    svc.guard.check_ip(g.client_ip)
-    if request.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
+    svc.guard.check_ip(ctx.client_ip)
+    if req.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
         return    # CORS preflight carries no credentials
-    if request.path == "/health" and not svc.config["security"]["health_requires_api_key"]:
+    if family is not None and not family.needs_key(svc.config["security"]):
         return
-    if is_docs_path(request.path) and not svc.config["security"]["docs_requires_api_key"]:
-        return
-    g.api_key = svc.guard.check_key(request.headers)
-    scope = required_scope(request.path)
-    if g.api_key is not None and scope and scope not in g.api_key.scopes:
+    ctx.api_key = key = svc.guard.check_key(req.headers)
+    scope = family.scope if family is not None else None
+    if key is not None and scope and scope not in key.scopes:
         raise Forbidden(f"this API key is not granted the '{scope}' scope (security.api_keys[]."
                         "scopes)", code="insufficient_scope")
 
 
 def access_log(resp):
-    resp.headers["X-Request-Id"] = g.get("request_id", "")
-    started = g.get("start")
+    ctx, req = g._get_current_object(), request._get_current_object()   # one lookup each
+    request_id = ctx.get("request_id")
+    resp.headers["X-Request-Id"] = request_id if request_id is not None else ""
+    started = ctx.get("start")
     seconds = time.perf_counter() - started if started else 0.0
-    route = route_template()
-    run_id = logs.current().get("run_id") or (request.view_args or {}).get("run_id")
-    access_logger.info("%s %s %s", g.get("client_ip"), request.method,
-                       quote(request.path, safe="/@:+,;=-._~!$&'()*"),
-                       extra={"request_id": g.get("request_id"), "trace_id": g.get("trace_id"),
+    route = req.url_rule.rule if req.url_rule is not None else None     # route_template()
+    run_id = logs.field("run_id") or (req.view_args or {}).get("run_id")
+    path, method, client_ip, status = req.path, req.method, ctx.get("client_ip"), resp.status_code
+    access_logger.info("%s %s %s", client_ip, method,
+                       path if _PLAIN_PATH.fullmatch(path) else quote(path, safe=_PATH_SAFE),
+                       extra={"request_id": request_id, "trace_id": ctx.get("trace_id"),
                               "run_id": run_id if isinstance(run_id, str) and _ID.fullmatch(run_id)
                               else None,
-                              "route": route, "status": resp.status_code,
+                              "route": route, "status": status,
                               "duration_ms": round(seconds * 1000, 1),
-                              "method": request.method, "client_ip": g.get("client_ip")})
-    metrics.http_request(route, request.method, resp.status_code, seconds)
+                              "method": method, "client_ip": client_ip})
+    metrics.http_request(route, method, status, seconds)
     return resp
 
 

@@ -2,9 +2,10 @@
 
 A client that may have lost an answer (a cut connection, a restart, a timeout) sends the
 request again with the same ``Idempotency-Key``; it gets the first request's outcome instead
-of a second turn. The routes that take the header say so with :func:`idempotent`
-(``POST /api/v1/sessions``, ``POST /api/v1/sessions/{id}/messages``,
-``POST /api/hermes/client/sessions``, ``POST /api/hermes/client/runs``).
+of a second turn. The routes that take the header say so with
+:func:`hermes_service.web.idempotent` (``POST /api/v1/sessions``, ``POST
+/api/v1/sessions/{id}/messages``, ``POST /api/hermes/client/sessions``, ``POST
+/api/hermes/client/runs``), which applies the rules and the store of this module.
 
 Rules (README §Idempotent retries is the manual):
 
@@ -53,7 +54,6 @@ the response leaves (durable across a power cut).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -62,15 +62,14 @@ import re
 import sqlite3
 import threading
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from flask import Response, g, make_response, request
+from flask import Response, g, request
 
 from . import instance
-from .errors import BadRequest, Conflict, ServiceError
+from .errors import BadRequest, Conflict
 
 log = logging.getLogger("hermes_service")
 
@@ -291,85 +290,3 @@ class IdempotencyStore:
 
     def count(self) -> int:
         return self._con().execute("SELECT count(*) FROM requests").fetchone()[0]
-
-
-def _claim(store: IdempotencyStore, scope: str, key: str, fp: str) -> Outcome | str | None:
-    """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
-    beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
-    ``Retry-After`` (nothing ran: the retry is safe), logged."""
-    try:
-        return store.claim(scope, key, fp)
-    except sqlite3.Error as err:
-        log.error("idempotency record store %s unusable (%s): keyed requests are refused",
-                  store.path, err)
-        raise ServiceError(f"the {HEADER} record store is unavailable (locked or damaged); "
-                           "nothing was done, retry later", code="idempotency_unavailable",
-                           status=503, headers={"Retry-After": "5"}) from None
-
-
-def idempotent(family: str, user: Callable[[], str | None], *,
-               extra: Callable[[], tuple] = tuple, wait: Callable | None = None):
-    """Make a view honour ``Idempotency-Key`` (module doc). ``family`` and ``user()`` (the
-    acting user; may raise the route's own 400/401/403 first) name the key's scope;
-    ``extra()`` adds request parts to the fingerprint; ``wait()`` is a context manager held
-    while a retry waits for the first request (e.g. a v1 admission place)."""
-    def wrap(view):
-        @functools.wraps(view)
-        def inner(**kwargs):
-            key = check_key(request.headers.get(HEADER))
-            if key is None:
-                return view(**kwargs)
-            from .web import render_error, services
-            svc = services()
-            store = svc.idempotency
-            scope = scope_of(family, user())
-            fp = fingerprint(request.get_data(), extra())
-            deadline, waiting = None, ExitStack()
-            with waiting:             # held while this retry waits for the first request
-                while True:
-                    got = _claim(store, scope, key, fp)
-                    if got is None:
-                        break
-                    if isinstance(got, Outcome):
-                        log.info("idempotent replay of %s %s (status %d)", request.method,
-                                 request.path, got.status)
-                        return got.response()
-                    if deadline is None:   # "running": wait for the first request's outcome
-                        h = svc.config["hermes"]
-                        deadline = time.monotonic() + float(h["queue_wait_seconds"]) + \
-                            float(h["timeout_seconds"]) + WAIT_MARGIN_SECONDS
-                        if wait is not None:
-                            waiting.enter_context(wait())   # may raise 429: nothing claimed
-                    if time.monotonic() >= deadline:
-                        raise ServiceError(f"the first request with this {HEADER} is still "
-                                           "in progress; retry later",
-                                           code="idempotency_key_in_progress", status=409,
-                                           headers={"Retry-After": "5"})
-                    store.wait(POLL_SECONDS)
-            try:
-                try:
-                    resp = make_response(view(**kwargs))
-                    code = None
-                except ServiceError as err:
-                    resp, code = render_error(err), err.code
-            except BaseException:
-                store.release(scope, key)     # e.g. 413 or an internal error: not replayed
-                raise
-            try:
-                if recordable(resp.status_code, code) and not resp.is_streamed:
-                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
-                                                     resp.get_data()))
-                else:
-                    store.release(scope, key)
-            except sqlite3.Error:
-                # the work is done and its answer goes out; a record left "running" would hold
-                # the key until this process ends, so it is dropped (a retry runs again)
-                log.exception("idempotency record of %s %s not written", request.method,
-                              request.path)
-                try:
-                    store.release(scope, key)
-                except sqlite3.Error:
-                    pass
-            return resp
-        return inner
-    return wrap

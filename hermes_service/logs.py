@@ -53,6 +53,11 @@ def current() -> dict:
     return dict(_CONTEXT.get())
 
 
+def field(name: str):
+    """One field of the current context (None when unset), without copying the context."""
+    return _CONTEXT.get().get(name)
+
+
 class ContextFilter(logging.Filter):
     """Puts the context fields on every record (``None`` when unset); ``extra=`` wins."""
 

@@ -1,4 +1,5 @@
-"""Prometheus metrics (README §Operations → Metrics), served at ``GET /metrics``.
+"""Prometheus metrics (README §Operations → Metrics), served at ``GET /metrics``
+(:mod:`hermes_service.ops`).
 
 The rest of the service reports through the small functions below, one call per event;
 this module owns every metric, its labels and the label-value rules, so no caller can put a
@@ -19,10 +20,8 @@ user id, message text or key into a label:
 
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
 ``python_*`` collectors), one per service process; scrape every process. Units are
-seconds (Prometheus naming conventions). The route is ``/metrics`` in :data:`bp`:
-allowlist and API key like every route, and the key's ``scopes``
-(``security.api_keys[].scopes``; ``[v1, client]`` when it lists none) must include ``metrics``
-(403 ``insufficient_scope``).
+seconds (Prometheus naming conventions). This module holds the instruments only and imports
+nothing of the web layer; the route is :func:`hermes_service.ops.metrics`.
 """
 from __future__ import annotations
 
@@ -30,20 +29,14 @@ import threading
 import time
 from typing import Callable
 
-from flask import Blueprint, Response, g, request
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics)
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from .errors import Forbidden
-from .web import V1_ERRORS, Reply, documented
-
 NAMESPACE = "hermes_service"
-METRICS_SCOPE = "metrics"
 UNMATCHED_ROUTE = "(unmatched)"        # 404/405 before routing: the raw path is never a label
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -172,13 +165,25 @@ def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
 
 
 # -- events ------------------------------------------------------------------------
+# (route, method, status) -> the two children of that series: ``labels()`` validates and
+# locks on every call; the series of a label set never change, so each is looked up once
+_HTTP_SERIES: dict[tuple, tuple] = {}
+
+
 def http_request(route: str | None, method: str, status: int, seconds: float) -> None:
     """One answered request. ``route``: the Flask rule (``request.url_rule.rule``), None if
     no route matched; ``seconds``: time to the response headers."""
-    route = route or UNMATCHED_ROUTE
-    method = method if method in HTTP_METHODS else "other"
-    HTTP_REQUESTS.labels(route, method, str(int(status))).inc()
-    HTTP_DURATION.labels(route, method).observe(max(0.0, seconds))
+    key = (route, method, status)
+    series = _HTTP_SERIES.get(key)
+    if series is None:
+        route = route or UNMATCHED_ROUTE
+        method = method if method in HTTP_METHODS else "other"
+        series = (HTTP_REQUESTS.labels(route, method, str(int(status))),
+                  HTTP_DURATION.labels(route, method))
+        if len(_HTTP_SERIES) < 10000:   # bounded whatever callers pass
+            _HTTP_SERIES[key] = series
+    series[0].inc()
+    series[1].observe(max(0.0, seconds))
 
 
 def turn_finished(runner: str, family: str, outcome: str, seconds: float | None,
@@ -279,32 +284,3 @@ def stream_opened() -> None:
 def stream_closed() -> None:
     """An event stream gave its slot back (call exactly once per :func:`stream_opened`)."""
     EVENT_STREAMS.dec()
-
-
-# -- the route ---------------------------------------------------------------------
-bp = Blueprint("metrics", __name__)
-
-
-_EXPOSITION = {"text/plain": {"schema": {"type": "string",
-                                         "description": "Prometheus text format 0.0.4"}},
-               "application/openmetrics-text": {"schema": {
-                   "type": "string", "description": "OpenMetrics 1.0 (when Accept asks for it)"}}}
-
-
-@bp.get("/metrics")
-@documented(summary="Prometheus metrics", family=V1_ERRORS, tags=("operations",),
-            replies={200: Reply("this process's metrics (README §Operations → Metrics)",
-                                media=_EXPOSITION, headers=("Cache-Control",))},
-            errors={403: ("insufficient_scope",)})
-def metrics():
-    """Prometheus text format (OpenMetrics when the scraper asks for it).
-
-    Needs what every route needs (allowlist, API key); the key's scopes must include
-    ``metrics`` (a key that lists none has ``[v1, client]``), else 403 ``insufficient_scope``.
-    """
-    scopes = getattr(g.get("api_key"), "scopes", None)
-    if scopes is not None and METRICS_SCOPE not in scopes:
-        raise Forbidden("this API key lacks the 'metrics' scope", code="insufficient_scope")
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return Response(encoder(REGISTRY), content_type=content_type,
-                    headers={"Cache-Control": "no-store"})

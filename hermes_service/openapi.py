@@ -34,8 +34,9 @@ from pathlib import Path
 from apispec import APISpec
 from flask import Blueprint, Flask, Response, current_app, jsonify, send_from_directory
 
+from . import routing
 from .errors import ID_PATTERN, NotFound
-from .hooks import required_scope
+from .routing import OPEN_UNLESS, RUN_TOKEN, RouteFamily, declare
 from .web import V1_ERRORS, Contract, Param, Reply, contract_of, documented, services
 
 OPENAPI_VERSION = "3.1.0"
@@ -130,19 +131,16 @@ def _mentions_id(schema) -> bool:
     return False
 
 
-def _common_errors(contract: Contract, path: str, config) -> dict[int, list[str]]:
-    """Core codes every route of this kind may answer besides its own."""
+def _common_errors(contract: Contract, family: RouteFamily, config) -> dict[int, list[str]]:
+    """Core codes every route of this family may answer besides its own."""
     sec = config["security"]
     out: dict[int, list[str]] = {}
-    needs_key = sec["enable_api_key"] and (
-        contract.auth == "key"
-        or contract.auth == "health" and sec["health_requires_api_key"]
-        or contract.auth == "docs" and sec["docs_requires_api_key"])
-    if contract.auth != "run_token":
+    needs_key = sec["enable_api_key"] and family.needs_key(sec)
+    if family.auth != RUN_TOKEN:
         if needs_key:
             out[401] = ["missing_api_key", "invalid_api_key", "api_key_expired"]
         forbidden = ["ip_not_allowed"] if sec["enable_ip_check"] else []
-        if needs_key and required_scope(path):
+        if needs_key and family.scope:
             forbidden.append("insufficient_scope")
         if forbidden:
             out[403] = forbidden
@@ -187,7 +185,8 @@ def _param(p: Param) -> dict:
     return out
 
 
-def _operation(app, rule, method: str, contract: Contract, config, op_ids, view) -> dict:
+def _operation(app, rule, method: str, contract: Contract, family: RouteFamily, config, op_ids,
+               view) -> dict:
     path = rule.rule
     sec = config["security"]
     bearer = sec["auth_method"] == "bearer"
@@ -195,21 +194,17 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
     if declared != set(rule.arguments):
         raise UndocumentedRoute(f"{method} {path}: path parameters {sorted(rule.arguments)} "
                                 f"but the contract declares {sorted(declared)}")
-    scope = required_scope(path)
     description = inspect.cleandoc(view.__doc__ or "")
-    if contract.auth == "key" and sec["enable_api_key"] and scope:
-        description += f"\n\n**Scope:** `{scope}`."
+    if family.auth == routing.KEY and sec["enable_api_key"] and family.scope:
+        description += f"\n\n**Scope:** `{family.scope}`."
     op: dict = {"operationId": op_ids[(rule.endpoint, method)], "summary": contract.summary,
                 "description": description.strip(), "tags": list(contract.tags),
                 "parameters": [_param(p) for p in contract.params]
                 + ["RequestId"]}
     if contract.deprecated:
         op["deprecated"] = True
-    needs_key = sec["enable_api_key"] and (
-        contract.auth == "key"
-        or contract.auth == "health" and sec["health_requires_api_key"]
-        or contract.auth == "docs" and sec["docs_requires_api_key"])
-    op["security"] = ([{"RunToken": []}] if contract.auth == "run_token"
+    needs_key = sec["enable_api_key"] and family.needs_key(sec)
+    op["security"] = ([{"RunToken": []}] if family.auth == RUN_TOKEN
                       else [{"ApiKey": []}] if needs_key else [])
     if contract.body is not None:
         body = contract.body
@@ -221,8 +216,8 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
     idempotent = any(p.name == IDEMPOTENCY_PARAM for p in contract.params)
     for status, reply in sorted(contract.replies.items()):
         responses[str(status)] = _success(reply, status, bearer, contract, op_ids, idempotent)
-    family = contract.family
-    errors = _common_errors(contract, path, config)
+    errors = _common_errors(contract, family, config)
+    shape = family.errors
     for status, codes in contract.errors.items():
         errors.setdefault(status, []).extend(codes)
     both = set(errors) & set(contract.replies)
@@ -230,8 +225,8 @@ def _operation(app, rule, method: str, contract: Contract, config, op_ids, view)
         raise UndocumentedRoute(f"{method} {path}: status {sorted(both)} is both a reply and an "
                                 "error of the contract")
     for status in sorted(errors):
-        mapped = list(dict.fromkeys(family.code(c) for c in errors[status]))
-        content = {"application/json": {"schema": _code_schema(family, mapped)}}
+        mapped = list(dict.fromkeys(shape.code(c) for c in errors[status]))
+        content = {"application/json": {"schema": _code_schema(shape, mapped)}}
         if status == 413:
             content["text/plain"] = {"schema": {"type": "string", "description":
                                                 "waitress's own answer to a body over "
@@ -265,7 +260,8 @@ def _success(reply: Reply, status: int, bearer: bool, contract: Contract, op_ids
 def build_document(app: Flask, config) -> dict:
     """The OpenAPI 3.1 document of ``app``'s routes for ``config`` (a dict, JSON-ready).
 
-    Raises :class:`UndocumentedRoute` naming every route without a contract.
+    Raises :class:`UndocumentedRoute` naming every route without a contract, and every route
+    outside the route families of its blueprint (:func:`hermes_service.routing.problems`).
     """
     sec = config["security"]
     spec = APISpec(title="hermes-service", version=API_VERSION, openapi_version=OPENAPI_VERSION,
@@ -290,6 +286,7 @@ def build_document(app: Flask, config) -> dict:
 
     op_ids = _operation_ids(app)
     families, paths, missing = {}, {}, []
+    outside = routing.problems(app)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         view = app.view_functions[rule.endpoint]
         contract = contract_of(view)
@@ -297,13 +294,19 @@ def build_document(app: Flask, config) -> dict:
             missing.append(f"{','.join(sorted(rule.methods - AUTOMATIC_METHODS))} {rule.rule} "
                            f"({rule.endpoint})")
             continue
-        families[contract.family.name] = contract.family
+        family = routing.family_of(app, rule)
+        if family is None:
+            continue                               # in ``outside``
+        families[family.errors.name] = family.errors
         ops = paths.setdefault(openapi_path(rule.rule), {})
         for method in sorted(rule.methods - AUTOMATIC_METHODS):
-            ops[method.lower()] = _operation(app, rule, method, contract, config, op_ids, view)
-    if missing:
-        raise UndocumentedRoute("routes without a contract (hermes_service.web.documented): "
-                                + "; ".join(missing))
+            ops[method.lower()] = _operation(app, rule, method, contract, family, config, op_ids,
+                                             view)
+    if missing or outside:
+        raise UndocumentedRoute("; ".join(
+            ([f"routes without a contract (hermes_service.web.documented): {'; '.join(missing)}"]
+             if missing else [])
+            + ([f"routes outside a route family: {'; '.join(outside)}"] if outside else [])))
     for name, family in sorted(families.items()):
         spec.components.schema(name, {**family.schema, "description": family.description})
     for path, ops in paths.items():
@@ -322,7 +325,11 @@ def document() -> dict:
 
 
 # -- the routes ------------------------------------------------------------------------------
-bp = Blueprint("docs", __name__)
+#: the API description's family: an allowed address, and an API key (any scope) unless
+#: ``security.docs_requires_api_key`` is false
+DOCS = RouteFamily("docs", ("/openapi.json", "/docs/"), V1_ERRORS, auth=OPEN_UNLESS,
+                   key_setting="docs_requires_api_key")
+bp = declare(Blueprint("docs", __name__), DOCS)
 SWAGGER_UI_DIR = Path(find_spec("flask_swagger_ui").origin).parent / "dist"
 #: the Swagger UI files /docs uses (from the flask-swagger-ui package), and our start script
 DOCS_ASSETS = ("swagger-ui.css", "swagger-ui-bundle.js", "favicon-32x32.png",
@@ -356,7 +363,7 @@ DOCS_JS = """window.addEventListener("load", function () {
   });
 });
 """
-_DOCS = {"family": V1_ERRORS, "auth": "docs", "tags": ("docs",)}
+_DOCS = {"tags": ("docs",)}
 _HTML = {"text/html": {"schema": {"type": "string"}}}
 
 

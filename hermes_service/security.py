@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -22,6 +23,7 @@ from .config import ApiKey, Config
 from .errors import Forbidden, Unauthorized
 
 
+@functools.lru_cache(maxsize=4096)     # each request parses its peer (twice): once per peer
 def _addr(text: str | None):
     try:
         return ipaddress.ip_address((text or "").strip().split("%")[0])

@@ -4,9 +4,11 @@
 * :func:`parse_json` / :func:`json_body` / :func:`has_body` — strict JSON request bodies (read
   whatever their Content-Type), validated with jsonschema;
 * :func:`schema_problem` — a request body's jsonschema error as ``path: message``;
-* :func:`register_error_shape` / :func:`render_error` — each route family renders a
-  :class:`~hermes_service.errors.ServiceError` in its own contract's shape, chosen by URL prefix
-  (v1 API: ``{"detail", "code", "requestId"}``; the mnote blueprints register theirs);
+* :func:`render_error` — a :class:`~hermes_service.errors.ServiceError` in the shape of the
+  request's route family (:func:`hermes_service.routing.current`; v1 API and requests of no
+  family: ``{"detail", "code", "requestId"}``);
+* :func:`idempotent` — a view honouring ``Idempotency-Key`` (the rules and the record store:
+  :mod:`hermes_service.idempotency`);
 * :func:`documented` — a route's contract (parameters, request schema, responses, error codes),
   declared next to the route; :mod:`hermes_service.openapi` builds ``GET /openapi.json`` from
   these and refuses a route without one (README §API description). :func:`json_body` validates
@@ -16,20 +18,29 @@ Blueprints import from here, never from ``app.py``; ``app.py`` imports the bluep
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
+import sqlite3
+import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import jsonschema
-from flask import current_app, g, jsonify, request
+from flask import current_app, g, jsonify, make_response, request
 
+from . import routing
 from .errors import ID_PATTERN, ID_RULE, BadRequest, ServiceError, schema_error
+from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, IdempotencyStore, Outcome,
+                          check_key, fingerprint, recordable, scope_of)
+from .routing import ErrorFamily
 
 if TYPE_CHECKING:
     from .services import Services
 
-ErrorRenderer = Callable[[ServiceError], dict]
+log = logging.getLogger("hermes_service")
 
 
 def services() -> "Services":
@@ -118,23 +129,6 @@ def json_body(schema: dict | None = None) -> dict:
 
 
 # -- route contracts (the OpenAPI document) -------------------------------------------------
-def _same(code: str) -> str:
-    return code
-
-
-@dataclass(frozen=True)
-class ErrorFamily:
-    """How one route family answers errors: the JSON schema of its error body (component
-    ``name`` in the document), ``code``, the function mapping a core error code
-    (:mod:`hermes_service.errors`) to the code its contract shows, and ``code_path``, where
-    the code is in the body."""
-    name: str
-    schema: dict
-    code: Callable[[str], str] = _same
-    description: str = ""
-    code_path: tuple[str, ...] = ("code",)
-
-
 @dataclass(frozen=True)
 class Param:
     """One documented request parameter: ``where`` is ``path``, ``query`` or ``header``;
@@ -161,21 +155,18 @@ class Reply:
 class Contract:
     """A route's documented contract (README §API description).
 
-    ``family``: its error shape; ``auth``: ``key`` (API key and scope), ``health``/``docs``
-    (API key only when ``security.health_requires_api_key``/``docs_requires_api_key``) or
-    ``run_token`` (the tool endpoint); ``body``: the request schema :func:`json_body`
-    validates with (``body_required`` False: an empty body is allowed;
-    ``body_for_config(body, config)``: the body as the document shows it when a rule depends on
-    the config); ``params``;
+    Who may call the route and its error shape are its route family's
+    (:class:`~hermes_service.routing.RouteFamily`, declared by its blueprint), not the
+    contract's. ``body``: the request schema :func:`json_body` validates with
+    (``body_required`` False: an empty body is allowed; ``body_for_config(body, config)``: the
+    body as the document shows it when a rule depends on the config); ``params``;
     ``replies``: status → :class:`Reply`; ``errors``: status → core error codes this route
     raises itself (the authentication, body and internal errors every route of its kind can
     answer are added by the document builder). ``links``: OpenAPI links of the 200 reply,
     ``name → (endpoint, {parameter: runtime expression})``.
     """
     summary: str
-    family: ErrorFamily
     replies: dict
-    auth: str = "key"
     tags: tuple[str, ...] = ()
     body: dict | None = None
     body_required: bool = True
@@ -190,7 +181,7 @@ def documented(**contract) -> Callable:
     """Declare a route's :class:`Contract` next to it (below the route decorator)::
 
         @bp.post("/api/v1/sessions")
-        @documented(summary="Create a session", family=V1_ERRORS, body=CREATE_SESSION, ...)
+        @documented(summary="Create a session", body=CREATE_SESSION, ...)
         def create_session(): ...
 
     The view's docstring becomes the operation's description.
@@ -208,16 +199,17 @@ def contract_of(view: Callable | None) -> Contract | None:
     return getattr(view, "__contract__", None)
 
 
+def v1_error(err: ServiceError) -> dict:
+    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; README §The v1 API)."""
+    return {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
+
+
 #: the v1 API's error body (README §The v1 API); ``err.extra`` may add fields
 V1_ERROR = {"type": "object", "required": ["detail", "code", "requestId"],
             "properties": {"detail": {"type": "string"}, "code": {"type": "string"},
                            "requestId": {"type": "string"}}}
-V1_ERRORS = ErrorFamily("V1Error", V1_ERROR, description="v1 API error")
-
-
-def v1_error(err: ServiceError) -> dict:
-    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; README §The v1 API)."""
-    return {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
+#: the error shape of the v1 API and the core routes (health, docs, metrics)
+V1_ERRORS = ErrorFamily("V1Error", V1_ERROR, description="v1 API error", render=v1_error)
 
 
 def register_components(app, schemas: dict[str, dict]) -> None:
@@ -226,19 +218,95 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     app.extensions.setdefault("openapi_components", {}).update(schemas)
 
 
-def register_error_shape(app, prefix: str, renderer: ErrorRenderer) -> None:
-    """Render errors of requests under ``prefix`` with ``renderer`` (longest prefix wins)."""
-    app.extensions.setdefault("error_shapes", []).append((prefix, renderer))
-
-
 def render_error(err: ServiceError):
-    """The JSON response for ``err`` in the shape of the request's route family."""
-    renderer, best = v1_error, ""
-    for prefix, fn in current_app.extensions.get("error_shapes", []):
-        if request.path.startswith(prefix) and len(prefix) > len(best):
-            renderer, best = fn, prefix
-    resp = jsonify(renderer(err))
+    """The JSON response for ``err`` in the shape of the request's route family
+    (:func:`hermes_service.routing.current`; the v1 shape for a request of no family)."""
+    family = routing.current()
+    resp = jsonify((family.errors.render if family is not None else v1_error)(err))
     resp.status_code = err.status
     for k, v in err.headers.items():
         resp.headers[k] = v
     return resp
+
+
+# -- idempotent routes ------------------------------------------------------------------------
+def _claim(store: IdempotencyStore, scope: str, key: str, fp: str) -> Outcome | str | None:
+    """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
+    beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
+    ``Retry-After`` (nothing ran: the retry is safe), logged."""
+    try:
+        return store.claim(scope, key, fp)
+    except sqlite3.Error as err:
+        log.error("idempotency record store %s unusable (%s): keyed requests are refused",
+                  store.path, err)
+        raise ServiceError(f"the {HEADER} record store is unavailable (locked or damaged); "
+                           "nothing was done, retry later", code="idempotency_unavailable",
+                           status=503, headers={"Retry-After": "5"}) from None
+
+
+def idempotent(family: str, user: Callable[[], str | None], *,
+               extra: Callable[[], tuple] = tuple, wait: Callable | None = None):
+    """Make a view honour ``Idempotency-Key`` (the rules: :mod:`hermes_service.idempotency`).
+    ``family`` and ``user()`` (the acting user; may raise the route's own 400/401/403 first)
+    name the key's scope; ``extra()`` adds request parts to the fingerprint; ``wait()`` is a
+    context manager held while a retry waits for the first request (e.g. a v1 admission
+    place)."""
+    def wrap(view):
+        @functools.wraps(view)
+        def inner(**kwargs):
+            key = check_key(request.headers.get(HEADER))
+            if key is None:
+                return view(**kwargs)
+            svc = services()
+            store = svc.idempotency
+            scope = scope_of(family, user())
+            fp = fingerprint(request.get_data(), extra())
+            deadline, waiting = None, ExitStack()
+            with waiting:             # held while this retry waits for the first request
+                while True:
+                    got = _claim(store, scope, key, fp)
+                    if got is None:
+                        break
+                    if isinstance(got, Outcome):
+                        log.info("idempotent replay of %s %s (status %d)", request.method,
+                                 request.path, got.status)
+                        return got.response()
+                    if deadline is None:   # "running": wait for the first request's outcome
+                        h = svc.config["hermes"]
+                        deadline = time.monotonic() + float(h["queue_wait_seconds"]) + \
+                            float(h["timeout_seconds"]) + WAIT_MARGIN_SECONDS
+                        if wait is not None:
+                            waiting.enter_context(wait())   # may raise 429: nothing claimed
+                    if time.monotonic() >= deadline:
+                        raise ServiceError(f"the first request with this {HEADER} is still "
+                                           "in progress; retry later",
+                                           code="idempotency_key_in_progress", status=409,
+                                           headers={"Retry-After": "5"})
+                    store.wait(POLL_SECONDS)
+            try:
+                try:
+                    resp = make_response(view(**kwargs))
+                    code = None
+                except ServiceError as err:
+                    resp, code = render_error(err), err.code
+            except BaseException:
+                store.release(scope, key)     # e.g. 413 or an internal error: not replayed
+                raise
+            try:
+                if recordable(resp.status_code, code) and not resp.is_streamed:
+                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
+                                                     resp.get_data()))
+                else:
+                    store.release(scope, key)
+            except sqlite3.Error:
+                # the work is done and its answer goes out; a record left "running" would hold
+                # the key until this process ends, so it is dropped (a retry runs again)
+                log.exception("idempotency record of %s %s not written", request.method,
+                              request.path)
+                try:
+                    store.release(scope, key)
+                except sqlite3.Error:
+                    pass
+            return resp
+        return inner
+    return wrap

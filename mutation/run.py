@@ -77,7 +77,11 @@ MODULES: dict[str, Module] = {
         "tests/unit/test_security.py", "tests/unit/test_scopes_health.py",
         "tests/unit/test_tool_endpoint.py"],
         # authentication, scope and loopback; not the request id or access log
-        functions=["x_required_scope", "x_is_loopback", "x_resolve_client", "x_authenticate"]),
+        functions=["x_is_loopback", "x_resolve_client", "x_authenticate"]),
+    # the route families: which family a route or path is in, and what it asks
+    "routing": Module("hermes_service/routing.py", [
+        "tests/unit/test_route_policy.py", "tests/unit/test_scopes_health.py",
+        "tests/unit/test_security.py", "tests/unit/test_tool_endpoint.py"]),
     "session_store": Module("hermes_service/session_store.py", [
         "tests/unit/test_session_store.py", "tests/unit/test_retention.py",
         "--deselect", _GC_COMMAND,

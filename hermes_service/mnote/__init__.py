@@ -13,14 +13,12 @@ from flask import Flask
 
 
 def register(app: Flask) -> None:
-    """Register the mnote blueprints and their error shapes on ``app``."""
-    from ..web import register_components, register_error_shape
+    """Register the mnote blueprints (with their route families: auth, scopes, error shapes;
+    :mod:`hermes_service.routing`) on ``app``."""
+    from ..web import register_components
     from . import client, endpoint, events
     app.register_blueprint(client.bp)
     app.register_blueprint(client.legacy_bp)
     app.register_blueprint(endpoint.bp)
-    register_error_shape(app, client.PREFIX, client.render_error_body)
-    register_error_shape(app, client.LEGACY_PREFIX, client.render_error_body)
-    register_error_shape(app, endpoint.PREFIX, endpoint.render_error_body)
     register_components(app, events.COMPONENTS)     # the run events in /openapi.json
     register_components(app, endpoint.COMPONENTS)   # the tool envelope

@@ -24,18 +24,17 @@ from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from ..web import (ErrorFamily, Param, Reply, documented, has_body, json_body, parse_json,
+from ..routing import ErrorFamily, RouteFamily, declare
+from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
                    services)
 from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
                       Unauthorized, check_id)
-from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA, idempotent
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
 LEGACY_PREFIX = "/api/ai-agent"
-bp = Blueprint("mnote_client", __name__, url_prefix=PREFIX)
-legacy_bp = Blueprint("mnote_legacy", __name__)
 
 ACTOR_HEADER = "X-Mnote-Actor-Id"
 MNOTE_TOOLSET = "mnote"
@@ -135,7 +134,7 @@ def trace_id() -> str:
 
 
 def render_error_body(err: ServiceError) -> dict:
-    """Contract §3 error body for a core error (registered by :func:`..register`):
+    """Contract §3 error body for a core error (the shape of :data:`CLIENT` and :data:`LEGACY`):
     ``{"ok": false, "code", "message", "traceId", "requestId"}`` plus the error's own fields
     (``err.extra``, never replacing these five), e.g. ``runId`` of 409
     ``hermes_client_session_busy``: the session's active run, to follow on ``GET
@@ -185,7 +184,14 @@ CLIENT_ERROR = {"type": "object", "required": ["ok", "code", "message", "traceId
                                          "on the session (follow it on GET /events/{runId}, "
                                          "or abort it)"}}}
 ERRORS = ErrorFamily("ClientError", CLIENT_ERROR, client_code,
-                     "client proxy error (contract §3; codes: README's client table)")
+                     "client proxy error (contract §3; codes: README's client table)",
+                     render=render_error_body)
+#: the client routes and the retired legacy one: an allowed address and an API key with the
+#: ``client`` scope; errors in the contract's §3 shape
+CLIENT = RouteFamily("client", (PREFIX + "/",), ERRORS, scope="client")
+LEGACY = RouteFamily("legacy", (LEGACY_PREFIX + "/",), ERRORS, scope="client")
+bp = declare(Blueprint("mnote_client", __name__, url_prefix=PREFIX), CLIENT)
+legacy_bp = declare(Blueprint("mnote_legacy", __name__), LEGACY)
 _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
                "user_id); may be left out only when the API key is bound to an actor",
                required=True)
@@ -212,7 +218,7 @@ _IDEMPOTENT = {400: ("invalid_idempotency_key",),
 
 
 def _idempotent():
-    """The client routes' :func:`~hermes_service.idempotency.idempotent`: a key belongs to the
+    """The client routes' :func:`~hermes_service.web.idempotent`: a key belongs to the
     API key and the actor; the given ``X-Trace-Id`` is part of the request."""
     return idempotent("client", actor_id, extra=lambda: (request.headers.get("X-Trace-Id"),))
 #: /models and /tools answer the same for every actor: the header is optional there (checked
@@ -331,7 +337,7 @@ def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | Non
 
 # -- sessions ------------------------------------------------------------
 @bp.get("/sessions")
-@documented(summary="The actor's sessions of a page", family=ERRORS, tags=("client",),
+@documented(summary="The actor's sessions of a page", tags=("client",),
             params=(*_PARAMS,
                     Param("workspaceId", "query", ID_SCHEMA, "only sessions of this workspace"),
                     Param("documentId", "query", ID_SCHEMA, "only sessions of this page"),
@@ -387,7 +393,7 @@ CREATE_SESSION = {"type": "object", "required": ["workspaceId", "documentId"],
 
 
 @bp.post("/sessions")
-@documented(summary="Create (or find) the session of a page", family=ERRORS, tags=("client",),
+@documented(summary="Create (or find) the session of a page", tags=("client",),
             params=(*_PARAMS, _IDEMPOTENCY_KEY), body=CREATE_SESSION,
             replies={200: Reply("the session (idempotent for the same traceId)",
                                 SESSION_CREATED)},
@@ -440,7 +446,7 @@ def _ensure_session(sid: str, actor: str, ws: str, doc: str, title: str | None =
 
 
 @bp.get("/sessions/<session_id>")
-@documented(summary="A session's messages and usage", family=ERRORS, tags=("client",),
+@documented(summary="A session's messages and usage", tags=("client",),
             params=(Param("session_id", "path", {**ID_SCHEMA, "maxLength": MAX_SESSION_ID},
                           "the session id"), *_PARAMS,
                     Param("workspaceId", "query", {"type": "string"},
@@ -546,7 +552,7 @@ def _configured_models(schema: dict, config) -> dict:
 
 
 @bp.post("/runs")
-@documented(summary="Start a run (returns at once)", family=ERRORS, tags=("client",),
+@documented(summary="Start a run (returns at once)", tags=("client",),
             params=(*_PARAMS, _IDEMPOTENCY_KEY), body=RUN, body_for_config=_configured_models,
             replies={200: Reply("the run was started; follow it on GET /events/{runId}",
                                 RUN_STARTED)},
@@ -639,7 +645,7 @@ def _capability_scope(svc) -> list[str]:
 
 
 @bp.get("/events/<run_id>")
-@documented(summary="A run's events (Server-Sent Events)", family=ERRORS, tags=("client",),
+@documented(summary="A run's events (Server-Sent Events)", tags=("client",),
             params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS,
                     Param("sessionId", "query", {"type": "string"},
                           "404 unless the run is on this session"),
@@ -762,7 +768,7 @@ def _own_run(run_id: str, body: dict):
 
 
 @bp.post("/runs/<run_id>/abort")
-@documented(summary="Abort a run", family=ERRORS, tags=("client",),
+@documented(summary="Abort a run", tags=("client",),
             params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=ABORT,
             body_required=False,
             replies={200: Reply("abort.started (run.cancelled follows on the stream), or the "
@@ -805,8 +811,8 @@ APPROVED = _ok(["runId", "approvalId", "choice"], {
 
 
 @bp.post("/runs/<run_id>/approval")
-@documented(summary="Answer a question of the run (approval.request)", family=ERRORS,
-            tags=("client",), params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS),
+@documented(summary="Answer a question of the run (approval.request)", tags=("client",),
+            params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS),
             body=APPROVAL,
             replies={200: Reply("the answer was handed to Hermes; approval.responded follows "
                                 "on the stream", APPROVED)},
@@ -850,7 +856,7 @@ CLARIFIED = _ok(["runId", "clarifyId"], {"runId": {"type": "string"},
 
 @bp.post("/runs/<run_id>/clarify")
 @documented(summary="Answer a clarifying question of the run (clarify.request)",
-            family=ERRORS, tags=("client",),
+            tags=("client",),
             params=(Param("run_id", "path", ID_SCHEMA, "the run"), *_PARAMS), body=CLARIFY,
             replies={200: Reply("the answer was handed to Hermes; clarify.responded follows "
                                 "on the stream", CLARIFIED)},
@@ -871,7 +877,7 @@ def clarify(run_id):
 
 
 @bp.get("/models")
-@documented(summary="Models the panel may choose", family=ERRORS, tags=("client",),
+@documented(summary="Models the panel may choose", tags=("client",),
             params=_OPEN_PARAMS, replies={200: Reply("mnote.models", MODELS)}, errors=_COMMON)
 def models():
     """§2 GET /models: from ``mnote.models`` with ``defaultModel``; the actor header is
@@ -884,7 +890,7 @@ def models():
 
 
 @bp.get("/tools")
-@documented(summary="The mnote tools", family=ERRORS, tags=("client",), params=_OPEN_PARAMS,
+@documented(summary="The mnote tools", tags=("client",), params=_OPEN_PARAMS,
             replies={200: Reply("the tool registry", TOOL_LIST)}, errors=_COMMON)
 def tools():
     """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion); the actor header
@@ -897,7 +903,7 @@ def tools():
 
 
 @legacy_bp.route("/api/ai-agent/run", methods=["GET", "POST"])
-@documented(summary="Retired legacy endpoint", family=ERRORS, tags=("client",), replies={},
+@documented(summary="Retired legacy endpoint", tags=("client",), replies={},
             errors={410: ("legacy_endpoint_gone",)}, deprecated=True)
 def legacy_run():
     """Contract §4: the legacy endpoint is gone; answers 410 pointing at the new routes."""

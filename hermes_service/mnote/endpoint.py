@@ -15,14 +15,14 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from .. import metrics
-from ..web import ErrorFamily, Reply, documented, parse_json, services
+from ..routing import RUN_TOKEN, ErrorFamily, RouteFamily, declare
+from ..web import Reply, documented, parse_json, services
 from ..errors import ServiceError
 from .gateway import ToolRefused
 from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
 from .tools import echo_fields
 
 PREFIX = "/api/hermes/tools"
-bp = Blueprint("mnote_tools", __name__)
 
 _CODES = {"ip_not_allowed": "mnote_tool_unauthorized", "payload_too_large": "mnote_tool_bad_request",
           "invalid_json": "mnote_tool_bad_request", "not_found": "mnote_tool_bad_request",
@@ -50,7 +50,7 @@ def tool_code(code: str) -> str:
 
 
 def render_error_body(err: ServiceError) -> dict:
-    """Errors under this prefix are output envelopes too (registered by :func:`..register`)."""
+    """Errors of the tool family are output envelopes too (:data:`TOOLS`)."""
     return failure_envelope(tool_code(err.code), err.detail)
 
 
@@ -78,7 +78,11 @@ FAILURE_ENVELOPE = {
 #: is a ``ToolFailure``, an executed call (200) a ``ToolEnvelope``
 ERRORS = ErrorFamily("ToolFailure", FAILURE_ENVELOPE, tool_code,
                      "tool contract §3 output envelope of a call that was not executed",
-                     code_path=("error", "code"))
+                     code_path=("error", "code"), render=render_error_body)
+#: the tool endpoint: loopback peers without proxy headers, a run token instead of an API key
+#: (checked by the route: the gateway); errors are output envelopes too
+TOOLS = RouteFamily("tools", (PREFIX + "/",), ERRORS, auth=RUN_TOKEN)
+bp = declare(Blueprint("mnote_tools", __name__), TOOLS)
 #: the document's components besides the family's (mnote.register adds them)
 COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
                                "description": "tool contract §3 output envelope"}}
@@ -90,8 +94,8 @@ CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
 
 
 @bp.post(f"{PREFIX}/invoke")
-@documented(summary="Invoke an mnote tool (the Hermes plugin, loopback only)", family=ERRORS,
-            auth="run_token", tags=("tools",), body=_schema(ENVELOPE_SCHEMA),
+@documented(summary="Invoke an mnote tool (the Hermes plugin, loopback only)",
+            tags=("tools",), body=_schema(ENVELOPE_SCHEMA),
             replies={200: Reply("the call was executed: ok true, or ok false with the reason",
                                 {"allOf": [{"$ref": "#/components/schemas/ToolEnvelope"},
                                            {"properties": {"error": {"oneOf": [

@@ -53,9 +53,10 @@ def test_client_routes_render_a_missing_scope_in_the_contract_shape(stubbed_app)
     ("/health", None), ("/api/v1x", None), ("/api", None), ("/", None),
     ("/api/hermes/tools/invoke", None),
 ])
-def test_the_scope_each_path_needs(path, scope):
-    from hermes_service.hooks import required_scope
-    assert required_scope(path) == scope
+def test_the_scope_each_path_needs(app_factory, path, scope):
+    from hermes_service.routing import family_for_path
+    family = family_for_path(app_factory(), path)      # also for paths that match no route
+    assert (family.scope if family is not None else None) == scope
 
 
 @pytest.mark.parametrize("addr, loopback", [
