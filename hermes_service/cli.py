@@ -89,10 +89,9 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         except (PageStoreUnusable, OSError) as exc:
             click.echo(f"refusing to start: {exc}", err=True)
             sys.exit(3)
-    svc_cfg = config["service"]
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
-        config.overrides[("service", "threads")] = svc_cfg["threads"]
-        svc_cfg["threads"] = threads
+        config = config.override("service", "threads", threads)
+    svc_cfg = config["service"]
     from .logs import configure
     configure(svc_cfg["log_level"], svc_cfg["log_format"])
     if demo:

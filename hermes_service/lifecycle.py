@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from . import metrics, preflight
 from .files import atomic_write
 from .instance import proc_start
-from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
+from .config import Config, ConfigError, keep_running, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
 
@@ -203,18 +202,10 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     running: Config = svc.config
     changed = restart_only(running, new)
     if changed or running.overrides:    # the running values stay (and a --threads override)
-        raw = copy.deepcopy(new.raw)
-        for section, key in RESTART_ONLY:
-            if key is None:
-                raw[section] = copy.deepcopy(running.raw[section])
-            else:
-                raw[section][key] = copy.deepcopy(running.raw[section][key])
         try:   # the new limits must fit the running threads and connections
-            new = build_config(raw, source=new.source, base_dir=Path(new.source).resolve().parent)
+            new = keep_running(running, new)
         except ConfigError as exc:
             return False, exc.problems
-        new.overrides = running.overrides     # compared with the file it started with
-        new.overlay = running.overlay
     problems = preflight.problems(new, store=False)
     if problems:
         return False, problems

@@ -37,7 +37,7 @@ def command_problem(config: Config) -> str | None:
 
 def template_problem(config: Config, parse: bool = True) -> str | None:
     """``paths.users_template`` must hold a readable ``config.yaml`` (a mapping when parsed)."""
-    path = config.users_template / "config.yaml"
+    path = config.paths.users_template / "config.yaml"
     where = f"{config.source}:paths.users_template"
     if not path.is_file() or not os.access(path, os.R_OK):
         return f"{where}: {path} does not exist or is not readable"

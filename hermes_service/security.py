@@ -45,13 +45,13 @@ class Guard:
     def __init__(self, config: Config):
         sec = config["security"]
         self.ip_check = sec["enable_ip_check"]
-        self.allowed = config.allowed_networks
-        self.trusted = config.trusted_proxies
+        self.allowed = config.security.allowed_networks
+        self.trusted = config.nginx.trusted_proxies
         self.real_ip = config["nginx"]["enable_real_ip"]
         self.key_check = sec["enable_api_key"]
         self.bearer = sec["auth_method"] == "bearer"
         self.header = sec["api_key_header"]
-        self.keys = config.api_keys
+        self.keys = config.security.api_keys
 
     def client_ip(self, peer: str | None, forwarded_for: str | None) -> str | None:
         """The client address as text: the peer, or the X-Forwarded-For hop described above."""

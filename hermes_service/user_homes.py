@@ -70,7 +70,7 @@ class UserHomes:
     def configure(self, config: Config) -> None:
         """Take the template and the ``hermes.model``/``extra_env`` settings of ``config``
         (also on a live reload: every home is refreshed on its next run)."""
-        self.template = config.users_template
+        self.template = config.paths.users_template
         self.model = config["hermes"]["model"]
         # an OpenAI-compatible provider is reached through the service's pass-through
         # endpoint (hermes_service/model_proxy.py): no Hermes process holds its key

@@ -210,19 +210,18 @@ def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tm
     cfg = base_config(tmp_path)
     path = tmp_path / "same.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    started_with = svc.config["service"]["threads"]
-    svc.config.overrides[("service", "threads")] = started_with     # as serve() records it
-    svc.config["service"]["threads"] = started_with + 40             # --threads
+    started_with = svc.config.service.threads
+    svc.config = svc.config.override("service", "threads", started_with + 40)   # as serve() does
     for _ in range(2):
         ok, lines = reload_config(svc, str(path))
         assert ok and not any("service.threads" in line for line in lines), lines
-        assert svc.config["service"]["threads"] == started_with + 40
+        assert svc.config.service.threads == started_with + 40
     cfg["service"]["threads"] = started_with + 1
     path.write_text(yaml.safe_dump(cfg))
     ok, lines = reload_config(svc, str(path))
     assert ok and f"{path}:service.threads: changed, but needs a restart; the running value stays" \
         in lines
-    assert svc.config["service"]["threads"] == started_with + 40
+    assert svc.config.service.threads == started_with + 40
 
 
 def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):
