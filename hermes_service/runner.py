@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from . import hermes_state, homefs
+from .config import HermesSettings
 from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
 from .limits import Limiter
 from .instance import alive_pid, proc_start
@@ -615,17 +616,13 @@ class HermesRunner:
     """
     name = "cli"
 
-    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None,
-                 sandbox: Sandbox | None = None):
-        self.command = hermes_cfg["command"]
+    def __init__(self, hermes: HermesSettings, pid_dir: Path | None = None,
+                 run_dir: Path | None = None, sandbox: Sandbox | None = None):
         self.sandbox = sandbox
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
-        self.timeout = float(hermes_cfg["timeout_seconds"])
-        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
-        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
-        self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
+        self._slots = Limiter(hermes.cli_slots)   # resizable on reload
+        self.configure(hermes)
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self.draining = False       # set at a drain: routes take no new turn, the ACP pool
                                     # starts no process (README §Process lifetime)
@@ -835,16 +832,16 @@ class HermesRunner:
             return text
 
 
-    def reconfigure(self, hermes_cfg: dict) -> None:
-        """Apply a reloaded ``hermes`` section to new turns (README §Reload): command, time
+    def configure(self, hermes: HermesSettings) -> None:
+        """Take a (reloaded) ``hermes`` section for new turns (README §Reload): command, time
         limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
         they started with."""
-        self.command = hermes_cfg["command"]
-        self.timeout = float(hermes_cfg["timeout_seconds"])
-        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
-        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
-        self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots.resize(hermes_cfg["max_concurrent_runs"])
+        self.command = hermes.command
+        self.timeout = float(hermes.timeout_seconds)
+        self.stall_timeout = float(hermes.stall_timeout_seconds)
+        self.queue_wait = float(hermes.queue_wait_seconds)
+        self.toolsets = list(hermes.toolsets)
+        self._slots.resize(hermes.cli_slots)
 
 
 def _ctx(log_ctx: dict | None) -> str:
