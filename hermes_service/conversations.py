@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from filelock import FileLock, Timeout
 
 from . import hermes_state, metrics
-from .config import Config
+from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
 from .runner import HermesRunner, TurnListener, TurnRequest, TurnResult, UseCli
 from .session_store import SessionStore, now_iso
@@ -51,8 +51,8 @@ def acp_families(config: Config) -> frozenset[str]:
     ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q … --source tool``,
     the runner the v1.3.0 API is specified around), ``mnote`` (the client routes) when
     ``mnote.runner: acp`` (the default: the panel's answer streams as it is written)."""
-    return frozenset(f for f, runner in (("v1", config["hermes"]["runner"]),
-                                         ("mnote", config["mnote"]["runner"])) if runner == "acp")
+    return frozenset(f for f, runner in (("v1", config.hermes.runner),
+                                         ("mnote", config.mnote.runner)) if runner == "acp")
 
 
 class Conversations:
@@ -66,12 +66,16 @@ class Conversations:
         self.acp = acp          # the ACP runner, when a route family uses it
         #: the route families whose turns go to ``acp`` (:func:`acp_families`)
         self.acp_families = acp_families if acp is not None else frozenset()
-        self.max_message_bytes = config["hermes"]["max_message_bytes"]
-        # a request waits for a busy session no longer than for a CLI slot
-        self.turn_wait = float(config["hermes"]["queue_wait_seconds"])
         self.locks_dir = config.data_dir / "locks"
         self._local_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.configure(config.hermes)
+
+    def configure(self, hermes: HermesSettings) -> None:
+        """Take a (reloaded) ``hermes`` section for new turns: the message size limit and how
+        long a turn waits for a busy session (no longer than for a CLI slot)."""
+        self.max_message_bytes = hermes.max_message_bytes
+        self.turn_wait = float(hermes.queue_wait_seconds)
 
     # -- sessions --------------------------------------------------------
     def create(self, user_id: str, session_id: str | None = None, **fields) -> dict:

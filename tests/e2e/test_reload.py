@@ -145,7 +145,7 @@ def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
     stub.gate.set()
     t.join(10)
     assert out["res"].status_code == 200 and out["res"].json["response"] == "echo #1: in flight"
-    assert svc.config["hermes"]["toolsets"] == ["web"]
+    assert svc.config.hermes.toolsets == ("web",)
     res = client.post(f"/api/v1/sessions/{sid}/messages", json={"message": "next"},
                       headers={"X-API-Key": NEW_KEY})
     assert res.status_code == 200
@@ -161,7 +161,7 @@ def test_a_reload_retires_warm_acp_processes_only_when_hermes_or_the_template_ch
     acp = {"hermes": {"runner": "acp"}}
     svc = app_factory(acp).extensions["hermes_service"]
     retired = []
-    monkeypatch.setattr(svc.conversations.acp, "reconfigure",
+    monkeypatch.setattr(svc.conversations.acp, "configure",
                         lambda h, retire=True: retired.append(retire))
     path = tmp_path / "new.yaml"
 
@@ -198,7 +198,7 @@ def test_a_reload_keeps_log_format_and_node_id_and_says_they_need_a_restart(stub
     assert ok, lines
     for key in ("service.log_format", "service.node_id"):
         assert f"{path}:{key}: changed, but needs a restart; the running value stays" in lines
-    assert svc.config["service"]["log_format"] == "text" and svc.config["service"]["node_id"] is None
+    assert svc.config.service.log_format == "text" and svc.config.service.node_id is None
 
 
 def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tmp_path):
