@@ -54,10 +54,10 @@ def running(config: Config, sandbox) -> str:
     """What the service runs, for the start and reload lines (README §Logs): ``runner R
     (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, P the
     client routes'; the provider by host only, never its key or URL path."""
-    model = config["hermes"]["model"]
-    return (f"runner {config['hermes']['runner']} (panel {config['mnote']['runner']}), "
-            f"model {model['default'] or '-'} at "
-            f"{provider_host(model['base_url'])}, sandbox {sandbox.describe()}, "
+    model = config.hermes.model
+    return (f"runner {config.hermes.runner} (panel {config.mnote.runner}), "
+            f"model {model.default or '-'} at "
+            f"{provider_host(model.base_url)}, sandbox {sandbox.describe()}, "
             f"data dir {config.data_dir}")
 
 
@@ -88,14 +88,14 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       stream through ``waitress.client_disconnected``, freeing its slot and thread within
       ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
     """
-    svc = config["service"]
-    idle = svc["idle_timeout_seconds"]
+    svc = config.service
+    idle = svc.idle_timeout_seconds
     return {
-        "threads": threads or svc["threads"],
-        "connection_limit": svc["connection_limit"],
+        "threads": threads or svc.threads,
+        "connection_limit": svc.connection_limit,
         "channel_timeout": idle,
         "cleanup_interval": max(1, idle // 4),
-        "max_request_body_size": svc["max_body_bytes"] + 1,   # waitress refuses >= this
+        "max_request_body_size": svc.max_body_bytes + 1,   # waitress refuses >= this
         "channel_request_lookahead": 1,   # see a client close while its stream is answered
         "asyncore_use_poll": True,     # select() breaks on descriptors above 1024
         "ident": "hermes-service",
@@ -306,7 +306,7 @@ class Lifecycle:
         metrics.set_draining(False)
 
     def _stop(self, signum: int) -> None:
-        drain = float(self.svc.config["service"]["drain_seconds"])
+        drain = float(self.svc.config.service.drain_seconds)
         if drain > 0:
             self._drain(signum, drain)
         self._killing = True

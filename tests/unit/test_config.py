@@ -20,8 +20,8 @@ def problems(cfg: dict) -> list[str]:
 def test_shipped_config_is_valid(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
-    assert cfg["service"]["port"] == 9123 and cfg["service"]["host"] == "127.0.0.1"
-    assert cfg["hermes"]["toolsets"] == []
+    assert cfg.service.port == 9123 and cfg.service.host == "127.0.0.1"
+    assert cfg.hermes.toolsets == ()
     assert cfg.security.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
 
 
@@ -201,7 +201,7 @@ def test_connection_limit_must_fit_threads_and_streams():
     assert any(p.startswith("c.yaml:service.connection_limit: 100 is too few") and "124" in p
                and "mnote.max_event_streams" in p for p in out), out
     cfg = build_config(base_config(ROOT))
-    assert cfg["service"]["connection_limit"] >= 500 and cfg["service"]["idle_timeout_seconds"] <= 20
+    assert cfg.service.connection_limit >= 500 and cfg.service.idle_timeout_seconds <= 20
 
 
 def test_the_1000_subscriber_settings_the_readme_recommends_pass_and_fit():
