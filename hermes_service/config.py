@@ -13,6 +13,14 @@ reads a refused one (:func:`is_invalid`), so that it never reports a value the f
 have. :class:`ConfigError` carries that ``partial`` config and the ``invalid`` keys, and
 :func:`hermes_service.preflight.load_and_check` checks what the valid keys name as well.
 
+The result is a frozen :class:`Config` of typed section objects (:class:`ServiceSettings`,
+:class:`HermesSettings`, :class:`SecuritySettings`, :class:`MnoteSettings`, ...), resolved once:
+paths absolute, networks parsed, keys digested, the sizes the service derives from them
+(admission places, CLI slots, threads and connections needed) as their properties. Nothing
+outside this module reads the YAML's mapping; each service object takes its section when it is
+built and in its ``configure`` on reload (:meth:`hermes_service.services.Services.apply`).
+The cross-field checks are the named entries of :data:`CHECKS`.
+
 Two kinds of findings (README §Configuring):
 
 * **problems** (:class:`ConfigError`): the file is wrong; the service refuses to start and a
@@ -540,11 +548,6 @@ class Config:
     #: (``--demo``: :func:`hermes_service.demo.overlay`); reloads apply it to the new file too
     overlay: object = None
     invalid: frozenset = frozenset()
-    #: the merged mapping (defaults + file) the sections were built from
-    raw: dict = field(default=None, compare=False, repr=False)
-
-    def __getitem__(self, section: str) -> dict:
-        return self.raw[section]
 
     # -- derived sizes (one place; config.yaml's comments and check-config name them) --
     @property
@@ -573,12 +576,8 @@ class Config:
         """This config with ``section.key`` replaced by a command-line option's ``value``
         (``--threads``); the file's value is kept in :attr:`overrides` for reloads."""
         old = getattr(getattr(self, section), key)
-        raw = copy.deepcopy(self.raw)
-        if raw is not None:
-            raw[section][key] = value
         return replace(self, **{section: replace(getattr(self, section), **{key: value})},
-                       overrides=MappingProxyType({(section, key): old, **self.overrides}),
-                       raw=raw)
+                       overrides=MappingProxyType({(section, key): old, **self.overrides}))
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -909,7 +908,7 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     raw = _merge(DEFAULTS, _without(raw_file, invalid))
     res = _Resolver(source, invalid)
     config = Config(**_resolve(raw, source, base_dir or Path.cwd(), res, need_keys),
-                    overlay=overlay, invalid=invalid, raw=raw)
+                    overlay=overlay, invalid=invalid)
     problems = [f"{source}:{_schema_problem(e)}" for e in errors] + res.problems + \
         run_checks(config)
     issues = provider_issues(config.hermes.model, source) if res.ok("hermes.model") else []
@@ -977,15 +976,7 @@ def keep_running(running: Config, new: Config) -> Config:
             value = replace(sections.get(section, getattr(new, section)),
                             **{key: getattr(value, key)})
         sections[section] = value
-    raw = copy.deepcopy(new.raw)
-    if raw is not None and running.raw is not None:
-        for section, key in RESTART_ONLY:
-            if key is None:
-                raw[section] = copy.deepcopy(running.raw[section])
-            else:
-                raw[section][key] = copy.deepcopy(running.raw[section][key])
-    kept = replace(new, overrides=running.overrides, overlay=running.overlay, raw=raw,
-                   **sections)
+    kept = replace(new, overrides=running.overrides, overlay=running.overlay, **sections)
     problems = run_checks(kept)
     if problems:
         raise ConfigError(problems)
