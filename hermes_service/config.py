@@ -336,10 +336,7 @@ class ApiKey:
 # messages print ``300``, not ``300.0``). Each service object takes its section when it is
 # built and again in its ``configure(section)`` on reload (:meth:`Services.apply`).
 
-_SLOTS = {"frozen": True, "slots": True}
-
-
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class SecuritySettings:
     """``security.*``; ``allowed_networks`` are ``allowed_ips`` parsed (:func:`parse_network`),
     ``api_keys`` the resolved :class:`ApiKey` entries (digests only)."""
@@ -362,14 +359,14 @@ class SecuritySettings:
         return self.auth_method == "bearer"
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class NginxSettings:
     """``nginx.*``; ``trusted_proxies`` parsed into networks."""
     trusted_proxies: tuple
     enable_real_ip: bool
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class ServiceSettings:
     """``service.*`` (seconds, bytes, counts as config.yaml documents them)."""
     host: str
@@ -385,7 +382,7 @@ class ServiceSettings:
     idempotency_ttl_seconds: float
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class CorsSettings:
     """``cors.*`` (CORS is off while ``allow_origins`` is empty)."""
     allow_origins: tuple[str, ...]
@@ -394,7 +391,7 @@ class CorsSettings:
     allow_headers: tuple[str, ...]
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class AcpSettings:
     """``hermes.acp.*``: the warm ``hermes acp`` pool."""
     idle_seconds: float
@@ -404,7 +401,7 @@ class AcpSettings:
     start_timeout_seconds: float
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class ApprovalSettings:
     """``hermes.approvals.*``."""
     mode: str                        # "ask" | "deny"
@@ -412,7 +409,7 @@ class ApprovalSettings:
     allow_always: bool
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class ModelSettings:
     """``hermes.model.*``: the provider every user's Hermes home is given."""
     provider: str
@@ -422,7 +419,7 @@ class ModelSettings:
     context_length: int
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class ExecuteSettings:
     """``hermes.execute.*``: ``allowed`` is a tuple of argv prefixes (tuples of words)."""
     allowed: tuple[tuple[str, ...], ...]
@@ -430,7 +427,7 @@ class ExecuteSettings:
     max_output_bytes: int
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class HermesSettings:
     """``hermes.*``, with the sizes derived from it (:attr:`cli_slots`,
     :attr:`admission_places`, :attr:`max_active_runs`, :attr:`longest_turn_seconds`)."""
@@ -472,14 +469,14 @@ class HermesSettings:
         return self.queue_wait_seconds + self.timeout_seconds
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class PathsSettings:
     """``paths.*``, resolved against the config file's folder (absolute)."""
     data_dir: Path
     users_template: Path
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class MnoteModel:
     """One entry of ``mnote.models``."""
     id: str
@@ -488,7 +485,7 @@ class MnoteModel:
     hermes_model: str | None = None
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class MnoteSettings:
     """``mnote.*``: the client routes, their runs and event streams, the tool endpoint."""
     default_model: str
@@ -505,7 +502,7 @@ class MnoteSettings:
         return [m.id for m in self.models]
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class RetentionSettings:
     """``retention.*``."""
     interval_seconds: float
@@ -519,7 +516,7 @@ class RetentionSettings:
         return parse_duration(self.sessions_older_than) if self.sessions_older_than else None
 
 
-@dataclass(**_SLOTS)
+@dataclass(frozen=True, slots=True)
 class Config:
     """The validated configuration: one typed, frozen section object per config.yaml
     section, resolved once (paths absolute, networks parsed, keys digested).

@@ -77,3 +77,19 @@ def test_an_empty_file_resolves_to_the_defaults():
     assert [asdict(m) for m in cfg.mnote.models] == \
         [{"hermes_model": None, **m} for m in DEFAULTS["mnote"]["models"]]
     assert cfg.hermes.admission_places == 2 + 4 and cfg.threads_needed == 12 + 2 * 2 + 4 + 4
+
+
+def test_no_module_reads_the_config_as_a_mapping():
+    """Settings are read as typed fields (``config.hermes.timeout_seconds``); the YAML's
+    mapping stays inside config.py (a ``config["hermes"]`` would fail only when reached)."""
+    import re
+    from pathlib import Path
+
+    import hermes_service
+    pattern = re.compile(r"""(?<!app\.)(?<!current_app\.)\bconfig\[["']""")
+    found = [f"{path.name}:{n}: {line.strip()}"
+             for path in Path(hermes_service.__file__).parent.rglob("*.py")
+             if path.name != "config.py"
+             for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
