@@ -5,7 +5,7 @@ marked otherwise"); the code holds the same defaults in :data:`hermes_service.co
 Nothing but this test keeps the two in step: every key is in both, and every value agrees
 except the few keys config.yaml ships with a value of its own, listed with the reason in
 :data:`DIFFERS_FROM_DEFAULT` (config.yaml's comment on each says so). The shipped file is read
-from git (:mod:`shipped`), never the operator's working copy.
+from git (:mod:`support.shipped`), never the operator's working copy.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from hermes_service import sandbox
 from hermes_service.config import DEFAULTS, build_config
-from shipped import shipped_text
+from support.shipped import shipped_text
 
 #: dotted key -> why config.yaml ships a value that is not the code's default
 DIFFERS_FROM_DEFAULT = {
