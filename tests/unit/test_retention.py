@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import yaml
@@ -283,11 +283,11 @@ def test_retention_config_is_validated(make_config, retention, says):
 
 
 def test_retention_defaults_keep_mappings(make_config):
-    cfg = make_config()["retention"]
-    assert cfg == {"interval_seconds": 3600, "sessions_older_than": None,
-                   "purge_transcripts": False, "idempotency_window_seconds": 86400}
+    cfg = make_config().retention
+    assert asdict(cfg) == {"interval_seconds": 3600, "sessions_older_than": None,
+                           "purge_transcripts": False, "idempotency_window_seconds": 86400}
     assert make_config({"retention": {"interval_seconds": 0, "sessions_older_than": "90d",
-                                      "purge_transcripts": True}})["retention"]["interval_seconds"] == 0
+                                      "purge_transcripts": True}}).retention.interval_seconds == 0
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
