@@ -52,7 +52,7 @@ at once for the next turn.
 dangerous command (and, with edit approval on, before a file edit) with
 ``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
 ``hermes.approvals.mode: ask``) puts the question to the run's user
-(:meth:`~hermes_service.runs.Run.ask_approval`: ``approval.request``) and answers Hermes with
+(:meth:`~hermes_service.mnote.runs.Run.ask_approval`: ``approval.request``) and answers Hermes with
 the user's choice — ``once`` / ``session`` / ``always`` / ``deny`` map to Hermes's option ids
 ``allow_once`` / ``allow_session`` / ``allow_always`` / ``deny``; only the options Hermes
 offered are choices, ``always`` only with ``hermes.approvals.allow_always`` — or with ``deny``
@@ -69,7 +69,7 @@ question). In the service's ``mnote`` processes with ``hermes.approvals.mode: as
 ``clarify`` toolset is offered and the import hook gives the tool a callback that asks the
 client with the extension request :data:`CLARIFY_METHOD` ``{sessionId, question,
 choices}``; :meth:`_Client.ext_method` puts it to the run's user
-(:meth:`~hermes_service.runs.Run.ask_clarify`: ``clarify.request``) and answers
+(:meth:`~hermes_service.mnote.runs.Run.ask_clarify`: ``clarify.request``) and answers
 ``{"answer": <text>}``, or ``{"answer": null}`` after ``hermes.approvals.timeout_seconds``
 (Hermes is then told what its CLI tells it: the user did not answer, use your best judgement).
 

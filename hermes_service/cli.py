@@ -2,7 +2,7 @@
 ``usage``, ``mnote``.
 
 ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N] [--demo]``
-serves with waitress (``--demo``: the stand-in model of :mod:`hermes_service.demo`, for
+serves with waitress (``--demo``: the stand-in model of :mod:`hermes_service.mnote.demo`, for
 ``make demo``; with a command, that command works on the demo's data dir). A config with any problem ``check-config`` reports (exit 2), or a session
 registry or page store that cannot be opened (exit 3: its layout file, a legacy
 ``sessions.json`` to migrate, ``data/mnote.db``), exits non-zero before anything listens.
@@ -29,7 +29,7 @@ def _overlay(ctx):
     matters; the model address is a placeholder), else None."""
     if not ctx.obj.get("demo"):
         return None
-    from . import demo
+    from .mnote import demo
     return demo.overlay("http://127.0.0.1:9/v1")
 
 
@@ -68,12 +68,12 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
     provider, expired keys) are logged and the service starts. ``demo``: the stand-in model
-    (:mod:`hermes_service.demo`) answers, in this process, and the demo's page store is seeded.
+    (:mod:`hermes_service.mnote.demo`) answers, in this process, and the demo's page store is seeded.
     """
     from . import preflight
     demo_model = overlay = None
     if demo:
-        from . import demo as demo_mod
+        from .mnote import demo as demo_mod
         demo_model = demo_mod.start_model()
         overlay = demo_mod.overlay(demo_model.base_url)
     config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay)
@@ -206,7 +206,7 @@ def reload(ctx, timeout):
         problems = exc.problems
         data_dir, guessed = _data_dir_named_by(path)
         if ctx.obj.get("demo"):
-            from .demo import DATA_SUBDIR
+            from .mnote.demo import DATA_SUBDIR
             data_dir = data_dir / DATA_SUBDIR
     else:
         problems, data_dir, guessed = [], config.data_dir, False

@@ -343,7 +343,7 @@ class Config:
     #: -> the file's value, which reloads compare the file with (``raw`` has the running one)
     overrides: dict = field(default_factory=dict)
     #: what a command-line option puts over the file's mapping before it is validated
-    #: (``--demo``: :func:`hermes_service.demo.overlay`); reloads apply it to the new file too
+    #: (``--demo``: :func:`hermes_service.mnote.demo.overlay`); reloads apply it to the new file too
     overlay: object = None
 
     def __getitem__(self, section: str) -> dict:
@@ -615,7 +615,7 @@ def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
 
     ``path`` defaults to ``$HERMES_SERVICE_CONFIG`` or ``./config.yaml``.
     Relative ``paths.*`` resolve against the file's folder. ``overlay`` (a function of the
-    parsed mapping returning the one to validate, e.g. :func:`hermes_service.demo.overlay`)
+    parsed mapping returning the one to validate, e.g. :func:`hermes_service.mnote.demo.overlay`)
     is kept on the config (and on a :class:`ConfigError`'s partial one).
     Raises :class:`ConfigError` (missing file, YAML syntax, schema problems).
     """

@@ -85,7 +85,7 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       is refused (413) right after the headers, a chunked body is cut at the limit;
     * ``channel_request_lookahead`` = 1: waitress keeps reading a connection while its request
       is answered, so it sees at once when a client closes an event stream (and can read one
-      pipelined request ahead); :class:`~hermes_service.runs.ClientWatch` then ends the
+      pipelined request ahead); :class:`~hermes_service.mnote.runs.ClientWatch` then ends the
       stream through ``waitress.client_disconnected``, freeing its slot and thread within
       ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
     """

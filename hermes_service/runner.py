@@ -336,7 +336,7 @@ class TurnRequest:
     ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
     family (``v1`` | ``mnote``: separate ACP processes); ``plugin_run`` is the mnote run
     binding (see :mod:`hermes_service.mnote.gateway`) written to the run file; ``approvals``:
-    who answers Hermes's questions (a :class:`~hermes_service.runs.Run`: ``ask_approval`` /
+    who answers Hermes's questions (a :class:`~hermes_service.mnote.runs.Run`: ``ask_approval`` /
     ``answer``), or None: every question is denied (the CLI runner never asks; README
     §Approvals)."""
     message: str

@@ -25,8 +25,8 @@ from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import CliProcess, HermesRunner
-from .run_log import RunLogs
-from .runs import RunManager
+from .mnote.run_log import RunLogs
+from .mnote.runs import RunManager
 from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore

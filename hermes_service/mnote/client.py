@@ -670,7 +670,7 @@ def events(run_id):
     * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
       204 No Content, which tells a browser EventSource to stop reconnecting;
     * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
-      that disconnects frees its slot within ~1 s (:class:`~hermes_service.runs.ClientWatch`).
+      that disconnects frees its slot within ~1 s (:class:`~hermes_service.mnote.runs.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from support.fixtures import API_KEY, race, wait_for
-from hermes_service.run_log import RunLogs
-from hermes_service.runs import RunManager
+from hermes_service.mnote.run_log import RunLogs
+from hermes_service.mnote.runs import RunManager
 
 P = "/api/hermes/client"
 ALICE = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "alice"}

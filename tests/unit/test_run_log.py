@@ -14,8 +14,8 @@ import pytest
 from support.fixtures import API_KEY, wait_for
 from hermes_service import instance, metrics
 from hermes_service.errors import Conflict, NotFound, ServiceError
-from hermes_service.run_log import RunLogs, valid_run_id
-from hermes_service.runs import RunManager
+from hermes_service.mnote.run_log import RunLogs, valid_run_id
+from hermes_service.mnote.runs import RunManager
 
 
 def managers(tmp_path, other, retention=60):
