@@ -6,7 +6,7 @@
 * :func:`schema_problem` — a request body's jsonschema error as ``path: message``;
 * :func:`register_error_shape` / :func:`render_error` — each route family renders a
   :class:`~hermes_service.errors.ServiceError` in its own contract's shape, chosen by URL prefix
-  (v1 API: ``{"detail", "code", "requestId"}``; the mnote blueprints register theirs);
+  (v1 API: ``{"detail", "code", "requestId"}``; an extension's blueprints register theirs);
 * :func:`documented` — a route's contract (parameters, request schema, responses, error codes),
   declared next to the route; :mod:`hermes_service.openapi` builds ``GET /openapi.json`` from
   these and refuses a route without one (README §API description). :func:`json_body` validates
@@ -224,6 +224,12 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     """Named schemas for the OpenAPI document (``#/components/schemas/<name>``), e.g. the
     event payloads a route's contract refers to with ``{"$ref": …}``."""
     app.extensions.setdefault("openapi_components", {}).update(schemas)
+
+
+def register_tags(app, tags: list[dict]) -> None:
+    """OpenAPI tags (``{"name", "description"}``) of an extension's routes, listed after the
+    core's in the document."""
+    app.extensions.setdefault("openapi_tags", []).extend(tags)
 
 
 def register_error_shape(app, prefix: str, renderer: ErrorRenderer) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from .. import metrics
 from ..web import ErrorFamily, Reply, documented, parse_json, services
 from ..errors import ServiceError
+from . import metrics
+from .extension import mnote_of
 from .gateway import ToolRefused
 from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
 from .tools import echo_fields
@@ -79,7 +80,7 @@ FAILURE_ENVELOPE = {
 ERRORS = ErrorFamily("ToolFailure", FAILURE_ENVELOPE, tool_code,
                      "tool contract §3 output envelope of a call that was not executed",
                      code_path=("error", "code"))
-#: the document's components besides the family's (mnote.register adds them)
+#: the document's components besides the family's (the extension registers them)
 COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
                                "description": "tool contract §3 output envelope"}}
 #: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py)
@@ -108,7 +109,7 @@ def invoke():
     (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
     is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown
     tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (README §The mnote tools)."""
-    gateway = services().tools
+    gateway = mnote_of(services()).tools
     try:
         envelope = parse_json(request.get_data())
     except ServiceError:

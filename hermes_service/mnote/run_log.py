@@ -52,8 +52,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .. import instance, metrics
+from .. import instance
 from ..errors import is_id
+from . import metrics
 
 log = logging.getLogger("hermes_service.run_log")
 

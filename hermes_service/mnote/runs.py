@@ -63,9 +63,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .. import instance, logs, metrics
+from .. import instance, logs
 from ..errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
 from ..limits import Limiter
+from . import metrics
 from .run_log import LogState, RunLogs, RunWriter
 
 log = logging.getLogger("hermes_service.runs")
