@@ -2,7 +2,8 @@
 extension (:meth:`~.extension.MnoteExtension.init_cli`): ``add-workspace``, ``add-member``,
 ``import-page``, ``export-page`` on the embedded page store (``data/mnote.db``).
 
-Exit 2 on a config problem or a refused input, 3 if the page store cannot be opened.
+Exit 2 on a config problem, a refused input or ``mnote.enabled: false``, 3 if the page store
+cannot be opened.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import click
 
 from ..cli import load_for_command
+from .extension import settings
 
 
 @click.group()
@@ -18,6 +20,10 @@ from ..cli import load_for_command
 def mnote(ctx):
     """Operator commands for the embedded mnote page store (data/mnote.db)."""
     config = load_for_command(ctx)
+    if not settings(config)["enabled"]:
+        click.echo(f"{config.source}:mnote.enabled: false: the mnote extension is off; "
+                   "set it to true to use these commands", err=True)
+        sys.exit(2)
     from .page_store import PageStoreUnusable, SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:

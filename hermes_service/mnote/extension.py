@@ -16,6 +16,9 @@
 * registers its blueprints, error shapes and OpenAPI components on the app, and the
   ``mnote`` command group (:mod:`.cli`);
 * at serve start, closes the runs of a service process that died.
+
+``mnote.enabled: false`` switches it off: none of that is built or registered (the ``mnote``
+commands say so and exit 2).
 """
 from __future__ import annotations
 
@@ -123,6 +126,11 @@ RETENTION_STEPS = (RetentionStep(("idempotency records",), _page_store_idempoten
 class MnoteExtension(Extension):
     """The mnote extension's hooks (module doc)."""
     name = NAME
+
+    def enabled(self, config: "Config") -> bool:
+        """``mnote.enabled`` (default true): false removes the extension (README §The mnote
+        client proxy)."""
+        return bool(settings(config)["enabled"])
 
     @property
     def demo(self):
