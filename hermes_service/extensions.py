@@ -1,5 +1,5 @@
-"""The extension seam: how an outer feature package wires itself into the core (README
-§Architecture).
+"""The extension seam: how an outer feature package wires itself into the core
+(docs/architecture.md).
 
 The core (every module of ``hermes_service`` outside an extension's package) never imports an
 extension: :func:`installed` is the one composition point, the list of the installed
@@ -43,7 +43,7 @@ class StoreUnusable(Exception):
 
 @dataclass(frozen=True)
 class Family:
-    """How one route family's turns run (README §Runners).
+    """How one route family's turns run (docs/runners.md).
 
     ``name``: the session ``kind`` and the metrics label (each family has its own ACP
     processes); ``runner``: ``cli`` | ``acp``; ``label``: its name in the start line

@@ -1,5 +1,5 @@
 """End to end: a real service with ``mnote.enabled: false`` (config.yaml) starts, answers a v1
-turn through the real ``hermes`` CLI, and has no mnote route (README §The mnote client proxy).
+turn through the real ``hermes`` CLI, and has no mnote route (docs/mnote-client.md).
 """
 import pytest
 

@@ -1,4 +1,4 @@
-"""The layers rule (README §Architecture): the mnote extension (``hermes_service/mnote/``) is
+"""The layers rule (docs/architecture.md): the mnote extension (``hermes_service/mnote/``) is
 the outer layer. No module outside it imports it, except the one composition point
 (:func:`hermes_service.extensions.installed`), and the core names no mnote concept in code:
 no identifier containing ``mnote``, no string constant that is an mnote name (``mnote``,

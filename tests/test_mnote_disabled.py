@@ -1,4 +1,4 @@
-"""``mnote.enabled: false`` removes the mnote extension (README §The mnote client proxy;
+"""``mnote.enabled: false`` removes the mnote extension (docs/mnote-client.md;
 config.yaml ``mnote.enabled``): no mnote route (404) and none in ``/openapi.json``, no page
 store, tool gateway or run manager, no retention step, the ``mnote`` commands refuse — and
 the service starts and serves the v1 API. In process, the CLI runner stubbed at its seam."""

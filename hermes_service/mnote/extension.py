@@ -67,7 +67,7 @@ class Mnote:
     runs: "RunManager"             # background runs + events (the client routes)
 
     def configure(self, config: "Config") -> None:
-        """A reloaded config (README §Reload): event retention, run and stream limits."""
+        """A reloaded config (docs/configuring.md#reload): event retention, run and stream limits."""
         self.runs.retention = settings(config)["events_retention_seconds"]
         self.runs.max_active = config["hermes"]["max_concurrent_runs"] * 4
         self.runs.streams.resize(settings(config)["max_event_streams"])
@@ -94,7 +94,7 @@ def mnote_of(services: "Services") -> Mnote:
     return services.extensions[NAME]
 
 
-# -- retention steps (README §Retention and cleanup) ------------------------------------
+# -- retention steps (docs/data-and-durability.md#retention-and-cleanup) ------------------------------------
 def _page_store_idempotency(svc, report, *, now, dry_run, in_service) -> None:
     """Page-store idempotency records older than ``retention.idempotency_window_seconds``."""
     window = float(svc.config["retention"]["idempotency_window_seconds"])
@@ -128,8 +128,8 @@ class MnoteExtension(Extension):
     name = NAME
 
     def enabled(self, config: "Config") -> bool:
-        """``mnote.enabled`` (default true): false removes the extension (README §The mnote
-        client proxy)."""
+        """``mnote.enabled`` (default true): false removes the extension
+        (docs/mnote-client.md)."""
         return bool(settings(config)["enabled"])
 
     @property
@@ -166,7 +166,7 @@ class MnoteExtension(Extension):
         services.reloaders.append(mnote.configure)
         services.drain_sources.append(mnote)
         services.retention_steps.extend(RETENTION_STEPS)
-        metrics.watch_runs(runs)      # gauges read at scrape time (README §Operations → Metrics)
+        metrics.watch_runs(runs)      # gauges read at scrape time (docs/operations.md#metrics)
 
     def init_app(self, app, services: "Services") -> None:
         """Register the mnote blueprints and their error shapes on ``app``."""

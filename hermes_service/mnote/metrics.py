@@ -1,9 +1,9 @@
-"""The mnote extension's Prometheus metrics (README §Operations → Metrics), on the service's
+"""The mnote extension's Prometheus metrics (docs/operations.md#metrics), on the service's
 :data:`~hermes_service.metrics.REGISTRY` under its namespace, next to the core's:
 
 * :func:`tool_call` — one call on the mnote tool endpoint;
 * :func:`approval_asked` / :func:`approval_answered` — questions put to the panel's user
-  (README §Approvals) and how each was resolved;
+  (docs/mnote-client.md#approvals) and how each was resolved;
 * :func:`stream_opened` / :func:`stream_closed` — event streams open now;
 * :func:`run_interrupted` — a run of a dead service process closed with ``run_interrupted``;
 * :func:`watch_runs` — the gauges read at scrape time from the run manager (runs active,
@@ -67,7 +67,7 @@ def approval_answered(resolved_by: str, choice: str) -> None:
 
 def run_interrupted() -> None:
     """A run of a dead service process was closed (``hermes_service_runs_interrupted_total``;
-    README §Data and durability → Runs and their events)."""
+    docs/data-and-durability.md#runs-and-their-events)."""
     RUNS_INTERRUPTED.inc()
 
 
