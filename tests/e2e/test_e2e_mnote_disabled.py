@@ -3,7 +3,7 @@ turn through the real ``hermes`` CLI, and has no mnote route (docs/mnote-client.
 """
 import pytest
 
-from conftest import API_KEY
+from support.fixtures import API_KEY
 
 pytestmark = pytest.mark.e2e
 

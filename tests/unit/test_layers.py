@@ -14,7 +14,7 @@ import re
 import tokenize
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "hermes_service"
+PACKAGE = Path(__file__).resolve().parents[2] / "hermes_service"
 EXTENSION = PACKAGE / "mnote"
 #: (module, function) allowed to import the extension: the composition point
 COMPOSITION = {("extensions.py", "installed")}

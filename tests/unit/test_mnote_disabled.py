@@ -5,7 +5,7 @@ the service starts and serves the v1 API. In process, the CLI runner stubbed at 
 from click.testing import CliRunner
 import yaml
 
-from conftest import API_KEY, base_config, deep_merge
+from support.fixtures import API_KEY, base_config, deep_merge
 from hermes_service.cli import cli
 from hermes_service.config import RESTART_ONLY, ConfigError, build_config
 from hermes_service.openapi import build_document
