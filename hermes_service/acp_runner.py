@@ -7,7 +7,7 @@ stdio. The service is its client through the protocol's own Python package
 thread, runs every connection; worker threads hand it turns with
 :meth:`AcpRunner.run_turn`, which blocks like the CLI runner does.
 
-**Pool.** One process per active user and route family (``v1`` / ``mnote``: their tool
+**Pool.** One process per active user and route family (``v1`` / an extension's: their tool
 sets differ), started on the first turn or by :meth:`AcpRunner.prewarm` (the panel creating
 a session), with the user's ``HERMES_HOME`` and the same clean environment as CLI runs, in
 its own process group recorded with the CLI's (shutdown kills it, a crash's leftovers are
@@ -28,8 +28,8 @@ model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it a
 held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
 errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
 recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
-``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
-tool calls are reported by the tool gateway). The answer is read from Hermes's record,
+``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (the tool
+calls a family reports itself, ``Family.own_tool_prefix``, do not). The answer is read from Hermes's record,
 exactly as for the CLI runner.
 
 **Known 0.19.0 faults, designed around.** A ``session/cancel`` that lands when a session
@@ -52,7 +52,7 @@ at once for the next turn.
 dangerous command (and, with edit approval on, before a file edit) with
 ``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
 ``hermes.approvals.mode: ask``) puts the question to the run's user
-(:meth:`~hermes_service.runs.Run.ask_approval`: ``approval.request``) and answers Hermes with
+(``approvals.ask_approval``: e.g. an ``approval.request`` event) and answers Hermes with
 the user's choice — ``once`` / ``session`` / ``always`` / ``deny`` map to Hermes's option ids
 ``allow_once`` / ``allow_session`` / ``allow_always`` / ``deny``; only the options Hermes
 offered are choices, ``always`` only with ``hermes.approvals.allow_always`` — or with ``deny``
@@ -65,11 +65,12 @@ Hermes never gives up first.
 
 **Clarifying questions.** Hermes 0.19.0 offers its ``clarify`` tool no way to reach an ACP
 client (the ACP session's agent has no ``clarify_callback``, and ACP has no request for a
-question). In the service's ``mnote`` processes with ``hermes.approvals.mode: ask`` the
+question). In the processes of a family whose turns ask their user
+(``Family.asks_user``) with ``hermes.approvals.mode: ask`` the
 ``clarify`` toolset is offered and the import hook gives the tool a callback that asks the
 client with the extension request :data:`CLARIFY_METHOD` ``{sessionId, question,
 choices}``; :meth:`_Client.ext_method` puts it to the run's user
-(:meth:`~hermes_service.runs.Run.ask_clarify`: ``clarify.request``) and answers
+(``approvals.ask_clarify``: e.g. a ``clarify.request`` event) and answers
 ``{"answer": <text>}``, or ``{"answer": null}`` after ``hermes.approvals.timeout_seconds``
 (Hermes is then told what its CLI tells it: the user did not answer, use your best judgement).
 
@@ -154,7 +155,7 @@ class _Sink:
     shown: list[str] = field(default_factory=list)  # their text (kept when the turn is stopped)
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
     tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
-    #                                                None for an mnote tool (the gateway reports it)
+    #                                         None for a tool its family reports (own_tool_prefix)
     kill_reason: str | None = None
     ended: bool = False              # the prompt has answered: the runner decides what is shown
     approvals: object = None         # who answers Hermes's questions (TurnRequest.approvals)
@@ -235,9 +236,9 @@ class _Client:
                 listener.reasoning(text)
         elif kind == "tool_call":
             call_id, title = update.tool_call_id, update.title or "tool"
-            mnote = title.startswith("mnote_")
-            sink.tools_running[call_id] = None if mnote else title
-            if listener is not None and not mnote:
+            own = title.startswith(self.proc.runner.own_tool_prefixes)
+            sink.tools_running[call_id] = None if own else title
+            if listener is not None and not own:
                 listener.tool("tool.started", call_id, title, None)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
@@ -531,6 +532,11 @@ class AcpRunner:
         self.ask = approvals["mode"] == "ask"
         self.default_model = (hermes_cfg.get("model") or {}).get("default")
 
+    @property
+    def own_tool_prefixes(self) -> tuple[str, ...]:
+        """Tool-name prefixes of the calls the route families report themselves."""
+        return tuple(f.own_tool_prefix for f in self.cli.families.values() if f.own_tool_prefix)
+
     def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
         """Apply a reloaded ``hermes`` section (README §Reload). ``retire``: the section or
         the users' template changed, and warm processes run with the old environment,
@@ -704,9 +710,13 @@ class AcpRunner:
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
-        env.pop("MNOTE_RUN_FILE", None)
-        if key[1] == "mnote":
-            env["MNOTE_RUN_DIR"] = str(self.cli.run_files.user_dir(home.user_id))
+        for other in self.cli.families.values():     # a CLI turn's run file is not for it
+            if other.run_file_env:
+                env.pop(other.run_file_env, None)
+        family = self.cli.families.get(key[1])
+        if family is not None and family.run_dir_env:
+            env[family.run_dir_env] = str(self.cli.run_files.user_dir(home.user_id))
+        if family is not None and family.asks_user:
             if self.ask:           # its turns can ask the panel's user: offer clarify
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
                 env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)

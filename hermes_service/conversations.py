@@ -21,6 +21,7 @@ from filelock import FileLock, Timeout
 from . import hermes_state, metrics
 from .config import Config
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
+from .installed import route_families
 from .runner import HermesRunner, TurnListener, TurnRequest, TurnResult, UseCli
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
@@ -49,10 +50,9 @@ class _Timed:
 def acp_families(config: Config) -> frozenset[str]:
     """The route families whose turns run on the warm ACP runner (README §Runners):
     ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q … --source tool``,
-    the runner the v1.3.0 API is specified around), ``mnote`` (the client routes) when
-    ``mnote.runner: acp`` (the default: the panel's answer streams as it is written)."""
-    return frozenset(f for f, runner in (("v1", config["hermes"]["runner"]),
-                                         ("mnote", config["mnote"]["runner"])) if runner == "acp")
+    the runner the v1.3.0 API is specified around), an extension's family when it says so
+    (:func:`~hermes_service.installed.route_families`)."""
+    return frozenset(f.name for f in route_families(config) if f.runner == "acp")
 
 
 class Conversations:
@@ -93,7 +93,7 @@ class Conversations:
 
     def get(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
         """The record; NotFound (``session_not_found``) if absent, owned by someone else, or of
-        another ``kind`` (``v1`` sessions of the v1 API, ``mnote`` sessions of the client proxy)."""
+        another ``kind`` (``v1`` sessions of the v1 API; an extension's family names its own)."""
         check_id(session_id, "session_id")
         rec = self.store.get(session_id)
         if rec is None or (owner is not None and rec.get("user_id") != owner) \
@@ -162,9 +162,10 @@ class Conversations:
              record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (README §Runners).
 
-        ``kind`` (``v1`` | ``mnote``) must match the session's; ``model`` is the provider
-        model (``-m``); ``toolsets`` are offered in addition to ``hermes.toolsets``;
-        ``plugin_run`` is the mnote run binding for the plugins; ``listener`` receives live
+        ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
+        ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
+        ``hermes.toolsets``; ``plugin_run`` is the run file's data for the family's Hermes
+        plugin (:class:`~hermes_service.extensions.Family`); ``listener`` receives live
         events; ``record`` fields are stored on the session when the turn starts;
         ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
 

@@ -2,7 +2,7 @@
 facts: docs/hermes-cli-notes.md).
 
 **Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
-home and clean environment, model, toolsets, the mnote run binding, a listener for live
+home and clean environment, model, toolsets, the run file's data, a listener for live
 events, a cancel event) answered by a :class:`TurnResult`. Both runners — this module's
 CLI runner and :mod:`hermes_service.acp_runner` — take the answer from Hermes's own record
 (:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
@@ -17,10 +17,11 @@ turn killed before printing it is matched to its Hermes session by the turn mark
 On failure (rc != 0) Hermes prints the provider error on stdout; :func:`classify_failure`
 turns it into a stable code and the text is logged (warning, with the run's ids).
 
-**Run files.** What the Hermes plugins need for one run (the mnote run token, ids, page
-context) is written to ``<data>/runs/<user_id>/`` (0700/0600) for that run only and removed
-when it ends: the CLI gets its path in ``MNOTE_RUN_FILE``; an ACP process reads
-``<dir>/<ACP session id>.json``.
+**Run files.** What a route family's Hermes plugin needs for one run (e.g. a run token, ids,
+page context) is written to ``<data>/runs/<user_id>/`` (0700/0600) for that run only and
+removed when it ends: the CLI gets its path in the family's ``run_file_env``; an ACP process
+reads ``<dir>/<ACP session id>.json``, the folder in the family's ``run_dir_env``
+(:class:`~hermes_service.extensions.Family`).
 
 **Sandbox.** Every Hermes process — CLI turns, ACP processes, ``execute``, ``--version``,
 ``gc``'s deletions — is started through :meth:`HermesRunner.launch`, i.e. the launcher of
@@ -317,8 +318,8 @@ class TurnListener(Protocol):
     ``handle.touch()`` records activity for the stall watchdog. ``delta(text)``: a piece of
     the answer as the model generates it (ACP runner). ``reasoning(text)``: a piece of the
     model's reasoning. ``tool(event, call_id, name, ok)``: a builtin tool call started
-    (``event="tool.started"``) or finished (``"tool.completed"``); mnote tool calls are
-    reported by the tool gateway instead.
+    (``event="tool.started"``) or finished (``"tool.completed"``); the tool calls a family
+    reports itself (``Family.own_tool_prefix``) are not.
     """
 
     def started(self, handle) -> None: ...
@@ -334,9 +335,9 @@ class TurnListener(Protocol):
 class TurnRequest:
     """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
     ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
-    family (``v1`` | ``mnote``: separate ACP processes); ``plugin_run`` is the mnote run
-    binding (see :mod:`hermes_service.mnote.gateway`) written to the run file; ``approvals``:
-    who answers Hermes's questions (a :class:`~hermes_service.runs.Run`: ``ask_approval`` /
+    family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the data
+    written to the run file for the family's Hermes plugin; ``approvals``:
+    who answers Hermes's questions (an object with ``ask_approval`` /
     ``answer``), or None: every question is denied (the CLI runner never asks; README
     §Approvals)."""
     message: str
@@ -621,6 +622,9 @@ class HermesRunner:
         self.sandbox = sandbox
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
+        #: route family name -> its :class:`~hermes_service.extensions.Family` (set by
+        #: :func:`~hermes_service.services.build_services`): how its plugin finds a run file
+        self.families: dict = {}
         self.timeout = float(hermes_cfg["timeout_seconds"])
         self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
         self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
@@ -662,7 +666,7 @@ class HermesRunner:
             self._slots.release()
 
     def toolset_names(self, extra: list[str] | None = None) -> list[str]:
-        """``hermes.toolsets`` plus ``extra`` (e.g. the mnote plugin's for mnote runs)."""
+        """``hermes.toolsets`` plus ``extra`` (e.g. an extension plugin's for its runs)."""
         return [*self.toolsets, *(extra or [])]
 
     def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
@@ -737,7 +741,7 @@ class HermesRunner:
                   toolsets: list[str] | None = None) -> list[str]:
         """argv after the command for one turn (``--query=`` so a leading ``--`` stays text).
 
-        ``toolsets`` are added to ``hermes.toolsets`` (e.g. the mnote plugin's for mnote runs).
+        ``toolsets`` are added to ``hermes.toolsets`` (e.g. an extension plugin's for its runs).
         """
         sets = self.toolset_names(toolsets)
         args = ["chat", f"--query={message}", "-Q", "--source", "tool",
@@ -770,7 +774,7 @@ class HermesRunner:
         run_file = None
         if req.plugin_run is not None:
             run_file = self.run_files.write(user_dir / f"{turn_id}.json", req.plugin_run)
-            env["MNOTE_RUN_FILE"] = str(run_file)
+            env[self.families[req.family].run_file_env] = str(run_file)
         try:
             resume, notice = req.resume_id, None
             self.check_home_quota(req.home)

@@ -14,19 +14,15 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import metrics
+from . import installed, metrics
 from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations, acp_families
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
-from .mnote.gateway import ToolGateway
-from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import CliProcess, HermesRunner
-from .run_log import RunLogs
-from .runs import RunManager
 from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore
@@ -47,12 +43,21 @@ class Services:
     homes: UserHomes
     runner: HermesRunner               # the CLI runner (also owns slots and process groups)
     conversations: Conversations
-    runs: RunManager                   # background runs + events (mnote client)
-    tools: ToolGateway                 # run tokens + tool calls (mnote tools)
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
     idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
+    #: where Hermes processes call this service back (the serve command's address), or None
+    service_url: str | None = None
+    #: what the enabled extensions built, by extension name (hermes_service/extensions.py)
+    extensions: dict = field(repr=False, default_factory=dict)
+    #: the extensions' cleanup steps (:class:`~hermes_service.extensions.RetentionStep`)
+    retention_steps: list = field(repr=False, default_factory=list)
+    #: what else a drain waits for: objects with ``in_flight() -> {key: label}`` and
+    #: ``outcome(key) -> str | None`` (None: not its key) (:meth:`in_flight`)
+    drain_sources: list = field(repr=False, default_factory=list)
+    #: ``fn(config)`` called by :meth:`apply` with a reloaded config (the extensions')
+    reloaders: list = field(repr=False, default_factory=list)
     #: v1 requests holding an admission place now (message, execute, delete), by a label
     #: naming them for the drain's log lines (:meth:`in_flight`)
     _v1_turns: dict = field(repr=False, default_factory=dict)
@@ -74,8 +79,8 @@ class Services:
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (runner), CLI slots and v1 admission places, message size,
-        execute allowlist, event-stream slots and retention, the idempotency records' lifetime
-        (from their next outcome), mnote models and log level (``service.drain_seconds`` is
+        execute allowlist, the idempotency records' lifetime (from their next outcome), what
+        the extensions' reload hooks (:attr:`reloaders`) apply, and log level (``service.drain_seconds`` is
         read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
@@ -94,10 +99,9 @@ class Services:
             self.conversations.acp.reconfigure(h, retire=(h, self.homes.configured) != before)
         self.conversations.max_message_bytes = h["max_message_bytes"]
         self.conversations.turn_wait = float(h["queue_wait_seconds"])
-        self.runs.retention = config["mnote"]["events_retention_seconds"]
         self.idempotency.ttl = float(config["service"]["idempotency_ttl_seconds"])
-        self.runs.max_active = h["max_concurrent_runs"] * 4
-        self.runs.streams.resize(config["mnote"]["max_event_streams"])
+        for reload in self.reloaders:
+            reload(config)
         self.admitted.resize(h["max_concurrent_runs"] + h["max_waiting_requests"])
         logging.getLogger().setLevel(config["service"]["log_level"].upper())
         self.guard = Guard(config)
@@ -127,22 +131,21 @@ class Services:
     def in_flight(self) -> dict:
         """What a drain waits for (README §Process lifetime): ``{key: label}``, one entry per
         v1 request holding an admission place (label ``v1 message on session <id>``, …) and
-        per mnote run queued or running (key and label ``run <runId>``)."""
+        what the :attr:`drain_sources` name (e.g. ``run <runId>``)."""
         with self._v1_lock:
             out = dict(self._v1_turns)
-        out.update({f"run {run_id}": f"run {run_id}" for run_id in self.runs.active_ids()})
+        for source in self.drain_sources:
+            out.update(source.in_flight())
         return out
 
     def outcome(self, key) -> str:
         """How an entry of :meth:`in_flight` ended, once it left: ``ok`` or the error code of
-        a v1 request (recorded while draining), the terminal event of a run (``run.completed``,
-        ``run.failed <code>``, ``run.cancelled``); ``?`` when unknown."""
-        if isinstance(key, str) and key.startswith("run "):
-            run = self.runs.peek(key[4:])
-            last = run.events[-1] if run is not None and run.events else None
-            if last is None:
-                return "?"
-            return " ".join(x for x in (last.get("event"), last.get("code")) if x)
+        a v1 request (recorded while draining), what its drain source says (e.g. the terminal
+        event of a run: ``run.completed``, ``run.failed <code>``); ``?`` when unknown."""
+        for source in self.drain_sources:
+            said = source.outcome(key)
+            if said is not None:
+                return said
         with self._v1_lock:
             return self._v1_outcomes.pop(key, "?")
 
@@ -183,10 +186,9 @@ class Services:
 
 
 def default_service_url(config: Config, host: str | None = None, port: int | None = None) -> str:
-    """Where the Hermes CLI calls this service back (tool calls): ``mnote.service_url``, or
-    ``http://127.0.0.1:<port>`` (``http://[::1]:<port>`` when serving on an IPv6 host)."""
-    if config["mnote"]["service_url"]:
-        return config["mnote"]["service_url"]
+    """Where a Hermes process reaches this service on this host: ``http://127.0.0.1:<port>``
+    (``http://[::1]:<port>`` when serving on an IPv6 host). An extension may prefer an
+    address of its own config."""
     host = host or config["service"]["host"]
     port = config["service"]["port"] if port is None else port
     return f"http://{'[::1]' if ':' in host else '127.0.0.1'}:{port}"
@@ -195,9 +197,13 @@ def default_service_url(config: Config, host: str | None = None, port: int | Non
 def build_services(config: Config, service_url: str | None = None) -> Services:
     """Construct every service object for ``config``.
 
+    Then every extension ``config`` enables builds its own objects
+    (:meth:`~hermes_service.extensions.Extension.init_services`).
+
     Raises :class:`~hermes_service.session_store.CorruptStore` if the session registry
     cannot be opened (its layout file, or a legacy ``sessions.json`` to migrate, is
-    unusable): the service must not start.
+    unusable), :class:`~hermes_service.extensions.StoreUnusable` if an extension's store
+    cannot: the service must not start.
     """
     config.data_dir.mkdir(parents=True, exist_ok=True)
     hermes = config["hermes"]
@@ -211,28 +217,22 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
     runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs",
                           sandbox=sandbox)
+    runner.families = {f.name: f for f in installed.route_families(config)}
     families = acp_families(config)
     acp = AcpRunner(hermes, runner) if families else None
     services = Services(
         config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
         conversations=Conversations(config, store, homes, runner, acp, families),
-        runs=RunManager(config["mnote"]["events_retention_seconds"],
-                        max_active=hermes["max_concurrent_runs"] * 4,
-                        max_streams=config["mnote"]["max_event_streams"],
-                        logs=RunLogs(config.data_dir / "run-events")),
-        tools=ToolGateway(SQLitePageStore(config.data_dir / "mnote.db"),
-                          service_url or default_service_url(config)),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
         sandbox=sandbox, model_proxy=proxy,
         idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
-                                     config["service"]["idempotency_ttl_seconds"]))
-    # an abort that reaches this process from another one revokes the run's token too
-    services.runs.on_abort.append(services.tools.end_run)
+                                     config["service"]["idempotency_ttl_seconds"]),
+        service_url=service_url or default_service_url(config))
     # gauges read at scrape time (README §Operations → Metrics)
     metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
     if acp is not None:
         metrics.watch("runner_processes", acp.processes, runner="acp")
     metrics.watch("registry_sessions", store.count)
-    metrics.watch("runs_active", services.runs.active)
-    metrics.watch("event_streams_max", lambda: services.runs.streams.size)
+    for ext in installed.enabled(config):
+        ext.init_services(services)
     return services

@@ -58,7 +58,7 @@ def test_access_and_run_lines_carry_request_trace_and_run_ids(stubbed_app, stub,
         "traceId": "trace_json_1"})
     run_id = res.json["runId"]
     assert seen.wait(10)
-    run = app.extensions["hermes_service"].runs.get(run_id, "user_1")
+    run = app.extensions["hermes_service"].extensions["mnote"].runs.get(run_id, "user_1")
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
