@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import metrics
-from .acp_runner import AcpRunner
 from .config import Config
 from .conversations import Conversations, acp_families
 from .errors import ServiceError, TooManyRuns, Unconfigured
@@ -24,7 +23,7 @@ from .limits import Limiter
 from .mnote.gateway import ToolGateway
 from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
-from .runner import CliProcess, HermesRunner
+from .runner import AcpRunner, CliProcess, HermesRunner
 from .run_log import RunLogs
 from .runs import RunManager
 from .sandbox import Sandbox, Settings as SandboxSettings

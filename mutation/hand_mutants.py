@@ -67,7 +67,7 @@ MUTANTS = [
          "                continue\n",
          [f"{SEC}::test_forwarded_for_behind_an_allowed_trusted_proxy"]),
     Hand("a killed first turn is not matched to its Hermes session by the turn marker",
-         "hermes_service/runner.py",
+         "hermes_service/runner/cli.py",
          "sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)",
          "sid = session_id_from_stderr(outcome.stderr)",
          [TURNS]),

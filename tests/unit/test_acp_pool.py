@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from support.fixtures import base_config, deep_merge, wait_for
-from hermes_service.acp_runner import AcpRunner
+from hermes_service.runner.acp import AcpRunner
 from hermes_service.config import build_config
 from hermes_service.errors import RunError
 from hermes_service.runner import HermesRunner, UseCli
@@ -274,7 +274,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     of the record since its last turn there sends the turn to a fresh process."""
     from support.hermes_record import record_turn
     from hermes_service import hermes_state
-    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner.acp import _Sink
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
@@ -304,7 +304,7 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     runner.env.update(FAKE_ACP_LOAD_DELAY="2")
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner.acp import _Sink
     cancel = threading.Event()
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
@@ -485,7 +485,7 @@ def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
 def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
     """README §Runners: the first chunk is held back only when it could be the start of the
     error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
-    from hermes_service.acp_runner import could_be_error_text
+    from hermes_service.runner.acp import could_be_error_text
     assert could_be_error_text(text) is held
 
 

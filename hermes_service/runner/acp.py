@@ -93,13 +93,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import hermes_state
-from .errors import BadRequest, Conflict, RunError, ServiceError
-from .instance import proc_start
-from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _ctx, _stopping, answer_from_record, classify_text, failure_reason,
-                     kill_group, limit_error)
-from .sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .. import hermes_state
+from ..errors import BadRequest, Conflict, RunError, ServiceError
+from ..instance import proc_start
+from .cli import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
+                  _ctx, _stopping, answer_from_record, classify_text, failure_reason,
+                  kill_group, limit_error)
+from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
 
 log = logging.getLogger("hermes_service.acp")
 

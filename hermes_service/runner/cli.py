@@ -4,7 +4,7 @@ facts: docs/hermes-cli-notes.md).
 **Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
 home and clean environment, model, toolsets, the mnote run binding, a listener for live
 events, a cancel event) answered by a :class:`TurnResult`. Both runners — this module's
-CLI runner and :mod:`hermes_service.acp_runner` — take the answer from Hermes's own record
+CLI runner and :mod:`hermes_service.runner.acp` — take the answer from Hermes's own record
 (:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
 recorded no answer fails with ``upstream_empty_answer`` (502).
 
@@ -53,14 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from . import hermes_state, homefs
-from .errors import RunError, ServiceError, TooManyRuns, Unconfigured
-from .limits import Limiter
-from .instance import alive_pid, proc_start
-from .sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
+from .. import hermes_state, homefs
+from ..errors import RunError, ServiceError, TooManyRuns, Unconfigured
+from ..limits import Limiter
+from ..instance import alive_pid, proc_start
+from ..sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
 
 if TYPE_CHECKING:
-    from .user_homes import UserHome
+    from ..user_homes import UserHome
 
 log = logging.getLogger("hermes_service.runner")
 
