@@ -96,10 +96,11 @@ from pathlib import Path
 from .. import hermes_state
 from ..errors import BadRequest, Conflict, RunError, ServiceError
 from ..instance import proc_start
-from .cli import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                  _ctx, _stopping, answer_from_record, classify_text, failure_reason,
-                  kill_group, limit_error)
 from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .cli import HermesRunner
+from .failures import KILLED, classify_text, failure_reason, limit_error
+from .processes import _stopping, kill_group
+from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, UseCli, _ctx, answer_from_record
 
 log = logging.getLogger("hermes_service.acp")
 
