@@ -68,8 +68,9 @@ MUTANTS = [
          [f"{SEC}::test_forwarded_for_behind_an_allowed_trusted_proxy"]),
     Hand("a killed first turn is not matched to its Hermes session by the turn marker",
          "hermes_service/runner/cli.py",
-         "sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)",
-         "sid = session_id_from_stderr(outcome.stderr)",
+         "sid = session_id_from_stderr(outcome.stderr) \\\n"
+         "                or _read_marker(marker, self.processes.run_files)\n",
+         "sid = session_id_from_stderr(outcome.stderr)\n",
          [TURNS]),
     Hand("a failed turn that Hermes kept is not mapped to the session",
          "hermes_service/conversations.py",

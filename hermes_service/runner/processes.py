@@ -1,7 +1,9 @@
-"""Hermes processes: how they start, are limited and are killed.
+"""Hermes processes: how they start, are limited and are killed. :class:`Processes` is the
+one owner of the turn slots, the process groups and the launcher; both runners, ``execute``,
+``/status`` and ``gc`` start Hermes through it.
 
 **Sandbox.** Every Hermes process — CLI turns, ACP processes, ``execute``, ``--version``,
-``gc``'s deletions — is started through :meth:`HermesRunner.launch`, i.e. the launcher of
+``gc``'s deletions — is started through :meth:`Processes.launch`, i.e. the launcher of
 :mod:`hermes_service.sandbox` (one rule): in a bubblewrap sandbox of its own, or unconfined
 under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
 ``run_limit_exceeded`` (422); a home over ``hermes.sandbox.max_home_mb`` is refused with
@@ -17,18 +19,32 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..errors import RunError
+from ..errors import RunError, TooManyRuns, Unconfigured
 from ..instance import alive_pid, proc_start
-from ..sandbox import Launch, limit_signal, signal_tree
+from ..limits import Limiter
+from ..sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
+from .run_files import RunFiles
+
+if TYPE_CHECKING:
+    from ..user_homes import UserHome
 
 KILL_GRACE_SECONDS = 1.0
+#: A home whose size took longer than this to add up is not walked again for
+#: HOME_SIZE_REUSE_SECONDS (``hermes.sandbox.max_home_mb``: a turn per second must not walk
+#: 100 000 files each time).
+HOME_WALK_SLOW_SECONDS = 0.05
+HOME_SIZE_REUSE_SECONDS = 30.0
 
 
 @dataclass
@@ -260,3 +276,161 @@ def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = 
     except ProcessLookupError:
         pass
     wait(5.0)
+
+
+class Processes:
+    """Every Hermes process the service starts — CLI turns, ACP processes, ``execute``,
+    ``--version``, ``gc``'s deletions — and the one owner of what they share: the command,
+    the turn slots (:meth:`slot`, both runners and the routes that run a Hermes command hold
+    one), the launcher (:meth:`launch`, :mod:`hermes_service.sandbox`), the process groups
+    (:attr:`groups`), the run files (:attr:`run_files`), the time limits and toolsets every
+    turn gets, and the service's stop state (:attr:`stopping`, :attr:`draining`).
+
+    ``hermes_cfg`` is the ``hermes`` section; ``command`` is ``hermes.command`` (a name looked
+    up on PATH, or a path).
+    """
+
+    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None,
+                 sandbox: Sandbox | None = None):
+        self.command = hermes_cfg["command"]
+        self.sandbox = sandbox
+        self.groups = ProcessGroups(pid_dir)
+        self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
+        self.timeout = float(hermes_cfg["timeout_seconds"])
+        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
+        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
+        self.toolsets = list(hermes_cfg["toolsets"])
+        self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
+        self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
+        self.draining = False       # set at a drain: routes take no new turn, the ACP pool
+                                    # starts no process (README §Process lifetime)
+        self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
+        self._version: tuple[float, str] | None = None
+        self._version_lock = threading.Lock()
+
+    def command_path(self) -> str:
+        """Absolute path of the CLI; raises :class:`Unconfigured` if it cannot be found."""
+        found = shutil.which(self.command)
+        if not found:
+            raise Unconfigured(f"the Hermes command '{self.command}' was not found "
+                               "(set hermes.command in config.yaml)", code="hermes_unavailable")
+        return found
+
+    @contextmanager
+    def slot(self, cancel: threading.Event | None = None):
+        """Hold one turn slot (shared by both runners); yields the seconds waited.
+        Raises :class:`TooManyRuns` after ``queue_wait_seconds``; while waiting, a set
+        ``cancel`` event ends the wait with ``run_cancelled``."""
+        started = time.monotonic()
+        deadline = started + self.queue_wait
+        while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if self.stopping:
+                raise _stopping()
+            if cancel is not None and cancel.is_set():
+                raise RunError("the run was aborted", code="run_cancelled", status=409)
+            if time.monotonic() >= deadline:
+                raise TooManyRuns("too many Hermes runs in progress; retry later",
+                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+        try:
+            yield time.monotonic() - started
+        finally:
+            self._slots.release()
+
+    def toolset_names(self, extra: list[str] | None = None) -> list[str]:
+        """``hermes.toolsets`` plus ``extra`` (e.g. the mnote plugin's for mnote runs)."""
+        return [*self.toolsets, *(extra or [])]
+
+    def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
+        """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
+        (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
+        visible to it. Raises Unconfigured when the command is missing, RunError
+        ``hermes_failed`` when its sandbox cannot be made."""
+        command = self.command_path()
+        if self.sandbox is None:
+            return Launch([command, *args], env, str(home.root))
+        try:
+            return self.sandbox.prepare(args, env, home, self.run_files.user_dir(home.user_id),
+                                        command)
+        except OSError as exc:
+            raise RunError(f"the sandbox of a Hermes process could not be made ({exc})",
+                           code="hermes_failed") from None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Do new Hermes processes run in a sandbox (with its limits)?"""
+        return self.sandbox is not None and self.sandbox.active
+
+    def check_home_quota(self, home: "UserHome") -> None:
+        """Raise ``home_quota_exceeded`` (507) when the home is over
+        ``hermes.sandbox.max_home_mb`` — before Hermes starts."""
+        if self.sandbox is None:
+            return
+        cap = self.sandbox.settings.max_home_mb
+        now = time.monotonic()
+        cached = self._home_sizes.get(home.user_id)
+        if cached is not None and now < cached[0]:
+            size = cached[1]
+        else:
+            # the run folder is the user's too (writable in its sandbox)
+            size = home_size_mb(home.root, stop_above=cap)
+            size += home_size_mb(self.run_files.root / home.user_id, stop_above=cap)
+            took = time.monotonic() - now
+            # a home of many files costs a walk of every entry: then reuse it for a while
+            if took > HOME_WALK_SLOW_SECONDS:
+                self._home_sizes[home.user_id] = (now + HOME_SIZE_REUSE_SECONDS, size)
+            else:
+                self._home_sizes.pop(home.user_id, None)
+        if size > cap:
+            raise home_quota_error(size, cap)
+
+    def spawn(self, args: list[str], env: dict, home: "UserHome",
+              max_output_bytes: int | None = None) -> CliProcess:
+        """Start ``hermes <args>`` (no shell) for ``home`` in a new process group (in its
+        sandbox, :meth:`launch`). Caller holds a slot. The group is recorded in
+        :attr:`groups` until it is waited for."""
+        if self.stopping:
+            raise _stopping()
+        launch = self.launch(args, env, home)
+        try:
+            proc = CliProcess(launch, max_output_bytes, on_exit=self.groups.forget)
+        except OSError as exc:
+            raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
+                           code="hermes_failed") from None
+        self.groups.add(proc, env.get("HERMES_HOME"))
+        return proc
+
+    def kill_all(self) -> int:
+        """Kill every live Hermes process group (service shutdown). Returns how many."""
+        return self.groups.kill_all("shutdown")
+
+    def reap_orphans(self) -> int:
+        """See :meth:`ProcessGroups.reap_orphans`; also drops run files a crash left."""
+        self.run_files.sweep(older_than=self.timeout + 60)
+        return self.groups.reap_orphans()
+
+    def version(self, env: dict, home: "UserHome", ttl: float = 300.0) -> str:
+        """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
+        within the slots). Raises Unconfigured/RunError/TooManyRuns."""
+        with self._version_lock:
+            now = time.monotonic()
+            if self._version and now - self._version[0] < ttl:
+                return self._version[1]
+            with self.slot():
+                outcome = self.spawn(["--version"], env, home, max_output_bytes=65536).wait(30)
+            if outcome.returncode != 0 or not outcome.stdout.strip():
+                raise RunError("`hermes --version` failed", code="hermes_failed")
+            text = outcome.stdout.strip().splitlines()[0].strip()
+            self._version = (now, text)
+            return text
+
+    def reconfigure(self, hermes_cfg: dict) -> None:
+        """Apply a reloaded ``hermes`` section to new turns (README §Reload): command, time
+        limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
+        they started with."""
+        self.command = hermes_cfg["command"]
+        self.timeout = float(hermes_cfg["timeout_seconds"])
+        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
+        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
+        self.toolsets = list(hermes_cfg["toolsets"])
+        self._slots.resize(hermes_cfg["max_concurrent_runs"])
+
