@@ -138,8 +138,7 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     svc = app.extensions["hermes_service"]
-    runner = svc.runner
-    reaped = runner.reap_orphans()
+    reaped = svc.processes.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
     for ext in installed.enabled(config):

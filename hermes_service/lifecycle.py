@@ -324,12 +324,12 @@ class Lifecycle:
             self._drain(signum, drain)
         self._killing = True
         started = time.monotonic()
-        runner = self.svc.runner
+        processes = self.svc.processes
         killed = self.svc.shutdown()      # no new Hermes process; queued runs end now
         deadline = time.monotonic() + DRAIN_SECONDS
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.02)
-        left = drop_own_pid_records(runner.groups.pid_dir)
+        left = drop_own_pid_records(processes.groups.pid_dir)
         self.record.remove()
         log.info("signal %d: killed %d Hermes process group(s); stopped in %.0f ms%s",
                  signum, killed, (time.monotonic() - started) * 1000,

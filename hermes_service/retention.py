@@ -252,9 +252,9 @@ def _delete_transcript(svc, user_id: str, hermes_id: str) -> bool:
     """``hermes sessions delete --yes <id>`` in the user's home (a CLI slot is held).
     True if Hermes deleted it, False if it was already gone; RunError if the CLI failed."""
     home = svc.homes.path(user_id)
-    env = svc.homes.cli_env(home, svc.runner.command_path())
-    with svc.runner.slot():
-        out = svc.runner.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
+    env = svc.homes.cli_env(home, svc.processes.command_path())
+    with svc.processes.slot():
+        out = svc.processes.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
                                65536).wait(float(svc.config["hermes"]["execute"]["timeout_seconds"]))
     if out.returncode == 0 and "Deleted session" in out.stdout:
         return True

@@ -15,14 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import installed, metrics
-from .acp_runner import AcpRunner
 from .config import Config
-from .conversations import Conversations, acp_families
+from .conversations import Conversations
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
-from .runner import CliProcess, HermesRunner
+from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox, Settings as SandboxSettings
 from .security import Guard
 from .session_store import SessionStore
@@ -41,7 +40,9 @@ class Services:
     guard: Guard
     store: SessionStore
     homes: UserHomes
-    runner: HermesRunner               # the CLI runner (also owns slots and process groups)
+    processes: Processes               # every Hermes process: slots, groups, the launcher
+    runner: HermesRunner               # the CLI runner (runners.cli)
+    runners: RunnerChoice              # which runner takes a turn (the CLI or the ACP one)
     conversations: Conversations
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
@@ -78,7 +79,7 @@ class Services:
 
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
-        toolsets and time limits (runner), CLI slots and v1 admission places, message size,
+        toolsets and time limits (processes), turn slots and v1 admission places, message size,
         execute allowlist, the idempotency records' lifetime (from their next outcome), what
         the extensions' reload hooks (:attr:`reloaders`) apply, and log level (``service.drain_seconds`` is
         read from :attr:`config` when a stop begins).
@@ -92,11 +93,11 @@ class Services:
         self.model_proxy.configure(h["model"]["base_url"], h["model"]["api_key_env"],
                                    float(h["timeout_seconds"]),
                                    upstream_proxy_for(h["extra_env"], h["model"]["base_url"]))
-        self.runner.reconfigure(h)
-        if self.conversations.acp is not None:
+        self.processes.reconfigure(h)
+        if self.runners.acp is not None:
             # warm processes run with the old settings and template: retire them only when
             # those changed (a reload that rotates a key keeps every user's process warm)
-            self.conversations.acp.reconfigure(h, retire=(h, self.homes.configured) != before)
+            self.runners.acp.reconfigure(h, retire=(h, self.homes.configured) != before)
         self.conversations.max_message_bytes = h["max_message_bytes"]
         self.conversations.turn_wait = float(h["queue_wait_seconds"])
         self.idempotency.ttl = float(config["service"]["idempotency_ttl_seconds"])
@@ -110,19 +111,19 @@ class Services:
     @property
     def draining(self) -> bool:
         """Is the service draining (README §Process lifetime): no new turn is accepted."""
-        return self.runner.draining
+        return self.processes.draining
 
     def drain(self) -> None:
         """Stop accepting new turns (:meth:`check_accepting` refuses them), let the running
         ones go on; the warm ACP pool starts no new process and pre-warms nothing
         (README §Process lifetime). :meth:`shutdown` ends what is left."""
-        self.runner.draining = True
+        self.processes.draining = True
         metrics.set_draining(True)
 
     def check_accepting(self) -> None:
         """Raise 503 ``service_draining`` (``Retry-After: 5``) while draining: a route that
         would start a Hermes turn calls this before it accepts one."""
-        if self.runner.draining:
+        if self.processes.draining:
             raise ServiceError("the service is stopping and takes no new turns; retry "
                                "(behind a proxy another node answers)",
                                code="service_draining", status=503,
@@ -152,10 +153,10 @@ class Services:
     def shutdown(self) -> int:
         """Stop starting Hermes processes, kill every running group (CLI turns, ACP
         processes) and stop the ACP runner's loop. Returns how many groups were killed."""
-        self.runner.stopping = True
-        killed = self.runner.kill_all()
-        if self.conversations.acp is not None:
-            self.conversations.acp.close()
+        self.processes.stopping = True
+        killed = self.processes.kill_all()
+        if self.runners.acp is not None:
+            self.runners.acp.close()
         self.model_proxy.stop()
         return killed
 
@@ -180,7 +181,7 @@ class Services:
         finally:
             with self._v1_lock:
                 del self._v1_turns[token]
-                if self.runner.draining:
+                if self.processes.draining:
                     self._v1_outcomes[token] = outcome
             self.admitted.release()
 
@@ -215,23 +216,25 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
                        upstream_proxy=upstream_proxy_for(hermes["extra_env"],
                                                          hermes["model"]["base_url"]))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
-    runner = HermesRunner(hermes, pid_dir=config.data_dir / "pids", run_dir=config.data_dir / "runs",
-                          sandbox=sandbox)
-    runner.families = {f.name: f for f in installed.route_families(config)}
-    families = acp_families(config)
-    acp = AcpRunner(hermes, runner) if families else None
+    processes = Processes(hermes, pid_dir=config.data_dir / "pids",
+                          run_dir=config.data_dir / "runs", sandbox=sandbox)
+    processes.families = {f.name: f for f in installed.route_families(config)}
+    families = acp_families(processes.families.values())
+    acp = AcpRunner(hermes, processes) if families else None
+    runners = RunnerChoice(HermesRunner(processes), acp, families)
     services = Services(
-        config=config, guard=Guard(config), store=store, homes=homes, runner=runner,
-        conversations=Conversations(config, store, homes, runner, acp, families),
+        config=config, guard=Guard(config), store=store, homes=homes, processes=processes,
+        runner=runners.cli, runners=runners,
+        conversations=Conversations(config, store, homes, processes, runners),
         admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
         sandbox=sandbox, model_proxy=proxy,
         idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
                                      config["service"]["idempotency_ttl_seconds"]),
         service_url=service_url or default_service_url(config))
     # gauges read at scrape time (README §Operations → Metrics)
-    metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
+    metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:
-        metrics.watch("runner_processes", acp.processes, runner="acp")
+        metrics.watch("runner_processes", acp.process_count, runner="acp")
     metrics.watch("registry_sessions", store.count)
     for ext in installed.enabled(config):
         ext.init_services(services)

@@ -584,7 +584,7 @@ def start_run():
     tid = trace_id()
     svc = services()
     svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
-    svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
+    svc.processes.command_path()     # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
     mcfg = svc.config["mnote"]
     model_id = body.get("model") or mcfg["default_model"]

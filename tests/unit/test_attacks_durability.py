@@ -436,6 +436,6 @@ def test_a_keyed_retry_during_the_drain(c, stub):
     wait_for(lambda: c.svc.extensions["mnote"].runs.get(run_id, "alice").done, "the aborted run")
     assert c.svc.extensions["mnote"].runs.get(run_id, "alice").events[-1]["event"] == "run.cancelled"
     stub.gate.set()
-    c.svc.runner.draining = False          # the next start (or another node) accepts it
+    c.svc.processes.draining = False          # the next start (or another node) accepts it
     after = c.post(path, json={"message": "during"}, headers={**V1, HEADER: "during"})
     assert after.status_code == 200 and REPLAYED_HEADER not in after.headers

@@ -15,7 +15,7 @@ import pytest
 
 from support.fixtures import API_KEY
 from hermes_service import logs
-from hermes_service.runner import HermesRunner
+from hermes_service.runner import HermesRunner, Processes
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
@@ -119,8 +119,9 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
-    HermesRunner(cfg).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
-    HermesRunner({**cfg, "command": shutil.which("false")}).run_process(
+    HermesRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
+                                             None, ctx)
+    HermesRunner(Processes({**cfg, "command": shutil.which("false")})).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":

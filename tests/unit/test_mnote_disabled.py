@@ -29,7 +29,7 @@ def test_off_it_registers_no_route_builds_nothing_and_adds_no_step(app_factory, 
     assert "/api/v1/sessions" in rules and "/health" in rules
     svc = app.extensions["hermes_service"]
     assert svc.extensions == {} and svc.retention_steps == [] and svc.drain_sources == []
-    assert svc.reloaders == [] and "mnote" not in svc.runner.families
+    assert svc.reloaders == [] and "mnote" not in svc.processes.families
     assert not (tmp_path / "data" / "mnote.db").exists()          # no page store opened
     assert not (tmp_path / "data" / "run-events").exists()        # no run manager
     report = collect(svc, older_than=None, in_service=True)

@@ -18,7 +18,7 @@ make room; when none is idle the turn runs on the CLI runner); retired after
 0.19.0 never frees an ACP session). A retired process takes no new turn and exits once
 its running turns end.
 
-**A turn** holds one of the slots the CLI runner also uses (the global cap), then:
+**A turn** holds one of the slots CLI turns also use (the global cap, :mod:`.processes`), then:
 ``session/new`` (a new conversation) or ``session/load`` (an ACP-made session this
 process has not loaded; its history replay is discarded), and ``session/prompt`` with the
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
@@ -92,15 +92,14 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from . import hermes_state
-from .errors import BadRequest, Conflict, RunError, ServiceError
-from .instance import proc_start
-from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _ctx, _stopping, answer_from_record, classify_text, failure_reason,
-                     kill_group, limit_error)
-from .sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .. import hermes_state
+from ..errors import BadRequest, Conflict, RunError, ServiceError
+from ..instance import proc_start
+from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .failures import KILLED, classify_text, failure_reason, limit_error
+from .processes import Processes, _stopping, kill_group
+from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, UseCli, _ctx, answer_from_record
 
 log = logging.getLogger("hermes_service.acp")
 
@@ -384,13 +383,14 @@ class AcpProcess:
         self.launch = None
         self.limit: str | None = None     # the sandbox limit that ended it (sandbox.py)
         self.idle_cpu: float | None = None  # its sandbox's CPU seconds when its last turn ended
-        self.cwd = runner.cli.sandbox.home_path(home) if runner.cli.sandbox else str(home.root)
+        sandbox = runner.processes.sandbox
+        self.cwd = sandbox.home_path(home) if sandbox else str(home.root)
 
     # -- life ------------------------------------------------------------------------
     async def start(self) -> None:
         import acp
         from acp.schema import ClientCapabilities, Implementation
-        self.launch = self.runner.cli.launch(["acp"], self.env, self.home)
+        self.launch = self.runner.processes.launch(["acp"], self.env, self.home)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.launch.argv, env=self.launch.env, cwd=self.launch.cwd,
@@ -403,7 +403,7 @@ class AcpProcess:
         self.launch.pid = self.proc.pid
         self.launch.started()
         self.pgid = self.proc.pid
-        self.runner.cli.groups.add(self, self.env.get("HERMES_HOME"))
+        self.runner.processes.groups.add(self, self.env.get("HERMES_HOME"))
         loop = asyncio.get_running_loop()
         loop.create_task(self._drain_stderr())
         loop.create_task(self._watch_exit())
@@ -427,7 +427,7 @@ class AcpProcess:
         self.limit = self.limit or self.launch.limit_hit() or limit_signal(rc)
         self.launch.close()
         self.dead = True
-        self.runner.cli.groups.forget(self)
+        self.runner.processes.groups.forget(self)
         self.runner._gone(self)
         if self.conn is not None:       # its pending requests fail (ConnectionError) instead of
             try:                        # waiting for ever; its tasks end instead of being dropped
@@ -471,7 +471,7 @@ class AcpProcess:
     def make_spare(self) -> None:
         """Make the next conversation's session ahead, while the process is idle."""
         if self.spare is None and not self.inflight and not self.retired and not self.dead \
-                and not self.runner.cli.draining:
+                and not self.runner.processes.draining:
             async def make():
                 sid = (await self.conn.new_session(cwd=self.cwd)).session_id
                 self.sessions.add(sid)
@@ -507,12 +507,14 @@ def _ended(reason: str) -> RunError:
 
 
 class AcpRunner:
-    """The ACP runner (see the module doc). Shares the CLI runner's command, slots,
-    process groups, run files, timeouts and toolsets."""
+    """The ACP runner (see the module doc). Starts its processes through ``processes``
+    (:class:`~hermes_service.runner.processes.Processes`), which it shares with the CLI
+    runner: the command, the slots, the process groups, the run files, the time limits and
+    toolsets."""
     name = "acp"
 
-    def __init__(self, hermes_cfg: dict, cli: HermesRunner):
-        self.cli = cli
+    def __init__(self, hermes_cfg: dict, processes: Processes):
+        self.processes = processes
         self._configure(hermes_cfg)
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
@@ -535,7 +537,7 @@ class AcpRunner:
     @property
     def own_tool_prefixes(self) -> tuple[str, ...]:
         """Tool-name prefixes of the calls the route families report themselves."""
-        return tuple(f.own_tool_prefix for f in self.cli.families.values() if f.own_tool_prefix)
+        return tuple(f.own_tool_prefix for f in self.processes.families.values() if f.own_tool_prefix)
 
     def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
         """Apply a reloaded ``hermes`` section (README §Reload). ``retire``: the section or
@@ -562,7 +564,7 @@ class AcpRunner:
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def processes(self) -> int:
+    def process_count(self) -> int:
         """ACP processes alive now (accepting or retiring)."""
         return len(self._procs) + len(self._retired)
 
@@ -570,9 +572,9 @@ class AcpRunner:
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
         """Start the user's process for ``family`` in the background (no wait, no error);
         nothing while the service drains (README §Process lifetime)."""
-        if self.cli.draining or self.cli.stopping:
+        if self.processes.draining or self.processes.stopping:
             return
-        if self.processes() >= self.max_processes and not self._idle():
+        if self.process_count() >= self.max_processes and not self._idle():
             return
         fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
         fut.add_done_callback(lambda f: not f.cancelled() and f.exception()
@@ -588,8 +590,8 @@ class AcpRunner:
             raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
-        self.cli.check_home_quota(req.home)
-        with self.cli.slot(req.cancel) as waited:
+        self.processes.check_home_quota(req.home)
+        with self.processes.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener, approvals=req.approvals)
             if source != "acp":
@@ -599,7 +601,7 @@ class AcpRunner:
             try:
                 sid, response, resumed, proc = fut.result()
             except (ServiceError, UseCli) as err:
-                if self.cli.stopping and isinstance(err, ServiceError) \
+                if self.processes.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
                     raise _stopping() from None  # the shutdown killed the process it needed
                 if getattr(err, "code", "") == "run_cancelled" and sink.shown:
@@ -608,14 +610,14 @@ class AcpRunner:
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
             except Exception as exc:     # the protocol failed (process died mid-request, ...)
-                if self.cli.stopping:    # the shutdown killed the process and ended the loop
+                if self.processes.stopping:    # the shutdown killed the process and ended the loop
                     raise _stopping() from None
                 log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
                 self._call(self._retire_key((req.home.user_id, req.family))).result(5)
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
-            answer, reasoning = answer_from_record(req, sid, limits=self.cli.sandboxed)
+            answer, reasoning = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
@@ -654,7 +656,7 @@ class AcpRunner:
         """Kill every process and stop the loop (the service stops)."""
         for proc in list(self._procs.values()) + list(self._retired):
             proc.kill("shutdown")
-            self.cli.groups.forget(proc)
+            self.processes.groups.forget(proc)
         with self._loop_lock:
             loop, self._loop = self._loop, None
         if loop is None:
@@ -691,9 +693,9 @@ class AcpRunner:
                     proc.reserved += reserve
                     return proc
                 continue
-            if self.cli.draining:     # the service is stopping: no new process (README
+            if self.processes.draining:     # the service is stopping: no new process (README
                 raise UseCli("the service is draining")   # §Process lifetime)
-            if self.processes() >= self.max_processes:
+            if self.process_count() >= self.max_processes:
                 idle = self._idle()
                 if not idle:
                     raise UseCli("the ACP process pool is full")
@@ -710,12 +712,12 @@ class AcpRunner:
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
-        for other in self.cli.families.values():     # a CLI turn's run file is not for it
+        for other in self.processes.families.values():     # a CLI turn's run file is not for it
             if other.run_file_env:
                 env.pop(other.run_file_env, None)
-        family = self.cli.families.get(key[1])
+        family = self.processes.families.get(key[1])
         if family is not None and family.run_dir_env:
-            env[family.run_dir_env] = str(self.cli.run_files.user_dir(home.user_id))
+            env[family.run_dir_env] = str(self.processes.run_files.user_dir(home.user_id))
         if family is not None and family.asks_user:
             if self.ask:           # its turns can ask the panel's user: offer clarify
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
@@ -788,7 +790,7 @@ class AcpRunner:
     def _replace(self, old: AcpProcess) -> None:
         """Start a replacement for a retired process in the background (the user is active);
         none while the service drains."""
-        if self.cli.draining:
+        if self.processes.draining:
             return
         task = asyncio.get_running_loop().create_task(
             self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
@@ -815,10 +817,10 @@ class AcpRunner:
         """Returns (ACP session id, PromptResponse, resumed, process). Raises RunError/UseCli.
         ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
-        deadline = time.monotonic() + self.cli.timeout
+        deadline = time.monotonic() + self.processes.timeout
         while True:
             acquiring = asyncio.ensure_future(self._acquire(
-                key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
+                key, req.home, req.env, self.processes.toolset_names(req.toolsets), reserve=True))
             reason = await self._wait_open(acquiring, req, deadline)
             if reason is not None:
                 # an abort or the time limit while the process starts: the start goes on (the
@@ -909,8 +911,8 @@ class AcpRunner:
             sid = opening.result()
         run_file = None
         if req.plugin_run is not None:
-            run_file = self.cli.run_files.write(
-                self.cli.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
+            run_file = self.processes.run_files.write(
+                self.processes.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
         proc.inflight[sid] = sink
         if proc.launch is not None and len(proc.inflight) == 1:
             proc.launch.mark()        # this turn's CPU budget (hermes.sandbox.limits.cpu_seconds)
@@ -948,8 +950,9 @@ class AcpRunner:
             proc.inflight.pop(sid, None)
             proc.last_used = time.monotonic()
             if run_file is not None:
-                self.cli.run_files.remove(run_file)
-        cpu_cap = self.cli.sandbox.settings.limits.cpu_seconds / 2 if self.cli.sandboxed else None
+                self.processes.run_files.remove(run_file)
+        cpu_cap = self.processes.sandbox.settings.limits.cpu_seconds / 2 \
+            if self.processes.sandboxed else None
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \
                 or (cpu_cap is not None and proc.launch.cpu_seconds() > cpu_cap):
             self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB, "
@@ -982,7 +985,7 @@ class AcpRunner:
                 return "timeout"
             if sink.asking:              # a human is being asked: not a stall
                 sink.last_activity = now
-            if now - sink.last_activity >= self.cli.stall_timeout:
+            if now - sink.last_activity >= self.processes.stall_timeout:
                 return "stall"
 
     async def _end(self, task, proc: AcpProcess, sid: str, sink: _Sink, reason: str) -> None:
