@@ -202,7 +202,7 @@ def health():
     running turns finish, ``"status": "stopping"`` (503) after. Exempt from the API key unless
     ``security.health_requires_api_key``. README §Health."""
     svc = services()
-    if svc.runner.stopping:
+    if svc.processes.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
     body, code = _health(svc)
     if svc.draining:           # new work goes elsewhere; the rest of the answer stays
@@ -238,8 +238,8 @@ def status():
     """Spec §2: ``{"status": "running", "version": "<hermes --version first line>"}``."""
     svc = services()
     home = svc.homes.ensure_system()
-    env = svc.homes.cli_env(home, svc.runner.command_path())
-    return jsonify(status="running", version=svc.runner.version(env, home))
+    env = svc.homes.cli_env(home, svc.processes.command_path())
+    return jsonify(status="running", version=svc.processes.version(env, home))
 
 
 def new_session_id(node_id: str | None) -> str:
@@ -384,11 +384,11 @@ def execute():
         raise Forbidden(f"command not allowed: {' '.join(argv[:3])}", code="command_not_allowed")
     user_id = _user((body.get("user_context") or {}).get("user_id"))
     home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
-    env = svc.homes.cli_env(home, svc.runner.command_path())
+    env = svc.homes.cli_env(home, svc.processes.command_path())
     # capped before float(): a JSON integer may be too large for one (OverflowError)
     timeout = float(min(body.get("timeout") or ex.timeout_seconds, ex.timeout_seconds))
-    with svc.admission(f"v1 execute {' '.join(argv[:2])}"), svc.runner.slot():
-        outcome = svc.runner.spawn(argv, env, home, ex.max_output_bytes).wait(timeout)
+    with svc.admission(f"v1 execute {' '.join(argv[:2])}"), svc.processes.slot():
+        outcome = svc.processes.spawn(argv, env, home, ex.max_output_bytes).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)
     return jsonify(success=outcome.returncode == 0, stdout=outcome.stdout, stderr=outcome.stderr,

@@ -1,6 +1,7 @@
 """Flask app factory: service objects, request hooks, error handlers, blueprints (README §Architecture).
 
 Data flows one way: blueprint → service objects (:mod:`hermes_service.services`) → runner/store.
+Extensions (:mod:`hermes_service.installed`) add their objects and blueprints here.
 """
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ import logging
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, openapi, ops
+from . import hooks, installed, openapi, ops
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, TooLarge
-from .mnote import register as register_mnote
 from .services import build_services
 from .web import render_error
 
@@ -23,8 +23,9 @@ log = logging.getLogger("hermes_service")
 def create_app(config: Config, service_url: str | None = None) -> Flask:
     """Build the WSGI app for ``config``.
 
-    ``service_url`` is where the Hermes CLI reaches this service for tool calls
-    (default ``mnote.service_url`` or ``http://127.0.0.1:<service.port>``).
+    ``service_url`` is where Hermes processes reach this service (the serve command's
+    address; an extension may prefer one of its config). Every extension ``config`` enables
+    registers its routes here (:meth:`~hermes_service.extensions.Extension.init_app`).
 
     Raises :class:`~hermes_service.session_store.CorruptStore` if the session
     registry cannot be opened (the service must not start), and
@@ -34,7 +35,7 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.service.max_body_bytes
     app.json.ensure_ascii = False
     app.json.sort_keys = False
-    app.extensions["hermes_service"] = build_services(config, service_url)
+    svc = app.extensions["hermes_service"] = build_services(config, service_url)
 
     cors = config.cors
     if cors.allow_origins:
@@ -70,7 +71,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
 
     app.register_blueprint(v1)
     app.register_blueprint(ops.bp)
-    register_mnote(app)
+    for ext in installed.enabled(config):
+        ext.init_app(app, svc)
     app.register_blueprint(openapi.bp)
     # every route must declare its contract: an undocumented one stops the app here
     # (UndocumentedRoute), so no test and no start passes with it (README §API description)

@@ -1,11 +1,14 @@
 """Operator commands (click): serve (default), ``check-config``, ``reload``, ``keygen``, ``gc``,
-``usage``, ``mnote``.
+``usage``, and each installed extension's command group
+(:meth:`~hermes_service.extensions.Extension.init_cli`).
 
 ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N] [--demo]``
-serves with waitress (``--demo``: the stand-in model of :mod:`hermes_service.demo`, for
-``make demo``; with a command, that command works on the demo's data dir). A config with any problem ``check-config`` reports (exit 2), or a session
-registry or page store that cannot be opened (exit 3: its layout file, a legacy
-``sessions.json`` to migrate, ``data/mnote.db``), exits non-zero before anything listens.
+serves with waitress (``--demo``: the stand-in model of the installed demo,
+:func:`hermes_service.installed.demo`, for ``make demo``; with a command, that command works
+on the demo's data dir). A config with any problem ``check-config`` reports (exit 2), or a
+session registry or an extension's store that cannot be opened (exit 3: its layout file, a
+legacy ``sessions.json`` to migrate, :class:`~hermes_service.extensions.StoreUnusable`),
+exits non-zero before anything listens.
 """
 from __future__ import annotations
 
@@ -17,11 +20,21 @@ from pathlib import Path
 
 import click
 
+from . import installed
 from .config import ENV_CONFIG, ConfigError, load_config
-from .mnote.page_store import PageStoreUnusable
+from .extensions import StoreUnusable
 from .session_store import CorruptStore
 
 log = logging.getLogger("hermes_service")
+
+
+def _demo():
+    """The installed demo module (:func:`hermes_service.installed.demo`); exits 2 if none."""
+    found = installed.demo()
+    if found is None:
+        click.echo("--demo: no installed extension offers a demo", err=True)
+        sys.exit(2)
+    return found
 
 
 def _overlay(ctx):
@@ -29,8 +42,7 @@ def _overlay(ctx):
     matters; the model address is a placeholder), else None."""
     if not ctx.obj.get("demo"):
         return None
-    from . import demo
-    return demo.overlay("http://127.0.0.1:9/v1")
+    return _demo().overlay("http://127.0.0.1:9/v1")
 
 
 def _load(path, need_keys: bool = True, overlay=None):
@@ -40,6 +52,12 @@ def _load(path, need_keys: bool = True, overlay=None):
         for line in exc.problems:
             click.echo(line, err=True)
         sys.exit(2)
+
+
+def load_for_command(ctx):
+    """The config of a command that serves nothing (API keys not required; ``--demo``: the
+    demo's data dir). Exits 2 with ``file:key: problem`` lines on any problem."""
+    return _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
 
 
 @click.group(invoke_without_command=True)
@@ -58,6 +76,7 @@ def cli(ctx, config_path, host, port, threads, demo):
     ctx.ensure_object(dict)
     ctx.obj["config_path"] = config_path
     ctx.obj["demo"] = demo
+    ctx.obj["load_config"] = load_for_command      # for extensions' commands (Extension.init_cli)
     if ctx.invoked_subcommand is None:
         serve(config_path, host, port, threads, demo=demo)
 
@@ -68,12 +87,13 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
     provider, expired keys) are logged and the service starts. ``demo``: the stand-in model
-    (:mod:`hermes_service.demo`) answers, in this process, and the demo's page store is seeded.
+    (:func:`hermes_service.installed.demo`) answers, in this process, and the demo's data is
+    seeded.
     """
     from . import preflight
     demo_model = overlay = None
     if demo:
-        from . import demo as demo_mod
+        demo_mod = _demo()
         demo_model = demo_mod.start_model()
         overlay = demo_mod.overlay(demo_model.base_url)
     config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay)
@@ -86,7 +106,7 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     if demo:
         try:
             demo_mod.seed(config)
-        except (PageStoreUnusable, OSError) as exc:
+        except (StoreUnusable, OSError) as exc:
             click.echo(f"refusing to start: {exc}", err=True)
             sys.exit(3)
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
@@ -112,18 +132,15 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     port = config.service.port if port is None else port
     try:
         app = create_app(config, service_url=default_service_url(config, host, port))
-    except (CorruptStore, PageStoreUnusable) as exc:
+    except (CorruptStore, StoreUnusable) as exc:
         click.echo(f"refusing to start: {exc}", err=True)
         sys.exit(3)
     svc = app.extensions["hermes_service"]
-    runner = svc.runner
-    reaped = runner.reap_orphans()
+    reaped = svc.processes.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
-    closed = svc.runs.close_dead()
-    if closed:
-        log.warning("closed %d run(s) of a service process that died (run.failed "
-                    "run_interrupted)", closed)
+    for ext in installed.enabled(config):
+        ext.on_serve(svc)
     from .retention import RetentionJob
     retention = RetentionJob(svc)
     if retention.start():
@@ -204,8 +221,7 @@ def reload(ctx, timeout):
         problems = exc.problems
         data_dir, guessed = _data_dir_named_by(path)
         if ctx.obj.get("demo"):
-            from .demo import DATA_SUBDIR
-            data_dir = data_dir / DATA_SUBDIR
+            data_dir = data_dir / _demo().DATA_SUBDIR
     else:
         problems, data_dir, guessed = [], config.data_dir, False
     results = request_reload(data_dir, timeout, config_path=path if guessed else None)
@@ -273,7 +289,8 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     records (``service.idempotency_ttl_seconds``); print each removal.
 
     Never touches a session whose turn lock is held. Exit 0; 1 if something was skipped (a
-    damaged shard, a failed purge); 3 if the registry or data/mnote.db cannot be opened.
+    damaged shard, a failed purge); 3 if the registry or an extension's store (e.g.
+    data/mnote.db) cannot be opened.
     README §Retention and cleanup."""
     from .config import MIN_SESSION_AGE_SECONDS, parse_duration
     try:
@@ -289,7 +306,7 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     from .services import build_services
     try:
         services = build_services(config)
-    except (CorruptStore, PageStoreUnusable) as exc:
+    except (CorruptStore, StoreUnusable) as exc:
         click.echo(f"refusing to run: {exc}", err=True)
         sys.exit(3)
     report = collect(services, older_than=seconds, dry_run=dry_run,
@@ -346,71 +363,6 @@ def usage(ctx, user_id, days, daily):
         click.echo(line(cells))
 
 
-@cli.group()
-@click.pass_context
-def mnote(ctx):
-    """Operator commands for the embedded mnote page store (data/mnote.db)."""
-    config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
-    from .mnote.page_store import SQLitePageStore
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        ctx.obj["store"] = SQLitePageStore(config.data_dir / "mnote.db")
-    except PageStoreUnusable as exc:
-        click.echo(f"refusing to run: {exc}", err=True)
-        sys.exit(3)
-
-
-def _store_call(fn, *args):
-    from .mnote.page_store import StoreInputError
-    try:
-        return fn(*args)
-    except StoreInputError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-
-
-@mnote.command("add-workspace")
-@click.argument("workspace_id")
-@click.option("--name", default=None, help="Display name.")
-@click.pass_context
-def add_workspace(ctx, workspace_id, name):
-    """Create (or rename) a workspace."""
-    _store_call(ctx.obj["store"].add_workspace, workspace_id, name)
-    click.echo(f"workspace {workspace_id} ready")
-
-
-@mnote.command("add-member")
-@click.argument("workspace_id")
-@click.argument("actor_id")
-@click.argument("role", type=click.Choice(["owner", "editor", "viewer"]))
-@click.pass_context
-def add_member(ctx, workspace_id, actor_id, role):
-    """Add ACTOR_ID (the X-Mnote-Actor-Id of mnote users) to a workspace with ROLE."""
-    _store_call(ctx.obj["store"].add_member, workspace_id, actor_id, role)
-    click.echo(f"{actor_id} is {role} of {workspace_id}")
-
-
-@mnote.command("import-page")
-@click.argument("file", type=click.File("r", encoding="utf-8"))
-@click.pass_context
-def import_page(ctx, file):
-    """Create or overwrite a page from FILE.json ({documentId, workspaceId, title, blocks?,
-    pageOptions?}; '-' reads standard input)."""
-    import json
-    try:
-        page = json.load(file)
-    except ValueError as exc:
-        click.echo(f"error: {file.name}: not JSON ({exc})", err=True)
-        sys.exit(2)
-    out = _store_call(ctx.obj["store"].import_page, page)
-    click.echo(json.dumps(out, ensure_ascii=False))
-
-
-@mnote.command("export-page")
-@click.argument("document_id")
-@click.pass_context
-def export_page(ctx, document_id):
-    """Print a page (with its artifacts) as JSON."""
-    import json
-    click.echo(json.dumps(_store_call(ctx.obj["store"].export_page, document_id),
-                          ensure_ascii=False, indent=2))
+# every installed extension's command group (hermes_service/extensions.py)
+for _ext in installed.extensions():
+    _ext.init_cli(cli)

@@ -98,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "paths": {"data_dir": "data", "users_template": "users_template"},
     "mnote": {
+        "enabled": True,
         "default_model": "hermes-agent",
         "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}],
         "events_retention_seconds": 3600,
@@ -242,6 +243,7 @@ SCHEMA = _obj({
     }),
     "paths": _obj({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
     "mnote": _obj({
+        "enabled": {"type": "boolean"},
         "default_model": {"type": "string"},
         "models": {"type": "array", "minItems": 1, "items": _obj({
             "id": {"type": "string"}, "label": {"type": "string"}, "provider": {"type": "string"},
@@ -488,6 +490,7 @@ class MnoteModel:
 @dataclass(frozen=True, slots=True)
 class MnoteSettings:
     """``mnote.*``: the client routes, their runs and event streams, the tool endpoint."""
+    enabled: bool                    # the mnote extension on (false: none of its routes)
     default_model: str
     models: tuple[MnoteModel, ...]
     events_retention_seconds: float
@@ -542,7 +545,7 @@ class Config:
     #: -> the file's value, which reloads compare the file with (:meth:`override`)
     overrides: Mapping = field(default_factory=lambda: MappingProxyType({}))
     #: what a command-line option puts over the file's mapping before it is validated
-    #: (``--demo``: :func:`hermes_service.demo.overlay`); reloads apply it to the new file too
+    #: (``--demo``: :func:`hermes_service.mnote.demo.overlay`); reloads apply it to the new file too
     overlay: object = None
     invalid: frozenset = frozenset()
 
@@ -983,12 +986,13 @@ def keep_running(running: Config, new: Config) -> Config:
 #: Settings fixed for the life of the process: the listening socket and waitress
 #: (threads, connections, body size), the data dir and the node id tagging its sessions, the
 #: log format (handlers are set up at start), CORS (installed at start), the tool callback URL
-#: handed to runs and the runner. Everything else applies to new requests on reload.
+#: handed to runs, the runner and whether the mnote extension is on (its routes are registered
+#: at start). Everything else applies to new requests on reload.
 RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
                 ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
                 ("paths", "data_dir"), ("cors", None), ("mnote", "service_url"),
-                ("hermes", "runner"), ("mnote", "runner"))
+                ("hermes", "runner"), ("mnote", "runner"), ("mnote", "enabled"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
@@ -997,7 +1001,7 @@ def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
 
     ``path`` defaults to ``$HERMES_SERVICE_CONFIG`` or ``./config.yaml``.
     Relative ``paths.*`` resolve against the file's folder. ``overlay`` (a function of the
-    parsed mapping returning the one to validate, e.g. :func:`hermes_service.demo.overlay`)
+    parsed mapping returning the one to validate, e.g. :func:`hermes_service.mnote.demo.overlay`)
     is kept on the config (and on a :class:`ConfigError`'s partial one).
     Raises :class:`ConfigError` (missing file, YAML syntax, schema problems).
     """

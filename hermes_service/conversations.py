@@ -21,7 +21,7 @@ from filelock import FileLock, Timeout
 from . import hermes_state, metrics
 from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
-from .runner import HermesRunner, TurnListener, TurnRequest, TurnResult, UseCli
+from .runner import Processes, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
 
@@ -46,26 +46,15 @@ class _Timed:
         return getattr(self._listener, name)
 
 
-def acp_families(config: Config) -> frozenset[str]:
-    """The route families whose turns run on the warm ACP runner (README §Runners):
-    ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q … --source tool``,
-    the runner the v1.3.0 API is specified around), ``mnote`` (the client routes) when
-    ``mnote.runner: acp`` (the default: the panel's answer streams as it is written)."""
-    return frozenset(f for f, runner in (("v1", config.hermes.runner),
-                                         ("mnote", config.mnote.runner)) if runner == "acp")
-
-
 class Conversations:
     """Create, list, delete sessions and run turns on them."""
 
-    def __init__(self, config: Config, store: SessionStore, homes: UserHomes, runner: HermesRunner,
-                 acp=None, acp_families: frozenset[str] = frozenset()):
+    def __init__(self, config: Config, store: SessionStore, homes: UserHomes,
+                 processes: Processes, runners: RunnerChoice):
         self.store = store
         self.homes = homes
-        self.runner = runner
-        self.acp = acp          # the ACP runner, when a route family uses it
-        #: the route families whose turns go to ``acp`` (:func:`acp_families`)
-        self.acp_families = acp_families if acp is not None else frozenset()
+        self.processes = processes      # the Hermes command, process groups, toolsets
+        self.runners = runners          # which runner takes a turn (runner.choice)
         self.locks_dir = config.data_dir / "locks"
         self._local_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -97,7 +86,7 @@ class Conversations:
 
     def get(self, session_id: str, owner: str | None = None, kind: str | None = None) -> dict:
         """The record; NotFound (``session_not_found``) if absent, owned by someone else, or of
-        another ``kind`` (``v1`` sessions of the v1 API, ``mnote`` sessions of the client proxy)."""
+        another ``kind`` (``v1`` sessions of the v1 API; an extension's family names its own)."""
         check_id(session_id, "session_id")
         rec = self.store.get(session_id)
         if rec is None or (owner is not None and rec.get("user_id") != owner) \
@@ -166,9 +155,10 @@ class Conversations:
              record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (README §Runners).
 
-        ``kind`` (``v1`` | ``mnote``) must match the session's; ``model`` is the provider
-        model (``-m``); ``toolsets`` are offered in addition to ``hermes.toolsets``;
-        ``plugin_run`` is the mnote run binding for the plugins; ``listener`` receives live
+        ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
+        ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
+        ``hermes.toolsets``; ``plugin_run`` is the run file's data for the family's Hermes
+        plugin (:class:`~hermes_service.extensions.Family`); ``listener`` receives live
         events; ``record`` fields are stored on the session when the turn starts;
         ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
 
@@ -189,9 +179,9 @@ class Conversations:
                 rec = self.store.update(session_id, **record) or rec
             home = self.homes.ensure(rec["user_id"])
             family = rec.get("kind") or "v1"
-            clock = metrics.TurnClock(self.runner.name, family)
+            clock = metrics.TurnClock(self.runners.cli.name, family)
             req = TurnRequest(message, rec.get("hermes_session_id"), home,
-                              self.homes.cli_env(home, self.runner.command_path()), model=model,
+                              self.homes.cli_env(home, self.processes.command_path()), model=model,
                               toolsets=list(toolsets or []), family=family,
                               plugin_run=plugin_run, listener=_Timed(listener, clock),
                               cancel=cancel, approvals=approvals,
@@ -203,7 +193,7 @@ class Conversations:
                 log.warning("took back the unanswered last turn of session %s: the service "
                             "died during it", session_id)
             try:
-                result = self._run(req, clock)
+                result = self.runners.run_turn(req, clock)
             except ServiceError as err:
                 clock.finished(err.code)
                 self._after_failure(session_id, rec, home, err, message)
@@ -221,30 +211,19 @@ class Conversations:
         """Kill the Hermes processes of service processes that died (before a dead turn is
         taken back: another service process sharing the data dir did not restart, so its
         orphans may still be running; README "Process lifetime")."""
-        reaped = self.runner.groups.reap_orphans()
+        reaped = self.processes.groups.reap_orphans()
         if reaped:
             log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
 
     def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
         """Start the user's warm Hermes process for ``family`` in the background, when the
         ACP runner is configured (the panel created a session: a run is likely to follow)."""
-        if family not in self.acp_families:
+        acp = self.runners.warm(family)
+        if acp is None:
             return
         home = self.homes.ensure(user_id)
-        self.acp.prewarm(home, self.homes.cli_env(home, self.runner.command_path()), family,
-                         self.runner.toolset_names(toolsets))
-
-    def _run(self, req: TurnRequest, clock: metrics.TurnClock) -> TurnResult:
-        """The ACP runner when the turn's family uses it and it can serve the turn, else the
-        CLI runner."""
-        if req.family in self.acp_families:
-            clock.runner = self.acp.name
-            try:
-                return self.acp.run_turn(req)
-            except UseCli as why:
-                log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
-        clock.runner = self.runner.name
-        return self.runner.run_turn(req)
+        acp.prewarm(home, self.homes.cli_env(home, self.processes.command_path()), family,
+                    self.processes.toolset_names(toolsets))
 
     def _after_failure(self, session_id: str, rec: dict, home: UserHome, err: ServiceError,
                        message: str) -> None:

@@ -2,8 +2,8 @@
 
 Every failure the service reports is a :class:`ServiceError` carrying an
 HTTP status and a stable ``code``; the blueprints render it in their own
-contract's shape (v1: ``{"detail", "code", "requestId"}``; mnote client:
-``{"ok": false, "code", "message", "traceId", "requestId"}``).
+contract's shape (v1: ``{"detail", "code", "requestId"}``; an extension's blueprints register
+theirs, e.g. the client proxy's ``{"ok": false, "code", "message", "traceId", "requestId"}``).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Rules (README §Idempotent retries is the manual):
   an ordinary request (nothing is recorded).
 * **Whose key**: a key belongs to its *scope* — the route family, the API key's identity (its
   SHA-256) and the acting user (v1: the user the request acts for; client routes: the
-  ``X-Mnote-Actor-Id`` actor). The same key from another API key or user is a fresh request.
+  actor their header names). The same key from another API key or user is a fresh request.
 * **The same request**: the *fingerprint* is a SHA-256 of the method, the route, its path
   parameters, the query, the given ``X-Trace-Id`` (client routes) and the canonical JSON body
   (keys sorted, no insignificant white space), so field order and spacing do not matter. The

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import metrics, preflight
 from .files import atomic_write
+from .installed import route_families
 from .instance import proc_start
 from .config import Config, ConfigError, keep_running, load_config, restart_only
 
@@ -52,10 +53,13 @@ def provider_host(url: str | None) -> str:
 
 def running(config: Config, sandbox) -> str:
     """What the service runs, for the start and reload lines (README §Logs): ``runner R
-    (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, P the
-    client routes'; the provider by host only, never its key or URL path."""
+    (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, then
+    each extension family's label and runner (e.g. ``panel``: the client routes'); the
+    provider by host only, never its key or URL path."""
     model = config.hermes.model
-    return (f"runner {config.hermes.runner} (panel {config.mnote.runner}), "
+    families = route_families(config)
+    labelled = "".join(f" ({f.label} {f.runner})" for f in families if f.label)
+    return (f"runner {families[0].runner}{labelled}, "
             f"model {model.default or '-'} at "
             f"{provider_host(model.base_url)}, sandbox {sandbox.describe()}, "
             f"data dir {config.data_dir}")
@@ -84,8 +88,8 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       is refused (413) right after the headers, a chunked body is cut at the limit;
     * ``channel_request_lookahead`` = 1: waitress keeps reading a connection while its request
       is answered, so it sees at once when a client closes an event stream (and can read one
-      pipelined request ahead); :class:`~hermes_service.runs.ClientWatch` then ends the
-      stream through ``waitress.client_disconnected``, freeing its slot and thread within
+      pipelined request ahead); an event stream's watcher (e.g. the client proxy's) then ends
+      the stream through ``waitress.client_disconnected``, freeing its slot and thread within
       ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
     """
     svc = config.service
@@ -311,12 +315,12 @@ class Lifecycle:
             self._drain(signum, drain)
         self._killing = True
         started = time.monotonic()
-        runner = self.svc.runner
+        processes = self.svc.processes
         killed = self.svc.shutdown()      # no new Hermes process; queued runs end now
         deadline = time.monotonic() + DRAIN_SECONDS
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.02)
-        left = drop_own_pid_records(runner.groups.pid_dir)
+        left = drop_own_pid_records(processes.groups.pid_dir)
         self.record.remove()
         log.info("signal %d: killed %d Hermes process group(s); stopped in %.0f ms%s",
                  signum, killed, (time.monotonic() - started) * 1000,

@@ -1,8 +1,8 @@
 """A counting limit whose size can change while it is held (README §Reload).
 
 Used for the CLI slots (``hermes.max_concurrent_runs``), the v1 admission places
-(``max_concurrent_runs + max_waiting_requests``) and the event-stream slots
-(``mnote.max_event_streams``), so a live reload can resize them without disturbing the
+(``max_concurrent_runs + max_waiting_requests``) and an extension's event-stream
+slots, so a live reload can resize them without disturbing the
 holders: shrinking never takes a place away, it only makes new callers wait until enough
 holders have left.
 """

@@ -8,15 +8,13 @@ user id, message text or key into a label:
 * :func:`http_request` — one finished HTTP request (called by the access-log hook);
 * :class:`TurnClock` / :func:`turn_finished` — one turn of a runner (queue wait, duration,
   outcome code);
-* :func:`tool_call` — one call on the mnote tool endpoint;
-* :func:`approval_asked` / :func:`approval_answered` — questions put to the panel's user
-  (README §Approvals) and how each was resolved;
-* :func:`stream_opened` / :func:`stream_closed` — event streams open now;
-* :func:`run_interrupted` — a run of a dead service process closed with ``run_interrupted``;
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
   endpoint (``model_proxy.py``) and the tokens the provider reported for it;
 * :func:`set_draining` — the process drains before it stops;
-* :func:`watch` — gauges read at scrape time from a callback (processes, registry size).
+* :func:`watch` — gauges read at scrape time from a callback (processes, registry size);
+  :func:`declare_watched` adds such a gauge (an extension's).
+
+An extension defines its own instruments on :data:`REGISTRY` under :data:`NAMESPACE`.
 
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
 ``python_*`` collectors), one per service process; scrape every process. Units are
@@ -71,29 +69,6 @@ TURN_QUEUE_WAIT = Histogram(
     "turn_queue_wait_seconds", "From the turn holding its session to the runner starting it "
     "(waiting for a CLI slot); a turn refused or aborted while waiting counts its whole wait.",
     ["runner", "family"], namespace=NAMESPACE, buckets=WAIT_BUCKETS, registry=REGISTRY)
-APPROVAL_KINDS = frozenset({"command", "edit", "other", "clarify"})
-APPROVAL_RESOLUTIONS = frozenset({"user", "timeout", "abort"})
-APPROVAL_CHOICES = frozenset({"once", "session", "always", "deny",   # approvals
-                              "answer", "none"})                     # clarify: answered or not
-APPROVALS_ASKED = Counter(
-    "approvals_asked", "Questions Hermes asked the panel's user (approval.request, clarify.request), "
-    "by kind (command, edit, other, clarify).", ["kind"], namespace=NAMESPACE, registry=REGISTRY)
-APPROVALS_ANSWERED = Counter(
-    "approvals_answered", "Questions resolved (approval.responded, clarify.responded), by resolution "
-    "(user, timeout, abort) and choice (once, session, always, deny; clarify: answer, none).",
-    ["resolved_by", "choice"],
-    namespace=NAMESPACE, registry=REGISTRY)
-TOOL_CALLS = Counter(
-    "tool_calls", "Calls on the mnote tool endpoint, by tool (contract name; 'unknown' for "
-    "any other) and outcome (ok, or the envelope's error code).", ["tool", "outcome"],
-    namespace=NAMESPACE, registry=REGISTRY)
-RUNS_INTERRUPTED = Counter(
-    "runs_interrupted", "Runs closed with run.failed run_interrupted (client code "
-    "hermes_client_run_interrupted) because the service process running them was gone (crash, "
-    "kill -9): counted by the process that closed them.", namespace=NAMESPACE, registry=REGISTRY)
-EVENT_STREAMS = Gauge(
-    "event_streams_open", "Server-Sent Events streams open now (at most "
-    "mnote.max_event_streams).", namespace=NAMESPACE, registry=REGISTRY)
 MODEL_TOKENS = Counter(
     "model_tokens", "Model tokens the provider reported in its own usage fields, for "
     "requests through the model pass-through endpoint, by kind (prompt | completion).",
@@ -118,14 +93,15 @@ class _Watched:
         "runner_processes": ("Runner processes (Hermes CLI / ACP) running now, by runner.",
                              ["runner"]),
         "registry_sessions": ("Session records in the session registry (sessions.json).", []),
-        "runs_active": ("mnote runs queued or running now.", []),
-        "event_streams_max": ("Event-stream slots (mnote.max_event_streams): "
-                              "event_streams_open can reach this, then streams get 429.", []),
     }
 
     def __init__(self):
         self._lock = threading.Lock()
         self._callbacks: dict[tuple[str, tuple], Callable[[], float]] = {}
+
+    def declare(self, name: str, text: str, labels: list[str]) -> None:
+        with self._lock:
+            self.HELP[name] = (text, list(labels))
 
     def set(self, name: str, labels: dict, fn: Callable[[], float]) -> None:
         if name not in self.HELP or sorted(labels) != sorted(self.HELP[name][1]):
@@ -157,11 +133,17 @@ REGISTRY.register(_WATCHED)
 def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
     """Report ``fn()`` as gauge ``hermes_service_<name>`` at every scrape.
 
-    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions``,
-    ``runs_active`` or ``event_streams_max``. A later call with the same name and labels replaces the callback (the
+    ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions``, or one
+    :func:`declare_watched` added. A later call with the same name and labels replaces the callback (the
     newest app of a process wins). Raises ValueError for an unknown name or label set.
     """
     _WATCHED.set(name, labels, fn)
+
+
+def declare_watched(name: str, text: str, labels: tuple[str, ...] = ()) -> None:
+    """Add gauge ``hermes_service_<name>`` (help ``text``, ``labels``) to those :func:`watch`
+    accepts (idempotent)."""
+    _WATCHED.declare(name, text, labels)
 
 
 # -- events ------------------------------------------------------------------------
@@ -230,25 +212,6 @@ class TurnClock:
                       (began if began is not None else now) - self.asked)
 
 
-def tool_call(tool, outcome: str | None) -> None:
-    """One tool-endpoint call. ``tool``: the envelope's ``toolName`` (anything not a known
-    contract tool name is counted as ``unknown``); ``outcome``: None/``ok`` or an error code."""
-    from .mnote.tools import TOOLS_BY_NAME
-    name = tool if isinstance(tool, str) and tool in TOOLS_BY_NAME else "unknown"
-    TOOL_CALLS.labels(name, outcome or "ok").inc()
-
-
-def approval_asked(kind: str) -> None:
-    """One question put to the user; ``kind`` outside :data:`APPROVAL_KINDS` counts as other."""
-    APPROVALS_ASKED.labels(kind if kind in APPROVAL_KINDS else "other").inc()
-
-
-def approval_answered(resolved_by: str, choice: str) -> None:
-    """One question resolved (label values outside the known sets are not counted)."""
-    if resolved_by in APPROVAL_RESOLUTIONS and choice in APPROVAL_CHOICES:
-        APPROVALS_ANSWERED.labels(resolved_by, choice).inc()
-
-
 def model_tokens(prompt: int, completion: int) -> None:
     """Tokens of one model request, as the provider's ``usage`` reported them (0: none)."""
     if prompt > 0:
@@ -265,22 +228,8 @@ def model_request(outcome: str) -> None:
     MODEL_REQUESTS.labels(outcome).inc()
 
 
-def run_interrupted() -> None:
-    """A run of a dead service process was closed (``hermes_service_runs_interrupted_total``;
-    README §Data and durability → Runs and their events)."""
-    RUNS_INTERRUPTED.inc()
-
-
 def set_draining(on: bool) -> None:
     """The process started (True) or ended (False) a drain (README §Process lifetime)."""
     DRAINING.set(1 if on else 0)
 
 
-def stream_opened() -> None:
-    """An event stream took its slot."""
-    EVENT_STREAMS.inc()
-
-
-def stream_closed() -> None:
-    """An event stream gave its slot back (call exactly once per :func:`stream_opened`)."""
-    EVENT_STREAMS.dec()

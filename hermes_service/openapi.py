@@ -6,15 +6,14 @@ contract next to it (:func:`hermes_service.web.documented`): parameters, the req
 the very dict :func:`~hermes_service.web.json_body` validates the request with — and its
 responses. The builder adds what every route of a kind can answer (key and address errors,
 strict-JSON and size errors for routes with a body, ``internal_error``), maps core error codes
-to each route family's codes with the family's own mapping (the client proxy's
-:func:`~hermes_service.mnote.client.client_code`, the tool endpoint's
-:func:`~hermes_service.mnote.endpoint.tool_code`) and writes the codes of each status as an
+to each route family's codes with the family's own mapping
+(:attr:`~hermes_service.web.ErrorFamily.code`, e.g. the client proxy's) and writes the codes of each status as an
 ``enum`` of the error body, so a response with an undocumented code fails its schema.
 
 What depends on the config is read from it when the document is served: the API-key scheme
 (``security.auth_method``, ``api_key_header``, ``enable_api_key``), whether ``/health`` and the
-documentation need a key (``health_requires_api_key``, ``docs_requires_api_key``), the model ids
-a run may name (``mnote.models``). A reload changes the document with the config.
+documentation need a key (``health_requires_api_key``, ``docs_requires_api_key``), what a
+contract's ``body_for_config`` reads (e.g. the model ids a run may name). A reload changes the document with the config.
 
 A route without a contract, or a contract whose path parameters differ from its rule, is a
 programming error: :func:`build_document` raises :class:`UndocumentedRoute`, and the app
@@ -67,16 +66,10 @@ RESPONSE_HEADERS = {
 #: a request header that makes a route answer :data:`IDEMPOTENT_REPLY_HEADER` on replays
 IDEMPOTENCY_PARAM = "Idempotency-Key"
 IDEMPOTENT_REPLY_HEADER = "Idempotency-Replayed"
+#: the core's tags; an extension adds its own after them (:func:`~hermes_service.web.register_tags`)
 TAGS = [
     {"name": "v1", "description": "The v1 REST API (spec hermes-service-api-v1.3.0; README "
                                   "§The v1 API). Errors: `{detail, code, requestId}`."},
-    {"name": "client", "description": "The mnote client proxy (contract "
-                                      "hermes-client-proxy-contract-v1; README §The mnote client "
-                                      "proxy). Errors: `{ok: false, code, message, traceId, "
-                                      "requestId}`."},
-    {"name": "tools", "description": "The mnote tool endpoint (contract "
-                                     "mnote-hermes-plugin-tool-contract-v1; README §The mnote "
-                                     "tools): loopback only, a run token instead of an API key."},
     {"name": "health", "description": "Liveness (README §Health)."},
     {"name": "operations", "description": "Metrics (README §Operations)."},
     {"name": "docs", "description": "This document and its page (README §API description)."},
@@ -265,7 +258,8 @@ def build_document(app: Flask, config) -> dict:
     """
     sec = config.security
     spec = APISpec(title="hermes-service", version=API_VERSION, openapi_version=OPENAPI_VERSION,
-                   info={"description": DESCRIPTION}, tags=TAGS)
+                   info={"description": DESCRIPTION},
+                   tags=[*TAGS, *app.extensions.get("openapi_tags", [])])
     if sec.auth_method == "bearer":
         spec.components.security_scheme("ApiKey", {
             "type": "http", "scheme": "bearer",

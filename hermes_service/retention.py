@@ -18,17 +18,14 @@ One pass (:func:`collect`) removes, in this order:
    that nobody holds: taken without waiting and unlinked while held (filelock re-opens a
    lock file that was unlinked under a waiter, so two holders can never result). Lock
    files of live sessions and ``home-<user>.lock`` stay (bounded by sessions and users).
-5. **Page-store idempotency records** older than the retry window
-   (``retention.idempotency_window_seconds``, 24 h).
-6. **Idempotency-Key records** expired ``service.idempotency_ttl_seconds`` after their
+5. **Idempotency-Key records** expired ``service.idempotency_ttl_seconds`` after their
    outcome (``data/idempotency.db``; one in progress only when its process is gone: README
    §Idempotent retries, :meth:`~hermes_service.idempotency.IdempotencyStore.prune`).
-7. **Run event logs** ``data/run-events/<run_id>.jsonl`` of runs that ended more than
-   ``mnote.events_retention_seconds`` ago (:meth:`RunManager.sweep_files`); a run whose
-   process died is closed (``run_interrupted``) on the way.
-8. In the service only (``in_service``): idle entries of the in-memory turn-lock table
-   (:meth:`Conversations.prune_idle_locks`) and finished runs' event logs past
-   ``mnote.events_retention_seconds`` (:meth:`RunManager.sweep`) — memory of that process.
+6. In the service only (``in_service``): idle entries of the in-memory turn-lock table
+   (:meth:`Conversations.prune_idle_locks`) — memory of that process.
+7. The extensions' steps (``svc.retention_steps``,
+   :class:`~hermes_service.extensions.RetentionStep`), e.g. the page store's idempotency
+   records past ``retention.idempotency_window_seconds`` and the run event logs.
 
 Nothing is removed with ``dry_run``; the report says what would be. Users' homes are read only
 through :func:`~hermes_service.hermes_state.lineage_ids` (which never follows what a user's
@@ -65,23 +62,27 @@ log = logging.getLogger("hermes_service.retention")
 LINK_GRACE_SECONDS = 3600
 _HERMES_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
-# report kinds, in the order the summary lists them
+# the core's report kinds, in the order the summary lists them (the extensions' follow)
 KINDS = ("temp files", "session mappings", "transcripts", "owner links", "lock files",
-         "idempotency records", "idempotency keys", "run event logs", "lock-table entries",
-         "event logs")
+         "idempotency keys", "lock-table entries")
 
 
 @dataclass
 class GcReport:
     """What one pass removed (or, ``dry_run``, would remove): ``lines`` for people,
-    ``counts`` per kind (:data:`KINDS`), ``problems`` (damaged shards, failed purges)."""
+    ``counts`` per kind (:data:`KINDS`, then the extensions' ``kinds``), ``problems``
+    (damaged shards, failed purges)."""
     dry_run: bool
+    kinds: tuple[str, ...] = KINDS
     lines: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    counts: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     #: users whose shard lock was not free within the store's lock_timeout (a stuck holder):
     #: the rest of the pass leaves them alone instead of waiting again or giving up
     busy: set[str] = field(default_factory=set)
+
+    def __post_init__(self):
+        self.counts = {**dict.fromkeys(self.kinds, 0), **self.counts}
 
     def shard_busy(self, store, user_id: str) -> None:
         self.busy.add(user_id)
@@ -104,7 +105,7 @@ class GcReport:
         self.lines.append("problem: " + text)
 
     def summary(self) -> str:
-        done = ", ".join(f"{self.counts[k]} {k}" for k in KINDS if self.counts[k]) or "nothing"
+        done = ", ".join(f"{n} {k}" for k, n in self.counts.items() if n) or "nothing"
         verb = "would remove" if self.dry_run else "removed"
         tail = f"; {len(self.problems)} problem(s)" if self.problems else ""
         note = " (dry run: nothing was removed)" if self.dry_run else ""
@@ -154,7 +155,8 @@ def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
     mapping must be unused to go (None: mappings are kept). Returns the report; never raises
     for a damaged shard (reported as a problem)."""
     now = time.time() if now is None else now
-    report = GcReport(dry_run)
+    steps = list(svc.retention_steps)
+    report = GcReport(dry_run, kinds=KINDS + tuple(k for step in steps for k in step.kinds))
     locks_dir = svc.config.data_dir / "locks"
     _temp_files(svc, report, dry_run)
     if older_than is not None:
@@ -162,24 +164,14 @@ def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
     known = _Known(svc.store, report)
     _links(svc, report, dry_run, known)
     _lock_files(svc, report, dry_run, locks_dir, known)
-    window = float(svc.config.retention.idempotency_window_seconds)
-    before = datetime.fromtimestamp(now - window, timezone.utc)
-    n = svc.tools.store.prune_idempotency(before, dry_run=dry_run)
-    if n:
-        report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
-                       f"before {before.isoformat(timespec='seconds')}", n)
     n = svc.idempotency.prune(dry_run=dry_run)
     if n:
         report.removed("idempotency keys", f"{n} expired Idempotency-Key record(s)", n)
-    n = svc.runs.sweep_files(dry_run=dry_run)
-    if n:
-        report.removed("run event logs", f"{n} run event log file(s) of runs that ended more "
-                       f"than mnote.events_retention_seconds ago", n)
     if in_service and not dry_run:
         n = svc.conversations.prune_idle_locks()
         report.removed("lock-table entries", f"{n} idle turn-lock table entries" if n else None, n)
-        n = svc.runs.sweep()
-        report.removed("event logs", f"{n} finished run(s)' event logs" if n else None, n)
+    for step in steps:
+        step.run(svc, report, now=now, dry_run=dry_run, in_service=in_service)
     return report
 
 
@@ -260,10 +252,10 @@ def _delete_transcript(svc, user_id: str, hermes_id: str) -> bool:
     """``hermes sessions delete --yes <id>`` in the user's home (a CLI slot is held).
     True if Hermes deleted it, False if it was already gone; RunError if the CLI failed."""
     home = svc.homes.path(user_id)
-    env = svc.homes.cli_env(home, svc.runner.command_path())
-    with svc.runner.slot():
-        out = svc.runner.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
-                               65536).wait(float(svc.config.hermes.execute.timeout_seconds))
+    env = svc.homes.cli_env(home, svc.processes.command_path())
+    with svc.processes.slot():
+        out = svc.processes.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
+                                  65536).wait(float(svc.config.hermes.execute.timeout_seconds))
     if out.returncode == 0 and "Deleted session" in out.stdout:
         return True
     if out.returncode == 0 and "not found" in out.stdout:

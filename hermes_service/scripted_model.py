@@ -1,7 +1,7 @@
 """Scripted OpenAI-compatible model server: the test suite's model, and the demo's.
 
 The end-to-end tests and benches run the real Hermes CLI against it; ``main.py --demo`` /
-``make demo`` (:mod:`hermes_service.demo`) serves it as a labelled stand-in provider with a
+``make demo`` (the installed demo, :func:`hermes_service.installed.demo`) serves it as a labelled stand-in provider with a
 planner of its own (``ScriptedModel(planner=...)``) on top of the directives below.
 
 Standard library only.  One server can be shared by many concurrent tests:
@@ -662,7 +662,7 @@ class ScriptedModel:
     """A scripted OpenAI-compatible chat-completions server (see module doc).
 
     ``planner(body, cut_done) -> _Plan`` replaces :func:`plan_reply` (the directives) as the
-    way a request's reply is chosen; the demo's wraps it (:mod:`hermes_service.demo`)."""
+    way a request's reply is chosen; the demo's wraps it (:func:`hermes_service.installed.demo`)."""
 
     def __init__(self, model_id: str = "scripted-model", planner=None) -> None:
         self.model_id = model_id

@@ -105,7 +105,7 @@ class Guard:
 
 
 def acting_user(api_key: ApiKey | None, requested: str | None) -> str | None:
-    """The user (mnote actor) a request acts for — the one actor-binding rule of every route
+    """The user (actor) a request acts for — the one actor-binding rule of every route
     family (README §API keys): ``requested`` (already a valid id) or, when the request names
     none, the key's bound ``actor_id``. A key bound to an actor acts only for that actor:
     naming another raises :class:`Forbidden` ``actor_mismatch`` (each blueprint renders it in

@@ -14,19 +14,14 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import metrics
-from .acp_runner import AcpRunner
+from . import installed, metrics
 from .config import Config, HermesSettings
-from .conversations import Conversations, acp_families
+from .conversations import Conversations
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
-from .mnote.gateway import ToolGateway
-from .mnote.page_store import SQLitePageStore
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
-from .runner import CliProcess, HermesRunner
-from .run_log import RunLogs
-from .runs import RunManager
+from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
@@ -45,14 +40,25 @@ class Services:
     guard: Guard
     store: SessionStore
     homes: UserHomes
-    runner: HermesRunner               # the CLI runner (also owns slots and process groups)
+    processes: Processes               # every Hermes process: slots, groups, the launcher
+    runner: HermesRunner               # the CLI runner (runners.cli)
+    runners: RunnerChoice              # which runner takes a turn (the CLI or the ACP one)
     conversations: Conversations
-    runs: RunManager                   # background runs + events (mnote client)
-    tools: ToolGateway                 # run tokens + tool calls (mnote tools)
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
     idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
+    #: where Hermes processes call this service back (the serve command's address), or None
+    service_url: str | None = None
+    #: what the enabled extensions built, by extension name (hermes_service/extensions.py)
+    extensions: dict = field(repr=False, default_factory=dict)
+    #: the extensions' cleanup steps (:class:`~hermes_service.extensions.RetentionStep`)
+    retention_steps: list = field(repr=False, default_factory=list)
+    #: what else a drain waits for: objects with ``in_flight() -> {key: label}`` and
+    #: ``outcome(key) -> str | None`` (None: not its key) (:meth:`in_flight`)
+    drain_sources: list = field(repr=False, default_factory=list)
+    #: ``fn(config)`` called by :meth:`apply` with a reloaded config (the extensions')
+    reloaders: list = field(repr=False, default_factory=list)
     #: v1 requests holding an admission place now (message, execute, delete), by a label
     #: naming them for the drain's log lines (:meth:`in_flight`)
     _v1_turns: dict = field(repr=False, default_factory=dict)
@@ -75,9 +81,9 @@ class Services:
 
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
-        toolsets and time limits (runner), CLI slots and v1 admission places, message size,
-        execute allowlist, event-stream slots and retention, the idempotency records' lifetime
-        (from their next outcome), mnote models and log level (``service.drain_seconds`` is
+        toolsets and time limits (processes), turn slots and v1 admission places, message size,
+        execute allowlist, the idempotency records' lifetime (from their next outcome), what
+        the extensions' reload hooks (:attr:`reloaders`) apply, and log level (``service.drain_seconds`` is
         read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
@@ -87,14 +93,15 @@ class Services:
         self.homes.configure(config.paths, h)
         self.sandbox.configure(h.sandbox)
         self.model_proxy.configure(**model_proxy_settings(h))
-        self.runner.configure(h)
-        if self.conversations.acp is not None:
+        self.processes.configure(h)
+        if self.runners.acp is not None:
             # warm processes run with the old settings and template: retire them only when
             # those changed (a reload that rotates a key keeps every user's process warm)
-            self.conversations.acp.configure(h, retire=(h, self.homes.configured) != before)
+            self.runners.acp.configure(h, retire=(h, self.homes.configured) != before)
         self.conversations.configure(h)
-        self.runs.configure(*run_limits(config))
         self.idempotency.configure(config.service.idempotency_ttl_seconds)
+        for reload in self.reloaders:
+            reload(config)
         self.admitted.resize(h.admission_places)
         logging.getLogger().setLevel(config.service.log_level.upper())
         self.guard = Guard(config.security, config.nginx)
@@ -103,19 +110,19 @@ class Services:
     @property
     def draining(self) -> bool:
         """Is the service draining (README §Process lifetime): no new turn is accepted."""
-        return self.runner.draining
+        return self.processes.draining
 
     def drain(self) -> None:
         """Stop accepting new turns (:meth:`check_accepting` refuses them), let the running
         ones go on; the warm ACP pool starts no new process and pre-warms nothing
         (README §Process lifetime). :meth:`shutdown` ends what is left."""
-        self.runner.draining = True
+        self.processes.draining = True
         metrics.set_draining(True)
 
     def check_accepting(self) -> None:
         """Raise 503 ``service_draining`` (``Retry-After: 5``) while draining: a route that
         would start a Hermes turn calls this before it accepts one."""
-        if self.runner.draining:
+        if self.processes.draining:
             raise ServiceError("the service is stopping and takes no new turns; retry "
                                "(behind a proxy another node answers)",
                                code="service_draining", status=503,
@@ -124,32 +131,31 @@ class Services:
     def in_flight(self) -> dict:
         """What a drain waits for (README §Process lifetime): ``{key: label}``, one entry per
         v1 request holding an admission place (label ``v1 message on session <id>``, …) and
-        per mnote run queued or running (key and label ``run <runId>``)."""
+        what the :attr:`drain_sources` name (e.g. ``run <runId>``)."""
         with self._v1_lock:
             out = dict(self._v1_turns)
-        out.update({f"run {run_id}": f"run {run_id}" for run_id in self.runs.active_ids()})
+        for source in self.drain_sources:
+            out.update(source.in_flight())
         return out
 
     def outcome(self, key) -> str:
         """How an entry of :meth:`in_flight` ended, once it left: ``ok`` or the error code of
-        a v1 request (recorded while draining), the terminal event of a run (``run.completed``,
-        ``run.failed <code>``, ``run.cancelled``); ``?`` when unknown."""
-        if isinstance(key, str) and key.startswith("run "):
-            run = self.runs.peek(key[4:])
-            last = run.events[-1] if run is not None and run.events else None
-            if last is None:
-                return "?"
-            return " ".join(x for x in (last.get("event"), last.get("code")) if x)
+        a v1 request (recorded while draining), what its drain source says (e.g. the terminal
+        event of a run: ``run.completed``, ``run.failed <code>``); ``?`` when unknown."""
+        for source in self.drain_sources:
+            said = source.outcome(key)
+            if said is not None:
+                return said
         with self._v1_lock:
             return self._v1_outcomes.pop(key, "?")
 
     def shutdown(self) -> int:
         """Stop starting Hermes processes, kill every running group (CLI turns, ACP
         processes) and stop the ACP runner's loop. Returns how many groups were killed."""
-        self.runner.stopping = True
-        killed = self.runner.kill_all()
-        if self.conversations.acp is not None:
-            self.conversations.acp.close()
+        self.processes.stopping = True
+        killed = self.processes.kill_all()
+        if self.runners.acp is not None:
+            self.runners.acp.close()
         self.model_proxy.stop()
         return killed
 
@@ -174,16 +180,15 @@ class Services:
         finally:
             with self._v1_lock:
                 del self._v1_turns[token]
-                if self.runner.draining:
+                if self.processes.draining:
                     self._v1_outcomes[token] = outcome
             self.admitted.release()
 
 
 def default_service_url(config: Config, host: str | None = None, port: int | None = None) -> str:
-    """Where the Hermes CLI calls this service back (tool calls): ``mnote.service_url``, or
-    ``http://127.0.0.1:<port>`` (``http://[::1]:<port>`` when serving on an IPv6 host)."""
-    if config.mnote.service_url:
-        return config.mnote.service_url
+    """Where a Hermes process reaches this service on this host: ``http://127.0.0.1:<port>``
+    (``http://[::1]:<port>`` when serving on an IPv6 host). An extension may prefer an
+    address of its own config."""
     host = host or config.service.host
     port = config.service.port if port is None else port
     return f"http://{'[::1]' if ':' in host else '127.0.0.1'}:{port}"
@@ -198,20 +203,18 @@ def model_proxy_settings(hermes: HermesSettings) -> dict:
             "upstream_proxy": upstream_proxy_for(hermes.extra_env, hermes.model.base_url)}
 
 
-def run_limits(config: Config) -> tuple[float, int, int]:
-    """:class:`RunManager`'s limits: finished runs kept (seconds), runs queued or running at
-    once, event streams open at once."""
-    return (config.mnote.events_retention_seconds, config.hermes.max_active_runs,
-            config.mnote.max_event_streams)
-
 
 def build_services(config: Config, service_url: str | None = None) -> Services:
     """Construct every service object for ``config``, each from its section (the same
     sections :meth:`Services.apply` hands them on reload).
 
+    Then every extension ``config`` enables builds its own objects
+    (:meth:`~hermes_service.extensions.Extension.init_services`).
+
     Raises :class:`~hermes_service.session_store.CorruptStore` if the session registry
     cannot be opened (its layout file, or a legacy ``sessions.json`` to migrate, is
-    unusable): the service must not start.
+    unusable), :class:`~hermes_service.extensions.StoreUnusable` if an extension's store
+    cannot: the service must not start.
     """
     data_dir = config.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -221,27 +224,26 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
     proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(hermes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
-    runner = HermesRunner(hermes, pid_dir=data_dir / "pids", run_dir=data_dir / "runs",
+    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=data_dir / "runs",
                           sandbox=sandbox)
-    families = acp_families(config)
-    acp = AcpRunner(hermes, runner) if families else None
+    processes.families = {f.name: f for f in installed.route_families(config)}
+    families = acp_families(processes.families.values())
+    acp = AcpRunner(hermes, processes) if families else None
+    runners = RunnerChoice(HermesRunner(processes), acp, families)
     services = Services(
         config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,
-        runner=runner, conversations=Conversations(config, store, homes, runner, acp, families),
-        runs=RunManager(*run_limits(config), logs=RunLogs(data_dir / "run-events")),
-        tools=ToolGateway(SQLitePageStore(data_dir / "mnote.db"),
-                          service_url or default_service_url(config)),
+        processes=processes, runner=runners.cli, runners=runners,
+        conversations=Conversations(config, store, homes, processes, runners),
         admitted=Limiter(hermes.admission_places),
         sandbox=sandbox, model_proxy=proxy,
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
-                                     config.service.idempotency_ttl_seconds))
-    # an abort that reaches this process from another one revokes the run's token too
-    services.runs.on_abort.append(services.tools.end_run)
+                                     config.service.idempotency_ttl_seconds),
+        service_url=service_url or default_service_url(config))
     # gauges read at scrape time (README §Operations → Metrics)
-    metrics.watch("runner_processes", lambda: runner.groups.count(CliProcess), runner="cli")
+    metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:
-        metrics.watch("runner_processes", acp.processes, runner="acp")
+        metrics.watch("runner_processes", acp.process_count, runner="acp")
     metrics.watch("registry_sessions", store.count)
-    metrics.watch("runs_active", services.runs.active)
-    metrics.watch("event_streams_max", lambda: services.runs.streams.size)
+    for ext in installed.enabled(config):
+        ext.init_services(services)
     return services

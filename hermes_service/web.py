@@ -37,8 +37,9 @@ from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, Idempotency
                           check_key, fingerprint, recordable, scope_of)
 from .routing import ErrorFamily
 
-if TYPE_CHECKING:
-    from .services import Services
+# ``Services`` (hermes_service.services) is named, not imported: the services build the
+# extensions, whose blueprints use these helpers (no import cycle, type-only imports included;
+# tests/unit/test_layers_imports.py)
 
 log = logging.getLogger("hermes_service")
 
@@ -216,6 +217,12 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     """Named schemas for the OpenAPI document (``#/components/schemas/<name>``), e.g. the
     event payloads a route's contract refers to with ``{"$ref": …}``."""
     app.extensions.setdefault("openapi_components", {}).update(schemas)
+
+
+def register_tags(app, tags: list[dict]) -> None:
+    """OpenAPI tags (``{"name", "description"}``) of an extension's routes, listed after the
+    core's in the document."""
+    app.extensions.setdefault("openapi_tags", []).extend(tags)
 
 
 def render_error(err: ServiceError):

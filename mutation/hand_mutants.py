@@ -67,9 +67,10 @@ MUTANTS = [
          "                continue\n",
          [f"{SEC}::test_forwarded_for_behind_an_allowed_trusted_proxy"]),
     Hand("a killed first turn is not matched to its Hermes session by the turn marker",
-         "hermes_service/runner.py",
-         "sid = session_id_from_stderr(outcome.stderr) or _read_marker(marker)",
-         "sid = session_id_from_stderr(outcome.stderr)",
+         "hermes_service/runner/cli.py",
+         "sid = session_id_from_stderr(outcome.stderr) \\\n"
+         "                or _read_marker(marker, self.processes.run_files)\n",
+         "sid = session_id_from_stderr(outcome.stderr)\n",
          [TURNS]),
     Hand("a failed turn that Hermes kept is not mapped to the session",
          "hermes_service/conversations.py",

@@ -1,24 +1,20 @@
-"""The mnote outer blueprint (contracts: hermes-client-proxy-contract-v1,
-mnote-hermes-plugin-tool-contract-v1).
+"""The mnote extension (contracts: hermes-client-proxy-contract-v1,
+mnote-hermes-plugin-tool-contract-v1), the outer layer: the core never imports it, it wires
+itself in through the extension seam (:mod:`hermes_service.extensions`; :mod:`.extension`).
 
+* :mod:`.extension` — what it builds and registers (objects, routes, retention, CLI, metrics);
 * :mod:`.client` — ``/api/hermes/client/*``, the page AI panel's routes (runs, events, abort);
+* :mod:`.runs` + :mod:`.run_log` — background runs, their events and durable event logs;
 * :mod:`.endpoint` + :mod:`.gateway` — ``POST /api/hermes/tools/invoke`` and run tokens;
 * :mod:`.tools` + :mod:`.schemas` — the six ``mnote.*`` tools: registry, schemas, executor;
 * :mod:`.page_store` — the page store interface and its SQLite adapter;
-* :mod:`.events` — the run events as JSON schemas (the OpenAPI document).
+* :mod:`.events` — the run events as JSON schemas (the OpenAPI document);
+* :mod:`.metrics` — its Prometheus instruments; :mod:`.cli` — the ``mnote`` commands;
+* :mod:`.demo` — ``make demo``: the panel against a scripted stand-in model.
 """
 from __future__ import annotations
 
-from flask import Flask
+from .extension import MnoteExtension
 
-
-def register(app: Flask) -> None:
-    """Register the mnote blueprints (with their route families: auth, scopes, error shapes;
-    :mod:`hermes_service.routing`) on ``app``."""
-    from ..web import register_components
-    from . import client, endpoint, events
-    app.register_blueprint(client.bp)
-    app.register_blueprint(client.legacy_bp)
-    app.register_blueprint(endpoint.bp)
-    register_components(app, events.COMPONENTS)     # the run events in /openapi.json
-    register_components(app, endpoint.COMPONENTS)   # the tool envelope
+#: the extension object :func:`hermes_service.installed.extensions` lists
+extension = MnoteExtension()

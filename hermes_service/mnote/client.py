@@ -31,6 +31,7 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
                       Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
+from .objects import mnote_of
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
@@ -583,7 +584,7 @@ def start_run():
     tid = trace_id()
     svc = services()
     svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
-    svc.runner.command_path()        # 503 hermes_client_unconfigured before a run is accepted
+    svc.processes.command_path()     # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
     mcfg = svc.config.mnote
     model_id = body.get("model") or mcfg.default_model
@@ -601,7 +602,7 @@ def start_run():
     asking = svc.config.hermes.approvals.mode == "ask"
 
     def execute(run):
-        binding = svc.tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
+        binding = mnote_of(svc).tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
         binding["pageContext"] = context
         home = svc.homes.path(actor).hermes_home
         try:
@@ -613,7 +614,7 @@ def start_run():
                 cancel=run.cancel, record={"model": model_id},
                 approvals=run if asking else None)
         finally:
-            svc.tools.end_run(run)
+            mnote_of(svc).tools.end_run(run)
         after = session_summary(home, result.hermes_session_id) or {}
         closing = []
         if not result.streamed:      # the CLI runner: the answer arrives whole, at the end
@@ -625,7 +626,7 @@ def start_run():
             completed["notice"] = result.notice
         run.finish(closing + [("run.completed", completed)])
 
-    run = svc.runs.start(key, sid, actor, tid, execute)
+    run = mnote_of(svc).runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
 
 
@@ -676,13 +677,13 @@ def events(run_id):
     * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
       204 No Content, which tells a browser EventSource to stop reconnecting;
     * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
-      that disconnects frees its slot within ~1 s (:class:`~hermes_service.runs.ClientWatch`).
+      that disconnects frees its slot within ~1 s (:class:`~hermes_service.mnote.runs.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")
     trace_id()           # each traceId given must be an id (400), as on every client route
     svc = services()
-    run = svc.runs.get(run_id, actor)
+    run = mnote_of(svc).runs.get(run_id, actor)
     sid = request.args.get("sessionId")
     if sid is not None and sid != run.session_id:
         raise NotFound(f"run {run_id} not found", code="run_not_found")
@@ -698,7 +699,7 @@ def events(run_id):
         return Response(status=204, headers=headers)
     keepalive = float(svc.config.mnote.keepalive_seconds)
     # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
-    sub = svc.runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
+    sub = mnote_of(svc).runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
 
     def stream():
         yield ": stream open\n\n"     # the first byte leaves at once (proxies, clients)
@@ -755,7 +756,7 @@ def _own_run(run_id: str, body: dict):
     404 ``run_not_found`` otherwise, the same for every mismatch."""
     actor = actor_id()
     check_id(run_id, "runId")
-    run = services().runs.get(run_id, actor)
+    run = mnote_of(services()).runs.get(run_id, actor)
     if body.get("sessionId") not in (None, run.session_id):
         raise NotFound(f"run {run_id} not found", code="run_not_found")
     if body.get("workspaceId") is not None or body.get("documentId") is not None:
@@ -783,8 +784,8 @@ def abort(run_id):
     body = json_body() if has_body() else {}
     svc = services()
     run = _own_run(run_id, body)
-    events_out = svc.runs.abort(run)
-    svc.tools.end_run(run)        # no tool call of an aborted run gets through, from now on
+    events_out = mnote_of(svc).runs.abort(run)
+    mnote_of(svc).tools.end_run(run)        # no tool call of an aborted run gets through, from now on
     return ok(runId=run.run_id, sessionId=run.session_id,
               events=[public_event(e) for e in events_out])
 

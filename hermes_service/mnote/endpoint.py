@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
-from .. import metrics
 from ..routing import RUN_TOKEN, ErrorFamily, RouteFamily, declare
 from ..web import Reply, documented, parse_json, services
 from ..errors import ServiceError
+from . import metrics
+from .objects import mnote_of
 from .gateway import ToolRefused
 from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
 from .tools import echo_fields
@@ -83,7 +84,7 @@ ERRORS = ErrorFamily("ToolFailure", FAILURE_ENVELOPE, tool_code,
 #: (checked by the route: the gateway); errors are output envelopes too
 TOOLS = RouteFamily("tools", (PREFIX + "/",), ERRORS, auth=RUN_TOKEN)
 bp = declare(Blueprint("mnote_tools", __name__), TOOLS)
-#: the document's components besides the family's (mnote.register adds them)
+#: the document's components besides the family's (the extension registers them)
 COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
                                "description": "tool contract §3 output envelope"}}
 #: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py)
@@ -112,7 +113,7 @@ def invoke():
     (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
     is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown
     tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (README §The mnote tools)."""
-    gateway = services().tools
+    gateway = mnote_of(services()).tools
     try:
         envelope = parse_json(request.get_data())
     except ServiceError:

@@ -32,6 +32,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from ..errors import ID_RULE, is_id, json_pointer, schema_error
+from ..extensions import StoreUnusable
 from .schemas import PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
 
 ROLES = ("owner", "editor", "viewer")
@@ -92,7 +93,7 @@ class BadToolInput(ToolError):
     code = "mnote_tool_bad_request"
 
 
-class PageStoreUnusable(Exception):
+class PageStoreUnusable(StoreUnusable):
     """``data/mnote.db`` cannot be opened (not an SQLite database, unreadable, a folder).
     The message names the file and the reason; the file is never overwritten. The service
     and the operator commands refuse to run (exit 3)."""

@@ -164,8 +164,9 @@ def test_the_shipped_config_streams_the_panel_on_acp_and_keeps_v1_on_the_cli():
     """The client routes use the warm ACP runner out of the box (their answers stream as
     they are written); the v1 API keeps ``hermes chat -q … --source tool`` (README §Runners)."""
     from hermes_service.config import build_config
-    from hermes_service.conversations import acp_families
+    from hermes_service.installed import route_families
+    from hermes_service.runner import acp_families
     raw = yaml.safe_load(shipped_text("config.yaml"))
     raw["security"]["api_keys"] = [{"key": "k" * 20}]
-    assert acp_families(build_config(raw)) == {"mnote"}
-    assert acp_families(build_config({"security": {"api_keys": [{"key": "k" * 20}]}})) == {"mnote"}
+    assert acp_families(route_families(build_config(raw))) == {"mnote"}
+    assert acp_families(route_families(build_config({"security": {"api_keys": [{"key": "k" * 20}]}}))) == {"mnote"}

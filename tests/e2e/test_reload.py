@@ -141,7 +141,7 @@ def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     ok, lines = reload_config(svc, str(path))
     assert ok, lines
-    assert svc.runner.timeout == 5 and svc.runner.toolsets == ["web"]
+    assert svc.processes.timeout == 5 and svc.processes.toolsets == ["web"]
     stub.gate.set()
     t.join(10)
     assert out["res"].status_code == 200 and out["res"].json["response"] == "echo #1: in flight"
@@ -161,7 +161,7 @@ def test_a_reload_retires_warm_acp_processes_only_when_hermes_or_the_template_ch
     acp = {"hermes": {"runner": "acp"}}
     svc = app_factory(acp).extensions["hermes_service"]
     retired = []
-    monkeypatch.setattr(svc.conversations.acp, "configure",
+    monkeypatch.setattr(svc.runners.acp, "configure",
                         lambda h, retire=True: retired.append(retire))
     path = tmp_path / "new.yaml"
 

@@ -23,10 +23,10 @@ from types import SimpleNamespace
 import pytest
 
 from support.fixtures import base_config, deep_merge, wait_for
-from hermes_service.acp_runner import AcpRunner
+from hermes_service.runner.acp import AcpRunner
 from hermes_service.config import build_config
 from hermes_service.errors import RunError
-from hermes_service.runner import HermesRunner, UseCli
+from hermes_service.runner import Processes, UseCli
 
 AGENT = Path(__file__).parents[1] / "support" / "fake_acp_agent.py"
 #: the bound of every wait here: a process start takes ~0.3 s idle, several s on a loaded machine
@@ -42,7 +42,7 @@ def pool(tmp_path):
             "hermes": {"command": str(AGENT), "runner": "acp",
                        "acp": {"max_processes": max_processes, "start_timeout_seconds": WAIT}}}))
         h = cfg.hermes
-        runner = AcpRunner(h, HermesRunner(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
+        runner = AcpRunner(h, Processes(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
         runner.env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
                       "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay),
                       "FAKE_ACP_LOG": str(tmp_path / f"agent-{len(made)}.log")}
@@ -93,8 +93,8 @@ def waiting_in_session_new(runner, user, family="mnote"):
 
 def alive(runner):
     """pids of live fake agents started by this runner (tracked or not)."""
-    with runner.cli.groups._lock:
-        members = list(runner.cli.groups._live)
+    with runner.processes.groups._lock:
+        members = list(runner.processes.groups._live)
     return [m.pgid for m in members if m.pgid and _alive(m.pgid)]
 
 
@@ -124,7 +124,7 @@ def test_two_turns_of_one_user_share_one_process(pool, tmp_path):
     assert a.result(WAIT) is b.result(WAIT)
     # the evicted one is reaped (a moment after its kill); no second process of u1 appears
     wait_for(lambda: len(alive(runner)) == 1, "one live agent")
-    assert runner.processes() == 1
+    assert runner.process_count() == 1
 
 
 def test_a_process_acquired_for_a_turn_is_not_idle(pool, tmp_path):
@@ -179,8 +179,8 @@ def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
     t = threading.Thread(target=turn)
     t.start()
     waiting_in_session_new(runner, "u1")
-    runner.cli.stopping = True                 # what Services.shutdown() does
-    runner.cli.kill_all()
+    runner.processes.stopping = True                 # what Services.shutdown() does
+    runner.processes.kill_all()
     runner.close()
     t.join(WAIT)
     assert outcome.get("code") == "service_stopping"
@@ -250,7 +250,7 @@ def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
 def test_a_session_open_that_never_answers_is_timed_out(pool, tmp_path):
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=1, new_session_delay=3600)
-    runner.cli.timeout = 2.0
+    runner.processes.timeout = 2.0
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
                       family="mnote")
     t, outcome = _turn_in_thread(runner, req)
@@ -266,7 +266,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     of the record since its last turn there sends the turn to a fresh process."""
     from support.hermes_record import record_turn
     from hermes_service import hermes_state
-    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner.acp import _Sink
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
@@ -296,7 +296,7 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     runner.env.update(FAKE_ACP_LOAD_DELAY="2")
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    from hermes_service.acp_runner import _Sink
+    from hermes_service.runner.acp import _Sink
     cancel = threading.Event()
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
@@ -477,7 +477,7 @@ def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
 def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
     """README §Runners: the first chunk is held back only when it could be the start of the
     error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
-    from hermes_service.acp_runner import could_be_error_text
+    from hermes_service.runner.acp import could_be_error_text
     assert could_be_error_text(text) is held
 
 
@@ -487,12 +487,12 @@ def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_pat
     runner = pool(max_processes=2)
     warm = acquire(runner, tmp_path, "u1").result(WAIT)
     wait_for(lambda: warm.spare is not None and warm.spare.done(), "u1's spare session")
-    runner.cli.draining = True
+    runner.processes.draining = True
     assert acquire(runner, tmp_path, "u1").result(WAIT) is warm
     with pytest.raises(UseCli, match="draining"):
         acquire(runner, tmp_path, "u2").result(WAIT)
     runner.prewarm(home(tmp_path, "u3"), runner.env, "mnote", [])
     runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)   # a failed turn: no
     wait_for(lambda: warm.dead, "the retired process to close")      # replacement is started
-    assert runner.processes() == 0 and alive(runner) == []
+    assert runner.process_count() == 0 and alive(runner) == []
     assert len(agent_log(runner, "new")) == 1        # u1's spare, made before the drain

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from support.fixtures import API_KEY, race, wait_for
-from hermes_service.run_log import RunLogs
-from hermes_service.runs import RunManager
+from hermes_service.mnote.run_log import RunLogs
+from hermes_service.mnote.runs import RunManager
 
 P = "/api/hermes/client"
 ALICE = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "alice"}
@@ -189,7 +189,7 @@ def test_another_actors_run_is_404_on_every_route_like_no_run(stubbed_app, other
     app = stubbed_app()
     svc = app.extensions["hermes_service"]
     c = app.test_client()
-    manager = svc.runs if where == "local" else RunManager(60, 4, logs=svc.runs.logs,
+    manager = svc.extensions["mnote"].runs if where == "local" else RunManager(60, 4, logs=svc.extensions["mnote"].runs.logs,
                                                            owner=other.owner)
     gate = threading.Event()
     run = manager.start("key_x", "s_x", "alice", "trace_x", asking(gate))
@@ -234,10 +234,10 @@ def test_forged_run_ids_are_400_or_404_on_every_route(stubbed_app, other, where,
     svc = app.extensions["hermes_service"]
     c = app.test_client()
     if where == "foreign":            # a run file of another live process lies next to them
-        manager = RunManager(60, 4, logs=svc.runs.logs, owner=other.owner)
+        manager = RunManager(60, 4, logs=svc.extensions["mnote"].runs.logs, owner=other.owner)
         gate = threading.Event()
         real = manager.start("key_x", "s_x", "alice", "t", gated(gate))
-        (svc.runs.logs.root / f"{'run_' + 'a' * 24}.jsonl.jsonl").write_text(
+        (svc.extensions["mnote"].runs.logs.root / f"{'run_' + 'a' * 24}.jsonl.jsonl").write_text(
             json.dumps({"meta": meta("run_" + "a" * 24, other.owner)}) + "\n")
     for run_id in FORGED:
         for res in (c.get(f"{P}/events/{run_id}", headers=ALICE),
@@ -391,7 +391,7 @@ def test_a_storm_of_20_identical_keyed_requests_is_one_turn(c, stub):
     assert sum(REPLAYED_HEADER not in r.headers for r in out) == 1
     stub.gate.set()
     run_id = out[0].json["runId"]
-    wait_for(lambda: c.svc.runs.get(run_id, "alice").done, "the run")
+    wait_for(lambda: c.svc.extensions["mnote"].runs.get(run_id, "alice").done, "the run")
     # v1: the retries wait for the one turn (or 429 when no waiting place is free: not
     # recorded, so they would retry); the turn runs once
     sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=V1).json["session_id"]
@@ -433,9 +433,9 @@ def test_a_keyed_retry_during_the_drain(c, stub):
         "SELECT count(*) FROM requests WHERE idem_key LIKE 'during%'").fetchone()[0] == 0
     aborted = c.post(f"{P}/runs/{run_id}/abort", headers=ALICE, json={})
     assert aborted.status_code == 200 and aborted.json["events"][0]["event"] == "abort.started"
-    wait_for(lambda: c.svc.runs.get(run_id, "alice").done, "the aborted run")
-    assert c.svc.runs.get(run_id, "alice").events[-1]["event"] == "run.cancelled"
+    wait_for(lambda: c.svc.extensions["mnote"].runs.get(run_id, "alice").done, "the aborted run")
+    assert c.svc.extensions["mnote"].runs.get(run_id, "alice").events[-1]["event"] == "run.cancelled"
     stub.gate.set()
-    c.svc.runner.draining = False          # the next start (or another node) accepts it
+    c.svc.processes.draining = False          # the next start (or another node) accepts it
     after = c.post(path, json={"message": "during"}, headers={**V1, HEADER: "during"})
     assert after.status_code == 200 and REPLAYED_HEADER not in after.headers

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from support.fixtures import ROOT
-from hermes_service import demo
+from hermes_service.mnote import demo
 from hermes_service.config import load_config
 from hermes_service.mnote.client import CONTEXT_END, CONTEXT_HEAD
 

@@ -15,7 +15,8 @@ import pytest
 from support.hermes_record import SCHEMA, record_turn
 from hermes_service import hermes_state, homefs
 from hermes_service.files import atomic_write
-from hermes_service.runner import RunFiles, _read_marker
+from hermes_service.runner import RunFiles
+from hermes_service.runner.cli import _read_marker
 from hermes_service.user_homes import MARKER, UserHomes
 
 SECRET = "VICTIM-SECRET-do-not-read"

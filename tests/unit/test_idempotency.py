@@ -61,7 +61,7 @@ def send(c, sid, message, key=None, headers=K, **body):
 
 
 def run_done(c, run_id, headers=A):
-    return wait_for(lambda: c.svc.runs.get(run_id, headers["X-Mnote-Actor-Id"]).done,
+    return wait_for(lambda: c.svc.extensions["mnote"].runs.get(run_id, headers["X-Mnote-Actor-Id"]).done,
                     f"run {run_id} to end")
 
 

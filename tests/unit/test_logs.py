@@ -16,7 +16,7 @@ import pytest
 
 from support.fixtures import API_KEY
 from hermes_service import logs
-from hermes_service.runner import HermesRunner
+from hermes_service.runner import HermesRunner, Processes
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
@@ -59,7 +59,7 @@ def test_access_and_run_lines_carry_request_trace_and_run_ids(stubbed_app, stub,
         "traceId": "trace_json_1"})
     run_id = res.json["runId"]
     assert seen.wait(10)
-    run = app.extensions["hermes_service"].runs.get(run_id, "user_1")
+    run = app.extensions["hermes_service"].extensions["mnote"].runs.get(run_id, "user_1")
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -122,8 +122,9 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
-    HermesRunner(cfg).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None, None, ctx)
-    HermesRunner(replace(cfg, command=shutil.which("false"))).run_process(
+    HermesRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
+                                             None, ctx)
+    HermesRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":

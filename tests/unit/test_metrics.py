@@ -70,7 +70,7 @@ def run_body(sid, message="hi"):
 
 
 def wait_done(c, run_id):
-    run = c.svc.runs.get(run_id, "actor_secret_name")
+    run = c.svc.extensions["mnote"].runs.get(run_id, "actor_secret_name")
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -93,7 +93,7 @@ def test_a_run_aborted_while_queued_counts_its_wait_but_no_duration(stubbed_app,
         while not stub.calls:                 # run 1 holds the only slot
             time.sleep(0.01)
         second = c.post(f"{P}/runs", headers=A, json=run_body("s_queued")).json["runId"]
-        assert c.svc.runs.active() == 2
+        assert c.svc.extensions["mnote"].runs.active() == 2
         assert c.post(f"{P}/runs/{second}/abort", json={}, headers=A).status_code == 200
         assert wait_done(c, second).events[-1]["event"] == "run.cancelled"
     finally:
@@ -122,14 +122,14 @@ def test_an_open_event_stream_is_counted_until_it_closes(c, stub):
 @pytest.fixture
 def tool_env(c):
     """A live run holding a tool token, on a seeded page store."""
-    store = c.svc.tools.store
+    store = c.svc.extensions["mnote"].tools.store
     store.add_workspace("ws_1")
     store.add_member("ws_1", "user_a", "editor")
     store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划"})
     release = threading.Event()
-    run = c.svc.runs.start("s.key", "s", "user_a", "trace_1",
+    run = c.svc.extensions["mnote"].runs.start("s.key", "s", "user_a", "trace_1",
                            lambda r: release.wait(10) or r.emit("run.completed", output="", usage={}))
-    env = c.svc.tools.run_binding(run, "ws_1", "doc_1", ["page.read"])
+    env = c.svc.extensions["mnote"].tools.run_binding(run, "ws_1", "doc_1", ["page.read"])
     yield c, env
     release.set()
 
@@ -174,6 +174,7 @@ def test_gauges_report_processes_registry_and_runs(c):
 
 ALLOWED_LABELS = {"route", "method", "status", "runner", "family", "outcome", "tool", "le",
                   "kind",    # hermes_service_model_tokens_total: prompt | completion
+                  "resolved_by", "choice",    # approvals_answered: fixed sets of values
                   # standard collectors
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 

@@ -65,7 +65,7 @@ def events_of(c, run_id, headers=A, last=None, query=""):
 
 
 def wait_done(c, run_id, headers=A):
-    run = c.svc.runs.get(run_id, headers["X-Mnote-Actor-Id"])
+    run = c.svc.extensions["mnote"].runs.get(run_id, headers["X-Mnote-Actor-Id"])
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -197,7 +197,7 @@ def test_a_form_labelled_body_is_read_as_json_on_every_route(c, stub):
                  data=json.dumps({"sessionId": "mnote_doc_1_other", "traceId": "trace_9"}),
                  headers=form)
     assert res.status_code == 404 and res.json["traceId"] == "trace_9", res.json
-    assert not c.svc.runs.get(run_id, "user_1").cancel.is_set()
+    assert not c.svc.extensions["mnote"].runs.get(run_id, "user_1").cancel.is_set()
     res = c.post(f"{P}/runs/{run_id}/abort", data="a=b", headers=form)
     assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
     res = c.post(f"{P}/runs/{run_id}/abort", data=json.dumps({"traceId": "trace_9"}), headers=form)
@@ -217,7 +217,7 @@ def test_abort_naming_another_page_is_not_found(c, stub):
                   "sessionId": "mnote_doc_1_trace_1"}):
         res = c.post(f"{P}/runs/{run_id}/abort", json=body, headers=A)
         assert res.status_code == 404 and res.json["code"] == "hermes_client_not_found", body
-    assert not c.svc.runs.get(run_id, "user_1").cancel.is_set()
+    assert not c.svc.extensions["mnote"].runs.get(run_id, "user_1").cancel.is_set()
     res = c.post(f"{P}/runs/{run_id}/abort", json={"workspaceId": "ws_1", "documentId": "doc_1",
                                                    "sessionId": "mnote_doc_1_trace_1"}, headers=A)
     assert res.status_code == 200 and res.json["events"][0]["event"] == "abort.started"
@@ -381,7 +381,7 @@ def test_last_event_id_the_run_never_issued_is_a_bad_request_naming_its_last_id(
     """Issue #8 item 10: no silent empty stream, during the run or after it."""
     stub.gate = threading.Event()
     run_id = start(c)
-    run = c.svc.runs.get(run_id, "user_1")
+    run = c.svc.extensions["mnote"].runs.get(run_id, "user_1")
     while not run.events:             # run.started: the turn began
         time.sleep(0.01)
     res = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": "2"})
@@ -394,7 +394,7 @@ def test_last_event_id_the_run_never_issued_is_a_bad_request_naming_its_last_id(
         res = c.get(f"{P}/events/{run_id}{query}", headers=headers)
         assert res.status_code == 400 and res.json["code"] == "hermes_client_bad_request"
         assert "its last event id is 3 (the run has ended)" in res.json["message"]
-    assert c.svc.runs.streams.held == 0          # refused before taking a stream slot
+    assert c.svc.extensions["mnote"].runs.streams.held == 0          # refused before taking a stream slot
 
 
 def test_reconnect_after_the_terminal_event_gets_204_so_eventsource_stops(make):
@@ -407,7 +407,7 @@ def test_reconnect_after_the_terminal_event_gets_204_so_eventsource_stops(make):
         res = c.get(f"{P}/events/{run_id}{query}", headers=headers)
         assert res.status_code == 204 and res.get_data() == b""
         assert res.headers["X-Trace-Id"] == "trace_1"
-    assert c.svc.runs.streams.held == 0
+    assert c.svc.extensions["mnote"].runs.streams.held == 0
     _, frames = events_of(c, run_id, last=2)        # one before the end: the terminal event
     assert [f["data"]["event"] for f in frames] == ["run.completed"]
 
@@ -417,7 +417,7 @@ def test_an_event_with_a_lone_surrogate_does_not_break_the_stream(c, stub):
     it, so writing the event raised and every stream (and every replay) of the run died there."""
     stub.gate = threading.Event()
     run_id = start(c)
-    run = c.svc.runs.get(run_id, "user_1")
+    run = c.svc.extensions["mnote"].runs.get(run_id, "user_1")
     while not run.events:
         time.sleep(0.01)
     run.emit("message.delta", delta="a\ud800b 页")
@@ -447,7 +447,7 @@ def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
     rest = b"".join(first.response)        # ends (ClientWatch) without the run's terminal event
     assert b"run.completed" not in rest
     first.close()
-    assert c.svc.runs.streams.held == 0 and len(c.svc.runs.watch) == 0
+    assert c.svc.extensions["mnote"].runs.streams.held == 0 and len(c.svc.extensions["mnote"].runs.watch) == 0
     stub.gate.set()
     wait_done(c, run_id)
     assert c.get(f"{P}/events/{run_id}", headers=A).status_code == 200
@@ -455,7 +455,7 @@ def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
 
 def test_many_followers_get_every_event_in_order_in_coalesced_batches():
     """runs.FANOUT_SPACING_SECONDS: a busy run is sent to many subscribers in fewer writes."""
-    from hermes_service.runs import Run
+    from hermes_service.mnote.runs import Run
     run = Run("run_x", "s", "user_1", "t")
     got = {i: [] for i in range(4)}
 
@@ -539,7 +539,7 @@ def test_event_streams_are_limited(make, stub):
 
 
 def test_abort_racing_with_completion_never_yields_run_completed_after_abort_started(c):
-    from hermes_service.runs import Run
+    from hermes_service.mnote.runs import Run
     run = Run("run_x", "s", "user_1", "t")
     run.emit("run.started")
     run.cancel.set()
@@ -551,7 +551,7 @@ def test_abort_racing_with_completion_never_yields_run_completed_after_abort_sta
 def test_a_turn_that_begins_after_an_abort_emits_no_run_started(c):
     """An abort of a queued run can land just before its turn begins (the slot freed, the CLI
     spawning, an ACP session already open): run.started came after abort.started."""
-    from hermes_service.runs import Run, RunManager
+    from hermes_service.mnote.runs import Run, RunManager
     run = Run("run_x", "s", "user_1", "t")
     assert RunManager(60, 4).abort(run) == [{"event": "abort.started", "run_id": "run_x"}]
     run.listener().started(object())
@@ -563,7 +563,7 @@ def test_an_abort_racing_with_a_failure_never_yields_run_failed_after_abort_star
     """The worker read "not cancelled", an abort then emitted abort.started, and the worker
     emitted run.failed: an answered abort whose run did not end in run.cancelled."""
     from hermes_service.errors import ServiceError
-    from hermes_service.runs import Run, RunManager
+    from hermes_service.mnote.runs import Run, RunManager
     manager = RunManager(60, 4)
     run = Run("run_x", "s", "user_1", "t")
     answered = []

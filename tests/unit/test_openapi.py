@@ -74,10 +74,13 @@ def test_a_route_without_a_contract_stops_the_app(app_factory, make_config, monk
     # the app factory itself refuses it: no test and no start passes with such a route
     extra = Blueprint("extra", __name__)
     extra.add_url_rule("/api/v1/also-undocumented", "also", lambda: "")
-    import hermes_service.app as app_module
-    original = app_module.register_mnote
-    monkeypatch.setattr(app_module, "register_mnote",
-                        lambda a: (original(a), a.register_blueprint(extra)))
+    from hermes_service import extensions, installed
+
+    class Extra(extensions.Extension):       # an extension adding an undocumented route
+        def init_app(self, app, services):
+            app.register_blueprint(extra)
+    listed = installed.extensions
+    monkeypatch.setattr(installed, "extensions", lambda: (*listed(), Extra()))
     with pytest.raises(openapi.UndocumentedRoute, match="also-undocumented"):
         app_factory()
 

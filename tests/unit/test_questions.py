@@ -1,9 +1,9 @@
-"""A run's questions to its user (hermes_service.runs.Run: README §Approvals), without Hermes:
+"""A run's questions to its user (hermes_service.mnote.runs.Run: README §Approvals), without Hermes:
 several pending at once, statuses, refusals, an abort resolving them."""
 import pytest
 
 from hermes_service.errors import BadRequest, Conflict
-from hermes_service.runs import Run
+from hermes_service.mnote.runs import Run
 
 
 def run():

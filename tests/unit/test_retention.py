@@ -78,7 +78,7 @@ def stale_world(make_config):
         os.symlink("../../alice", link)
         os.utime(link, (now - age, now - age), follow_symlinks=False)
     (data / "sessions" / "bob" / ".sessions.killed.tmp").write_text("{half")
-    with sqlite3.connect(svc.tools.store.path) as con:
+    with sqlite3.connect(svc.extensions["mnote"].tools.store.path) as con:
         for key, age in (("k-old", 2 * DAY), ("k-new", 3600)):
             con.execute("INSERT INTO idempotency VALUES (?,?,?,?,?,?,?)",
                         ("alice", key, "mnote.page.save", "h", "{}", "c", iso(now - age, "milliseconds")))
@@ -124,7 +124,7 @@ def test_gc_removes_exactly_what_is_stale(stale_world):
     assert sorted(p.name for p in (data / "locks").iterdir()) == [
         "home-alice.lock", "session-..bad.lock", "session-fresh.lock"]
     assert not list((data / "sessions").glob("*/.sessions.*.tmp"))
-    with sqlite3.connect(svc.tools.store.path) as con:
+    with sqlite3.connect(svc.extensions["mnote"].tools.store.path) as con:
         assert [r[0] for r in con.execute("SELECT idem_key FROM idempotency")] == ["k-new"]
     with sqlite3.connect(svc.idempotency.path) as con:
         assert [r[0] for r in con.execute("SELECT idem_key FROM requests")] == ["new-key"]
@@ -187,14 +187,14 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
         "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "s_1", "message": "hi"})
     run_id = res.json["runId"]
     deadline = time.monotonic() + 10
-    while not svc.runs._runs[run_id].done and time.monotonic() < deadline:
+    while not svc.extensions["mnote"].runs._runs[run_id].done and time.monotonic() < deadline:
         time.sleep(0.02)
     time.sleep(0.2)
     job = RetentionJob(svc)
     assert job.older_than == 30 * DAY and job.interval == 3600
     report = job.run_once()
     assert report.counts["event logs"] == 1 and report.counts["lock-table entries"] == 1
-    assert svc.runs._runs == {} and svc.conversations._local_locks == {}
+    assert svc.extensions["mnote"].runs._runs == {} and svc.conversations._local_locks == {}
     # the run's durable log went too (README §Data and durability → Runs and their events)
     assert report.counts["run event logs"] == 1
     assert not (svc.config.data_dir / "run-events" / f"{run_id}.jsonl").exists()

@@ -12,10 +12,11 @@ import threading
 import pytest
 
 from support.fixtures import API_KEY, wait_for
-from hermes_service import instance, metrics
+from hermes_service import instance
+from hermes_service.mnote import metrics
 from hermes_service.errors import Conflict, NotFound, ServiceError
-from hermes_service.run_log import RunLogs, valid_run_id
-from hermes_service.runs import RunManager
+from hermes_service.mnote.run_log import RunLogs, valid_run_id
+from hermes_service.mnote.runs import RunManager
 
 
 def managers(tmp_path, other, retention=60):
@@ -257,7 +258,7 @@ def test_events_route_of_a_run_of_another_process(stubbed_app, other, tmp_path):
     app = stubbed_app()
     svc = app.extensions["hermes_service"]
     c = app.test_client()
-    foreign = RunManager(60, 4, logs=svc.runs.logs, owner=other.owner)
+    foreign = RunManager(60, 4, logs=svc.extensions["mnote"].runs.logs, owner=other.owner)
     gate = threading.Event()
     run = foreign.start("key_x", "s_x", "alice", "trace_x", gated(gate))
     wait_for(lambda: len(run.events) == 2, "the run going")

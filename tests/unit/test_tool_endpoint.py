@@ -17,15 +17,15 @@ def env(app_factory):
     """An app with a seeded page store and one live run holding a token."""
     app = app_factory()
     svc = app.extensions["hermes_service"]
-    store = svc.tools.store
+    store = svc.extensions["mnote"].tools.store
     store.add_workspace("ws_1")
     store.add_member("ws_1", "user_a", "editor")
     store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
                        "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]})
     release = threading.Event()
-    run = svc.runs.start("mnote_doc_1_t.key", "mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
+    run = svc.extensions["mnote"].runs.start("mnote_doc_1_t.key", "mnote_doc_1_t", "user_a", "trace_1", lambda r: release.wait(10) or
                          r.emit("run.completed", output="", usage={}))
-    run_env = svc.tools.run_binding(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
+    run_env = svc.extensions["mnote"].tools.run_binding(run, "ws_1", "doc_1", ["page.read", "page.write", "artifact.write"])
     yield app, svc, run, run_env
     release.set()
 
@@ -68,7 +68,7 @@ def test_scope_and_trace_come_from_the_token_not_the_envelope(env):
                     args={"content": [{"type": "paragraph", "text": "新段落"}]})
     res = post(app, body, run_env["runToken"])
     assert res.json["ok"] is True and res.json["traceId"] == "trace_1"
-    [row] = svc.tools.store.audit_rows(res.json["audit"]["commandId"])
+    [row] = svc.extensions["mnote"].tools.store.audit_rows(res.json["audit"]["commandId"])
     assert (row["runId"], row["sessionId"], row["traceId"]) == (run.run_id, run.session_id, "trace_1")
 
 
@@ -82,7 +82,7 @@ def test_missing_or_forged_token_is_401(env, token):
 
 def test_token_expires_when_the_run_ends(env):
     app, svc, run, run_env = env
-    svc.tools.end_run(run)
+    svc.extensions["mnote"].tools.end_run(run)
     res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 401
 
@@ -151,7 +151,7 @@ def test_requests_relayed_by_a_proxy_are_refused(env, header):
 
 def test_run_token_binds_the_workspace_and_the_written_page(env):
     app, svc, run, run_env = env
-    store = svc.tools.store
+    store = svc.extensions["mnote"].tools.store
     store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
     store.add_workspace("ws_9")
     store.add_member("ws_9", "user_a", "owner")
@@ -186,7 +186,7 @@ def test_transport_errors_are_envelopes_too(env):
 
 def test_an_aborted_run_cannot_call_tools(env):
     app, svc, run, run_env = env
-    svc.runs.abort(run)
+    svc.extensions["mnote"].runs.abort(run)
     res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 401 and [e["event"] for e in run.events] == ["abort.started"]
 
@@ -208,12 +208,12 @@ def test_overflowing_numbers_are_refused_before_the_store(env):
                                  headers={"Authorization": f"Bearer {run_env['runToken']}",
                                           "Content-Type": "application/json"})
     assert res.status_code == 400 and res.json["error"]["code"] == "mnote_tool_bad_request"
-    assert svc.tools.store.export_page("doc_1")["revision"] == 1
+    assert svc.extensions["mnote"].tools.store.export_page("doc_1")["revision"] == 1
 
 
 # -- a key's capability scope, end to end (client route → run file → tool endpoint) ---------
 def seeded(app):
-    store = app.extensions["hermes_service"].tools.store
+    store = app.extensions["hermes_service"].extensions["mnote"].tools.store
     store.add_workspace("ws_1")
     store.add_member("ws_1", "user_1", "owner")
     store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划"})
@@ -238,7 +238,7 @@ def run_calling_tools(app, stub, headers, envelopes):
         "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "s_1", "message": "hi",
         "traceId": "trace_1"})
     assert res.status_code == 200, res.json
-    run = app.extensions["hermes_service"].runs.get(res.json["runId"], "user_1")
+    run = app.extensions["hermes_service"].extensions["mnote"].runs.get(res.json["runId"], "user_1")
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -282,11 +282,11 @@ def events(run):
 def test_the_run_binding_is_exactly_what_the_plugin_reads(env):
     _, svc, run, run_env = env
     token = run_env.pop("runToken")
-    assert run_env == {"toolUrl": svc.tools.service_url.rstrip("/") + URL, "actorId": "user_a",
+    assert run_env == {"toolUrl": svc.extensions["mnote"].tools.service_url.rstrip("/") + URL, "actorId": "user_a",
                        "workspaceId": "ws_1", "documentId": "doc_1", "sessionId": run.session_id,
                        "runId": run.run_id, "traceId": "trace_1",
                        "capabilityScope": ["page.read", "page.write", "artifact.write"]}
-    assert svc.tools.claims_for(f"Bearer {token}")[1] is run
+    assert svc.extensions["mnote"].tools.claims_for(f"Bearer {token}")[1] is run
 
 
 def test_the_tool_url_is_built_from_the_service_url(tmp_path):
@@ -314,7 +314,7 @@ def test_a_token_is_only_taken_from_the_bearer_scheme(env, authorization, messag
     from hermes_service.mnote.gateway import ToolRefused
     _, svc, _, run_env = env
     with pytest.raises(ToolRefused) as exc:
-        svc.tools.claims_for(authorization and authorization.replace("TOKEN", run_env["runToken"]))
+        svc.extensions["mnote"].tools.claims_for(authorization and authorization.replace("TOKEN", run_env["runToken"]))
     assert (exc.value.status, exc.value.code, exc.value.message) == (401, "mnote_tool_unauthorized", message)
     assert str(exc.value) == message
 
@@ -322,15 +322,15 @@ def test_a_token_is_only_taken_from_the_bearer_scheme(env, authorization, messag
 @pytest.mark.parametrize("authorization", ["Bearer TOKEN", "bearer TOKEN", "Bearer  TOKEN "])
 def test_the_bearer_scheme_is_case_insensitive_and_spaces_are_allowed(env, authorization):
     _, svc, run, run_env = env
-    assert svc.tools.claims_for(authorization.replace("TOKEN", run_env["runToken"]))[1] is run
+    assert svc.extensions["mnote"].tools.claims_for(authorization.replace("TOKEN", run_env["runToken"]))[1] is run
 
 
 def test_a_run_token_can_be_revoked_twice_and_a_run_without_one_too(env):
     _, svc, run, run_env = env
     from types import SimpleNamespace
-    svc.tools.end_run(run)
-    svc.tools.end_run(run)
-    svc.tools.end_run(SimpleNamespace(run_id="never-bound"))
+    svc.extensions["mnote"].tools.end_run(run)
+    svc.extensions["mnote"].tools.end_run(run)
+    svc.extensions["mnote"].tools.end_run(SimpleNamespace(run_id="never-bound"))
 
 
 def test_tool_events_name_the_call_and_its_outcome(env):
@@ -354,7 +354,7 @@ def test_tool_events_name_the_call_and_its_outcome(env):
 
 def test_a_call_outside_the_runs_page_is_denied_with_the_contract_message_and_echo(env):
     app, svc, _, run_env = env
-    svc.tools.store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
+    svc.extensions["mnote"].tools.store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
     res = post(app, envelope(run_env, "mnote.page.save", documentId="doc_2", toolCallId="call_9",
                              idempotencyKey="k", dryRun=False, args={"content": []}), run_env["runToken"])
     assert res.json["error"] == {"code": "mnote_tool_permission_denied", "message": "无页面写权限"}
@@ -381,7 +381,7 @@ def test_refusals_say_why(env):
         environ_base={"REMOTE_ADDR": "127.0.0.1"})
     assert res.status_code == 400 and res.json["error"] == {
         "code": "mnote_tool_bad_request", "message": "the body must be a JSON object"}
-    svc.runs.abort(run)
+    svc.extensions["mnote"].runs.abort(run)
     res = post(app, envelope(run_env), run_env["runToken"])
     assert res.status_code == 401 and res.json["error"] == {
         "code": "mnote_tool_unauthorized", "message": "the run has ended or was aborted"}
@@ -402,7 +402,7 @@ def test_the_flat_form_is_held_to_the_run_binding_like_the_nested_one(env):
     """§4's flat input (tool fields beside the envelope's) works over HTTP, and neither a
     flat nor an args-nested documentId lets a run write another page than its own."""
     app, svc, _, run_env = env
-    store = svc.tools.store
+    store = svc.extensions["mnote"].tools.store
     store.import_page({"documentId": "doc_2", "workspaceId": "ws_1", "title": "第二页"})
     token = run_env["runToken"]
     flat = {k: v for k, v in envelope(run_env).items() if k != "args"} | {"includeBlocks": False}
@@ -476,7 +476,7 @@ def test_a_provider_reusing_a_tool_call_id_does_not_turn_the_next_write_into_a_c
     assert [r["result"]["revision"] for r in results] == [2, 3, 3]
     title = json.loads(tools["mnote_page_update_title"]({"title": "新标题"}))
     assert title["ok"] is True, title
-    page = svc.tools.store.export_page("doc_1")
+    page = svc.extensions["mnote"].tools.store.export_page("doc_1")
     assert [b["text"] for b in page["blocks"]] == ["第一段", "one", "two"]
     assert page["title"] == "新标题" and page["revision"] == 4
 
@@ -492,7 +492,7 @@ def test_a_page_id_of_the_wrong_type_is_a_bad_request_not_a_permission_denial(en
     assert res.status_code == 200
     assert res.json["error"]["code"] == "mnote_tool_bad_request", res.json
     assert res.json["error"]["message"].startswith(f"/{field}: ")
-    assert svc.tools.store.export_page("doc_1")["revision"] == 1
+    assert svc.extensions["mnote"].tools.store.export_page("doc_1")["revision"] == 1
 
 
 @pytest.mark.parametrize("dry_run", ["no", [], 0, "maybe"])
@@ -506,7 +506,7 @@ def test_a_dry_run_flag_of_the_wrong_type_is_a_bad_request_not_guessed(env, monk
                                                "dryRun": dry_run}))
     assert out["error"]["code"] == "mnote_tool_bad_request" and \
         out["error"]["message"].startswith("/dryRun: "), out
-    assert svc.tools.store.export_page("doc_1")["revision"] == 1
+    assert svc.extensions["mnote"].tools.store.export_page("doc_1")["revision"] == 1
 
 
 def test_a_null_or_absent_dry_run_flag_is_a_write(env, monkeypatch, tmp_path):
@@ -518,7 +518,7 @@ def test_a_null_or_absent_dry_run_flag_is_a_write(env, monkeypatch, tmp_path):
         assert out["ok"] is True and out["audit"]["effect"] == "write", out
     dry = json.loads(tools["mnote_page_save"]({"content": [{"type": "p", "text": "d"}], "dryRun": True}))
     assert dry["audit"]["effect"] == "dry_run"
-    assert svc.tools.store.export_page("doc_1")["revision"] == 4
+    assert svc.extensions["mnote"].tools.store.export_page("doc_1")["revision"] == 4
 
 
 def test_a_very_long_tool_call_id_still_makes_a_valid_default_key(env, monkeypatch, tmp_path):

@@ -31,7 +31,7 @@ import json
 import re
 from pathlib import Path
 
-from . import scripted_model as sm
+from .. import scripted_model as sm
 
 #: How every answer of the demo model begins (and the model name it serves).
 LABEL = "[demo model]"
@@ -40,7 +40,7 @@ MODEL_ID = "demo-model"
 DEMO_TITLE = "Renamed by the demo model"
 #: The demo's sub-folder of the config's data dir.
 DATA_SUBDIR = "demo"
-EXAMPLE_PAGE = Path(__file__).resolve().parent.parent / "examples" / "page.json"
+EXAMPLE_PAGE = Path(__file__).resolve().parents[2] / "examples" / "page.json"
 WORKSPACE, ACTOR = "ws_1", "user_1"
 
 _APPEND_RE = re.compile(r"append|summar|追加|总结", re.I)
@@ -53,7 +53,7 @@ _HINT = ('I am a scripted stand-in, not a real model. Mention "append" or "title
 
 def _typed(body: dict) -> str:
     """What the user typed: the last user message without the mnote page-context block."""
-    from .mnote.client import CONTEXT_HEAD
+    from .client import CONTEXT_HEAD
     msgs = sm._messages(body)
     i = sm._last_user_index(msgs)
     text = sm.content_text(msgs[i].get("content")) if i >= 0 else ""
@@ -157,7 +157,7 @@ def overlay(base_url: str):
 def seed(config) -> None:
     """The walk-through's page store: workspace ``ws_1`` ("Team"), ``user_1`` its editor, and
     ``examples/page.json`` (``doc_1``, overwritten: every demo starts from the example page)."""
-    from .mnote.page_store import SQLitePageStore
+    from .page_store import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = SQLitePageStore(config.data_dir / "mnote.db")
     store.add_workspace(WORKSPACE, "Team")

@@ -33,7 +33,7 @@ Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
 Durable logs (README §Data and durability → Runs and their events): with the service's
-:class:`~hermes_service.run_log.RunLogs`, :meth:`Run.emit` also appends each event to
+:class:`~hermes_service.mnote.run_log.RunLogs`, :meth:`Run.emit` also appends each event to
 ``data/run-events/<run_id>.jsonl`` (the terminal one fsynced before a follower is woken), so
 any process on the data dir serves the run as a :class:`ForeignRun` (followed through the
 one :class:`LogPoller` thread of that process), a session is busy across processes, aborts
@@ -63,9 +63,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from . import instance, logs, metrics
-from .errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
-from .limits import Limiter
+from .. import instance, logs
+from ..errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
+from ..limits import Limiter
+from . import metrics
 from .run_log import LogState, RunLogs, RunWriter
 
 log = logging.getLogger("hermes_service.runs")
@@ -352,7 +353,7 @@ class RunListener:
 
 class ForeignRun:
     """A run owned by another service process on this data dir (alive or gone), read from its
-    durable log (:mod:`hermes_service.run_log`; README §Data and durability → Runs and their
+    durable log (:mod:`hermes_service.mnote.run_log`; README §Data and durability → Runs and their
     events). It offers what the client routes use of a :class:`Run`: ``position``,
     ``follow`` (polled: :class:`LogPoller`), and ``answer`` / ``answer_clarify``, which are
     checked against the log here and handed to the owner as a request line."""
@@ -564,7 +565,7 @@ class RunManager:
     ``run.failed`` with the error's core ``code``; a blueprint maps core codes to its
     contract's codes when it sends events out).
 
-    With ``logs`` (:class:`~hermes_service.run_log.RunLogs`, the service's) every run's events
+    With ``logs`` (:class:`~hermes_service.mnote.run_log.RunLogs`, the service's) every run's events
     are also written to the data dir as they happen, so :meth:`get` finds runs of every
     process on it (:class:`ForeignRun`), a session is busy across processes, an abort or an
     answer reaches the owning process (:class:`LogPoller`), and runs of dead processes are

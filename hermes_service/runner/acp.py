@@ -7,7 +7,7 @@ stdio. The service is its client through the protocol's own Python package
 thread, runs every connection; worker threads hand it turns with
 :meth:`AcpRunner.run_turn`, which blocks like the CLI runner does.
 
-**Pool.** One process per active user and route family (``v1`` / ``mnote``: their tool
+**Pool.** One process per active user and route family (``v1`` / an extension's: their tool
 sets differ), started on the first turn or by :meth:`AcpRunner.prewarm` (the panel creating
 a session), with the user's ``HERMES_HOME`` and the same clean environment as CLI runs, in
 its own process group recorded with the CLI's (shutdown kills it, a crash's leftovers are
@@ -18,7 +18,7 @@ make room; when none is idle the turn runs on the CLI runner); retired after
 0.19.0 never frees an ACP session). A retired process takes no new turn and exits once
 its running turns end.
 
-**A turn** holds one of the slots the CLI runner also uses (the global cap), then:
+**A turn** holds one of the slots CLI turns also use (the global cap, :mod:`.processes`), then:
 ``session/new`` (a new conversation) or ``session/load`` (an ACP-made session this
 process has not loaded; its history replay is discarded), and ``session/prompt`` with the
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
@@ -28,8 +28,8 @@ model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it a
 held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
 errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
 recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
-``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (mnote
-tool calls are reported by the tool gateway). The answer is read from Hermes's record,
+``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (the tool
+calls a family reports itself, ``Family.own_tool_prefix``, do not). The answer is read from Hermes's record,
 exactly as for the CLI runner.
 
 **Known 0.19.0 faults, designed around.** A ``session/cancel`` that lands when a session
@@ -52,7 +52,7 @@ at once for the next turn.
 dangerous command (and, with edit approval on, before a file edit) with
 ``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
 ``hermes.approvals.mode: ask``) puts the question to the run's user
-(:meth:`~hermes_service.runs.Run.ask_approval`: ``approval.request``) and answers Hermes with
+(``approvals.ask_approval``: e.g. an ``approval.request`` event) and answers Hermes with
 the user's choice — ``once`` / ``session`` / ``always`` / ``deny`` map to Hermes's option ids
 ``allow_once`` / ``allow_session`` / ``allow_always`` / ``deny``; only the options Hermes
 offered are choices, ``always`` only with ``hermes.approvals.allow_always`` — or with ``deny``
@@ -65,11 +65,12 @@ Hermes never gives up first.
 
 **Clarifying questions.** Hermes 0.19.0 offers its ``clarify`` tool no way to reach an ACP
 client (the ACP session's agent has no ``clarify_callback``, and ACP has no request for a
-question). In the service's ``mnote`` processes with ``hermes.approvals.mode: ask`` the
+question). In the processes of a family whose turns ask their user
+(``Family.asks_user``) with ``hermes.approvals.mode: ask`` the
 ``clarify`` toolset is offered and the import hook gives the tool a callback that asks the
 client with the extension request :data:`CLARIFY_METHOD` ``{sessionId, question,
 choices}``; :meth:`_Client.ext_method` puts it to the run's user
-(:meth:`~hermes_service.runs.Run.ask_clarify`: ``clarify.request``) and answers
+(``approvals.ask_clarify``: e.g. a ``clarify.request`` event) and answers
 ``{"answer": <text>}``, or ``{"answer": null}`` after ``hermes.approvals.timeout_seconds``
 (Hermes is then told what its CLI tells it: the user did not answer, use your best judgement).
 
@@ -91,16 +92,15 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from . import hermes_state
-from .config import HermesSettings
-from .errors import BadRequest, Conflict, RunError, ServiceError
-from .instance import proc_start
-from .runner import (KILLED, LOST_HISTORY_NOTICE, HermesRunner, TurnRequest, TurnResult, UseCli,
-                     _ctx, _stopping, answer_from_record, classify_text, failure_reason,
-                     kill_group, limit_error)
-from .sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .. import hermes_state
+from ..config import HermesSettings
+from ..errors import BadRequest, Conflict, RunError, ServiceError
+from ..instance import proc_start
+from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .failures import KILLED, classify_text, failure_reason, limit_error
+from .processes import Processes, _stopping, kill_group
+from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, UseCli, _ctx, answer_from_record
 
 log = logging.getLogger("hermes_service.acp")
 
@@ -155,7 +155,7 @@ class _Sink:
     shown: list[str] = field(default_factory=list)  # their text (kept when the turn is stopped)
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
     tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
-    #                                                None for an mnote tool (the gateway reports it)
+    #                                         None for a tool its family reports (own_tool_prefix)
     kill_reason: str | None = None
     ended: bool = False              # the prompt has answered: the runner decides what is shown
     approvals: object = None         # who answers Hermes's questions (TurnRequest.approvals)
@@ -236,9 +236,9 @@ class _Client:
                 listener.reasoning(text)
         elif kind == "tool_call":
             call_id, title = update.tool_call_id, update.title or "tool"
-            mnote = title.startswith("mnote_")
-            sink.tools_running[call_id] = None if mnote else title
-            if listener is not None and not mnote:
+            own = title.startswith(self.proc.runner.own_tool_prefixes)
+            sink.tools_running[call_id] = None if own else title
+            if listener is not None and not own:
                 listener.tool("tool.started", call_id, title, None)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
@@ -384,13 +384,14 @@ class AcpProcess:
         self.launch = None
         self.limit: str | None = None     # the sandbox limit that ended it (sandbox.py)
         self.idle_cpu: float | None = None  # its sandbox's CPU seconds when its last turn ended
-        self.cwd = runner.cli.sandbox.home_path(home) if runner.cli.sandbox else str(home.root)
+        sandbox = runner.processes.sandbox
+        self.cwd = sandbox.home_path(home) if sandbox else str(home.root)
 
     # -- life ------------------------------------------------------------------------
     async def start(self) -> None:
         import acp
         from acp.schema import ClientCapabilities, Implementation
-        self.launch = self.runner.cli.launch(["acp"], self.env, self.home)
+        self.launch = self.runner.processes.launch(["acp"], self.env, self.home)
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.launch.argv, env=self.launch.env, cwd=self.launch.cwd,
@@ -403,7 +404,7 @@ class AcpProcess:
         self.launch.pid = self.proc.pid
         self.launch.started()
         self.pgid = self.proc.pid
-        self.runner.cli.groups.add(self, self.env.get("HERMES_HOME"))
+        self.runner.processes.groups.add(self, self.env.get("HERMES_HOME"))
         loop = asyncio.get_running_loop()
         loop.create_task(self._drain_stderr())
         loop.create_task(self._watch_exit())
@@ -427,7 +428,7 @@ class AcpProcess:
         self.limit = self.limit or self.launch.limit_hit() or limit_signal(rc)
         self.launch.close()
         self.dead = True
-        self.runner.cli.groups.forget(self)
+        self.runner.processes.groups.forget(self)
         self.runner._gone(self)
         if self.conn is not None:       # its pending requests fail (ConnectionError) instead of
             try:                        # waiting for ever; its tasks end instead of being dropped
@@ -471,7 +472,7 @@ class AcpProcess:
     def make_spare(self) -> None:
         """Make the next conversation's session ahead, while the process is idle."""
         if self.spare is None and not self.inflight and not self.retired and not self.dead \
-                and not self.runner.cli.draining:
+                and not self.runner.processes.draining:
             async def make():
                 sid = (await self.conn.new_session(cwd=self.cwd)).session_id
                 self.sessions.add(sid)
@@ -507,17 +508,24 @@ def _ended(reason: str) -> RunError:
 
 
 class AcpRunner:
-    """The ACP runner (see the module doc). Shares the CLI runner's command, slots,
-    process groups, run files, timeouts and toolsets."""
+    """The ACP runner (see the module doc). Starts its processes through ``processes``
+    (:class:`~hermes_service.runner.processes.Processes`), which it shares with the CLI
+    runner: the command, the slots, the process groups, the run files, the time limits and
+    toolsets."""
     name = "acp"
 
-    def __init__(self, hermes: HermesSettings, cli: HermesRunner):
-        self.cli = cli
+    def __init__(self, hermes: HermesSettings, processes: Processes):
+        self.processes = processes
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self.configure(hermes, retire=False)
+
+    @property
+    def own_tool_prefixes(self) -> tuple[str, ...]:
+        """Tool-name prefixes of the calls the route families report themselves."""
+        return tuple(f.own_tool_prefix for f in self.processes.families.values() if f.own_tool_prefix)
 
     def configure(self, hermes: HermesSettings, retire: bool = True) -> None:
         """Take a (reloaded) ``hermes`` section: ``hermes.acp``, ``hermes.approvals`` and the
@@ -555,7 +563,7 @@ class AcpRunner:
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def processes(self) -> int:
+    def process_count(self) -> int:
         """ACP processes alive now (accepting or retiring)."""
         return len(self._procs) + len(self._retired)
 
@@ -563,9 +571,9 @@ class AcpRunner:
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
         """Start the user's process for ``family`` in the background (no wait, no error);
         nothing while the service drains (README §Process lifetime)."""
-        if self.cli.draining or self.cli.stopping:
+        if self.processes.draining or self.processes.stopping:
             return
-        if self.processes() >= self.max_processes and not self._idle():
+        if self.process_count() >= self.max_processes and not self._idle():
             return
         fut = self._call(self._acquire((home.user_id, family), home, env, toolsets))
         fut.add_done_callback(lambda f: not f.cancelled() and f.exception()
@@ -581,8 +589,8 @@ class AcpRunner:
             raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
-        self.cli.check_home_quota(req.home)
-        with self.cli.slot(req.cancel) as waited:
+        self.processes.check_home_quota(req.home)
+        with self.processes.slot(req.cancel) as waited:
             started = time.monotonic()
             sink = _Sink(req.listener, approvals=req.approvals)
             if source != "acp":
@@ -592,7 +600,7 @@ class AcpRunner:
             try:
                 sid, response, resumed, proc = fut.result()
             except (ServiceError, UseCli) as err:
-                if self.cli.stopping and isinstance(err, ServiceError) \
+                if self.processes.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
                     raise _stopping() from None  # the shutdown killed the process it needed
                 if getattr(err, "code", "") == "run_cancelled" and sink.shown:
@@ -601,14 +609,14 @@ class AcpRunner:
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
             except Exception as exc:     # the protocol failed (process died mid-request, ...)
-                if self.cli.stopping:    # the shutdown killed the process and ended the loop
+                if self.processes.stopping:    # the shutdown killed the process and ended the loop
                     raise _stopping() from None
                 log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
                 self._call(self._retire_key((req.home.user_id, req.family))).result(5)
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
-            answer, reasoning = answer_from_record(req, sid, limits=self.cli.sandboxed)
+            answer, reasoning = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
@@ -647,7 +655,7 @@ class AcpRunner:
         """Kill every process and stop the loop (the service stops)."""
         for proc in list(self._procs.values()) + list(self._retired):
             proc.kill("shutdown")
-            self.cli.groups.forget(proc)
+            self.processes.groups.forget(proc)
         with self._loop_lock:
             loop, self._loop = self._loop, None
         if loop is None:
@@ -684,9 +692,9 @@ class AcpRunner:
                     proc.reserved += reserve
                     return proc
                 continue
-            if self.cli.draining:     # the service is stopping: no new process (README
+            if self.processes.draining:     # the service is stopping: no new process (README
                 raise UseCli("the service is draining")   # §Process lifetime)
-            if self.processes() >= self.max_processes:
+            if self.process_count() >= self.max_processes:
                 idle = self._idle()
                 if not idle:
                     raise UseCli("the ACP process pool is full")
@@ -703,9 +711,13 @@ class AcpRunner:
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
-        env.pop("MNOTE_RUN_FILE", None)
-        if key[1] == "mnote":
-            env["MNOTE_RUN_DIR"] = str(self.cli.run_files.user_dir(home.user_id))
+        for other in self.processes.families.values():     # a CLI turn's run file is not for it
+            if other.run_file_env:
+                env.pop(other.run_file_env, None)
+        family = self.processes.families.get(key[1])
+        if family is not None and family.run_dir_env:
+            env[family.run_dir_env] = str(self.processes.run_files.user_dir(home.user_id))
+        if family is not None and family.asks_user:
             if self.ask:           # its turns can ask the panel's user: offer clarify
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
                 env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
@@ -777,7 +789,7 @@ class AcpRunner:
     def _replace(self, old: AcpProcess) -> None:
         """Start a replacement for a retired process in the background (the user is active);
         none while the service drains."""
-        if self.cli.draining:
+        if self.processes.draining:
             return
         task = asyncio.get_running_loop().create_task(
             self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
@@ -804,10 +816,10 @@ class AcpRunner:
         """Returns (ACP session id, PromptResponse, resumed, process). Raises RunError/UseCli.
         ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
-        deadline = time.monotonic() + self.cli.timeout
+        deadline = time.monotonic() + self.processes.timeout
         while True:
             acquiring = asyncio.ensure_future(self._acquire(
-                key, req.home, req.env, self.cli.toolset_names(req.toolsets), reserve=True))
+                key, req.home, req.env, self.processes.toolset_names(req.toolsets), reserve=True))
             reason = await self._wait_open(acquiring, req, deadline)
             if reason is not None:
                 # an abort or the time limit while the process starts: the start goes on (the
@@ -898,8 +910,8 @@ class AcpRunner:
             sid = opening.result()
         run_file = None
         if req.plugin_run is not None:
-            run_file = self.cli.run_files.write(
-                self.cli.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
+            run_file = self.processes.run_files.write(
+                self.processes.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
         proc.inflight[sid] = sink
         if proc.launch is not None and len(proc.inflight) == 1:
             proc.launch.mark()        # this turn's CPU budget (hermes.sandbox.limits.cpu_seconds)
@@ -937,8 +949,9 @@ class AcpRunner:
             proc.inflight.pop(sid, None)
             proc.last_used = time.monotonic()
             if run_file is not None:
-                self.cli.run_files.remove(run_file)
-        cpu_cap = self.cli.sandbox.settings.limits.cpu_seconds / 2 if self.cli.sandboxed else None
+                self.processes.run_files.remove(run_file)
+        cpu_cap = self.processes.sandbox.settings.limits.cpu_seconds / 2 \
+            if self.processes.sandboxed else None
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \
                 or (cpu_cap is not None and proc.launch.cpu_seconds() > cpu_cap):
             self._retire(proc, f"{proc.sessions_opened} sessions, {proc.rss_mb():.0f} MB, "
@@ -971,7 +984,7 @@ class AcpRunner:
                 return "timeout"
             if sink.asking:              # a human is being asked: not a stall
                 sink.last_activity = now
-            if now - sink.last_activity >= self.cli.stall_timeout:
+            if now - sink.last_activity >= self.processes.stall_timeout:
                 return "stall"
 
     async def _end(self, task, proc: AcpProcess, sid: str, sink: _Sink, reason: str) -> None:

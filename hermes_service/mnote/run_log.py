@@ -12,7 +12,7 @@ users' agents never see this folder, unlike ``data/runs/<user_id>/``):
 
     (``owner``: :func:`hermes_service.instance.current` of the process running the turn;
     ``created``: unix seconds). Every further line is one event payload exactly as the stream
-    sends it (:mod:`hermes_service.runs` lists them); the event's id (``Last-Event-ID``) is
+    sends it (:mod:`hermes_service.mnote.runs` lists them); the event's id (``Last-Event-ID``) is
     its line number after the meta line (1-based). Deltas are appended without fsync; the
     terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``) is fsynced before
     any subscriber sees it. Only complete lines (ending in ``\\n``) count: a line torn by a
@@ -52,8 +52,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import instance, metrics
-from .errors import is_id
+from .. import instance
+from ..errors import is_id
+from . import metrics
 
 log = logging.getLogger("hermes_service.run_log")
 

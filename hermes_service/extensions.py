@@ -1,0 +1,104 @@
+"""The extension seam: how an outer feature package wires itself into the core
+(docs/architecture.md).
+
+The core (every module of ``hermes_service`` outside an extension's package) never imports an
+extension: :mod:`hermes_service.installed` is the one composition point, the list of the installed
+extensions (a module of its own above the core, so that no import cycle closes through it). Everything else reaches an extension through the hooks of :class:`Extension`,
+which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` wires itself:
+
+* :meth:`Extension.enabled` — whether ``config`` switches it on (off: none of the hooks
+  below is called, so it builds, registers and serves nothing);
+* :meth:`Extension.families` — the route families its turns use (:class:`Family`: runner,
+  start-line label, how its Hermes plugin finds a turn's run file), read before the runners
+  are built;
+* :meth:`Extension.init_services` — build its objects from ``services.config`` and attach
+  them (``services.extensions[name]``); register its retention steps, drain source, reload
+  hook and metrics on the :class:`~hermes_service.services.Services` (called by
+  :func:`~hermes_service.services.build_services`, so ``gc`` gets them too);
+* :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components (called by
+  :func:`~hermes_service.app.create_app`);
+* :meth:`Extension.init_cli` — its command group (called when :mod:`hermes_service.cli` is
+  imported);
+* :meth:`Extension.on_serve` — once, by the serve command, before the service listens.
+
+An extension that offers ``make demo`` names its demo module in :attr:`Extension.demo`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import click
+    from flask import Flask
+
+    from .config import Config
+    # ``Services`` (hermes_service.services) is named, not imported: services builds the
+    # extensions, so an import here would close a cycle (tests/unit/test_layers_imports.py)
+
+
+class StoreUnusable(Exception):
+    """A store an extension opens when the service objects are built cannot be used (e.g.
+    a damaged SQLite file): the service must not start, ``gc`` must not run (exit 3)."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one route family's turns run (docs/runners.md).
+
+    ``name``: the session ``kind`` and the metrics label (each family has its own ACP
+    processes); ``runner``: ``cli`` | ``acp``; ``label``: its name in the start line
+    (``runner R (label P)``; None: the core's own family, named first); ``run_file_env``: the
+    variable giving a CLI turn the path of its run file (the data the family's Hermes plugin
+    reads for one turn: :attr:`~hermes_service.runner.TurnRequest.plugin_run`);
+    ``run_dir_env``: the variable giving an ACP process the folder of its turns' run files
+    (``<ACP session id>.json``); ``asks_user``: its turns can put Hermes's questions to their
+    user (``hermes.approvals.mode: ask`` then offers the clarify tool); ``own_tool_prefix``:
+    tool calls whose name starts with it are reported by the extension, not by the runner's
+    listener."""
+    name: str
+    runner: str = "cli"
+    label: str | None = None
+    run_file_env: str | None = None
+    run_dir_env: str | None = None
+    asks_user: bool = False
+    own_tool_prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class RetentionStep:
+    """One cleanup step an extension adds to every retention pass
+    (:func:`hermes_service.retention.collect`): ``kinds`` it reports (in the summary's
+    order), ``run(svc, report, *, now, dry_run, in_service)`` removes and reports
+    (``report.removed(kind, text, n)``)."""
+    kinds: tuple[str, ...]
+    run: Callable
+
+
+class Extension:
+    """An outer feature package's hooks (module doc); every hook does nothing here."""
+    #: its key in ``services.extensions`` and ``app.extensions``
+    name: str = ""
+    #: the module offering ``make demo`` (``start_model``, ``overlay``, ``seed``, ``warning``,
+    #: ``DATA_SUBDIR``), or None
+    demo = None
+
+    def enabled(self, config: "Config") -> bool:
+        return True
+
+    def families(self, config: "Config") -> list[Family]:
+        return []
+
+    def init_services(self, services: "Services") -> None:
+        pass
+
+    def init_app(self, app: "Flask", services: "Services") -> None:
+        pass
+
+    def init_cli(self, group: "click.Group") -> None:
+        """Add the extension's commands to ``group``. A command reads the config with
+        ``ctx.obj["load_config"](ctx)`` (the config of a command that serves nothing; exits 2
+        with ``file:key: problem`` lines), so an extension never imports the command line."""
+
+    def on_serve(self, services: "Services") -> None:
+        pass

@@ -1,0 +1,144 @@
+"""How the mnote extension wires itself into the core (:mod:`hermes_service.extensions`).
+
+:class:`MnoteExtension` is the one object the core knows (through
+:func:`hermes_service.installed.extensions`). From the ``mnote`` config section
+(:func:`settings`) it
+
+* declares the ``mnote`` route family (:meth:`~MnoteExtension.families`): its runner
+  (``mnote.runner``), ``panel`` in the start line, the run binding of the mnote Hermes plugin
+  (``MNOTE_RUN_FILE`` for a CLI turn, ``MNOTE_RUN_DIR`` for an ACP process:
+  ``users_template/plugins/mnote``), its turns ask their user, and ``mnote_*`` tool calls are
+  reported by the tool gateway;
+* builds its objects (:class:`Mnote`: the page store ``data/mnote.db``, the tool gateway, the
+  run manager with its durable event logs ``data/run-events/``) as
+  ``services.extensions["mnote"]`` (:func:`mnote_of`), with its reload hook, its drain source
+  (runs queued or running), its retention steps and its gauges;
+* registers its blueprints, error shapes and OpenAPI components on the app, and the
+  ``mnote`` command group (:mod:`.cli`);
+* at serve start, closes the runs of a service process that died.
+
+``mnote.enabled: false`` switches it off: none of that is built or registered (the ``mnote``
+commands say so and exit 2).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+from ..extensions import Extension, Family, RetentionStep
+from .objects import NAME, Mnote, mnote_of, run_limits, settings
+
+if TYPE_CHECKING:
+    from ..config import Config
+    # ``Services`` is named, not imported: services builds the extensions (no import cycle,
+    # tests/unit/test_layers_imports.py)
+
+log = logging.getLogger("hermes_service")
+
+#: what the mnote Hermes plugin reads to find a turn's run file (users_template/plugins/mnote)
+RUN_FILE_ENV = "MNOTE_RUN_FILE"
+RUN_DIR_ENV = "MNOTE_RUN_DIR"
+#: the OpenAPI tags of its routes
+TAGS = [
+    {"name": "client", "description": "The mnote client proxy (contract "
+                                      "hermes-client-proxy-contract-v1; README §The mnote client "
+                                      "proxy). Errors: `{ok: false, code, message, traceId, "
+                                      "requestId}`."},
+    {"name": "tools", "description": "The mnote tool endpoint (contract "
+                                     "mnote-hermes-plugin-tool-contract-v1; README §The mnote "
+                                     "tools): loopback only, a run token instead of an API key."},
+]
+
+
+# -- retention steps (docs/data-and-durability.md#retention-and-cleanup) ------------------------------------
+def _page_store_idempotency(svc, report, *, now, dry_run, in_service) -> None:
+    """Page-store idempotency records older than ``retention.idempotency_window_seconds``."""
+    window = float(svc.config.retention.idempotency_window_seconds)
+    before = datetime.fromtimestamp(now - window, timezone.utc)
+    n = mnote_of(svc).store.prune_idempotency(before, dry_run=dry_run)
+    if n:
+        report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
+                       f"before {before.isoformat(timespec='seconds')}", n)
+
+
+def _run_event_logs(svc, report, *, now, dry_run, in_service) -> None:
+    """Run event log files of runs that ended ``mnote.events_retention_seconds`` ago (a run
+    whose process died is closed on the way); in the service also finished runs' in-memory
+    logs past that age."""
+    runs = mnote_of(svc).runs
+    n = runs.sweep_files(dry_run=dry_run)
+    if n:
+        report.removed("run event logs", f"{n} run event log file(s) of runs that ended more "
+                       f"than mnote.events_retention_seconds ago", n)
+    if in_service and not dry_run:
+        n = runs.sweep()
+        report.removed("event logs", f"{n} finished run(s)' event logs" if n else None, n)
+
+
+RETENTION_STEPS = (RetentionStep(("idempotency records",), _page_store_idempotency),
+                   RetentionStep(("run event logs", "event logs"), _run_event_logs))
+
+
+class MnoteExtension(Extension):
+    """The mnote extension's hooks (module doc)."""
+    name = NAME
+
+    def enabled(self, config: "Config") -> bool:
+        """``mnote.enabled`` (default true): false removes the extension
+        (docs/mnote-client.md)."""
+        return bool(settings(config).enabled)
+
+    @property
+    def demo(self):
+        """``make demo``: the mnote panel against a scripted stand-in model (:mod:`.demo`)."""
+        from . import demo
+        return demo
+
+    def families(self, config: "Config") -> list[Family]:
+        return [Family(NAME, settings(config).runner, label="panel",
+                       run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
+                       own_tool_prefix="mnote_")]
+
+    def init_services(self, services: "Services") -> None:
+        """Build the page store, tool gateway and run manager. Raises
+        :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
+        from . import metrics
+        from .gateway import ToolGateway
+        from .page_store import SQLitePageStore
+        from .run_log import RunLogs
+        from .runs import RunManager
+        config, cfg = services.config, settings(services.config)
+        runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
+        store = SQLitePageStore(config.data_dir / "mnote.db")
+        tools = ToolGateway(store, cfg.service_url or services.service_url)
+        # an abort that reaches this process from another one revokes the run's token too
+        runs.on_abort.append(tools.end_run)
+        mnote = services.extensions[NAME] = Mnote(store, tools, runs)
+        services.reloaders.append(mnote.configure)
+        services.drain_sources.append(mnote)
+        services.retention_steps.extend(RETENTION_STEPS)
+        metrics.watch_runs(runs)      # gauges read at scrape time (docs/operations.md#metrics)
+
+    def init_app(self, app, services: "Services") -> None:
+        """Register the mnote blueprints (with their route families: auth, scopes, error
+        shapes; :mod:`hermes_service.routing`) on ``app``."""
+        from ..web import register_components, register_tags
+        from . import client, endpoint, events
+        app.register_blueprint(client.bp)
+        app.register_blueprint(client.legacy_bp)
+        app.register_blueprint(endpoint.bp)
+        register_components(app, events.COMPONENTS)     # the run events in /openapi.json
+        register_components(app, endpoint.COMPONENTS)   # the tool envelope
+        register_tags(app, TAGS)
+
+    def init_cli(self, group) -> None:
+        from .cli import mnote
+        group.add_command(mnote)
+
+    def on_serve(self, services: "Services") -> None:
+        closed = mnote_of(services).runs.close_dead()
+        if closed:
+            log.warning("closed %d run(s) of a service process that died (run.failed "
+                        "run_interrupted)", closed)

@@ -1,0 +1,436 @@
+"""Hermes processes: how they start, are limited and are killed. :class:`Processes` is the
+one owner of the turn slots, the process groups and the launcher; both runners, ``execute``,
+``/status`` and ``gc`` start Hermes through it.
+
+**Sandbox.** Every Hermes process — CLI turns, ACP processes, ``execute``, ``--version``,
+``gc``'s deletions — is started through :meth:`Processes.launch`, i.e. the launcher of
+:mod:`hermes_service.sandbox` (one rule): in a bubblewrap sandbox of its own, or unconfined
+under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
+``run_limit_exceeded`` (422); a home over ``hermes.sandbox.max_home_mb`` is refused with
+``home_quota_exceeded`` (507) before Hermes starts.
+
+**Limits.** At most ``hermes.max_concurrent_runs`` turns run at once on both runners (per
+service process); a caller waits up to ``hermes.queue_wait_seconds`` for a slot, then gets
+:class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process group is recorded in
+``<data>/pids/`` while it runs (:class:`ProcessGroups`), so shutdown kills them all and the
+next start reaps what a crashed service left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..config import HermesSettings
+from ..errors import RunError, TooManyRuns, Unconfigured
+from ..instance import alive_pid, proc_start
+from ..limits import Limiter
+from ..sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
+from .run_files import RunFiles
+
+if TYPE_CHECKING:
+    from ..user_homes import UserHome
+
+KILL_GRACE_SECONDS = 1.0
+#: A home whose size took longer than this to add up is not walked again for
+#: HOME_SIZE_REUSE_SECONDS (``hermes.sandbox.max_home_mb``: a turn per second must not walk
+#: 100 000 files each time).
+HOME_WALK_SLOW_SECONDS = 0.05
+HOME_SIZE_REUSE_SECONDS = 30.0
+
+
+@dataclass
+class Outcome:
+    """What a finished :class:`CliProcess` left: exit code, output, and why it was killed (if)."""
+    returncode: int
+    stdout: str
+    stderr: str
+    duration: float
+    killed: str | None = None        # "timeout" | "stall" | "cancelled" | "limit" | None
+    truncated: bool = False
+    limit: str | None = None         # with killed="limit": memory | processes | cpu | file_size
+
+
+class CliProcess:
+    """One CLI process in its own process group, with output readers and kill support.
+
+    ``touch()`` records activity from outside (e.g. a tool call) for the
+    stall watchdog. ``kill(reason)`` terminates the whole process group
+    (SIGTERM, then SIGKILL after ``KILL_GRACE_SECONDS``) and is idempotent.
+    """
+
+    def __init__(self, launch: "Launch", max_output_bytes: int | None = None, on_exit=None):
+        self.launch = launch
+        self.argv = launch.argv
+        self._on_exit = on_exit
+        self.started = time.monotonic()
+        self.last_activity = self.started
+        self.killed: str | None = None
+        self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
+        self._max = max_output_bytes
+        self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self._truncated = False
+        self._kill_lock = threading.Lock()
+        try:
+            self.proc = subprocess.Popen(launch.argv, env=launch.env, cwd=launch.cwd,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         pass_fds=launch.pass_fds)
+        except OSError:
+            launch.close()
+            raise
+        launch.pid = self.proc.pid
+        launch.started()
+        self.pgid = self.proc.pid   # start_new_session: the child leads its own group
+        self._readers = [threading.Thread(target=self._read, args=(name, getattr(self.proc, name)),
+                                          daemon=True) for name in self._out]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, name: str, stream) -> None:
+        buf = self._out[name]
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            self.last_activity = time.monotonic()
+            room = len(chunk) if self._max is None else max(0, self._max - len(buf))
+            if room < len(chunk):
+                self._truncated = True
+            buf.extend(chunk[:room])
+        stream.close()
+
+    def touch(self) -> None:
+        self.last_activity = time.monotonic()
+
+    def kill(self, reason: str) -> None:
+        """Kill the process group; records ``reason`` unless the process already ended."""
+        with self._kill_lock:
+            if self.proc.poll() is not None and self.killed is None:
+                return
+            if self.killed is None:
+                self.killed = reason
+        def wait(timeout: float) -> bool:
+            try:
+                self.proc.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        kill_group(self.pgid, wait, tree=self.launch.sandboxed)
+
+    def wait(self, timeout: float | None, stall_timeout: float | None = None,
+             cancel: threading.Event | None = None) -> Outcome:
+        """Wait for the end, killing the group on timeout, stall or ``cancel``."""
+        deadline = self.started + timeout if timeout else None
+        while True:
+            try:
+                self.proc.wait(0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            hit = self.launch.limit_hit()
+            if hit and self.limit is None:
+                self.limit = hit
+                self.kill("limit")
+            elif cancel is not None and cancel.is_set():
+                self.kill("cancelled")
+            elif deadline and now >= deadline:
+                self.kill("timeout")
+            elif stall_timeout and now - self.last_activity >= stall_timeout:
+                self.kill("stall")
+        for t in self._readers:
+            t.join(5)
+        if self.limit is None:
+            self.limit = self.launch.limit_hit() or limit_signal(self.proc.returncode)
+            if self.limit and self.killed is None:
+                self.killed = "limit"
+        self.launch.close()
+        if self._on_exit:
+            self._on_exit(self)
+        text = {k: v.decode("utf-8", "replace") for k, v in self._out.items()}
+        return Outcome(self.proc.returncode, text["stdout"], text["stderr"],
+                       time.monotonic() - self.started, self.killed, self._truncated,
+                       self.limit)
+
+
+def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
+    """``home_quota_exceeded`` (507): the home is over ``hermes.sandbox.max_home_mb``."""
+    return RunError(f"the user's home uses {size_mb:.0f} MB, over its quota of {cap_mb:g} MB "
+                    "(hermes.sandbox.max_home_mb); remove files from it", code="home_quota_exceeded",
+                    status=507)
+
+
+def _stopping() -> RunError:
+    return RunError("the service is shutting down; retry", code="service_stopping", status=503,
+                    headers={"Retry-After": "5"})
+
+
+class ProcessGroups:
+    """Every Hermes process group this service runs (CLI turns, ACP processes), recorded in
+    ``<pid_dir>/<pgid>.json`` while alive so :meth:`kill_all` at shutdown and
+    :meth:`reap_orphans` after a crash can end them. Members have ``pgid`` and ``kill(reason)``."""
+
+    def __init__(self, pid_dir: Path | None):
+        self.pid_dir = pid_dir
+        self._live: set = set()
+        self._lock = threading.Lock()
+        if pid_dir is not None:
+            pid_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, member, home: str | None) -> None:
+        with self._lock:
+            self._live.add(member)
+        if self.pid_dir is not None:
+            (self.pid_dir / f"{member.pgid}.json").write_text(json.dumps({
+                "service_pid": os.getpid(), "service_start": proc_start(os.getpid()),
+                "leader_start": proc_start(member.pgid), "home": home}))
+
+    def forget(self, member) -> None:
+        with self._lock:
+            self._live.discard(member)
+        if self.pid_dir is not None:
+            (self.pid_dir / f"{member.pgid}.json").unlink(missing_ok=True)
+
+    def count(self, kind: type | None = None) -> int:
+        with self._lock:
+            return sum(1 for m in self._live if kind is None or isinstance(m, kind))
+
+    def kill_all(self, reason: str = "shutdown") -> int:
+        """Kill every live process group at once (in parallel). Returns how many."""
+        with self._lock:
+            live = list(self._live)
+        threads = [threading.Thread(target=m.kill, args=(reason,)) for m in live]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        return len(live)
+
+    def reap_orphans(self) -> int:
+        """Kill process groups left by a service process that died (kill -9, crash).
+
+        A record is acted on only if its service process is gone and the group leader is
+        still the process it recorded (same pid and start time; records of older versions:
+        its HERMES_HOME matches), so a reused pid is safe. A sandbox's processes die with
+        its bwrap leader (PID namespace). Returns how many groups were killed.
+        """
+        if self.pid_dir is None:
+            return 0
+        reaped = 0
+        for record in self.pid_dir.glob("*.json"):
+            try:
+                info = json.loads(record.read_text())
+                pgid = int(record.stem)
+            except (OSError, ValueError):
+                record.unlink(missing_ok=True)
+                continue
+            if alive_pid(info.get("service_pid"), info.get("service_start")):
+                continue
+            home = (info.get("home") or "").encode()
+            if info.get("leader_start") is not None:
+                ours = proc_start(pgid) == info["leader_start"]
+            else:
+                try:
+                    environ = Path(f"/proc/{pgid}/environ").read_bytes()
+                except OSError:
+                    environ = b""
+                ours = bool(home) and b"HERMES_HOME=" + home + b"\0" in environ
+            if ours:
+                signal_tree(pgid, signal.SIGKILL)
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                    reaped += 1
+                except ProcessLookupError:
+                    pass
+            record.unlink(missing_ok=True)
+        return reaped
+
+
+def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = False) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds (or at once once the
+    leader is gone, so no child survives). ``wait(timeout)`` waits for the leader and
+    returns True when it ended.
+
+    ``tree``: the group leads a sandbox (bwrap), whose processes are in sessions of their
+    own: SIGTERM goes to every process inside it (Hermes saves its session, as on Ctrl-C)
+    and the SIGKILL to the bwrap group, which ends the sandbox's PID namespace — every
+    process in it, whatever group it moved to."""
+    if tree:
+        signal_tree(pgid, signal.SIGTERM)
+    else:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+    wait(grace)
+    if tree:
+        signal_tree(pgid, signal.SIGKILL)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    wait(5.0)
+
+
+class Processes:
+    """Every Hermes process the service starts — CLI turns, ACP processes, ``execute``,
+    ``--version``, ``gc``'s deletions — and the one owner of what they share: the command,
+    the turn slots (:meth:`slot`, both runners and the routes that run a Hermes command hold
+    one), the launcher (:meth:`launch`, :mod:`hermes_service.sandbox`), the process groups
+    (:attr:`groups`), the run files (:attr:`run_files`), the time limits and toolsets every
+    turn gets, and the service's stop state (:attr:`stopping`, :attr:`draining`).
+
+    ``hermes`` is the ``hermes`` section (:class:`~hermes_service.config.HermesSettings`);
+    ``command`` is ``hermes.command`` (a name looked up on PATH, or a path).
+    """
+
+    def __init__(self, hermes: HermesSettings, pid_dir: Path | None = None,
+                 run_dir: Path | None = None, sandbox: Sandbox | None = None):
+        self.sandbox = sandbox
+        self.groups = ProcessGroups(pid_dir)
+        self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
+        #: route family name -> its :class:`~hermes_service.extensions.Family` (set by
+        #: :func:`~hermes_service.services.build_services`): how its plugin finds a run file
+        self.families: dict = {}
+        self._slots = Limiter(hermes.cli_slots)   # resizable on reload
+        self.configure(hermes)
+        self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
+        self.draining = False       # set at a drain: routes take no new turn, the ACP pool
+                                    # starts no process (README §Process lifetime)
+        self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
+        self._version: tuple[float, str] | None = None
+        self._version_lock = threading.Lock()
+
+    def command_path(self) -> str:
+        """Absolute path of the CLI; raises :class:`Unconfigured` if it cannot be found."""
+        found = shutil.which(self.command)
+        if not found:
+            raise Unconfigured(f"the Hermes command '{self.command}' was not found "
+                               "(set hermes.command in config.yaml)", code="hermes_unavailable")
+        return found
+
+    @contextmanager
+    def slot(self, cancel: threading.Event | None = None):
+        """Hold one turn slot (shared by both runners); yields the seconds waited.
+        Raises :class:`TooManyRuns` after ``queue_wait_seconds``; while waiting, a set
+        ``cancel`` event ends the wait with ``run_cancelled``."""
+        started = time.monotonic()
+        deadline = started + self.queue_wait
+        while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+            if self.stopping:
+                raise _stopping()
+            if cancel is not None and cancel.is_set():
+                raise RunError("the run was aborted", code="run_cancelled", status=409)
+            if time.monotonic() >= deadline:
+                raise TooManyRuns("too many Hermes runs in progress; retry later",
+                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+        try:
+            yield time.monotonic() - started
+        finally:
+            self._slots.release()
+
+    def toolset_names(self, extra: list[str] | None = None) -> list[str]:
+        """``hermes.toolsets`` plus ``extra`` (e.g. an extension plugin's for its runs)."""
+        return [*self.toolsets, *(extra or [])]
+
+    def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
+        """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
+        (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
+        visible to it. Raises Unconfigured when the command is missing, RunError
+        ``hermes_failed`` when its sandbox cannot be made."""
+        command = self.command_path()
+        if self.sandbox is None:
+            return Launch([command, *args], env, str(home.root))
+        try:
+            return self.sandbox.prepare(args, env, home, self.run_files.user_dir(home.user_id),
+                                        command)
+        except OSError as exc:
+            raise RunError(f"the sandbox of a Hermes process could not be made ({exc})",
+                           code="hermes_failed") from None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Do new Hermes processes run in a sandbox (with its limits)?"""
+        return self.sandbox is not None and self.sandbox.active
+
+    def check_home_quota(self, home: "UserHome") -> None:
+        """Raise ``home_quota_exceeded`` (507) when the home is over
+        ``hermes.sandbox.max_home_mb`` — before Hermes starts."""
+        if self.sandbox is None:
+            return
+        cap = self.sandbox.settings.max_home_mb
+        now = time.monotonic()
+        cached = self._home_sizes.get(home.user_id)
+        if cached is not None and now < cached[0]:
+            size = cached[1]
+        else:
+            # the run folder is the user's too (writable in its sandbox)
+            size = home_size_mb(home.root, stop_above=cap)
+            size += home_size_mb(self.run_files.root / home.user_id, stop_above=cap)
+            took = time.monotonic() - now
+            # a home of many files costs a walk of every entry: then reuse it for a while
+            if took > HOME_WALK_SLOW_SECONDS:
+                self._home_sizes[home.user_id] = (now + HOME_SIZE_REUSE_SECONDS, size)
+            else:
+                self._home_sizes.pop(home.user_id, None)
+        if size > cap:
+            raise home_quota_error(size, cap)
+
+    def spawn(self, args: list[str], env: dict, home: "UserHome",
+              max_output_bytes: int | None = None) -> CliProcess:
+        """Start ``hermes <args>`` (no shell) for ``home`` in a new process group (in its
+        sandbox, :meth:`launch`). Caller holds a slot. The group is recorded in
+        :attr:`groups` until it is waited for."""
+        if self.stopping:
+            raise _stopping()
+        launch = self.launch(args, env, home)
+        try:
+            proc = CliProcess(launch, max_output_bytes, on_exit=self.groups.forget)
+        except OSError as exc:
+            raise RunError(f"the Hermes CLI could not be started ({exc.strerror})",
+                           code="hermes_failed") from None
+        self.groups.add(proc, env.get("HERMES_HOME"))
+        return proc
+
+    def kill_all(self) -> int:
+        """Kill every live Hermes process group (service shutdown). Returns how many."""
+        return self.groups.kill_all("shutdown")
+
+    def reap_orphans(self) -> int:
+        """See :meth:`ProcessGroups.reap_orphans`; also drops run files a crash left."""
+        self.run_files.sweep(older_than=self.timeout + 60)
+        return self.groups.reap_orphans()
+
+    def version(self, env: dict, home: "UserHome", ttl: float = 300.0) -> str:
+        """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
+        within the slots). Raises Unconfigured/RunError/TooManyRuns."""
+        with self._version_lock:
+            now = time.monotonic()
+            if self._version and now - self._version[0] < ttl:
+                return self._version[1]
+            with self.slot():
+                outcome = self.spawn(["--version"], env, home, max_output_bytes=65536).wait(30)
+            if outcome.returncode != 0 or not outcome.stdout.strip():
+                raise RunError("`hermes --version` failed", code="hermes_failed")
+            text = outcome.stdout.strip().splitlines()[0].strip()
+            self._version = (now, text)
+            return text
+
+    def configure(self, hermes: HermesSettings) -> None:
+        """Take a (reloaded) ``hermes`` section for new turns (README §Reload): command, time
+        limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
+        they started with."""
+        self.command = hermes.command
+        self.timeout = float(hermes.timeout_seconds)
+        self.stall_timeout = float(hermes.stall_timeout_seconds)
+        self.queue_wait = float(hermes.queue_wait_seconds)
+        self.toolsets = list(hermes.toolsets)
+        self._slots.resize(hermes.cli_slots)
+

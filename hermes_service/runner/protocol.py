@@ -1,0 +1,115 @@
+"""The turn protocol: what both runners take and give (README §Runners).
+
+**Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
+home and clean environment, model, toolsets, the run file's data, a listener for live
+events, a cancel event) answered by a :class:`TurnResult`. Both runners — the CLI runner
+(:mod:`.cli`) and the ACP runner (:mod:`.acp`) — take the answer from Hermes's own record
+(:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
+recorded no answer fails with ``upstream_empty_answer`` (502).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .. import hermes_state
+from .failures import empty_answer, limit_error
+
+if TYPE_CHECKING:
+    from ..user_homes import UserHome
+
+
+class TurnListener(Protocol):
+    """Live events of a turn (all optional; called from the runner's threads).
+
+    ``started(handle)``: Hermes began the turn; ``handle.kill(reason)`` ends it,
+    ``handle.touch()`` records activity for the stall watchdog. ``delta(text)``: a piece of
+    the answer as the model generates it (ACP runner). ``reasoning(text)``: a piece of the
+    model's reasoning. ``tool(event, call_id, name, ok)``: a builtin tool call started
+    (``event="tool.started"``) or finished (``"tool.completed"``); the tool calls a family
+    reports itself (``Family.own_tool_prefix``) are not.
+    """
+
+    def started(self, handle) -> None: ...
+
+    def delta(self, text: str) -> None: ...
+
+    def reasoning(self, text: str) -> None: ...
+
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None) -> None: ...
+
+
+@dataclass
+class TurnRequest:
+    """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
+    ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
+    family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the data
+    written to the run file for the family's Hermes plugin; ``approvals``:
+    who answers Hermes's questions (an object with ``ask_approval`` /
+    ``answer``), or None: every question is denied (the CLI runner never asks; README
+    §Approvals)."""
+    message: str
+    resume_id: str | None
+    home: "UserHome"
+    env: dict
+    model: str | None = None
+    toolsets: list[str] = field(default_factory=list)
+    family: str = "v1"
+    plugin_run: dict | None = None
+    listener: TurnListener | None = None
+    cancel: threading.Event | None = None
+    log_ctx: dict = field(default_factory=dict)
+    approvals: object = None
+
+
+@dataclass
+class TurnResult:
+    """A finished, answered turn. ``answer`` and ``reasoning`` come from Hermes's record;
+    ``streamed`` says the answer already reached the listener as deltas; ``duration`` and
+    ``queue_wait`` are seconds; ``usage`` is the runner's own token report (ACP) or None."""
+    answer: str
+    hermes_session_id: str | None
+    duration: float
+    runner: str = "cli"
+    reasoning: str | None = None
+    resumed: bool = False
+    notice: str | None = None
+    streamed: bool = False
+    usage: dict | None = None
+    queue_wait: float = 0.0
+
+
+class UseCli(Exception):
+    """Raised by the ACP runner when it cannot serve a turn (the session was made by the
+    CLI, the process pool is full); the CLI runner takes the turn instead."""
+
+
+LOST_HISTORY_NOTICE = ("the earlier Hermes conversation could not be found; "
+                       "a new conversation was started")
+
+
+def answer_from_record(req: TurnRequest, session_id: str | None, fallback: str = "",
+                       limits: bool = False) -> tuple[str, str | None]:
+    """(answer, reasoning) of the turn from Hermes's record; ``fallback`` (the CLI's stdout)
+    only when the store holds no row of the turn. Raises ``upstream_empty_answer``, and with
+    ``limits`` (the turn ran in a sandbox) ``run_limit_exceeded`` when one of its tool
+    commands was ended by a sandbox rlimit (CPU time, file size)."""
+    record = hermes_state.turn_record(req.home.hermes_home, session_id, req.message)
+    if limits and record.tool_limit:
+        err = limit_error(record.tool_limit)
+        err.hermes_session_id = session_id
+        raise err
+    if record.found:
+        answer, reasoning = record.answer, record.reasoning
+    else:
+        answer, reasoning = fallback.strip(), None
+    if not answer:
+        err = empty_answer()
+        err.hermes_session_id = session_id
+        raise err
+    return answer, reasoning
+
+
+def _ctx(log_ctx: dict | None) -> str:
+    return " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items())

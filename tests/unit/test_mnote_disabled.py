@@ -1,0 +1,91 @@
+"""``mnote.enabled: false`` removes the mnote extension (docs/mnote-client.md;
+config.yaml ``mnote.enabled``): no mnote route (404) and none in ``/openapi.json``, no page
+store, tool gateway or run manager, no retention step, the ``mnote`` commands refuse — and
+the service starts and serves the v1 API. In process, the CLI runner stubbed at its seam."""
+from click.testing import CliRunner
+import yaml
+
+from support.fixtures import API_KEY, base_config, deep_merge
+from hermes_service.cli import cli
+from hermes_service.config import RESTART_ONLY, ConfigError, build_config
+from hermes_service.openapi import build_document
+from hermes_service.retention import collect
+
+H = {"X-API-Key": API_KEY}
+OFF = {"mnote": {"enabled": False}}
+MNOTE_PREFIXES = ("/api/hermes/", "/api/ai-agent/")
+
+
+def test_the_extension_is_on_by_default(app_factory):
+    app = app_factory()
+    assert any(r.rule.startswith("/api/hermes/client/") for r in app.url_map.iter_rules())
+    assert "mnote" in app.extensions["hermes_service"].extensions
+
+
+def test_off_it_registers_no_route_builds_nothing_and_adds_no_step(app_factory, tmp_path):
+    app = app_factory(OFF)
+    rules = [r.rule for r in app.url_map.iter_rules()]
+    assert not [r for r in rules if r.startswith(MNOTE_PREFIXES)]
+    assert "/api/v1/sessions" in rules and "/health" in rules
+    svc = app.extensions["hermes_service"]
+    assert svc.extensions == {} and svc.retention_steps == [] and svc.drain_sources == []
+    assert svc.reloaders == [] and "mnote" not in svc.processes.families
+    assert not (tmp_path / "data" / "mnote.db").exists()          # no page store opened
+    assert not (tmp_path / "data" / "run-events").exists()        # no run manager
+    report = collect(svc, older_than=None, in_service=True)
+    assert set(report.counts) == {"temp files", "session mappings", "transcripts",
+                                  "owner links", "lock files", "idempotency keys",
+                                  "lock-table entries"}
+
+
+def test_off_the_document_has_no_mnote_route_tag_or_schema(app_factory):
+    app = app_factory(OFF)
+    doc = build_document(app, app.extensions["hermes_service"].config)
+    assert app.test_client().get("/openapi.json", headers=H).json == doc
+    assert doc["paths"] and not [p for p in doc["paths"] if p.startswith(MNOTE_PREFIXES)]
+    assert {t["name"] for t in doc["tags"]} == {"v1", "health", "operations", "docs"}
+    schemas = doc["components"]["schemas"]
+    assert "ClientError" not in schemas and not [n for n in schemas if n.startswith("Run")]
+
+
+def test_off_the_service_serves_v1_and_answers_404_for_mnote(stubbed_app, stub):
+    c = stubbed_app(OFF).test_client()
+    assert c.get("/health").status_code == 200
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=H).json["session_id"]
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)
+    assert res.status_code == 200 and res.json["response"] == "echo #1: hi"
+    assert stub.calls[0]["run_file"] is None
+    for path in ("/api/hermes/client/tools", "/api/hermes/client/sessions"):
+        res = c.get(path, headers={**H, "X-Mnote-Actor-Id": "alice"})
+        assert res.status_code == 404 and res.json["code"] == "not_found"   # the v1 shape
+    # the tool endpoint is an unknown path like any other: 404 with a key, 401 without one
+    assert c.post("/api/hermes/tools/invoke", json={}, headers=H).status_code == 404
+    assert c.post("/api/hermes/tools/invoke", json={}).status_code == 401
+
+
+def test_off_the_start_line_names_only_the_v1_runner(make_config, tmp_path):
+    from hermes_service.lifecycle import running
+    from hermes_service.sandbox import Sandbox
+    config = make_config(OFF)
+    box = Sandbox(config.hermes.sandbox, config.data_dir, tmp_path)
+    assert running(config, box).startswith("runner cli, model ")
+    assert running(make_config(), box).startswith("runner cli (panel cli), model ")
+
+
+def test_the_key_is_a_boolean_fixed_for_the_process(tmp_path):
+    try:
+        build_config(deep_merge(base_config(tmp_path), {"mnote": {"enabled": "no"}}))
+    except ConfigError as exc:
+        assert any(p.startswith("<dict>:mnote.enabled:") for p in exc.problems), exc.problems
+    else:
+        raise AssertionError("mnote.enabled: 'no' was accepted")
+    assert ("mnote", "enabled") in RESTART_ONLY
+
+
+def test_off_the_mnote_commands_say_so(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(base_config(tmp_path), OFF)), "utf-8")
+    res = CliRunner().invoke(cli, ["--config", str(path), "mnote", "add-workspace", "ws_1"])
+    assert res.exit_code == 2
+    assert f"{path}:mnote.enabled: false: the mnote extension is off" in res.output
+    assert not (tmp_path / "data" / "mnote.db").exists()
