@@ -266,7 +266,7 @@ def create_session():
     body = json_body()
     svc = services()
     rec = svc.conversations.create(_user(body["user_id"]),
-                                   new_session_id(svc.config["service"]["node_id"]), kind="v1")
+                                   new_session_id(svc.config.service.node_id), kind="v1")
     home = svc.homes.path(rec["user_id"])
     return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
                    hermes_path=str(home.hermes_home), status="created")
@@ -351,9 +351,9 @@ def send_message(session_id):
     return jsonify(out)
 
 
-def _allowed(argv: list[str], allowlist: list[list[str]]) -> bool:
+def _allowed(argv: list[str], allowlist: tuple[tuple[str, ...], ...]) -> bool:
     for prefix in allowlist:
-        if argv[:len(prefix)] == prefix and all(_SAFE_ARG.match(a) for a in argv[len(prefix):]):
+        if tuple(argv[:len(prefix)]) == prefix and all(_SAFE_ARG.match(a) for a in argv[len(prefix):]):
             return True
     return False
 
@@ -378,17 +378,17 @@ def execute():
     body = json_body()
     svc = services()
     svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
-    ex = svc.config["hermes"]["execute"]
+    ex = svc.config.hermes.execute
     argv = body["command"]
-    if not _allowed(argv, ex["allowed"]):
+    if not _allowed(argv, ex.allowed):
         raise Forbidden(f"command not allowed: {' '.join(argv[:3])}", code="command_not_allowed")
     user_id = _user((body.get("user_context") or {}).get("user_id"))
     home = svc.homes.ensure(user_id) if user_id else svc.homes.ensure_system()
     env = svc.homes.cli_env(home, svc.processes.command_path())
     # capped before float(): a JSON integer may be too large for one (OverflowError)
-    timeout = float(min(body.get("timeout") or ex["timeout_seconds"], ex["timeout_seconds"]))
+    timeout = float(min(body.get("timeout") or ex.timeout_seconds, ex.timeout_seconds))
     with svc.admission(f"v1 execute {' '.join(argv[:2])}"), svc.processes.slot():
-        outcome = svc.processes.spawn(argv, env, home, ex["max_output_bytes"]).wait(timeout)
+        outcome = svc.processes.spawn(argv, env, home, ex.max_output_bytes).wait(timeout)
     if outcome.killed == "timeout":
         raise classify_failure(outcome)
     return jsonify(success=outcome.returncode == 0, stdout=outcome.stdout, stderr=outcome.stderr,

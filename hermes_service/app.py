@@ -32,16 +32,16 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     :class:`~hermes_service.openapi.UndocumentedRoute` if a route declares no contract.
     """
     app = Flask(__name__, static_folder=None)   # no /static route: every route is documented
-    app.config["MAX_CONTENT_LENGTH"] = config["service"]["max_body_bytes"]
+    app.config["MAX_CONTENT_LENGTH"] = config.service.max_body_bytes
     app.json.ensure_ascii = False
     app.json.sort_keys = False
     svc = app.extensions["hermes_service"] = build_services(config, service_url)
 
-    cors = config["cors"]
-    if cors["allow_origins"]:
+    cors = config.cors
+    if cors.allow_origins:
         from flask_cors import CORS
-        CORS(app, origins=cors["allow_origins"], supports_credentials=cors["allow_credentials"],
-             methods=cors["allow_methods"], allow_headers=cors["allow_headers"],
+        CORS(app, origins=list(cors.allow_origins), supports_credentials=cors.allow_credentials,
+             methods=list(cors.allow_methods), allow_headers=list(cors.allow_headers),
              expose_headers=["X-Request-Id", "Retry-After", "Idempotency-Replayed"])
 
     hooks.install(app)

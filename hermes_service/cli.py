@@ -109,12 +109,10 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         except (StoreUnusable, OSError) as exc:
             click.echo(f"refusing to start: {exc}", err=True)
             sys.exit(3)
-    svc_cfg = config["service"]
     if threads:      # --threads: what waitress really runs with (reloads are checked against it)
-        config.overrides[("service", "threads")] = svc_cfg["threads"]
-        svc_cfg["threads"] = threads
+        config = config.override("service", "threads", threads)
     from .logs import configure
-    configure(svc_cfg["log_level"], svc_cfg["log_format"])
+    configure(config.service.log_level, config.service.log_format)
     if demo:
         log.warning("%s", demo_mod.warning(demo_model, config))
     for line in config.warnings:
@@ -130,8 +128,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     from .app import create_app
     from .lifecycle import Lifecycle, ServiceRecord, waitress_options
     from .services import default_service_url
-    host = host or svc_cfg["host"]
-    port = svc_cfg["port"] if port is None else port
+    host = host or config.service.host
+    port = config.service.port if port is None else port
     try:
         app = create_app(config, service_url=default_service_url(config, host, port))
     except (CorruptStore, StoreUnusable) as exc:
@@ -147,7 +145,7 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     retention = RetentionJob(svc)
     if retention.start():
         log.info("retention: a cleanup pass every %g s (session mappings: %s)",
-                 retention.interval, config["retention"]["sessions_older_than"] or "kept")
+                 retention.interval, config.retention.sessions_older_than or "kept")
     else:
         log.info("retention: no periodic cleanup (retention.interval_seconds: 0)")
     preflight.raise_fd_limit(config)
@@ -192,9 +190,9 @@ def check_config(ctx):
         click.echo(f"warning: {line}", err=True)
     if problems:
         sys.exit(2)
-    from .sandbox import Sandbox, Settings
+    from .sandbox import Sandbox
     from .user_homes import HERMES_SITE
-    box = Sandbox(Settings.from_config(config["hermes"]["sandbox"]), config.data_dir, HERMES_SITE)
+    box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))

@@ -13,6 +13,14 @@ reads a refused one (:func:`is_invalid`), so that it never reports a value the f
 have. :class:`ConfigError` carries that ``partial`` config and the ``invalid`` keys, and
 :func:`hermes_service.preflight.load_and_check` checks what the valid keys name as well.
 
+The result is a frozen :class:`Config` of typed section objects (:class:`ServiceSettings`,
+:class:`HermesSettings`, :class:`SecuritySettings`, :class:`MnoteSettings`, ...), resolved once:
+paths absolute, networks parsed, keys digested, the sizes the service derives from them
+(admission places, CLI slots, threads and connections needed) as their properties. Nothing
+outside this module reads the YAML's mapping; each service object takes its section when it is
+built and in its ``configure`` on reload (:meth:`hermes_service.services.Services.apply`).
+The cross-field checks are the named entries of :data:`CHECKS`.
+
 Two kinds of findings (README §Configuring):
 
 * **problems** (:class:`ConfigError`): the file is wrong; the service refuses to start and a
@@ -29,10 +37,11 @@ import hashlib
 import ipaddress
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import jsonschema
 import yaml
@@ -322,34 +331,253 @@ class ApiKey:
     scopes: frozenset[str] = frozenset(DEFAULT_SCOPES)
 
 
-@dataclass
-class Config:
-    """The validated configuration.
+# -- the typed settings ------------------------------------------------------------------
+# One frozen object per section of config.yaml, built once by :func:`build_config` from the
+# file merged over :data:`DEFAULTS` (the one place the code holds defaults). Lists become
+# tuples and mappings read-only; values keep the type YAML gave them (an int stays an int, so
+# messages print ``300``, not ``300.0``). Each service object takes its section when it is
+# built and again in its ``configure(section)`` on reload (:meth:`Services.apply`).
 
-    ``raw`` is the merged dict (defaults + file); the typed fields are the
-    resolved values the service objects use. Paths are absolute.
-    ``provider_issues`` say why no model turn can work (empty when the provider is usable);
-    ``warnings`` are every finding that does not stop the service (provider issues included),
-    as ``file:key: problem`` lines.
-    """
-    raw: dict
-    source: str
+@dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """``security.*``; ``allowed_networks`` are ``allowed_ips`` parsed (:func:`parse_network`),
+    ``api_keys`` the resolved :class:`ApiKey` entries (digests only)."""
+    enable_ip_check: bool
+    allowed_ips: tuple[str, ...]
+    enable_api_key: bool
+    auth_method: str                # "header" | "bearer"
+    api_key_header: str
+    health_requires_api_key: bool
+    docs_requires_api_key: bool
+    api_keys: tuple[ApiKey, ...]
+    allowed_networks: tuple
+    #: how many entries ``api_keys`` lists in the file (``api_keys`` leaves out those an
+    #: operator command without keys skips: ``key_env`` unset)
+    key_entries: int
+
+    @property
+    def bearer(self) -> bool:
+        """Keys come as ``Authorization: Bearer <key>``, not in :attr:`api_key_header`."""
+        return self.auth_method == "bearer"
+
+
+@dataclass(frozen=True, slots=True)
+class NginxSettings:
+    """``nginx.*``; ``trusted_proxies`` parsed into networks."""
+    trusted_proxies: tuple
+    enable_real_ip: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """``service.*`` (seconds, bytes, counts as config.yaml documents them)."""
+    host: str
+    port: int
+    log_level: str
+    log_format: str
+    threads: int
+    max_body_bytes: int
+    connection_limit: int
+    idle_timeout_seconds: int
+    drain_seconds: float
+    node_id: str | None
+    idempotency_ttl_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class CorsSettings:
+    """``cors.*`` (CORS is off while ``allow_origins`` is empty)."""
+    allow_origins: tuple[str, ...]
+    allow_credentials: bool
+    allow_methods: tuple[str, ...]
+    allow_headers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AcpSettings:
+    """``hermes.acp.*``: the warm ``hermes acp`` pool."""
+    idle_seconds: float
+    max_processes: int
+    recycle_after_sessions: int
+    max_rss_mb: float
+    start_timeout_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalSettings:
+    """``hermes.approvals.*``."""
+    mode: str                        # "ask" | "deny"
+    timeout_seconds: float
+    allow_always: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """``hermes.model.*``: the provider every user's Hermes home is given."""
+    provider: str
+    base_url: str | None
+    default: str | None
+    api_key_env: str | None
+    context_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteSettings:
+    """``hermes.execute.*``: ``allowed`` is a tuple of argv prefixes (tuples of words)."""
+    allowed: tuple[tuple[str, ...], ...]
+    timeout_seconds: float
+    max_output_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class HermesSettings:
+    """``hermes.*``, with the sizes derived from it (:attr:`cli_slots`,
+    :attr:`admission_places`, :attr:`max_active_runs`, :attr:`longest_turn_seconds`)."""
+    command: str
+    runner: str                      # the v1 API's runner: "cli" | "acp"
+    acp: AcpSettings
+    timeout_seconds: float
+    stall_timeout_seconds: float
+    approvals: ApprovalSettings
+    max_concurrent_runs: int
+    queue_wait_seconds: float
+    max_waiting_requests: int
+    max_message_bytes: int
+    toolsets: tuple[str, ...]
+    sandbox: sandbox.Settings
+    extra_env: Mapping[str, str]     # read-only
+    model: ModelSettings
+    execute: ExecuteSettings
+
+    @property
+    def cli_slots(self) -> int:
+        """Turn slots, shared by both runners and ``/api/v1/execute``."""
+        return self.max_concurrent_runs
+
+    @property
+    def admission_places(self) -> int:
+        """Synchronous v1 requests let in at once, running or waiting for a slot (more: 429)."""
+        return self.max_concurrent_runs + self.max_waiting_requests
+
+    @property
+    def max_active_runs(self) -> int:
+        """Background (client) runs queued or running at once (more: 429)."""
+        return self.max_concurrent_runs * 4
+
+    @property
+    def longest_turn_seconds(self) -> float:
+        """How long one turn may take, from its request to its end: the wait for a slot plus
+        the turn's hard limit."""
+        return self.queue_wait_seconds + self.timeout_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class PathsSettings:
+    """``paths.*``, resolved against the config file's folder (absolute)."""
     data_dir: Path
     users_template: Path
-    allowed_networks: tuple
-    trusted_proxies: tuple
-    api_keys: tuple[ApiKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MnoteModel:
+    """One entry of ``mnote.models``."""
+    id: str
+    label: str | None = None
+    provider: str | None = None
+    hermes_model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MnoteSettings:
+    """``mnote.*``: the client routes, their runs and event streams, the tool endpoint."""
+    enabled: bool                    # the mnote extension on (false: none of its routes)
+    default_model: str
+    models: tuple[MnoteModel, ...]
+    events_retention_seconds: float
+    keepalive_seconds: float
+    max_event_streams: int
+    default_capability_scope: tuple[str, ...]
+    service_url: str | None
+    runner: str                      # the client routes' runner: "cli" | "acp"
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [m.id for m in self.models]
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSettings:
+    """``retention.*``."""
+    interval_seconds: float
+    sessions_older_than: str | None  # a duration (:data:`DURATION_PATTERN`)
+    purge_transcripts: bool
+    idempotency_window_seconds: float
+
+    @property
+    def sessions_older_than_seconds(self) -> float | None:
+        """:attr:`sessions_older_than` in seconds (None: keep every session mapping)."""
+        return parse_duration(self.sessions_older_than) if self.sessions_older_than else None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The validated configuration: one typed, frozen section object per config.yaml
+    section, resolved once (paths absolute, networks parsed, keys digested).
+
+    ``provider_issues`` say why no model turn can work (empty when the provider is usable);
+    ``warnings`` are every finding that does not stop the service (provider issues included),
+    as ``file:key: problem`` lines. ``invalid``: the dotted keys the file had refused (their
+    defaults stand in) — only in a :attr:`ConfigError.partial` config, never served. A
+    reload builds a new one (:meth:`Services.apply` hands its sections to the objects).
+    """
+    source: str
+    security: SecuritySettings
+    nginx: NginxSettings
+    service: ServiceSettings
+    cors: CorsSettings
+    hermes: HermesSettings
+    paths: PathsSettings
+    mnote: MnoteSettings
+    retention: RetentionSettings
     provider_issues: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     #: restart-only settings a command-line option replaced (``--threads``): (section, key)
-    #: -> the file's value, which reloads compare the file with (``raw`` has the running one)
-    overrides: dict = field(default_factory=dict)
+    #: -> the file's value, which reloads compare the file with (:meth:`override`)
+    overrides: Mapping = field(default_factory=lambda: MappingProxyType({}))
     #: what a command-line option puts over the file's mapping before it is validated
     #: (``--demo``: :func:`hermes_service.mnote.demo.overlay`); reloads apply it to the new file too
     overlay: object = None
+    invalid: frozenset = frozenset()
 
-    def __getitem__(self, section: str) -> dict:
-        return self.raw[section]
+    # -- derived sizes (one place; config.yaml's comments and check-config name them) --
+    @property
+    def data_dir(self) -> Path:
+        return self.paths.data_dir
+
+    @property
+    def threads_needed(self) -> int:
+        """Waitress threads the limits need: every event stream, every v1 turn (running and
+        waiting) and the tool calls of running turns each hold one."""
+        h = self.hermes
+        return self.mnote.max_event_streams + 2 * h.max_concurrent_runs + \
+            h.max_waiting_requests + 4
+
+    @property
+    def connections_needed(self) -> int:
+        """Open connections the threads need, plus room for idle or queued ones."""
+        return self.service.threads + SPARE_CONNECTIONS
+
+    def valid(self, *keys: str) -> bool:
+        """Did the file give these dotted keys validly (or leave them to their defaults)?
+        A check reading a refused key is skipped (the module doc)."""
+        return not any(is_invalid(k, self.invalid) for k in keys)
+
+    def override(self, section: str, key: str, value) -> "Config":
+        """This config with ``section.key`` replaced by a command-line option's ``value``
+        (``--threads``); the file's value is kept in :attr:`overrides` for reloads."""
+        old = getattr(getattr(self, section), key)
+        return replace(self, **{section: replace(getattr(self, section), **{key: value})},
+                       overrides=MappingProxyType({(section, key): old, **self.overrides}))
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -406,13 +634,268 @@ def _parse_time(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
+def _tuple(value):
+    """Lists (and lists of lists) as tuples; anything else as it is."""
+    return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _section(cls, mapping: dict, **resolved):
+    """``cls`` from the keys of ``mapping`` it names (lists as tuples), ``resolved`` over them."""
+    names = [f.name for f in fields(cls)]
+    return cls(**{n: _tuple(mapping[n]) for n in names if n not in resolved}, **resolved)
+
+
+class _Resolver:
+    """What resolving one file collects: its ``problems`` and ``warnings`` lines, and which
+    keys it may read (:meth:`ok`: not refused by the schema)."""
+
+    def __init__(self, source: str, invalid: frozenset):
+        self.source, self.invalid = source, invalid
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+
+    def ok(self, *keys: str) -> bool:
+        return not any(is_invalid(k, self.invalid) for k in keys)
+
+    def networks(self, key_path: str, values: list[str]) -> tuple:
+        out = []
+        for i, text in enumerate(values):
+            if not self.ok(f"{key_path}.{i}"):
+                continue
+            try:
+                out.append(parse_network(text))
+            except ValueError as exc:
+                self.problems.append(f"{self.source}:{key_path}.{i}: {exc}")
+        return tuple(out)
+
+    def api_keys(self, entries: list[dict], need_keys: bool) -> tuple[ApiKey, ...]:
+        keys = []
+        now = datetime.now(timezone.utc)
+        for i, entry in enumerate(entries):
+            where = f"{self.source}:security.api_keys.{i}"
+            if not self.ok(f"security.api_keys.{i}"):
+                continue
+            plain = entry.get("key")
+            if entry.get("key_env"):
+                plain = os.environ.get(entry["key_env"])
+                if not plain or len(plain) < 16:
+                    if not need_keys:
+                        continue
+                    self.problems.append(f"{where}.key_env: environment variable "
+                                         f"{entry['key_env']} is unset or shorter than 16 "
+                                         "characters")
+                    continue
+            if plain is not None and plain != plain.strip():
+                what = f"the value of {entry['key_env']}" if entry.get("key_env") else "key"
+                self.problems.append(
+                    f"{where}.{'key_env' if entry.get('key_env') else 'key'}: {what} has "
+                    "leading or trailing whitespace, which no HTTP header carries: this "
+                    "key could never match")
+                continue
+            digest = entry.get("key_sha256") or hashlib.sha256(plain.encode()).hexdigest()
+            expires = None
+            if entry.get("expires_at"):
+                try:
+                    expires = _parse_time(entry["expires_at"])
+                except ValueError:
+                    self.problems.append(f"{where}.expires_at: not an ISO 8601 time")
+                else:
+                    if expires <= now:
+                        self.warnings.append(
+                            f"{where}.expires_at: {entry['expires_at']} is in the past: "
+                            "this key is refused (401 api_key_expired); remove it")
+            scope = entry.get("capability_scope")
+            scopes = entry.get("scopes")
+            keys.append(ApiKey(digest, entry.get("description"), expires, entry.get("actor_id"),
+                               tuple(scope) if scope is not None else None,
+                               frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
+        return tuple(keys)
+
+    def models(self, entries: list) -> tuple[MnoteModel, ...]:
+        # a refused entry stays in the list (its index names it); only a partial config has one
+        return tuple(MnoteModel(**m) for i, m in enumerate(entries)
+                     if self.ok(f"mnote.models.{i}"))
+
+
+def _resolve(raw: dict, source: str, base_dir: Path, res: _Resolver,
+             need_keys: bool) -> dict:
+    """The section objects of the merged mapping ``raw`` (keyword arguments of :class:`Config`)."""
+    def path(p: str) -> Path:
+        found = Path(os.path.expanduser(p))
+        return (found if found.is_absolute() else base_dir / found).resolve()
+
+    sec, h = raw["security"], raw["hermes"]
+    security = _section(SecuritySettings, sec,
+                        allowed_networks=res.networks("security.allowed_ips", sec["allowed_ips"]),
+                        api_keys=(), key_entries=len(sec["api_keys"]))
+    nginx = _section(NginxSettings, raw["nginx"],
+                     trusted_proxies=res.networks("nginx.trusted_proxies",
+                                                  raw["nginx"]["trusted_proxies"]))
+    security = replace(security, api_keys=res.api_keys(sec["api_keys"], need_keys))
+    hermes = _section(
+        HermesSettings, h, acp=_section(AcpSettings, h["acp"]),
+        approvals=_section(ApprovalSettings, h["approvals"]),
+        sandbox=sandbox.Settings.from_config(h["sandbox"]),
+        extra_env=MappingProxyType(dict(h["extra_env"])),
+        model=_section(ModelSettings, h["model"]), execute=_section(ExecuteSettings, h["execute"]))
+    return dict(
+        source=source, security=security, nginx=nginx,
+        service=_section(ServiceSettings, raw["service"]), cors=_section(CorsSettings, raw["cors"]),
+        hermes=hermes,
+        paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"])),
+        mnote=_section(MnoteSettings, raw["mnote"], models=res.models(raw["mnote"]["models"])),
+        retention=_section(RetentionSettings, raw["retention"]))
+
+
+# -- cross-field checks --------------------------------------------------------------------
+# Each reads a resolved :class:`Config` and returns its ``file:key: problem`` lines; it is
+# skipped when the file gave one of the keys it ``reads`` invalidly (the module doc). They
+# run in this order, after the schema's problems and those of resolving the values.
+
+@dataclass(frozen=True)
+class Check:
+    """One cross-field check: ``run(config) -> problems``, skipped unless every dotted key in
+    ``reads`` validated."""
+    name: str
+    reads: tuple[str, ...]
+    run: Callable[[Config], list[str]]
+
+
+CHECKS: list[Check] = []
+
+
+def _check(*reads: str):
+    def register(fn):
+        CHECKS.append(Check(fn.__name__, reads, fn))
+        return fn
+    return register
+
+
+@_check("security.enable_api_key", "security.api_keys")
+def api_keys_configured(cfg: Config) -> list[str]:
+    if cfg.security.enable_api_key and not cfg.security.key_entries:
+        return [f"{cfg.source}:security.api_keys: enable_api_key is true but no key is "
+                "configured (run `.venv/bin/python main.py keygen`)"]
+    return []
+
+
+@_check("cors.allow_credentials", "cors.allow_origins")
+def cors_credentials(cfg: Config) -> list[str]:
+    if cfg.cors.allow_credentials and "*" in cfg.cors.allow_origins:
+        return [f"{cfg.source}:cors.allow_origins: '*' cannot be combined with "
+                "allow_credentials: true; list the origins"]
+    return []
+
+
+@_check("mnote.models", "mnote.default_model")
+def default_model_listed(cfg: Config) -> list[str]:
+    m = cfg.mnote
+    if m.default_model not in m.model_ids:
+        return [f"{cfg.source}:mnote.default_model: '{m.default_model}' "
+                f"is not one of mnote.models ({', '.join(m.model_ids)})"]
+    return []
+
+
+@_check("service.threads", "mnote.max_event_streams", "hermes.max_concurrent_runs",
+        "hermes.max_waiting_requests")
+def enough_threads(cfg: Config) -> list[str]:
+    threads, needed = cfg.service.threads, cfg.threads_needed
+    if threads < needed:
+        return [f"{cfg.source}:service.threads: {threads} is too few; event "
+                "streams, v1 turns (running and waiting) and tool calls each hold a thread "
+                f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
+                " + hermes.max_waiting_requests + 4)"]
+    return []
+
+
+@_check("service.connection_limit", "service.threads")
+def enough_connections(cfg: Config) -> list[str]:
+    limit, threads = cfg.service.connection_limit, cfg.service.threads
+    if limit < cfg.connections_needed:
+        return [f"{cfg.source}:service.connection_limit: {limit} is too few; every thread "
+                f"(service.threads: {threads}, which includes the "
+                f"{cfg.mnote.max_event_streams} of mnote.max_event_streams) can hold "
+                f"one, and idle or queued connections need room beyond them (need >= "
+                f"{cfg.connections_needed} = service.threads + {SPARE_CONNECTIONS})"]
+    return []
+
+
+@_check("hermes.model.context_length")
+def context_length(cfg: Config) -> list[str]:
+    ctx_len = cfg.hermes.model.context_length
+    if ctx_len < HERMES_MIN_CONTEXT_LENGTH:
+        return [f"{cfg.source}:hermes.model.context_length: {ctx_len} is below Hermes's minimum "
+                f"of {HERMES_MIN_CONTEXT_LENGTH} tokens (Hermes refuses to run with less: "
+                "every turn would fail)"]
+    return []
+
+
+@_check("retention.interval_seconds")
+def retention_interval(cfg: Config) -> list[str]:
+    interval = cfg.retention.interval_seconds
+    if 0 < interval < 60:
+        return [f"{cfg.source}:retention.interval_seconds: {interval} is too "
+                "short; use 0 (no periodic cleanup) or at least 60"]
+    return []
+
+
+@_check("retention.sessions_older_than")
+def session_age(cfg: Config) -> list[str]:
+    older = cfg.retention.sessions_older_than_seconds
+    if older is not None and older < MIN_SESSION_AGE_SECONDS:
+        return [f"{cfg.source}:retention.sessions_older_than: must be at least 1h (a mapping "
+                "used within the last hour is never removed)"]
+    return []
+
+
+@_check("retention.idempotency_window_seconds", "hermes.timeout_seconds")
+def tool_retry_window(cfg: Config) -> list[str]:
+    timeout = cfg.hermes.timeout_seconds
+    if cfg.retention.idempotency_window_seconds < timeout:
+        return [f"{cfg.source}:retention.idempotency_window_seconds: must be at least "
+                f"hermes.timeout_seconds ({timeout}): a run's retries must "
+                "find their first response"]
+    return []
+
+
+@_check("service.idempotency_ttl_seconds", "hermes.timeout_seconds", "hermes.queue_wait_seconds")
+def idempotency_ttl(cfg: Config) -> list[str]:
+    longest = cfg.hermes.longest_turn_seconds
+    if cfg.service.idempotency_ttl_seconds < longest:
+        return [f"{cfg.source}:service.idempotency_ttl_seconds: must be at least "
+                f"hermes.queue_wait_seconds + hermes.timeout_seconds "
+                f"({longest}): a retry must find "
+                "the outcome of a turn that took as long as a turn may (README "
+                "§Idempotent retries)"]
+    return []
+
+
+@_check("hermes.sandbox", "hermes.toolsets")
+def sandbox_toolsets(cfg: Config) -> list[str]:
+    return sandbox.problems(cfg.hermes.sandbox, list(cfg.hermes.toolsets), cfg.source)
+
+
+@_check()
+def execute_not_chat(cfg: Config) -> list[str]:
+    return [f"{cfg.source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "
+            "use the sessions API"
+            for i, argv in enumerate(cfg.hermes.execute.allowed)
+            if cfg.valid(f"hermes.execute.allowed.{i}") and argv and argv[0] == "chat"]
+
+
+def run_checks(cfg: Config) -> list[str]:
+    """The problems of every :data:`CHECKS` entry whose keys validated, in order."""
+    return [p for check in CHECKS if cfg.valid(*check.reads) for p in check.run(cfg)]
+
+
 def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path | None = None,
-                 need_keys: bool = True) -> Config:
+                 need_keys: bool = True, overlay=None) -> Config:
     """Validate a parsed config mapping and resolve it into a :class:`Config`.
 
     ``need_keys=False`` (operator commands that serve nothing, e.g. ``mnote``) skips keys
-    whose ``key_env`` variable is unset instead of failing. Raises :class:`ConfigError`
-    listing every problem found: the schema's and the cross-field checks' of the keys that
+    whose ``key_env`` variable is unset instead of failing. ``overlay`` is only kept on the
+    result (:attr:`Config.overlay`). Raises :class:`ConfigError` listing every problem found:
+    the schema's, resolving the values' (networks, keys) and :data:`CHECKS`' of the keys that
     validated, in one pass (the module doc).
     """
     if raw_file is None:
@@ -421,148 +904,24 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
         raise ConfigError([f"{source}: the top level must be a mapping"])
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw_file),
                     key=lambda e: list(map(str, e.absolute_path)))
-    problems = [f"{source}:{_schema_problem(e)}" for e in errors]
     invalid = frozenset(k for e in errors for k in _refused_keys(e))
-
-    def ok(*keys: str) -> bool:          # may a check read these keys?
-        return not any(is_invalid(k, invalid) for k in keys)
     raw = _merge(DEFAULTS, _without(raw_file, invalid))
-    base_dir = base_dir or Path.cwd()
-
-    def nets(key_path: str, values: list[str]):
-        out = []
-        for i, text in enumerate(values):
-            if not ok(f"{key_path}.{i}"):
-                continue
-            try:
-                out.append(parse_network(text))
-            except ValueError as exc:
-                problems.append(f"{source}:{key_path}.{i}: {exc}")
-        return tuple(out)
-
-    allowed = nets("security.allowed_ips", raw["security"]["allowed_ips"])
-    proxies = nets("nginx.trusted_proxies", raw["nginx"]["trusted_proxies"])
-    warnings: list[str] = []
-    keys = []
-    now = datetime.now(timezone.utc)
-    for i, entry in enumerate(raw["security"]["api_keys"]):
-        where = f"{source}:security.api_keys.{i}"
-        if not ok(f"security.api_keys.{i}"):
-            continue
-        plain = entry.get("key")
-        if entry.get("key_env"):
-            plain = os.environ.get(entry["key_env"])
-            if not plain or len(plain) < 16:
-                if not need_keys:
-                    continue
-                problems.append(f"{where}.key_env: environment variable "
-                                f"{entry['key_env']} is unset or shorter than 16 characters")
-                continue
-        if plain is not None and plain != plain.strip():
-            what = f"the value of {entry['key_env']}" if entry.get("key_env") else "key"
-            problems.append(f"{where}.{'key_env' if entry.get('key_env') else 'key'}: {what} has "
-                            "leading or trailing whitespace, which no HTTP header carries: this "
-                            "key could never match")
-            continue
-        digest = entry.get("key_sha256") or hashlib.sha256(plain.encode()).hexdigest()
-        expires = None
-        if entry.get("expires_at"):
-            try:
-                expires = _parse_time(entry["expires_at"])
-            except ValueError:
-                problems.append(f"{where}.expires_at: not an ISO 8601 time")
-            else:
-                if expires <= now:
-                    warnings.append(f"{where}.expires_at: {entry['expires_at']} is in the past: "
-                                    "this key is refused (401 api_key_expired); remove it")
-        scope = entry.get("capability_scope")
-        scopes = entry.get("scopes")
-        keys.append(ApiKey(digest, entry.get("description"), expires, entry.get("actor_id"),
-                           tuple(scope) if scope is not None else None,
-                           frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
-    if ok("security.enable_api_key", "security.api_keys") and \
-            raw["security"]["enable_api_key"] and not raw["security"]["api_keys"]:
-        problems.append(f"{source}:security.api_keys: enable_api_key is true but no key is "
-                        "configured (run `.venv/bin/python main.py keygen`)")
-    cors = raw["cors"]
-    if ok("cors.allow_credentials", "cors.allow_origins") and \
-            cors["allow_credentials"] and "*" in cors["allow_origins"]:
-        problems.append(f"{source}:cors.allow_origins: '*' cannot be combined with "
-                        "allow_credentials: true; list the origins")
-    model_ids = [m["id"] for m in raw["mnote"]["models"]] if ok("mnote.models") else []
-    if ok("mnote.models", "mnote.default_model") and \
-            raw["mnote"]["default_model"] not in model_ids:
-        problems.append(f"{source}:mnote.default_model: '{raw['mnote']['default_model']}' "
-                        f"is not one of mnote.models ({', '.join(model_ids)})")
-    h = raw["hermes"]
-    needed = raw["mnote"]["max_event_streams"] + 2 * h["max_concurrent_runs"] + \
-        h["max_waiting_requests"] + 4
-    threads = raw["service"]["threads"]
-    if ok("service.threads", "mnote.max_event_streams", "hermes.max_concurrent_runs",
-          "hermes.max_waiting_requests") and threads < needed:
-        problems.append(f"{source}:service.threads: {threads} is too few; event "
-                        "streams, v1 turns (running and waiting) and tool calls each hold a thread "
-                        f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
-                        " + hermes.max_waiting_requests + 4)")
-    limit = raw["service"]["connection_limit"]
-    if ok("service.connection_limit", "service.threads") and limit < threads + SPARE_CONNECTIONS:
-        problems.append(f"{source}:service.connection_limit: {limit} is too few; every thread "
-                        f"(service.threads: {threads}, which includes the "
-                        f"{raw['mnote']['max_event_streams']} of mnote.max_event_streams) can hold "
-                        f"one, and idle or queued connections need room beyond them (need >= "
-                        f"{threads + SPARE_CONNECTIONS} = service.threads + {SPARE_CONNECTIONS})")
-    ctx_len = h["model"]["context_length"]
-    if ok("hermes.model.context_length") and ctx_len < HERMES_MIN_CONTEXT_LENGTH:
-        problems.append(f"{source}:hermes.model.context_length: {ctx_len} is below Hermes's minimum "
-                        f"of {HERMES_MIN_CONTEXT_LENGTH} tokens (Hermes refuses to run with less: "
-                        "every turn would fail)")
-    ret = raw["retention"]
-    if ok("retention.interval_seconds") and 0 < ret["interval_seconds"] < 60:
-        problems.append(f"{source}:retention.interval_seconds: {ret['interval_seconds']} is too "
-                        "short; use 0 (no periodic cleanup) or at least 60")
-    older = ret["sessions_older_than"]
-    if ok("retention.sessions_older_than") and older and \
-            parse_duration(older) < MIN_SESSION_AGE_SECONDS:
-        problems.append(f"{source}:retention.sessions_older_than: must be at least 1h (a mapping "
-                        "used within the last hour is never removed)")
-    if ok("retention.idempotency_window_seconds", "hermes.timeout_seconds") and \
-            ret["idempotency_window_seconds"] < h["timeout_seconds"]:
-        problems.append(f"{source}:retention.idempotency_window_seconds: must be at least "
-                        f"hermes.timeout_seconds ({h['timeout_seconds']}): a run's retries must "
-                        "find their first response")
-    ttl = raw["service"]["idempotency_ttl_seconds"]
-    if ok("service.idempotency_ttl_seconds", "hermes.timeout_seconds",
-          "hermes.queue_wait_seconds") and ttl < h["timeout_seconds"] + h["queue_wait_seconds"]:
-        problems.append(f"{source}:service.idempotency_ttl_seconds: must be at least "
-                        f"hermes.queue_wait_seconds + hermes.timeout_seconds "
-                        f"({h['queue_wait_seconds'] + h['timeout_seconds']}): a retry must find "
-                        "the outcome of a turn that took as long as a turn may (README "
-                        "§Idempotent retries)")
-    if ok("hermes.sandbox", "hermes.toolsets"):
-        problems += sandbox.problems(sandbox.Settings.from_config(h["sandbox"]), h["toolsets"],
-                                     source)
-    for i, argv in enumerate(raw["hermes"]["execute"]["allowed"]):
-        if ok(f"hermes.execute.allowed.{i}") and argv and argv[0] == "chat":
-            problems.append(f"{source}:hermes.execute.allowed.{i}: 'chat' is not allowed here; "
-                            "use the sessions API")
-    issues = provider_issues(raw["hermes"]["model"], source) if ok("hermes.model") else []
-    if ok("hermes.sandbox"):
-        warnings += sandbox.warnings(sandbox.Settings.from_config(h["sandbox"]), source)
-
-    def resolve(p: str) -> Path:
-        path = Path(os.path.expanduser(p))
-        return (path if path.is_absolute() else base_dir / path).resolve()
-
-    config = Config(raw=raw, source=source, data_dir=resolve(raw["paths"]["data_dir"]),
-                    users_template=resolve(raw["paths"]["users_template"]),
-                    allowed_networks=allowed, trusted_proxies=proxies, api_keys=tuple(keys),
-                    provider_issues=tuple(issues), warnings=tuple(warnings + issues))
+    res = _Resolver(source, invalid)
+    config = Config(**_resolve(raw, source, base_dir or Path.cwd(), res, need_keys),
+                    overlay=overlay, invalid=invalid)
+    problems = [f"{source}:{_schema_problem(e)}" for e in errors] + res.problems + \
+        run_checks(config)
+    issues = provider_issues(config.hermes.model, source) if res.ok("hermes.model") else []
+    if res.ok("hermes.sandbox"):
+        res.warnings += sandbox.warnings(config.hermes.sandbox, source)
+    config = replace(config, provider_issues=tuple(issues),
+                     warnings=tuple(res.warnings + issues))
     if problems:
         raise ConfigError(problems, partial=config, invalid=invalid)
     return config
 
 
-def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
+def provider_issues(model: ModelSettings, source: str = "<dict>") -> list[str]:
     """Why no model turn can work with ``hermes.model`` in this environment (empty: usable).
 
     * no ``base_url`` / ``default`` (the shipped config has none), or the example pair
@@ -571,7 +930,7 @@ def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
       (Hermes would send the literal text ``${NAME}`` as the key).
     """
     out = []
-    base_url, name = model.get("base_url"), model.get("default")
+    base_url, name = model.base_url, model.default
     if not base_url or not name:
         missing = " and ".join(k for k, v in (("hermes.model.base_url", base_url),
                                               ("hermes.model.default", name)) if not v)
@@ -581,7 +940,7 @@ def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
         out.append(f"{source}:hermes.model.base_url: {base_url} with model {name} is the example "
                    "shipped in config.yaml, not a provider: set hermes.model.base_url and "
                    "hermes.model.default")
-    key_env = model.get("api_key_env")
+    key_env = model.api_key_env
     if key_env and not os.environ.get(key_env):
         out.append(f"{source}:hermes.model.api_key_env: {key_env} is not set in the service's "
                    f"environment: export {key_env}=<your provider key> (or set "
@@ -589,15 +948,39 @@ def provider_issues(model: dict, source: str = "<dict>") -> list[str]:
     return out
 
 
+def _value(cfg: Config, section: str, key: str | None):
+    """The running value of ``section.key`` (the whole section when ``key`` is None); one a
+    command-line option overrode is the file's value it was started with."""
+    if (section, key) in cfg.overrides:
+        return cfg.overrides[(section, key)]
+    return getattr(getattr(cfg, section), key) if key else getattr(cfg, section)
+
+
 def restart_only(running: Config, new: Config) -> list[str]:
     """Dotted keys whose new value a live reload cannot apply (README §Reload). A key a
     command-line option overrode is compared with the file's value it was started with."""
-    def value(cfg: Config, section: str, key: str | None):
-        if (section, key) in cfg.overrides:
-            return cfg.overrides[(section, key)]
-        return cfg.raw[section].get(key) if key else cfg.raw[section]
     return [f"{section}.{key}" if key else section for section, key in RESTART_ONLY
-            if value(running, section, key) != value(new, section, key)]
+            if _value(running, section, key) != _value(new, section, key)]
+
+
+def keep_running(running: Config, new: Config) -> Config:
+    """``new`` with the running values of the :data:`RESTART_ONLY` settings (and the running
+    command-line overrides and overlay), as a reload applies it (README §Reload).
+
+    Raises :class:`ConfigError` with the :data:`CHECKS` problems of the result: the new
+    limits must fit the running threads and connections."""
+    sections = {}
+    for section, key in RESTART_ONLY:
+        value = getattr(running, section)
+        if key is not None:
+            value = replace(sections.get(section, getattr(new, section)),
+                            **{key: getattr(value, key)})
+        sections[section] = value
+    kept = replace(new, overrides=running.overrides, overlay=running.overlay, **sections)
+    problems = run_checks(kept)
+    if problems:
+        raise ConfigError(problems)
+    return kept
 
 
 #: Settings fixed for the life of the process: the listening socket and waitress
@@ -635,13 +1018,6 @@ def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
         raise ConfigError([f"{where}: YAML syntax error: {getattr(exc, 'problem', exc)}"]) from exc
     if overlay is not None:
         data = overlay(data)
-    try:
-        config = build_config(data, source=str(path), base_dir=path.resolve().parent,
-                              need_keys=need_keys)
-    except ConfigError as exc:
-        if exc.partial is not None:
-            exc.partial.overlay = overlay
-        raise
-    config.overlay = overlay
-    return config
+    return build_config(data, source=str(path), base_dir=path.resolve().parent,
+                        need_keys=need_keys, overlay=overlay)
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from filelock import FileLock, Timeout
 
 from . import hermes_state, metrics
-from .config import Config
+from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
 from .runner import Processes, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
@@ -55,12 +55,16 @@ class Conversations:
         self.homes = homes
         self.processes = processes      # the Hermes command, process groups, toolsets
         self.runners = runners          # which runner takes a turn (runner.choice)
-        self.max_message_bytes = config["hermes"]["max_message_bytes"]
-        # a request waits for a busy session no longer than for a CLI slot
-        self.turn_wait = float(config["hermes"]["queue_wait_seconds"])
         self.locks_dir = config.data_dir / "locks"
         self._local_locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.configure(config.hermes)
+
+    def configure(self, hermes: HermesSettings) -> None:
+        """Take a (reloaded) ``hermes`` section for new turns: the message size limit and how
+        long a turn waits for a busy session (no longer than for a CLI slot)."""
+        self.max_message_bytes = hermes.max_message_bytes
+        self.turn_wait = float(hermes.queue_wait_seconds)
 
     # -- sessions --------------------------------------------------------
     def create(self, user_id: str, session_id: str | None = None, **fields) -> dict:

@@ -84,9 +84,9 @@ def authenticate() -> None:
                             code="ip_not_allowed")
         return
     svc.guard.check_ip(ctx.client_ip)
-    if req.method == "OPTIONS" and svc.config["cors"]["allow_origins"]:
+    if req.method == "OPTIONS" and svc.config.cors.allow_origins:
         return    # CORS preflight carries no credentials
-    if family is not None and not family.needs_key(svc.config["security"]):
+    if family is not None and not family.needs_key(svc.config.security):
         return
     ctx.api_key = key = svc.guard.check_key(req.headers)
     scope = family.scope if family is not None else None

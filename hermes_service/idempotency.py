@@ -178,7 +178,7 @@ class IdempotencyStore:
     def __init__(self, path: str | Path, ttl_seconds: float, busy_timeout: float = 10.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.ttl = float(ttl_seconds)
+        self.configure(ttl_seconds)
         self.busy_timeout = busy_timeout
         self.clock: Callable[[], float] = time.time
         self._local = threading.local()
@@ -193,6 +193,11 @@ class IdempotencyStore:
                 f"{self.path}: the Idempotency-Key record store cannot be opened ({err}); "
                 "stop every service process on the data dir, move it away with its -wal and "
                 "-shm files, and start again (README §Idempotent retries)") from None
+
+    def configure(self, ttl_seconds: float) -> None:
+        """Take a reloaded ``service.idempotency_ttl_seconds``: outcomes stored from now on
+        expire that long after they were answered."""
+        self.ttl = float(ttl_seconds)
 
     def _con(self) -> sqlite3.Connection:
         """This thread's connection (re-opened after a fork)."""

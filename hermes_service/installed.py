@@ -31,7 +31,7 @@ def enabled(config: "Config") -> tuple["Extension", ...]:
 def route_families(config: "Config") -> list["Family"]:
     """Every route family of ``config``: the v1 API's (``hermes.runner``) first, then the
     enabled extensions'."""
-    return [Family("v1", config["hermes"]["runner"]),
+    return [Family("v1", config.hermes.runner),
             *(f for ext in enabled(config) for f in ext.families(config))]
 
 

@@ -19,7 +19,6 @@
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -33,7 +32,7 @@ from . import metrics, preflight
 from .files import atomic_write
 from .installed import route_families
 from .instance import proc_start
-from .config import RESTART_ONLY, Config, ConfigError, build_config, load_config, restart_only
+from .config import Config, ConfigError, keep_running, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
 
@@ -57,12 +56,12 @@ def running(config: Config, sandbox) -> str:
     (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, then
     each extension family's label and runner (e.g. ``panel``: the client routes'); the
     provider by host only, never its key or URL path."""
-    model = config["hermes"]["model"]
+    model = config.hermes.model
     families = route_families(config)
     labelled = "".join(f" ({f.label} {f.runner})" for f in families if f.label)
     return (f"runner {families[0].runner}{labelled}, "
-            f"model {model['default'] or '-'} at "
-            f"{provider_host(model['base_url'])}, sandbox {sandbox.describe()}, "
+            f"model {model.default or '-'} at "
+            f"{provider_host(model.base_url)}, sandbox {sandbox.describe()}, "
             f"data dir {config.data_dir}")
 
 
@@ -93,14 +92,14 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       the stream through ``waitress.client_disconnected``, freeing its slot and thread within
       ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
     """
-    svc = config["service"]
-    idle = svc["idle_timeout_seconds"]
+    svc = config.service
+    idle = svc.idle_timeout_seconds
     return {
-        "threads": threads or svc["threads"],
-        "connection_limit": svc["connection_limit"],
+        "threads": threads or svc.threads,
+        "connection_limit": svc.connection_limit,
         "channel_timeout": idle,
         "cleanup_interval": max(1, idle // 4),
-        "max_request_body_size": svc["max_body_bytes"] + 1,   # waitress refuses >= this
+        "max_request_body_size": svc.max_body_bytes + 1,   # waitress refuses >= this
         "channel_request_lookahead": 1,   # see a client close while its stream is answered
         "asyncore_use_poll": True,     # select() breaks on descriptors above 1024
         "ident": "hermes-service",
@@ -207,18 +206,10 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     running: Config = svc.config
     changed = restart_only(running, new)
     if changed or running.overrides:    # the running values stay (and a --threads override)
-        raw = copy.deepcopy(new.raw)
-        for section, key in RESTART_ONLY:
-            if key is None:
-                raw[section] = copy.deepcopy(running.raw[section])
-            else:
-                raw[section][key] = copy.deepcopy(running.raw[section][key])
         try:   # the new limits must fit the running threads and connections
-            new = build_config(raw, source=new.source, base_dir=Path(new.source).resolve().parent)
+            new = keep_running(running, new)
         except ConfigError as exc:
             return False, exc.problems
-        new.overrides = running.overrides     # compared with the file it started with
-        new.overlay = running.overlay
     problems = preflight.problems(new, store=False)
     if problems:
         return False, problems
@@ -319,7 +310,7 @@ class Lifecycle:
         metrics.set_draining(False)
 
     def _stop(self, signum: int) -> None:
-        drain = float(self.svc.config["service"]["drain_seconds"])
+        drain = float(self.svc.config.service.drain_seconds)
         if drain > 0:
             self._drain(signum, drain)
         self._killing = True

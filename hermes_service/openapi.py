@@ -126,13 +126,13 @@ def _mentions_id(schema) -> bool:
 
 def _common_errors(contract: Contract, family: RouteFamily, config) -> dict[int, list[str]]:
     """Core codes every route of this family may answer besides its own."""
-    sec = config["security"]
+    sec = config.security
     out: dict[int, list[str]] = {}
-    needs_key = sec["enable_api_key"] and family.needs_key(sec)
+    needs_key = sec.enable_api_key and family.needs_key(sec)
     if family.auth != RUN_TOKEN:
         if needs_key:
             out[401] = ["missing_api_key", "invalid_api_key", "api_key_expired"]
-        forbidden = ["ip_not_allowed"] if sec["enable_ip_check"] else []
+        forbidden = ["ip_not_allowed"] if sec.enable_ip_check else []
         if needs_key and family.scope:
             forbidden.append("insufficient_scope")
         if forbidden:
@@ -181,14 +181,14 @@ def _param(p: Param) -> dict:
 def _operation(app, rule, method: str, contract: Contract, family: RouteFamily, config, op_ids,
                view) -> dict:
     path = rule.rule
-    sec = config["security"]
-    bearer = sec["auth_method"] == "bearer"
+    sec = config.security
+    bearer = sec.auth_method == "bearer"
     declared = {p.name for p in contract.params if p.where == "path"}
     if declared != set(rule.arguments):
         raise UndocumentedRoute(f"{method} {path}: path parameters {sorted(rule.arguments)} "
                                 f"but the contract declares {sorted(declared)}")
     description = inspect.cleandoc(view.__doc__ or "")
-    if family.auth == routing.KEY and sec["enable_api_key"] and family.scope:
+    if family.auth == routing.KEY and sec.enable_api_key and family.scope:
         description += f"\n\n**Scope:** `{family.scope}`."
     op: dict = {"operationId": op_ids[(rule.endpoint, method)], "summary": contract.summary,
                 "description": description.strip(), "tags": list(contract.tags),
@@ -196,7 +196,7 @@ def _operation(app, rule, method: str, contract: Contract, family: RouteFamily, 
                 + ["RequestId"]}
     if contract.deprecated:
         op["deprecated"] = True
-    needs_key = sec["enable_api_key"] and family.needs_key(sec)
+    needs_key = sec.enable_api_key and family.needs_key(sec)
     op["security"] = ([{"RunToken": []}] if family.auth == RUN_TOKEN
                       else [{"ApiKey": []}] if needs_key else [])
     if contract.body is not None:
@@ -256,17 +256,17 @@ def build_document(app: Flask, config) -> dict:
     Raises :class:`UndocumentedRoute` naming every route without a contract, and every route
     outside the route families of its blueprint (:func:`hermes_service.routing.problems`).
     """
-    sec = config["security"]
+    sec = config.security
     spec = APISpec(title="hermes-service", version=API_VERSION, openapi_version=OPENAPI_VERSION,
                    info={"description": DESCRIPTION},
                    tags=[*TAGS, *app.extensions.get("openapi_tags", [])])
-    if sec["auth_method"] == "bearer":
+    if sec.auth_method == "bearer":
         spec.components.security_scheme("ApiKey", {
             "type": "http", "scheme": "bearer",
             "description": "an API key as `Authorization: Bearer <key>` (security.api_keys)"})
     else:
         spec.components.security_scheme("ApiKey", {
-            "type": "apiKey", "in": "header", "name": sec["api_key_header"],
+            "type": "apiKey", "in": "header", "name": sec.api_key_header,
             "description": "an API key (security.api_keys)"})
     spec.components.security_scheme("RunToken", {
         "type": "http", "scheme": "bearer",

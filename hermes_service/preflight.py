@@ -27,7 +27,7 @@ SPARE_FDS = 200
 
 def command_problem(config: Config) -> str | None:
     """``hermes.command`` must name an executable (on PATH or a path)."""
-    cmd = config["hermes"]["command"]
+    cmd = config.hermes.command
     found = shutil.which(cmd)
     if not found:
         return (f"{config.source}:hermes.command: '{cmd}' was not found or is not executable "
@@ -37,7 +37,7 @@ def command_problem(config: Config) -> str | None:
 
 def template_problem(config: Config, parse: bool = True) -> str | None:
     """``paths.users_template`` must hold a readable ``config.yaml`` (a mapping when parsed)."""
-    path = config.users_template / "config.yaml"
+    path = config.paths.users_template / "config.yaml"
     where = f"{config.source}:paths.users_template"
     if not path.is_file() or not os.access(path, os.R_OK):
         return f"{where}: {path} does not exist or is not readable"
@@ -77,7 +77,7 @@ def store_problem(config: Config) -> str | None:
 
 def fds_needed(config: Config) -> int:
     """File descriptors the service may need: one per connection plus :data:`SPARE_FDS`."""
-    return config["service"]["connection_limit"] + SPARE_FDS
+    return config.service.connection_limit + SPARE_FDS
 
 
 def fd_problem(config: Config) -> str | None:
@@ -86,7 +86,7 @@ def fd_problem(config: Config) -> str | None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < need:
         return (f"{config.source}:service.connection_limit: "
-                f"{config['service']['connection_limit']} connections need about {need} file "
+                f"{config.service.connection_limit} connections need about {need} file "
                 f"descriptors, but the limit of this process is {hard} (ulimit -Hn); lower "
                 "connection_limit or raise the limit")
     return None
@@ -154,6 +154,6 @@ def describe(config: Config) -> list[str]:
     lines = [command_problem(config), template_problem(config, parse=False),
              None if Path(config.data_dir).is_dir() and os.access(config.data_dir, os.W_OK)
              else f"{config.source}:paths.data_dir: {config.data_dir} is not a writable directory"]
-    from .sandbox import Settings, warnings
+    from .sandbox import warnings
     return [line for line in lines if line] + list(config.provider_issues) + \
-        warnings(Settings.from_config(config["hermes"]["sandbox"]), config.source)
+        warnings(config.hermes.sandbox, config.source)

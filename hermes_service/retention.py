@@ -255,7 +255,7 @@ def _delete_transcript(svc, user_id: str, hermes_id: str) -> bool:
     env = svc.homes.cli_env(home, svc.processes.command_path())
     with svc.processes.slot():
         out = svc.processes.spawn(["sessions", "delete", "--yes", hermes_id], env, home,
-                               65536).wait(float(svc.config["hermes"]["execute"]["timeout_seconds"]))
+                                  65536).wait(float(svc.config.hermes.execute.timeout_seconds))
     if out.returncode == 0 and "Deleted session" in out.stdout:
         return True
     if out.returncode == 0 and "not found" in out.stdout:
@@ -352,18 +352,16 @@ class RetentionJob:
 
     @property
     def interval(self) -> float:
-        return float(self.svc.config["retention"]["interval_seconds"])
+        return float(self.svc.config.retention.interval_seconds)
 
     @property
     def older_than(self) -> float | None:
-        from .config import parse_duration
-        older = self.svc.config["retention"]["sessions_older_than"]
-        return parse_duration(older) if older else None
+        return self.svc.config.retention.sessions_older_than_seconds
 
     def run_once(self) -> GcReport:
         """One pass; logs each removal at info and problems at warning."""
         report = collect(self.svc, older_than=self.older_than, in_service=True,
-                         purge_transcripts=bool(self.svc.config["retention"]["purge_transcripts"]))
+                         purge_transcripts=bool(self.svc.config.retention.purge_transcripts))
         for line in report.lines:
             log.info("retention: %s", line)
         for problem in report.problems:

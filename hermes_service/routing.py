@@ -27,11 +27,12 @@ and cached, or for a request that matched no route the family owning its path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from flask import Blueprint, Flask, current_app, request
 from werkzeug.routing import Rule
 
+from .config import SecuritySettings
 from .errors import ServiceError
 
 KEY, OPEN_UNLESS, RUN_TOKEN = "key", "open_unless", "run_token"
@@ -92,11 +93,11 @@ class RouteFamily:
                 best = len(entry)
         return best
 
-    def needs_key(self, security: Mapping) -> bool:
+    def needs_key(self, security: SecuritySettings) -> bool:
         """Does a request of this family present an API key (when ``security.enable_api_key``
         is on)? ``security``: the config's ``security`` section."""
         if self.auth == OPEN_UNLESS:
-            return bool(security[self.key_setting])
+            return bool(getattr(security, self.key_setting))
         return self.auth == KEY
 
 

@@ -19,7 +19,7 @@ import hmac
 import ipaddress
 from datetime import datetime, timezone
 
-from .config import ApiKey, Config
+from .config import ApiKey, NginxSettings, SecuritySettings
 from .errors import Forbidden, Unauthorized
 
 
@@ -40,18 +40,18 @@ def _in(addr, networks) -> bool:
 
 
 class Guard:
-    """Decides whether a request may pass. Build once per app from the config."""
+    """Decides whether a request may pass. Built from the ``security`` and ``nginx``
+    sections (a reload builds a new one)."""
 
-    def __init__(self, config: Config):
-        sec = config["security"]
-        self.ip_check = sec["enable_ip_check"]
-        self.allowed = config.allowed_networks
-        self.trusted = config.trusted_proxies
-        self.real_ip = config["nginx"]["enable_real_ip"]
-        self.key_check = sec["enable_api_key"]
-        self.bearer = sec["auth_method"] == "bearer"
-        self.header = sec["api_key_header"]
-        self.keys = config.api_keys
+    def __init__(self, security: SecuritySettings, nginx: NginxSettings):
+        self.ip_check = security.enable_ip_check
+        self.allowed = security.allowed_networks
+        self.trusted = nginx.trusted_proxies
+        self.real_ip = nginx.enable_real_ip
+        self.key_check = security.enable_api_key
+        self.bearer = security.bearer
+        self.header = security.api_key_header
+        self.keys = security.api_keys
 
     def client_ip(self, peer: str | None, forwarded_for: str | None) -> str | None:
         """The client address as text: the peer, or the X-Forwarded-For hop described above."""

@@ -15,14 +15,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import installed, metrics
-from .config import Config
+from .config import Config, HermesSettings
 from .conversations import Conversations
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
 from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
 from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
-from .sandbox import Sandbox, Settings as SandboxSettings
+from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
 from .user_homes import HERMES_SITE, UserHomes
@@ -75,7 +75,9 @@ class Services:
             raise Unconfigured(reason, code="hermes_unconfigured")
 
     def apply(self, config: Config) -> None:
-        """Hand a reloaded, validated config to the service objects (README §Reload).
+        """Hand a reloaded, validated config to the service objects (README §Reload): each
+        takes its section in its ``configure`` (the same sections :func:`build_services`
+        built them from); the guard is rebuilt.
 
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
@@ -86,26 +88,23 @@ class Services:
         Runs in flight keep their process, limits and token. ``config`` must carry the
         running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
         """
-        h = config["hermes"]
-        before = (self.config["hermes"], self.homes.configured)
-        self.homes.configure(config)
-        self.sandbox.configure(SandboxSettings.from_config(h["sandbox"]))
-        self.model_proxy.configure(h["model"]["base_url"], h["model"]["api_key_env"],
-                                   float(h["timeout_seconds"]),
-                                   upstream_proxy_for(h["extra_env"], h["model"]["base_url"]))
-        self.processes.reconfigure(h)
+        h = config.hermes
+        before = (self.config.hermes, self.homes.configured)
+        self.homes.configure(config.paths, h)
+        self.sandbox.configure(h.sandbox)
+        self.model_proxy.configure(**model_proxy_settings(h))
+        self.processes.configure(h)
         if self.runners.acp is not None:
             # warm processes run with the old settings and template: retire them only when
             # those changed (a reload that rotates a key keeps every user's process warm)
-            self.runners.acp.reconfigure(h, retire=(h, self.homes.configured) != before)
-        self.conversations.max_message_bytes = h["max_message_bytes"]
-        self.conversations.turn_wait = float(h["queue_wait_seconds"])
-        self.idempotency.ttl = float(config["service"]["idempotency_ttl_seconds"])
+            self.runners.acp.configure(h, retire=(h, self.homes.configured) != before)
+        self.conversations.configure(h)
+        self.idempotency.configure(config.service.idempotency_ttl_seconds)
         for reload in self.reloaders:
             reload(config)
-        self.admitted.resize(h["max_concurrent_runs"] + h["max_waiting_requests"])
-        logging.getLogger().setLevel(config["service"]["log_level"].upper())
-        self.guard = Guard(config)
+        self.admitted.resize(h.admission_places)
+        logging.getLogger().setLevel(config.service.log_level.upper())
+        self.guard = Guard(config.security, config.nginx)
         self.config = config
 
     @property
@@ -190,13 +189,24 @@ def default_service_url(config: Config, host: str | None = None, port: int | Non
     """Where a Hermes process reaches this service on this host: ``http://127.0.0.1:<port>``
     (``http://[::1]:<port>`` when serving on an IPv6 host). An extension may prefer an
     address of its own config."""
-    host = host or config["service"]["host"]
-    port = config["service"]["port"] if port is None else port
+    host = host or config.service.host
+    port = config.service.port if port is None else port
     return f"http://{'[::1]' if ':' in host else '127.0.0.1'}:{port}"
 
 
+def model_proxy_settings(hermes: HermesSettings) -> dict:
+    """:meth:`ModelProxy.configure`'s arguments for a ``hermes`` section: the provider, its
+    key's variable, the read timeout (a turn's hard limit) and the HTTP proxy
+    ``hermes.extra_env`` names for it."""
+    return {"upstream_base_url": hermes.model.base_url, "api_key_env": hermes.model.api_key_env,
+            "read_timeout": float(hermes.timeout_seconds),
+            "upstream_proxy": upstream_proxy_for(hermes.extra_env, hermes.model.base_url)}
+
+
+
 def build_services(config: Config, service_url: str | None = None) -> Services:
-    """Construct every service object for ``config``.
+    """Construct every service object for ``config``, each from its section (the same
+    sections :meth:`Services.apply` hands them on reload).
 
     Then every extension ``config`` enables builds its own objects
     (:meth:`~hermes_service.extensions.Extension.init_services`).
@@ -206,30 +216,28 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     unusable), :class:`~hermes_service.extensions.StoreUnusable` if an extension's store
     cannot: the service must not start.
     """
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    hermes = config["hermes"]
-    store = SessionStore(config.data_dir)
-    homes = UserHomes(config)
-    sandbox = Sandbox(SandboxSettings.from_config(hermes["sandbox"]), config.data_dir, HERMES_SITE)
-    proxy = ModelProxy(hermes["model"]["base_url"], hermes["model"]["api_key_env"],
-                       usage_db_path(config.data_dir), read_timeout=float(hermes["timeout_seconds"]),
-                       upstream_proxy=upstream_proxy_for(hermes["extra_env"],
-                                                         hermes["model"]["base_url"]))
+    data_dir = config.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    hermes = config.hermes
+    store = SessionStore(data_dir)
+    homes = UserHomes(config.paths, hermes)
+    sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
+    proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(hermes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
-    processes = Processes(hermes, pid_dir=config.data_dir / "pids",
-                          run_dir=config.data_dir / "runs", sandbox=sandbox)
+    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=data_dir / "runs",
+                          sandbox=sandbox)
     processes.families = {f.name: f for f in installed.route_families(config)}
     families = acp_families(processes.families.values())
     acp = AcpRunner(hermes, processes) if families else None
     runners = RunnerChoice(HermesRunner(processes), acp, families)
     services = Services(
-        config=config, guard=Guard(config), store=store, homes=homes, processes=processes,
-        runner=runners.cli, runners=runners,
+        config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,
+        processes=processes, runner=runners.cli, runners=runners,
         conversations=Conversations(config, store, homes, processes, runners),
-        admitted=Limiter(hermes["max_concurrent_runs"] + hermes["max_waiting_requests"]),
+        admitted=Limiter(hermes.admission_places),
         sandbox=sandbox, model_proxy=proxy,
-        idempotency=IdempotencyStore(config.data_dir / IDEMPOTENCY_DB,
-                                     config["service"]["idempotency_ttl_seconds"]),
+        idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
+                                     config.service.idempotency_ttl_seconds),
         service_url=service_url or default_service_url(config))
     # gauges read at scrape time (README §Operations → Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 from filelock import FileLock
 
-from .config import Config
+from .config import HermesSettings, PathsSettings
 from .errors import Unconfigured, check_id
 from . import hermes_state, homefs
 from .sandbox import MODEL_KEY_ENV, MODEL_URL_ENV
@@ -60,22 +60,22 @@ class UserHome:
 class UserHomes:
     """Creates and refreshes user homes; builds the CLI environment."""
 
-    def __init__(self, config: Config):
-        self.base = config.data_dir / "users"
-        self.locks = config.data_dir / "locks"
-        self.configure(config)
+    def __init__(self, paths: PathsSettings, hermes: HermesSettings):
+        self.base = paths.data_dir / "users"
+        self.locks = paths.data_dir / "locks"
+        self.configure(paths, hermes)
         self.base.mkdir(parents=True, exist_ok=True)
         self.locks.mkdir(parents=True, exist_ok=True)
 
-    def configure(self, config: Config) -> None:
-        """Take the template and the ``hermes.model``/``extra_env`` settings of ``config``
-        (also on a live reload: every home is refreshed on its next run)."""
-        self.template = config.users_template
-        self.model = config["hermes"]["model"]
+    def configure(self, paths: PathsSettings, hermes: HermesSettings) -> None:
+        """Take the template (``paths.users_template``) and the ``hermes.model``/``extra_env``
+        settings (also on a live reload: every home is refreshed on its next run)."""
+        self.template = paths.users_template
+        self.model = hermes.model
         # an OpenAI-compatible provider is reached through the service's pass-through
         # endpoint (hermes_service/model_proxy.py): no Hermes process holds its key
-        self.proxied = self.model["provider"] == "custom"
-        self.extra_env = config["hermes"]["extra_env"]
+        self.proxied = self.model.provider == "custom"
+        self.extra_env = hermes.extra_env
         self._rendered_cache = None              # (template files' state, rendered, fingerprint)
         self.configured = self.fingerprint()     # what this configuration renders homes to
 
@@ -97,19 +97,19 @@ class UserHomes:
             raise Unconfigured(f"users_template/config.yaml is unreadable: {exc}") from exc
         cfg = copy.deepcopy(cfg)
         model = dict(cfg.get("model") or {})
-        model["provider"] = self.model["provider"]
-        if self.model.get("base_url"):
-            model["base_url"] = self.model["base_url"]
-        if self.model.get("default"):
-            model["default"] = self.model["default"]
-        if self.model.get("api_key_env"):
-            model["api_key"] = "${%s}" % self.model["api_key_env"]
+        model["provider"] = self.model.provider
+        if self.model.base_url:
+            model["base_url"] = self.model.base_url
+        if self.model.default:
+            model["default"] = self.model.default
+        if self.model.api_key_env:
+            model["api_key"] = "${%s}" % self.model.api_key_env
         if self.proxied:
             # the pass-through's address and this process's own credential, set per process
             # by the launcher (sandbox.Sandbox.prepare): never the provider or its key
             model["base_url"] = "${%s}" % MODEL_URL_ENV
             model["api_key"] = "${%s}" % MODEL_KEY_ENV
-        model["context_length"] = self.model["context_length"]
+        model["context_length"] = self.model.context_length
         cfg["model"] = model
         security = dict(cfg.get("security") or {})
         security.update(allow_lazy_installs=False, tirith_enabled=False)
@@ -278,7 +278,7 @@ class UserHomes:
             "LC_ALL": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        key_env = self.model.get("api_key_env")
+        key_env = self.model.api_key_env
         if self.proxied:
             env[MODEL_URL_ENV] = env[MODEL_KEY_ENV] = ""      # filled in per process
         elif key_env and os.environ.get(key_env) is not None:

@@ -279,9 +279,8 @@ def idempotent(family: str, user: Callable[[], str | None], *,
                                  request.path, got.status)
                         return got.response()
                     if deadline is None:   # "running": wait for the first request's outcome
-                        h = svc.config["hermes"]
-                        deadline = time.monotonic() + float(h["queue_wait_seconds"]) + \
-                            float(h["timeout_seconds"]) + WAIT_MARGIN_SECONDS
+                        deadline = time.monotonic() + \
+                            float(svc.config.hermes.longest_turn_seconds) + WAIT_MARGIN_SECONDS
                         if wait is not None:
                             waiting.enter_context(wait())   # may raise 429: nothing claimed
                     if time.monotonic() >= deadline:

@@ -19,7 +19,7 @@ from .objects import settings
 def mnote(ctx):
     """Operator commands for the embedded mnote page store (data/mnote.db)."""
     config = ctx.obj["load_config"](ctx)     # the core's loader (Extension.init_cli)
-    if not settings(config)["enabled"]:
+    if not settings(config).enabled:
         click.echo(f"{config.source}:mnote.enabled: false: the mnote extension is off; "
                    "set it to true to use these commands", err=True)
         sys.exit(2)

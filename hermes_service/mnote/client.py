@@ -373,7 +373,7 @@ def list_sessions():
                     "messageCount": summary.get("messageCount", 0),
                     "toolCallCount": summary.get("toolCallCount", 0),
                     "updatedAt": summary.get("updatedAt") or _unix(rec["updated_at"]),
-                    "model": rec.get("model") or svc.config["mnote"]["default_model"]})
+                    "model": rec.get("model") or svc.config.mnote.default_model})
     out.sort(key=lambda s: s["updatedAt"], reverse=True)
     return ok(sessions=out[:limit])
 
@@ -545,7 +545,7 @@ def strip_context(content: str | None) -> str | None:
 
 def _configured_models(schema: dict, config) -> dict:
     """RUN as the document shows it for ``config``: ``model`` is one of ``mnote.models``."""
-    ids = [m["id"] for m in config["mnote"]["models"]]
+    ids = config.mnote.model_ids
     # an enum with null and no type list: client generators make it one nullable enum type
     model = {k: v for k, v in schema["properties"]["model"].items() if k != "type"}
     model["enum"] = [*ids, None]
@@ -586,9 +586,9 @@ def start_run():
     svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
     svc.processes.command_path()     # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
-    mcfg = svc.config["mnote"]
-    model_id = body.get("model") or mcfg["default_model"]
-    models = {m["id"]: m for m in mcfg["models"]}
+    mcfg = svc.config.mnote
+    model_id = body.get("model") or mcfg.default_model
+    models = {m.id: m for m in mcfg.models}
     if model_id not in models:
         raise BadRequest(f"model must be one of {', '.join(models)}", code="invalid_request")
     ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
@@ -596,10 +596,10 @@ def start_run():
     svc.conversations.check_message(body["message"])
     context = page_context(body)
     key = _ensure_session(sid, actor, ws, doc)["session_id"]
-    hermes_model = models[model_id].get("hermes_model")
+    hermes_model = models[model_id].hermes_model
     scope = _capability_scope(svc)
     # Hermes's questions go to the panel (ACP runner only; the CLI runner denies them)
-    asking = svc.config["hermes"]["approvals"]["mode"] == "ask"
+    asking = svc.config.hermes.approvals.mode == "ask"
 
     def execute(run):
         binding = mnote_of(svc).tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
@@ -642,7 +642,7 @@ def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dic
 
 def _capability_scope(svc) -> list[str]:
     key_scope = getattr(g.get("api_key"), "capability_scope", None)
-    return list(key_scope) if key_scope is not None else list(svc.config["mnote"]["default_capability_scope"])
+    return list(key_scope) if key_scope is not None else list(svc.config.mnote.default_capability_scope)
 
 
 @bp.get("/events/<run_id>")
@@ -697,7 +697,7 @@ def events(run_id):
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
     if done and after == last:      # the client has the terminal event: nothing will follow
         return Response(status=204, headers=headers)
-    keepalive = float(svc.config["mnote"]["keepalive_seconds"])
+    keepalive = float(svc.config.mnote.keepalive_seconds)
     # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
     sub = mnote_of(svc).runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
 
@@ -884,10 +884,11 @@ def models():
     """§2 GET /models: from ``mnote.models`` with ``defaultModel``; the actor header is
     optional (the list is the same for everyone)."""
     actor_id(required=False)
-    mcfg = services().config["mnote"]
-    return ok(defaultModel=mcfg["default_model"],
-              models=[{"id": m["id"], "label": m.get("label", m["id"]),
-                       "provider": m.get("provider", "hermes")} for m in mcfg["models"]])
+    mcfg = services().config.mnote
+    return ok(defaultModel=mcfg.default_model,
+              models=[{"id": m.id, "label": m.id if m.label is None else m.label,
+                       "provider": "hermes" if m.provider is None else m.provider}
+                      for m in mcfg.models])
 
 
 @bp.get("/tools")

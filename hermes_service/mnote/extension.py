@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from ..extensions import Extension, Family, RetentionStep
-from .objects import NAME, Mnote, mnote_of, settings
+from .objects import NAME, Mnote, mnote_of, run_limits, settings
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -55,7 +55,7 @@ TAGS = [
 # -- retention steps (docs/data-and-durability.md#retention-and-cleanup) ------------------------------------
 def _page_store_idempotency(svc, report, *, now, dry_run, in_service) -> None:
     """Page-store idempotency records older than ``retention.idempotency_window_seconds``."""
-    window = float(svc.config["retention"]["idempotency_window_seconds"])
+    window = float(svc.config.retention.idempotency_window_seconds)
     before = datetime.fromtimestamp(now - window, timezone.utc)
     n = mnote_of(svc).store.prune_idempotency(before, dry_run=dry_run)
     if n:
@@ -88,7 +88,7 @@ class MnoteExtension(Extension):
     def enabled(self, config: "Config") -> bool:
         """``mnote.enabled`` (default true): false removes the extension
         (docs/mnote-client.md)."""
-        return bool(settings(config)["enabled"])
+        return bool(settings(config).enabled)
 
     @property
     def demo(self):
@@ -97,7 +97,7 @@ class MnoteExtension(Extension):
         return demo
 
     def families(self, config: "Config") -> list[Family]:
-        return [Family(NAME, settings(config)["runner"], label="panel",
+        return [Family(NAME, settings(config).runner, label="panel",
                        run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
                        own_tool_prefix="mnote_")]
 
@@ -110,12 +110,9 @@ class MnoteExtension(Extension):
         from .run_log import RunLogs
         from .runs import RunManager
         config, cfg = services.config, settings(services.config)
-        runs = RunManager(cfg["events_retention_seconds"],
-                          max_active=config["hermes"]["max_concurrent_runs"] * 4,
-                          max_streams=cfg["max_event_streams"],
-                          logs=RunLogs(config.data_dir / "run-events"))
+        runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
         store = SQLitePageStore(config.data_dir / "mnote.db")
-        tools = ToolGateway(store, cfg["service_url"] or services.service_url)
+        tools = ToolGateway(store, cfg.service_url or services.service_url)
         # an abort that reaches this process from another one revokes the run's token too
         runs.on_abort.append(tools.end_run)
         mnote = services.extensions[NAME] = Mnote(store, tools, runs)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, MnoteSettings
     # ``Services`` is named, not imported: services builds the extensions (no import cycle)
     from .gateway import ToolGateway
     from .page_store import SQLitePageStore
@@ -19,9 +19,18 @@ if TYPE_CHECKING:
 NAME = "mnote"
 
 
-def settings(config: "Config") -> dict:
-    """The ``mnote`` section of ``config`` (validated by :mod:`hermes_service.config`)."""
-    return config["mnote"]
+def settings(config: "Config") -> "MnoteSettings":
+    """The ``mnote`` section of ``config`` (validated and typed by
+    :mod:`hermes_service.config`)."""
+    return config.mnote
+
+
+def run_limits(config: "Config") -> tuple[float, int, int]:
+    """:class:`~.runs.RunManager`'s limits: finished runs kept (seconds), runs queued or
+    running at once (``hermes.max_active_runs``), event streams open at once."""
+    mnote = settings(config)
+    return (mnote.events_retention_seconds, config.hermes.max_active_runs,
+            mnote.max_event_streams)
 
 
 @dataclass
@@ -33,9 +42,7 @@ class Mnote:
 
     def configure(self, config: "Config") -> None:
         """A reloaded config (docs/configuring.md#reload): event retention, run and stream limits."""
-        self.runs.retention = settings(config)["events_retention_seconds"]
-        self.runs.max_active = config["hermes"]["max_concurrent_runs"] * 4
-        self.runs.streams.resize(settings(config)["max_event_streams"])
+        self.runs.configure(*run_limits(config))
 
     # -- drain source (Services.in_flight / outcome) ------------------------------
     def in_flight(self) -> dict:

@@ -590,6 +590,13 @@ class RunManager:
         self._by_session: dict[str, str] = {}
         self._lock = threading.Lock()
 
+    def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
+        """Take reloaded limits (README §Reload): how long finished runs are kept, how many
+        may be queued or running, how many event streams may be open (open ones stay)."""
+        self.retention = retention_seconds
+        self.max_active = max_active
+        self.streams.resize(max_streams)
+
     def _sweep(self) -> None:
         cutoff = time.time() - self.retention
         for run_id, run in list(self._runs.items()):

@@ -94,6 +94,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import hermes_state
+from ..config import HermesSettings
 from ..errors import BadRequest, Conflict, RunError, ServiceError
 from ..instance import proc_start
 from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
@@ -513,38 +514,36 @@ class AcpRunner:
     toolsets."""
     name = "acp"
 
-    def __init__(self, hermes_cfg: dict, processes: Processes):
+    def __init__(self, hermes: HermesSettings, processes: Processes):
         self.processes = processes
-        self._configure(hermes_cfg)
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
-
-    def _configure(self, hermes_cfg: dict) -> None:
-        acp_cfg = hermes_cfg["acp"]
-        self.idle_seconds = float(acp_cfg["idle_seconds"])
-        self.max_processes = int(acp_cfg["max_processes"])
-        self.recycle_after = int(acp_cfg["recycle_after_sessions"])
-        self.max_rss_mb = float(acp_cfg["max_rss_mb"])
-        self.start_timeout = float(acp_cfg["start_timeout_seconds"])
-        approvals = hermes_cfg["approvals"]
-        self.approval_timeout = float(approvals["timeout_seconds"])
-        self.allow_always = bool(approvals["allow_always"])
-        self.ask = approvals["mode"] == "ask"
-        self.default_model = (hermes_cfg.get("model") or {}).get("default")
+        self.configure(hermes, retire=False)
 
     @property
     def own_tool_prefixes(self) -> tuple[str, ...]:
         """Tool-name prefixes of the calls the route families report themselves."""
         return tuple(f.own_tool_prefix for f in self.processes.families.values() if f.own_tool_prefix)
 
-    def reconfigure(self, hermes_cfg: dict, retire: bool = True) -> None:
-        """Apply a reloaded ``hermes`` section (README §Reload). ``retire``: the section or
-        the users' template changed, and warm processes run with the old environment,
-        toolsets, model and template: every one is retired (it ends its running turns; the
-        next turn starts a new process)."""
-        self._configure(hermes_cfg)
+    def configure(self, hermes: HermesSettings, retire: bool = True) -> None:
+        """Take a (reloaded) ``hermes`` section: ``hermes.acp``, ``hermes.approvals`` and the
+        default model (README §Reload). ``retire``: the section or the users' template
+        changed, and warm processes run with the old environment, toolsets, model and
+        template: every one is retired (it ends its running turns; the next turn starts a
+        new process)."""
+        acp = hermes.acp
+        self.idle_seconds = float(acp.idle_seconds)
+        self.max_processes = int(acp.max_processes)
+        self.recycle_after = int(acp.recycle_after_sessions)
+        self.max_rss_mb = float(acp.max_rss_mb)
+        self.start_timeout = float(acp.start_timeout_seconds)
+        approvals = hermes.approvals
+        self.approval_timeout = float(approvals.timeout_seconds)
+        self.allow_always = bool(approvals.allow_always)
+        self.ask = approvals.mode == "ask"
+        self.default_model = hermes.model.default
         if retire and self._loop is not None:
             async def retire_all():
                 for proc in list(self._procs.values()):

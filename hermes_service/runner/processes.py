@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import HermesSettings
 from ..errors import RunError, TooManyRuns, Unconfigured
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
@@ -286,24 +287,20 @@ class Processes:
     (:attr:`groups`), the run files (:attr:`run_files`), the time limits and toolsets every
     turn gets, and the service's stop state (:attr:`stopping`, :attr:`draining`).
 
-    ``hermes_cfg`` is the ``hermes`` section; ``command`` is ``hermes.command`` (a name looked
-    up on PATH, or a path).
+    ``hermes`` is the ``hermes`` section (:class:`~hermes_service.config.HermesSettings`);
+    ``command`` is ``hermes.command`` (a name looked up on PATH, or a path).
     """
 
-    def __init__(self, hermes_cfg: dict, pid_dir: Path | None = None, run_dir: Path | None = None,
-                 sandbox: Sandbox | None = None):
-        self.command = hermes_cfg["command"]
+    def __init__(self, hermes: HermesSettings, pid_dir: Path | None = None,
+                 run_dir: Path | None = None, sandbox: Sandbox | None = None):
         self.sandbox = sandbox
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
         #: route family name -> its :class:`~hermes_service.extensions.Family` (set by
         #: :func:`~hermes_service.services.build_services`): how its plugin finds a run file
         self.families: dict = {}
-        self.timeout = float(hermes_cfg["timeout_seconds"])
-        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
-        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
-        self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots = Limiter(hermes_cfg["max_concurrent_runs"])   # resizable on reload
+        self._slots = Limiter(hermes.cli_slots)   # resizable on reload
+        self.configure(hermes)
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self.draining = False       # set at a drain: routes take no new turn, the ACP pool
                                     # starts no process (README §Process lifetime)
@@ -426,14 +423,14 @@ class Processes:
             self._version = (now, text)
             return text
 
-    def reconfigure(self, hermes_cfg: dict) -> None:
-        """Apply a reloaded ``hermes`` section to new turns (README §Reload): command, time
+    def configure(self, hermes: HermesSettings) -> None:
+        """Take a (reloaded) ``hermes`` section for new turns (README §Reload): command, time
         limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
         they started with."""
-        self.command = hermes_cfg["command"]
-        self.timeout = float(hermes_cfg["timeout_seconds"])
-        self.stall_timeout = float(hermes_cfg["stall_timeout_seconds"])
-        self.queue_wait = float(hermes_cfg["queue_wait_seconds"])
-        self.toolsets = list(hermes_cfg["toolsets"])
-        self._slots.resize(hermes_cfg["max_concurrent_runs"])
+        self.command = hermes.command
+        self.timeout = float(hermes.timeout_seconds)
+        self.stall_timeout = float(hermes.stall_timeout_seconds)
+        self.queue_wait = float(hermes.queue_wait_seconds)
+        self.toolsets = list(hermes.toolsets)
+        self._slots.resize(hermes.cli_slots)
 

@@ -145,7 +145,7 @@ def test_reload_does_not_disturb_a_turn_in_flight(stubbed_app, stub, tmp_path):
     stub.gate.set()
     t.join(10)
     assert out["res"].status_code == 200 and out["res"].json["response"] == "echo #1: in flight"
-    assert svc.config["hermes"]["toolsets"] == ["web"]
+    assert svc.config.hermes.toolsets == ("web",)
     res = client.post(f"/api/v1/sessions/{sid}/messages", json={"message": "next"},
                       headers={"X-API-Key": NEW_KEY})
     assert res.status_code == 200
@@ -161,7 +161,7 @@ def test_a_reload_retires_warm_acp_processes_only_when_hermes_or_the_template_ch
     acp = {"hermes": {"runner": "acp"}}
     svc = app_factory(acp).extensions["hermes_service"]
     retired = []
-    monkeypatch.setattr(svc.runners.acp, "reconfigure",
+    monkeypatch.setattr(svc.runners.acp, "configure",
                         lambda h, retire=True: retired.append(retire))
     path = tmp_path / "new.yaml"
 
@@ -198,7 +198,7 @@ def test_a_reload_keeps_log_format_and_node_id_and_says_they_need_a_restart(stub
     assert ok, lines
     for key in ("service.log_format", "service.node_id"):
         assert f"{path}:{key}: changed, but needs a restart; the running value stays" in lines
-    assert svc.config["service"]["log_format"] == "text" and svc.config["service"]["node_id"] is None
+    assert svc.config.service.log_format == "text" and svc.config.service.node_id is None
 
 
 def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tmp_path):
@@ -210,19 +210,18 @@ def test_a_threads_override_is_kept_and_not_reported_as_a_change(stubbed_app, tm
     cfg = base_config(tmp_path)
     path = tmp_path / "same.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    started_with = svc.config["service"]["threads"]
-    svc.config.overrides[("service", "threads")] = started_with     # as serve() records it
-    svc.config["service"]["threads"] = started_with + 40             # --threads
+    started_with = svc.config.service.threads
+    svc.config = svc.config.override("service", "threads", started_with + 40)   # as serve() does
     for _ in range(2):
         ok, lines = reload_config(svc, str(path))
         assert ok and not any("service.threads" in line for line in lines), lines
-        assert svc.config["service"]["threads"] == started_with + 40
+        assert svc.config.service.threads == started_with + 40
     cfg["service"]["threads"] = started_with + 1
     path.write_text(yaml.safe_dump(cfg))
     ok, lines = reload_config(svc, str(path))
     assert ok and f"{path}:service.threads: changed, but needs a restart; the running value stays" \
         in lines
-    assert svc.config["service"]["threads"] == started_with + 40
+    assert svc.config.service.threads == started_with + 40
 
 
 def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):

@@ -41,11 +41,12 @@ def pool(tmp_path):
         cfg = build_config(deep_merge(base_config(tmp_path), {
             "hermes": {"command": str(AGENT), "runner": "acp",
                        "acp": {"max_processes": max_processes, "start_timeout_seconds": WAIT}}}))
-        h = cfg["hermes"]
+        h = cfg.hermes
         runner = AcpRunner(h, Processes(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
         runner.env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
                       "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay),
                       "FAKE_ACP_LOG": str(tmp_path / f"agent-{len(made)}.log")}
+        runner.hermes_settings = h    # what a reload of the same file hands over
         made.append(runner)
         return runner
     yield make
@@ -150,22 +151,13 @@ def test_a_process_closed_while_it_starts_fails_the_turn_cleanly(pool, tmp_path)
     runner = pool(max_processes=1)
     fut = acquire(runner, tmp_path, "u1")
     wait_for(lambda: runner._procs.get(("u1", "mnote")) or fut.done(), "u1's process to start")
-    runner.reconfigure(_cfg(runner))                 # a reload retires it while it starts
+    runner.configure(runner.hermes_settings)         # a reload retires it while it starts
     try:
         proc = fut.result(WAIT)
     except RunError as err:                          # told, not InvalidStateError
         assert err.code == "hermes_failed"
     else:
         assert not proc.dead and not proc.retired
-
-
-def _cfg(runner):
-    return {"acp": {"idle_seconds": runner.idle_seconds, "max_processes": runner.max_processes,
-                    "recycle_after_sessions": runner.recycle_after, "max_rss_mb": runner.max_rss_mb,
-                    "start_timeout_seconds": runner.start_timeout},
-            "approvals": {"mode": "ask", "timeout_seconds": runner.approval_timeout,
-                          "allow_always": runner.allow_always},
-            "model": {"default": runner.default_model}}
 
 
 def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):

@@ -20,9 +20,9 @@ def problems(cfg: dict) -> list[str]:
 def test_shipped_config_is_valid(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
-    assert cfg["service"]["port"] == 9123 and cfg["service"]["host"] == "127.0.0.1"
-    assert cfg["hermes"]["toolsets"] == []
-    assert cfg.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
+    assert cfg.service.port == 9123 and cfg.service.host == "127.0.0.1"
+    assert cfg.hermes.toolsets == ()
+    assert cfg.security.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
 
 
 def test_spec_example_keys_are_all_accepted():
@@ -46,7 +46,7 @@ cors: {allow_origins: ["https://mnote.example"], allow_credentials: true,
        allow_methods: ["*"], allow_headers: ["*"]}
 """)
     cfg = build_config(spec)
-    assert [str(n) for n in cfg.allowed_networks] == ["127.0.0.1/32", "203.0.113.7/32"]
+    assert [str(n) for n in cfg.security.allowed_networks] == ["127.0.0.1/32", "203.0.113.7/32"]
 
 
 def test_unknown_key_names_the_key_and_hints():
@@ -87,7 +87,7 @@ def test_key_env_and_sha256(monkeypatch):
     monkeypatch.setenv("K_ENV", "a-key-from-the-env!!")
     cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
         {"key_sha256": digest}, {"key_env": "K_ENV"}]}}))
-    assert [k.sha256 for k in cfg.api_keys] == [digest,
+    assert [k.sha256 for k in cfg.security.api_keys] == [digest,
                                                 hashlib.sha256(b"a-key-from-the-env!!").hexdigest()]
     monkeypatch.delenv("K_ENV")
     assert problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [{"key_env": "K_ENV"}]}}))
@@ -167,7 +167,7 @@ def test_cidr_with_host_bits_is_a_problem_that_names_both_readings():
     assert any(p.startswith("c.yaml:nginx.trusted_proxies.0:") for p in out), out
     cfg = build_config(deep_merge(base_config(ROOT), {"security": {"allowed_ips": ["10.0.0.0/8",
                                                                                     "10.1.2.3"]}}))
-    assert [str(n) for n in cfg.allowed_networks] == ["10.0.0.0/8", "10.1.2.3/32"]
+    assert [str(n) for n in cfg.security.allowed_networks] == ["10.0.0.0/8", "10.1.2.3/32"]
 
 
 def test_unquoted_yaml_date_is_explained(tmp_path):
@@ -201,7 +201,7 @@ def test_connection_limit_must_fit_threads_and_streams():
     assert any(p.startswith("c.yaml:service.connection_limit: 100 is too few") and "124" in p
                and "mnote.max_event_streams" in p for p in out), out
     cfg = build_config(base_config(ROOT))
-    assert cfg["service"]["connection_limit"] >= 500 and cfg["service"]["idle_timeout_seconds"] <= 20
+    assert cfg.service.connection_limit >= 500 and cfg.service.idle_timeout_seconds <= 20
 
 
 def test_the_1000_subscriber_settings_the_readme_recommends_pass_and_fit():
@@ -221,7 +221,7 @@ def test_the_1000_subscriber_settings_the_readme_recommends_pass_and_fit():
 def test_scopes_default_and_validation():
     cfg = build_config(deep_merge(base_config(ROOT), {"security": {"api_keys": [
         {"key": "k" * 20}, {"key": "j" * 20, "scopes": ["client"]}]}}))
-    assert cfg.api_keys[0].scopes == {"v1", "client"} and cfg.api_keys[1].scopes == {"client"}
+    assert cfg.security.api_keys[0].scopes == {"v1", "client"} and cfg.security.api_keys[1].scopes == {"client"}
     out = problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [
         {"key": "k" * 20, "scopes": ["admin"]}]}}))
     assert any(p.startswith("c.yaml:security.api_keys.0.scopes.0:") for p in out), out
@@ -244,7 +244,7 @@ def test_shipped_config_has_no_provider_until_the_admin_sets_one(monkeypatch, tm
     cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     issues = " ".join(cfg.provider_issues)
     assert "hermes.model.base_url" in issues and "export HERMES_PROVIDER_API_KEY=" in issues
-    [operator] = cfg.api_keys
+    [operator] = cfg.security.api_keys
     assert operator.scopes == {"v1", "client", "execute", "metrics"}
     text = shipped_text("config.yaml")
     example = text[text.index("# mnote-web's server"):text.index("nginx:")]

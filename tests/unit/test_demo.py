@@ -73,10 +73,10 @@ def test_the_overlay_swaps_model_runner_and_data_dir_only(tmp_path):
                                          "paths:\n  data_dir: state\nhermes:\n  toolsets: [web]\n")
     config = load_config(tmp_path / "config.yaml", need_keys=False,
                          overlay=demo.overlay("http://127.0.0.1:5/v1"))
-    model = config["hermes"]["model"]
-    assert (model["base_url"], model["default"], model["api_key_env"]) == \
+    model = config.hermes.model
+    assert (model.base_url, model.default, model.api_key_env) == \
         ("http://127.0.0.1:5/v1", "demo-model", None)
-    assert config["hermes"]["runner"] == "acp" and config["hermes"]["toolsets"] == ["web"]
+    assert config.hermes.runner == "acp" and config.hermes.toolsets == ("web",)
     assert config.data_dir == tmp_path / "state" / "demo" and not config.provider_issues
 
 

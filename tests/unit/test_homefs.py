@@ -139,7 +139,8 @@ def test_open_dirs_refuses_or_repairs_a_symlinked_folder(tmp_path, victim):
 
 @pytest.fixture
 def homes(make_config):
-    return UserHomes(make_config())
+    cfg = make_config()
+    return UserHomes(cfg.paths, cfg.hermes)
 
 
 def _refreshed(home):

@@ -195,7 +195,7 @@ def test_a_key_of_another_actor_or_api_key_is_a_fresh_request(make, stub):
 def test_an_expired_key_is_a_fresh_request(c, stub):
     sid = new_session(c)
     send(c, sid, "old", key="exp")
-    ttl = c.svc.config["service"]["idempotency_ttl_seconds"]
+    ttl = c.svc.config.service.idempotency_ttl_seconds
     store = c.svc.idempotency
     store.clock = lambda: time.time() + ttl + 1          # a day later
     fresh = send(c, sid, "old", key="exp")

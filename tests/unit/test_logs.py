@@ -10,6 +10,7 @@ import logging
 import shutil
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -111,17 +112,19 @@ def test_a_message_with_newlines_and_quotes_cannot_forge_a_line(app_factory, cap
         assert "\\n2026-01-01" in out[2] and "\\r\\n{" in out[2]
 
 
-def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(captured, tmp_path):
+def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(captured, tmp_path,
+                                                                        make_config):
     """The runner's real run line (a real process: ``true`` / ``false`` stand in for hermes)."""
-    cfg = {"command": shutil.which("true"), "timeout_seconds": 10, "stall_timeout_seconds": 10,
-           "queue_wait_seconds": 1, "toolsets": [], "max_concurrent_runs": 1}
+    cfg = make_config({"hermes": {"command": shutil.which("true"), "timeout_seconds": 10,
+                                  "stall_timeout_seconds": 10, "queue_wait_seconds": 1,
+                                  "toolsets": [], "max_concurrent_runs": 1}}).hermes
     logs.start(request_id="req_run_1", route="/api/v1/sessions/<session_id>/messages")
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
     HermesRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
                                              None, ctx)
-    HermesRunner(Processes({**cfg, "command": shutil.which("false")})).run_process(
+    HermesRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":

@@ -65,9 +65,9 @@ def test_off_the_service_serves_v1_and_answers_404_for_mnote(stubbed_app, stub):
 
 def test_off_the_start_line_names_only_the_v1_runner(make_config, tmp_path):
     from hermes_service.lifecycle import running
-    from hermes_service.sandbox import Sandbox, Settings
+    from hermes_service.sandbox import Sandbox
     config = make_config(OFF)
-    box = Sandbox(Settings.from_config(config["hermes"]["sandbox"]), config.data_dir, tmp_path)
+    box = Sandbox(config.hermes.sandbox, config.data_dir, tmp_path)
     assert running(config, box).startswith("runner cli, model ")
     assert running(make_config(), box).startswith("runner cli (panel cli), model ")
 

@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
+from dataclasses import asdict, replace
 
 import pytest
 import yaml
@@ -214,7 +215,8 @@ def test_periodic_job_follows_the_config_and_survives_a_failed_pass(make_config,
     assert job.start() is False                   # interval 0: the thread idles
     time.sleep(0.2)
     assert passes == []
-    svc.config.raw["retention"]["interval_seconds"] = 0.02    # what a reload hands over
+    svc.config = replace(svc.config,                          # what a reload hands over
+                         retention=replace(svc.config.retention, interval_seconds=0.02))
     deadline = time.monotonic() + 10
     while len(passes) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -281,11 +283,11 @@ def test_retention_config_is_validated(make_config, retention, says):
 
 
 def test_retention_defaults_keep_mappings(make_config):
-    cfg = make_config()["retention"]
-    assert cfg == {"interval_seconds": 3600, "sessions_older_than": None,
-                   "purge_transcripts": False, "idempotency_window_seconds": 86400}
+    cfg = make_config().retention
+    assert asdict(cfg) == {"interval_seconds": 3600, "sessions_older_than": None,
+                           "purge_transcripts": False, "idempotency_window_seconds": 86400}
     assert make_config({"retention": {"interval_seconds": 0, "sessions_older_than": "90d",
-                                      "purge_transcripts": True}})["retention"]["interval_seconds"] == 0
+                                      "purge_transcripts": True}}).retention.interval_seconds == 0
 
 
 @pytest.mark.parametrize("dry_run", [True, False])

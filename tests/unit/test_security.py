@@ -191,8 +191,9 @@ def test_forwarded_for_behind_an_allowed_trusted_proxy(same_host_nginx, xff, sta
 
 def guard(make_config, **security):
     from hermes_service.security import Guard
-    return Guard(make_config({"security": security,
-                              "nginx": {"trusted_proxies": ["127.0.0.1"], "enable_real_ip": True}}))
+    cfg = make_config({"security": security,
+                       "nginx": {"trusted_proxies": ["127.0.0.1"], "enable_real_ip": True}})
+    return Guard(cfg.security, cfg.nginx)
 
 
 def test_client_address_text(make_config):

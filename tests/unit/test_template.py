@@ -28,7 +28,8 @@ def homes_for(make_config, tmp_path, template_cfg: dict | None):
     template = shipped_tree("users_template", tmp_path / "template")
     if template_cfg is not None:
         (template / "config.yaml").write_text(yaml.safe_dump(template_cfg))
-    return UserHomes(make_config({"paths": {"users_template": str(template)}}))
+    cfg = make_config({"paths": {"users_template": str(template)}})
+    return UserHomes(cfg.paths, cfg.hermes)
 
 
 def test_approvals_need_a_human_unless_the_template_chooses(make_config, tmp_path):

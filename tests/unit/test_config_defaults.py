@@ -1,0 +1,95 @@
+"""The shipped config.yaml and the code's defaults (``config.DEFAULTS``) say the same.
+
+config.yaml documents every key with its default ("the values below are the defaults unless
+marked otherwise"); the code holds the same defaults in :data:`hermes_service.config.DEFAULTS`.
+Nothing but this test keeps the two in step: every key is in both, and every value agrees
+except the few keys config.yaml ships with a value of its own, listed with the reason in
+:data:`DIFFERS_FROM_DEFAULT` (config.yaml's comment on each says so). The shipped file is read
+from git (:mod:`support.shipped`), never the operator's working copy.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import yaml
+
+from hermes_service import sandbox
+from hermes_service.config import DEFAULTS, build_config
+from support.shipped import shipped_text
+
+#: dotted key -> why config.yaml ships a value that is not the code's default
+DIFFERS_FROM_DEFAULT = {
+    "security.api_keys": "the default is no key (a problem while enable_api_key is true); "
+                         "the shipped file names the operator key from HERMES_SERVICE_API_KEY, "
+                         "which `make run` generates",
+    "nginx.trusted_proxies": "the default trusts no proxy; the shipped file trusts nginx on "
+                             "this machine (deploy/nginx), still off while enable_real_ip is false",
+    "hermes.extra_env": "the default is no extra environment; the shipped HERMES_STREAM_RETRIES=0 "
+                        "(no mid-stream reconnects to the provider) is a recommendation to keep",
+}
+
+#: mappings whose keys are data, not config keys (compared as one value)
+VALUE_MAPPINGS = {"hermes.extra_env"}
+
+
+def leaves(tree: dict, prefix: str = "") -> dict:
+    """``{"service.port": 9123, ...}``: every key that holds a value (a list, a scalar, an
+    empty mapping or one of :data:`VALUE_MAPPINGS`)."""
+    out = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value and dotted not in VALUE_MAPPINGS:
+            out.update(leaves(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def shipped() -> dict:
+    return leaves(yaml.safe_load(shipped_text("config.yaml")))
+
+
+def test_config_yaml_documents_every_key_the_code_knows_and_no_other():
+    ours, theirs = set(leaves(DEFAULTS)), set(shipped())
+    assert sorted(ours - theirs) == [], "keys with a default that config.yaml does not show"
+    assert sorted(theirs - ours) == [], "keys in config.yaml without a default in the code"
+
+
+def test_config_yaml_values_are_the_code_defaults_except_the_listed_ones():
+    defaults, yaml_values = leaves(DEFAULTS), shipped()
+    differ = {key for key in defaults if defaults[key] != yaml_values.get(key)}
+    assert {k: (yaml_values.get(k), defaults[k]) for k in differ - set(DIFFERS_FROM_DEFAULT)} \
+        == {}, "config.yaml's value and the code's default disagree (fix one, or list the key " \
+               "in DIFFERS_FROM_DEFAULT with the reason)"
+    assert sorted(set(DIFFERS_FROM_DEFAULT) - differ) == [], \
+        "listed as differing, but config.yaml ships the default: drop it from the list"
+
+
+def test_the_sandbox_settings_defaults_are_the_config_defaults():
+    """``sandbox.Settings()`` (used where no config is at hand) has defaults of its own."""
+    assert asdict(sandbox.Settings()) == DEFAULTS["hermes"]["sandbox"]
+
+
+def test_an_empty_file_resolves_to_the_defaults():
+    cfg = build_config({"security": {"enable_api_key": False}})
+    assert cfg.service.port == DEFAULTS["service"]["port"]
+    assert cfg.hermes.execute.allowed == tuple(map(tuple, DEFAULTS["hermes"]["execute"]["allowed"]))
+    assert [asdict(m) for m in cfg.mnote.models] == \
+        [{"hermes_model": None, **m} for m in DEFAULTS["mnote"]["models"]]
+    assert cfg.hermes.admission_places == 2 + 4 and cfg.threads_needed == 12 + 2 * 2 + 4 + 4
+
+
+def test_no_module_reads_the_config_as_a_mapping():
+    """Settings are read as typed fields (``config.hermes.timeout_seconds``); the YAML's
+    mapping stays inside config.py (a ``config["hermes"]`` would fail only when reached)."""
+    import re
+    from pathlib import Path
+
+    import hermes_service
+    pattern = re.compile(r"""(?<!app\.)(?<!current_app\.)\bconfig\[["']""")
+    found = [f"{path.name}:{n}: {line.strip()}"
+             for path in Path(hermes_service.__file__).parent.rglob("*.py")
+             if path.name != "config.py"
+             for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
