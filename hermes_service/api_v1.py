@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 
 from flask import Blueprint, g, jsonify, request
@@ -182,6 +183,9 @@ def _public(rec: dict) -> dict:
 
 
 _last_health: list = [None]    # the last reported problems, so a change is logged once
+#: /health runs its checks at most once per this many seconds (docs/v1-api.md §Health)
+HEALTH_CHECKS_MAX_AGE = 1.0
+_health_checked: list = [None]  # (config, time.monotonic(), checks) of the last run
 
 
 @bp.get("/health")
@@ -210,11 +214,25 @@ def health():
     return jsonify(body), code
 
 
-def _health(svc) -> tuple[dict, int]:
-    """The answer of :func:`health` while the service is neither draining nor stopping."""
-    checks = health_checks(svc.config)
+def _checks(svc) -> dict[str, str | None]:
+    """The checks of :func:`health` (:func:`~hermes_service.preflight.health_checks` and the
+    sandbox's), at most :data:`HEALTH_CHECKS_MAX_AGE` seconds old: they are 7 ``stat``/
+    ``access`` calls, each giving up the GIL, so under load running them on every probe cost
+    a thread hand-off apiece (docs/benchmarks.md, request cost). A reloaded config is checked
+    at once (the cache holds the config it checked)."""
+    config, now, last = svc.config, time.monotonic(), _health_checked[0]
+    if last is not None and last[0] is config and 0 <= now - last[1] < HEALTH_CHECKS_MAX_AGE:
+        return dict(last[2])
+    checks = health_checks(config)
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
+    _health_checked[0] = (config, now, checks)
+    return dict(checks)
+
+
+def _health(svc) -> tuple[dict, int]:
+    """The answer of :func:`health` while the service is neither draining nor stopping."""
+    checks = _checks(svc)
     failed = {k: v for k, v in checks.items() if v}
     if failed != _last_health[0]:
         _last_health[0] = failed

@@ -18,13 +18,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-import secrets
 import time
 from urllib.parse import quote
 
 from flask import Flask, g, request
 
-from . import logs, metrics, routing
+from . import logs, metrics, routing, tokens
 from .errors import ID_PATTERN, Forbidden
 from .web import services
 
@@ -52,7 +51,7 @@ def assign_request_id() -> None:
     ctx, req = g._get_current_object(), request._get_current_object()
     ctx.start = time.perf_counter()
     incoming = req.headers.get("X-Request-Id", "")
-    ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + secrets.token_hex(8)
+    ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + tokens.hex16()
     logs.start(request_id=ctx.request_id,
                route=req.url_rule.rule if req.url_rule is not None else None)  # route_template()
 

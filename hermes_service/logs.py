@@ -103,10 +103,39 @@ def json_formatter() -> logging.Formatter:
                          defaults={k: None for k in CONTEXT_FIELDS})
 
 
+class LineHandler(logging.StreamHandler):
+    """A :class:`logging.StreamHandler` that formats a record before taking its lock, so the
+    lock covers only the write and flush of the finished line (the stock handler formats
+    under it: with many request threads logging at once they queued for ~10-20 µs of
+    formatting each, and every wait on the lock gives up the GIL). Same output, same order
+    of writes per line, same error handling (:meth:`~logging.Handler.handleError`)."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if not self.filter(record):
+            return False
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:   # as StreamHandler.emit: report, never raise into the caller
+            self.handleError(record)
+            return True
+        with self.lock:
+            try:
+                self.stream.write(line)
+                self.stream.flush()
+            except RecursionError:
+                raise
+            except Exception:
+                self.handleError(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+
 def configure(level: str = "info", fmt: str = "text", stream=None) -> logging.Handler:
     """Send every log record to ``stream`` (stderr) in ``fmt`` (``text`` | ``json``) at
     ``level``; replaces the root logger's handlers. Returns the handler."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = LineHandler(stream or sys.stderr)
     handler.setFormatter(json_formatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())
     root = logging.getLogger()

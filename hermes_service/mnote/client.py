@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import secrets
 from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
+from .. import tokens
 from ..routing import ErrorFamily, RouteFamily, declare
 from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
                    services)
@@ -126,7 +126,7 @@ def trace_id() -> str:
         given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
                              request.args.get("traceId"), request.headers.get("X-Trace-Id"))
                  if v not in (None, "")]
-        g.trace_id = "trace_" + secrets.token_hex(8)
+        g.trace_id = "trace_" + tokens.hex16()
         for value in given:
             check_id(value, "traceId")
         if given:
@@ -144,7 +144,7 @@ def render_error_body(err: ServiceError) -> dict:
     try:
         tid = trace_id()
     except ServiceError:
-        tid = g.get("trace_id") or "trace_" + secrets.token_hex(8)
+        tid = g.get("trace_id") or "trace_" + tokens.hex16()
     body = {"ok": False, "code": client_code(err.code), "message": err.detail, "traceId": tid,
             "requestId": g.get("request_id")}
     for key, value in err.extra.items():

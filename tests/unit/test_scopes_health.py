@@ -152,3 +152,20 @@ def test_the_api_description_needs_a_key_unless_configured_open(app_factory):
     assert c.get("/openapi.json").status_code == 200
     assert c.get("/openapi.json", environ_base={"REMOTE_ADDR": "192.0.2.1"}).status_code == 403
     assert c.get("/api/v1/sessions?user_id=u").status_code == 401       # not opened with it
+
+
+def test_health_checks_are_at_most_a_second_old(app_factory, tmp_path, monkeypatch):
+    """docs/v1-api.md §Health: the checks run at most once per HEALTH_CHECKS_MAX_AGE (1 s)."""
+    import shutil
+
+    from hermes_service import api_v1
+    assert api_v1.HEALTH_CHECKS_MAX_AGE == 1.0
+    monkeypatch.setattr(api_v1, "HEALTH_CHECKS_MAX_AGE", 60.0)   # a slow machine stays inside
+    client = app_factory().test_client()
+    assert client.get("/health").json["status"] == "healthy"
+    shutil.rmtree(tmp_path / "data")
+    (tmp_path / "data").write_text("not a directory")
+    assert client.get("/health").status_code == 200        # within the age: the last result
+    monkeypatch.setattr(api_v1, "HEALTH_CHECKS_MAX_AGE", 0.0)   # the age has passed
+    res = client.get("/health")
+    assert res.status_code == 503 and res.json["checks"]["data_dir"] != "ok"
