@@ -1,5 +1,5 @@
-"""First token: the panel against a bare ACP client of the same ``hermes acp`` (README
-§Runners → "First token").
+"""First token: the panel against a bare ACP client of the same ``hermes acp`` (docs/runners.md
+"First token").
 
 One run, one scripted model (``[[slow:0.25]]``: the answer in 5 pieces 50 ms apart), the two
 sides taken alternately so that a noisy machine weighs on both alike:

@@ -1,4 +1,4 @@
-"""Session registry at scale (issue #9): per-operation latency at 1 000 / 10 000 / 100 000
+"""Session registry at scale (docs/benchmarks.md): per-operation latency at 1 000 / 10 000 / 100 000
 sessions over 1 000 users, in one process and with two processes writing at once.
 
 For each size a registry is built the way an upgrade builds it — a single legacy

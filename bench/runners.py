@@ -1,4 +1,4 @@
-"""The two runners side by side (README §Runners): one run, the same scripted model.
+"""The two runners side by side (docs/runners.md): one run, the same scripted model.
 
 Prints, with medians over ``--turns`` samples:
 
@@ -11,7 +11,7 @@ Prints, with medians over ``--turns`` samples:
 * abort to ``run.cancelled`` on the ACP runner (the model is mid-stream);
 * RSS of a warm ACP process (MB);
 
-and the ratios against the targets of issue #7: warm ≤ 0.1 × bare, first delta ≤ 300 ms,
+and the ratios against the runner targets (docs/benchmarks.md): warm ≤ 0.1 × bare, first delta ≤ 300 ms,
 cold ≤ 1.5 × bare, RSS ≤ 150 MB.
 
     .venv/bin/python bench/runners.py [--turns N]      (or: make bench)

@@ -1,4 +1,4 @@
-"""The sandbox's cost (README §Sandbox and threat model): sandbox on (``hermes.sandbox.mode:
+"""The sandbox's cost (docs/sandbox.md): sandbox on (``hermes.sandbox.mode:
 bwrap``) vs off (``none``), side by side in one run against the same scripted model.
 
 Two services per phase, one per side, started together: first a CLI-runner pair, then an

@@ -1,8 +1,8 @@
-"""Event-stream fan-out (issue #9 item 3; README §Event-stream fan-out): N Server-Sent Events
+"""Event-stream fan-out (docs/mnote-client.md §Event-stream fan-out): N Server-Sent Events
 subscribers on one live run of one service.
 
 For each N (default 100, 500, 1000), a fresh real service (``main.py``: waitress, free port)
-with the settings the README recommends for N subscribers::
+with the settings docs/mnote-client.md §Event-stream fan-out recommends for N subscribers::
 
     mnote.max_event_streams = N
     service.threads          = N + 24    (check-config needs >= N + 2*max_concurrent_runs

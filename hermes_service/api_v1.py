@@ -5,7 +5,7 @@ HTTP status of the :class:`~hermes_service.errors.ServiceError` raised.
 
 Each route declares its contract (:func:`~hermes_service.web.documented`): the request
 schemas below are what :func:`~hermes_service.web.json_body` validates with, and, with the
-response schemas, what ``GET /openapi.json`` shows (README §API description).
+response schemas, what ``GET /openapi.json`` shows (docs/api-description.md).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from .security import acting_user
 
 log = logging.getLogger("hermes_service")
 
-# the route families of this blueprint (README §API keys): the v1 API, its execute route
+# the route families of this blueprint (docs/configuring.md §API keys): the v1 API, its execute route
 # (a scope of its own: it reads any user's data), and /health (a key only when
 # security.health_requires_api_key)
 V1 = RouteFamily("v1", ("/api/v1/",), V1_ERRORS, scope="v1")
@@ -53,7 +53,7 @@ SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties
                                "user_context": _USER_CONTEXT},
                 "examples": [{"message": "What is Python?"}]}
 #: the shortest ``timeout`` of /api/v1/execute, seconds: enough to start a process (a shorter
-#: one could only end in 504 ``run_timeout`` before the command ran; README §The v1 API)
+#: one could only end in 504 ``run_timeout`` before the command ran; docs/v1-api.md)
 MIN_EXECUTE_TIMEOUT = 1
 EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
            "properties": {"command": {"type": "array", "minItems": 1,
@@ -121,7 +121,7 @@ EXECUTE_RESULT = {"type": "object",
                                  "truncated": {"type": "boolean"}}}
 
 _SESSION_ID = Param("session_id", "path", ID_SCHEMA, "a v1 session id")
-# what a turn may answer (README §The v1 API, error table)
+# what a turn may answer (docs/v1-api.md, error table)
 _TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too_many_runs",),
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
                       "hermes_failed"),
@@ -129,11 +129,11 @@ _TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too
                       "service_draining", "service_stopping"),
                 504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
-#: README §Idempotent retries
+#: docs/v1-api.md §Idempotent retries
 IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
                         "retry safely: the same key with the same request returns the first "
                         "outcome (`Idempotency-Replayed: true`); with another request 409 "
-                        "(README §Idempotent retries)")
+                        "(docs/v1-api.md §Idempotent retries)")
 _IDEMPOTENCY_ERRORS = {400: ("invalid_idempotency_key",),
                        409: ("idempotency_key_conflict", "idempotency_key_in_progress"),
                        503: ("idempotency_unavailable",)}
@@ -201,10 +201,10 @@ def health():
     ``"status": "degraded"`` and ``checks`` (the node serves everything but turns, exactly as
     well as any other node of the same config: no reason for a load balancer to take it out),
     and likewise (``checks.sandbox``) when ``hermes.sandbox.mode: auto`` found no usable
-    bubblewrap, so Hermes processes run unconfined (README §Sandbox);
+    bubblewrap, so Hermes processes run unconfined (docs/sandbox.md);
     ``"status": "draining"`` (503, the rest of the body as it would be) while a stop lets
     running turns finish, ``"status": "stopping"`` (503) after. Exempt from the API key unless
-    ``security.health_requires_api_key``. README §Health."""
+    ``security.health_requires_api_key``. docs/v1-api.md §Health."""
     svc = services()
     if svc.processes.stopping:
         return jsonify(status="stopping", service="hermes-service", multi_user=True), 503
@@ -279,7 +279,7 @@ def new_session_id(node_id: str | None) -> str:
 def create_session():
     """Spec §3. Creates the user's home on first use. ``initial_message`` is accepted, unused.
 
-    With ``Idempotency-Key``, a retry gets the session the first request created (README
+    With ``Idempotency-Key``, a retry gets the session the first request created (docs/v1-api.md
     §Idempotent retries)."""
     body = json_body()
     svc = services()
@@ -345,7 +345,7 @@ def send_message(session_id):
     Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502 (incl.
     ``upstream_empty_answer``)/503/504.
 
-    With ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer
+    With ``Idempotency-Key`` (docs/v1-api.md §Idempotent retries): a retry gets the first answer
     (``Idempotency-Replayed: true``) and Hermes runs once; a retry while the first turn runs
     waits for it (holding an admission place, so 429 when none is free); 409
     ``idempotency_key_conflict`` for the same key with another message or session.

@@ -1,4 +1,4 @@
-"""Flask app factory: service objects, request hooks, error handlers, blueprints (README §Architecture).
+"""Flask app factory: service objects, request hooks, error handlers, blueprints (docs/architecture.md).
 
 Data flows one way: blueprint → service objects (:mod:`hermes_service.services`) → runner/store.
 Extensions (:mod:`hermes_service.installed`) add their objects and blueprints here.
@@ -75,6 +75,6 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
         ext.init_app(app, svc)
     app.register_blueprint(openapi.bp)
     # every route must declare its contract: an undocumented one stops the app here
-    # (UndocumentedRoute), so no test and no start passes with it (README §API description)
+    # (UndocumentedRoute), so no test and no start passes with it (docs/api-description.md)
     openapi.build_document(app, config)
     return app

@@ -82,7 +82,7 @@ def cli(ctx, config_path, host, port, threads, demo):
 
 
 def serve(config_path, host=None, port=None, threads=None, demo=False):
-    """Serve until SIGTERM/SIGINT (README §Process lifetime); SIGHUP reloads (§Reload).
+    """Serve until SIGTERM/SIGINT (docs/operations.md §Process lifetime); SIGHUP reloads (docs/configuring.md §Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
@@ -211,7 +211,7 @@ def reload(ctx, timeout):
     problem`` too; the services are then found through the data dir the file names
     (``paths.data_dir``, when it can be read from the broken file) or else, among those of
     ``data/`` beside the file, the ones serving this very file. Exit 0 applied, 2 refused (or
-    the file is invalid and no service runs), 1 no running service / no answer. README §Reload.
+    the file is invalid and no service runs), 1 no running service / no answer. docs/configuring.md §Reload.
     """
     from .lifecycle import request_reload
     path = ctx.obj["config_path"]
@@ -291,7 +291,7 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     Never touches a session whose turn lock is held. Exit 0; 1 if something was skipped (a
     damaged shard, a failed purge); 3 if the registry or an extension's store (e.g.
     data/mnote.db) cannot be opened.
-    README §Retention and cleanup."""
+    docs/data-and-durability.md §Retention and cleanup."""
     from .config import MIN_SESSION_AGE_SECONDS, parse_duration
     try:
         seconds = parse_duration(older_than)

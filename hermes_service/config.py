@@ -1,9 +1,9 @@
 """Service configuration: load ``config.yaml``, validate it, resolve defaults.
 
 The file layout follows the spec's example config (hermes-service-api-v1.3.0
-§配置文件) plus the keys added by issue #2 (``hermes.*``, ``paths.*``,
-``key_sha256``), #3 (``mnote.*``), #8 (``service.connection_limit``,
-``service.idle_timeout_seconds``, ``api_keys[].scopes``) and #9 (``retention.*``). Validation uses jsonschema plus
+§配置文件) plus the service's own keys (``hermes.*``, ``paths.*``,
+``key_sha256``, ``mnote.*``, ``service.connection_limit``,
+``service.idle_timeout_seconds``, ``api_keys[].scopes``, ``retention.*``; docs/configuring.md). Validation uses jsonschema plus
 the cross-field checks below; every problem is reported as ``file:dotted.key: problem`` so
 ``check-config`` can print it and a bad file never starts a half-working server.
 
@@ -21,7 +21,7 @@ outside this module reads the YAML's mapping; each service object takes its sect
 built and in its ``configure`` on reload (:meth:`hermes_service.services.Services.apply`).
 The cross-field checks are the named entries of :data:`CHECKS`.
 
-Two kinds of findings (README §Configuring):
+Two kinds of findings (docs/configuring.md):
 
 * **problems** (:class:`ConfigError`): the file is wrong; the service refuses to start and a
   reload keeps the running config;
@@ -116,14 +116,14 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-#: API key scopes (README §API keys): which route families a key may call.
+#: API key scopes (docs/configuring.md §API keys): which route families a key may call.
 SCOPES = ("v1", "client", "execute", "metrics")
 #: Scopes of a key that lists none. v1.3.0 let every key call every route; /api/v1/execute can
 #: read any user's transcripts (``sessions export``), so it must be granted explicitly.
 DEFAULT_SCOPES = ("v1", "client")
 #: Hermes refuses a context window below this (agent/model_metadata.py MINIMUM_CONTEXT_LENGTH).
 HERMES_MIN_CONTEXT_LENGTH = 64000
-#: The example provider shipped in config.yaml before issue #8: not a provider.
+#: The example provider shipped in early versions of config.yaml: not a provider.
 PLACEHOLDER_PROVIDERS = {("http://127.0.0.1:8000/v1", "gpt-4o-mini")}
 #: Connections beyond those that hold a thread (idle keep-alive, queued requests).
 SPARE_CONNECTIONS = 100
@@ -865,7 +865,7 @@ def idempotency_ttl(cfg: Config) -> list[str]:
         return [f"{cfg.source}:service.idempotency_ttl_seconds: must be at least "
                 f"hermes.queue_wait_seconds + hermes.timeout_seconds "
                 f"({longest}): a retry must find "
-                "the outcome of a turn that took as long as a turn may (README "
+                "the outcome of a turn that took as long as a turn may (docs/v1-api.md "
                 "§Idempotent retries)"]
     return []
 
@@ -957,7 +957,7 @@ def _value(cfg: Config, section: str, key: str | None):
 
 
 def restart_only(running: Config, new: Config) -> list[str]:
-    """Dotted keys whose new value a live reload cannot apply (README §Reload). A key a
+    """Dotted keys whose new value a live reload cannot apply (docs/configuring.md §Reload). A key a
     command-line option overrode is compared with the file's value it was started with."""
     return [f"{section}.{key}" if key else section for section, key in RESTART_ONLY
             if _value(running, section, key) != _value(new, section, key)]
@@ -965,7 +965,7 @@ def restart_only(running: Config, new: Config) -> list[str]:
 
 def keep_running(running: Config, new: Config) -> Config:
     """``new`` with the running values of the :data:`RESTART_ONLY` settings (and the running
-    command-line overrides and overlay), as a reload applies it (README §Reload).
+    command-line overrides and overlay), as a reload applies it (docs/configuring.md §Reload).
 
     Raises :class:`ConfigError` with the :data:`CHECKS` problems of the result: the new
     limits must fit the running threads and connections."""

@@ -108,7 +108,7 @@ class Conversations:
         return rec
 
     def prune_idle_locks(self) -> int:
-        """Drop entries of the in-memory turn-lock table that no turn holds (retention, README
+        """Drop entries of the in-memory turn-lock table that no turn holds (retention, docs/data-and-durability.md
         §Retention and cleanup); returns how many. A thread that fetched an entry just before
         it was dropped still serializes with later turns through the session's file lock."""
         with self._guard:
@@ -153,7 +153,7 @@ class Conversations:
              toolsets: list[str] | None = None, plugin_run: dict | None = None,
              listener: TurnListener | None = None, cancel: threading.Event | None = None,
              record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
-        """Run one turn of ``message`` on the session (README §Runners).
+        """Run one turn of ``message`` on the session (docs/runners.md).
 
         ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
         ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
@@ -210,7 +210,7 @@ class Conversations:
     def _reap_orphans(self) -> None:
         """Kill the Hermes processes of service processes that died (before a dead turn is
         taken back: another service process sharing the data dir did not restart, so its
-        orphans may still be running; README "Process lifetime")."""
+        orphans may still be running; docs/operations.md §Process lifetime)."""
         reaped = self.processes.groups.reap_orphans()
         if reaped:
             log.warning("killed %d Hermes process group(s) left by a service that died", reaped)

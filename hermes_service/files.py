@@ -1,5 +1,5 @@
-"""Files written whole or not at all — the one atomic-write rule of the service (README
-§Data and durability).
+"""Files written whole or not at all — the one atomic-write rule of the service
+(docs/data-and-durability.md).
 
 :func:`atomic_write` puts the new content in a temp file in the same folder (mode 0600),
 flushes and fsyncs it, and renames it over the target, so a reader — or the next start after

@@ -1,4 +1,4 @@
-"""Requests whose body framing could be read two ways are refused (README §Limits).
+"""Requests whose body framing could be read two ways are refused (docs/configuring.md §Limits).
 
 RFC 9112 §6.1 and §6.3: a request's body ends where ``Transfer-Encoding: chunked`` (the final
 coding) or ``Content-Length`` says. A message that says it in two ways, or in a way a server

@@ -137,7 +137,7 @@ def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | Non
     What this cannot see: an entry swapped for a symlink just before SQLite's own ``open``
     and swapped back before step 3 (SQLite re-resolves by name). The sandbox closes that by
     making the home and ``.hermes`` mount points (not renamable from inside: ``EBUSY``) and
-    by confining hardlinks to the mount (``EXDEV``); see README §Sandbox."""
+    by confining hardlinks to the mount (``EXDEV``); see docs/sandbox.md."""
     hermes_home = Path(hermes_home)
     try:
         dfd = homefs.open_dirs(hermes_home.parent.parent, hermes_home.parent.name,
@@ -468,7 +468,7 @@ def _storable(text: str) -> str:
 @bounded
 def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown: str) -> bool:
     """Keep the answer text ``shown`` to the client before the turn that sent ``message``
-    was stopped (README §Runners → "A stopped turn"): append it to the turn as one assistant
+    was stopped (docs/runners.md "A stopped turn"): append it to the turn as one assistant
     row — what Hermes 0.19.0 writes itself when a reply is interrupted mid-stream
     (``agent/conversation_loop.py``, ``except InterruptedError``: ``{"role": "assistant",
     "content": <partial>}``, no ``finish_reason``), with ``sessions.message_count + 1`` as

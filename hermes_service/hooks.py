@@ -1,4 +1,4 @@
-"""Request hooks, one job each (README §Architecture, §Configuring):
+"""Request hooks, one job each (docs/architecture.md, docs/configuring.md):
 
 1. :func:`assign_request_id` — ``g.request_id`` (a safe incoming ``X-Request-Id`` or a new one),
    which also starts the log context (request id, route template; :mod:`hermes_service.logs`);

@@ -1,4 +1,4 @@
-"""Idempotent retries: the ``Idempotency-Key`` request header (README §Idempotent retries).
+"""Idempotent retries: the ``Idempotency-Key`` request header (docs/v1-api.md §Idempotent retries).
 
 A client that may have lost an answer (a cut connection, a restart, a timeout) sends the
 request again with the same ``Idempotency-Key``; it gets the first request's outcome instead
@@ -7,7 +7,7 @@ of a second turn. The routes that take the header say so with
 /api/v1/sessions/{id}/messages``, ``POST /api/hermes/client/sessions``, ``POST
 /api/hermes/client/runs``), which applies the rules and the store of this module.
 
-Rules (README §Idempotent retries is the manual):
+Rules (docs/v1-api.md §Idempotent retries is the manual):
 
 * **The key**: 1-255 visible ASCII characters (``0x21``-``0x7E``, :data:`KEY_PATTERN`); any
   other value of the header — empty, longer, a space, a control or non-ASCII character — is
@@ -41,7 +41,7 @@ Rules (README §Idempotent retries is the manual):
 * **A crash**: a record in progress names its owner (:func:`hermes_service.instance.current`).
   When that process is gone (:func:`hermes_service.instance.alive` False) the retry takes the
   record over and runs the request again: the interrupted turn was taken back by the runners'
-  rewind before the next turn (README §Process lifetime), so the conversation holds it once.
+  rewind before the next turn (docs/operations.md §Process lifetime), so the conversation holds it once.
 * **Lifetime**: a finished record expires ``service.idempotency_ttl_seconds`` (default 86400)
   after its outcome; an expired key is a fresh request. Expired records are deleted by the
   retention job and ``main.py gc`` (:meth:`IdempotencyStore.prune`). A record in progress
@@ -192,7 +192,7 @@ class IdempotencyStore:
             raise CorruptStore(
                 f"{self.path}: the Idempotency-Key record store cannot be opened ({err}); "
                 "stop every service process on the data dir, move it away with its -wal and "
-                "-shm files, and start again (README §Idempotent retries)") from None
+                "-shm files, and start again (docs/v1-api.md §Idempotent retries)") from None
 
     def configure(self, ttl_seconds: float) -> None:
         """Take a reloaded ``service.idempotency_ttl_seconds``: outcomes stored from now on

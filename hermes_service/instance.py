@@ -1,5 +1,5 @@
-"""Which service process is this, and is another one still alive (docs: README §Process
-lifetime, §Data and durability).
+"""Which service process is this, and is another one still alive (docs: docs/operations.md
+§Process lifetime, docs/data-and-durability.md).
 
 Several service processes may serve one data dir (a rolling restart, two processes behind
 nginx) and records in it name the process that owns them — a running turn, an event log, an

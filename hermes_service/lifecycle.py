@@ -1,4 +1,4 @@
-"""Process lifetime of the serving process (README §Process lifetime, §Reload, §Limits).
+"""Process lifetime of the serving process (docs/operations.md §Process lifetime, docs/configuring.md §Reload, §Limits).
 
 * :func:`waitress_options` — connection limit, idle timeout and body size enforced by waitress
   itself, before Flask (and before any IP or key check) sees a request;
@@ -15,7 +15,7 @@
   event (``service_stopping``), which open event streams deliver before the process exits
   (bounded by :data:`DRAIN_SECONDS`); CLI pid records and the service record are removed. A
   second signal during the drain starts the stop at once; one during the stop leaves the
-  serving loop at once. README §Process lifetime.
+  serving loop at once. docs/operations.md §Process lifetime.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def provider_host(url: str | None) -> str:
 
 
 def running(config: Config, sandbox) -> str:
-    """What the service runs, for the start and reload lines (README §Logs): ``runner R
+    """What the service runs, for the start and reload lines (docs/operations.md §Logs): ``runner R
     (panel P), model M at HOST[:PORT], sandbox S, data dir D`` — R the v1 API's runner, then
     each extension family's label and runner (e.g. ``panel``: the client routes'); the
     provider by host only, never its key or URL path."""
@@ -66,7 +66,7 @@ def running(config: Config, sandbox) -> str:
 
 
 def no_provider(config: Config) -> str | None:
-    """The one line saying no model turn can work and what to set (start and reload; README
+    """The one line saying no model turn can work and what to set (start and reload; docs/operations.md
     §Logs), or None when the provider is usable (:attr:`Config.provider_issues`)."""
     if not config.provider_issues:
         return None
@@ -77,7 +77,7 @@ def no_provider(config: Config) -> str | None:
 
 
 def waitress_options(config: Config, threads: int | None = None) -> dict:
-    """waitress settings from ``service.*`` (README §Limits):
+    """waitress settings from ``service.*`` (docs/configuring.md §Limits):
 
     * ``connection_limit`` — open connections (waitress stops accepting beyond it);
     * ``channel_timeout`` = ``idle_timeout_seconds`` and ``cleanup_interval`` = a quarter of
@@ -90,7 +90,7 @@ def waitress_options(config: Config, threads: int | None = None) -> dict:
       is answered, so it sees at once when a client closes an event stream (and can read one
       pipelined request ahead); an event stream's watcher (e.g. the client proxy's) then ends
       the stream through ``waitress.client_disconnected``, freeing its slot and thread within
-      ~1 s instead of after a failed keepalive write (README §Event-stream fan-out).
+      ~1 s instead of after a failed keepalive write (docs/mnote-client.md §Event-stream fan-out).
     """
     svc = config.service
     idle = svc.idle_timeout_seconds
@@ -188,7 +188,7 @@ def request_reload(data_dir: Path, timeout: float = 15.0,
 
 
 def reload_config(svc, path: str) -> tuple[bool, list[str]]:
-    """Re-read ``path`` and apply it to the running service objects (README §Reload).
+    """Re-read ``path`` and apply it to the running service objects (docs/configuring.md §Reload).
 
     Returns ``(True, notes)`` when applied — notes name changed settings that need a
     restart (their running values stay) and the new config's warnings — or
@@ -248,7 +248,7 @@ class Lifecycle:
         """Reload now (one at a time); logs and records the outcome. Returns whether applied."""
         with self._reload_lock:
             ok, lines = reload_config(self.svc, self.config_path)
-            if ok:     # one line in the start line's words (README §Logs), then the notes
+            if ok:     # one line in the start line's words (docs/operations.md §Logs), then the notes
                 config = self.svc.config
                 log.info("reloaded %s; serving on %s (pid %d): %s", self.config_path,
                          self.record.data["url"], os.getpid(), running(config, self.svc.sandbox))
@@ -283,7 +283,7 @@ class Lifecycle:
     def _drain(self, signum: int, seconds: float) -> None:
         """Let the turns in progress finish, for up to ``seconds`` or until a second signal
         (:meth:`Services.drain`); logs its start, each turn that ends and its end
-        (README §Logs)."""
+        (docs/operations.md §Logs)."""
         svc = self.svc
         started = time.monotonic()
         svc.drain()

@@ -1,4 +1,4 @@
-"""A counting limit whose size can change while it is held (README §Reload).
+"""A counting limit whose size can change while it is held (docs/configuring.md §Reload).
 
 Used for the CLI slots (``hermes.max_concurrent_runs``), the v1 admission places
 (``max_concurrent_runs + max_waiting_requests``) and an extension's event-stream

@@ -1,4 +1,4 @@
-"""Log set-up and log context (README §Operations → Logs; config ``service.log_format``).
+"""Log set-up and log context (docs/operations.md §Logs; config ``service.log_format``).
 
 Every record gets the fields of the context it was logged in — ``request_id``,
 ``trace_id``, ``run_id``, ``route`` — from a :mod:`contextvars` variable the request

@@ -1,4 +1,4 @@
-"""Prometheus metrics (README §Operations → Metrics), served at ``GET /metrics``
+"""Prometheus metrics (docs/operations.md §Metrics), served at ``GET /metrics``
 (:mod:`hermes_service.ops`).
 
 The rest of the service reports through the small functions below, one call per event;
@@ -229,7 +229,7 @@ def model_request(outcome: str) -> None:
 
 
 def set_draining(on: bool) -> None:
-    """The process started (True) or ended (False) a drain (README §Process lifetime)."""
+    """The process started (True) or ended (False) a drain (docs/operations.md §Process lifetime)."""
     DRAINING.set(1 if on else 0)
 
 

@@ -1,5 +1,5 @@
-"""The service describes itself: ``GET /openapi.json`` (OpenAPI 3.1) and ``GET /docs`` (README
-§API description).
+"""The service describes itself: ``GET /openapi.json`` (OpenAPI 3.1) and ``GET /docs``
+(docs/api-description.md).
 
 The document is assembled with apispec from the app's own URL map. Every route declares its
 contract next to it (:func:`hermes_service.web.documented`): parameters, the request schema —
@@ -59,7 +59,7 @@ RESPONSE_HEADERS = {
     "Location": {"description": "where the resource is, relative to this URL",
                  "schema": {"type": "string"}},
     "Idempotency-Replayed": {"description": "`true`: this is the recorded outcome of the first "
-                                            "request with this Idempotency-Key (README "
+                                            "request with this Idempotency-Key (docs/v1-api.md "
                                             "§Idempotent retries); absent otherwise",
                              "schema": {"type": "string", "enum": ["true"]}},
 }
@@ -68,11 +68,11 @@ IDEMPOTENCY_PARAM = "Idempotency-Key"
 IDEMPOTENT_REPLY_HEADER = "Idempotency-Replayed"
 #: the core's tags; an extension adds its own after them (:func:`~hermes_service.web.register_tags`)
 TAGS = [
-    {"name": "v1", "description": "The v1 REST API (spec hermes-service-api-v1.3.0; README "
-                                  "§The v1 API). Errors: `{detail, code, requestId}`."},
-    {"name": "health", "description": "Liveness (README §Health)."},
-    {"name": "operations", "description": "Metrics (README §Operations)."},
-    {"name": "docs", "description": "This document and its page (README §API description)."},
+    {"name": "v1", "description": "The v1 REST API (spec hermes-service-api-v1.3.0; "
+                                  "docs/v1-api.md). Errors: `{detail, code, requestId}`."},
+    {"name": "health", "description": "Liveness (docs/v1-api.md §Health)."},
+    {"name": "operations", "description": "Metrics (docs/operations.md)."},
+    {"name": "docs", "description": "This document and its page (docs/api-description.md)."},
 ]
 DESCRIPTION = """\
 The Hermes Agent CLI behind a REST API: the v1 API, the mnote client proxy (the page AI
@@ -89,7 +89,7 @@ tool endpoint the contract's output envelope. A body larger than `service.max_bo
 refused by the HTTP server itself with a plain-text 413. Every response carries `X-Request-Id`.
 
 This document is generated from the routes and the schemas the service validates requests
-with, for this node's configuration (README §API description).
+with, for this node's configuration (docs/api-description.md).
 """
 
 

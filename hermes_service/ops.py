@@ -1,4 +1,4 @@
-"""Operations routes: ``GET /metrics`` (README §Operations → Metrics).
+"""Operations routes: ``GET /metrics`` (docs/operations.md §Metrics).
 
 The instruments are :mod:`hermes_service.metrics`; this blueprint only serves their
 exposition. Allowlist and API key like every route, and the key's ``scopes``
@@ -27,7 +27,7 @@ _EXPOSITION = {"text/plain": {"schema": {"type": "string",
 
 @bp.get("/metrics")
 @documented(summary="Prometheus metrics", tags=("operations",),
-            replies={200: Reply("this process's metrics (README §Operations → Metrics)",
+            replies={200: Reply("this process's metrics (docs/operations.md §Metrics)",
                                 media=_EXPOSITION, headers=("Cache-Control",))},
             errors={403: ("insufficient_scope",)})
 def metrics():

@@ -1,4 +1,4 @@
-"""Checks of the world a config points at (README §Configuring, §Health).
+"""Checks of the world a config points at (docs/configuring.md, docs/v1-api.md §Health).
 
 :mod:`.config` judges the file; these judge what it names: the Hermes command, the users
 template, the data dir, the session registry and the file-descriptor limit the connection

@@ -1,5 +1,5 @@
-"""Retention and cleanup: ``.venv/bin/python main.py gc`` and the service's periodic run (README
-§Retention and cleanup; issue #9 item 2).
+"""Retention and cleanup: ``.venv/bin/python main.py gc`` and the service's periodic run (docs/data-and-durability.md
+§Retention and cleanup).
 
 One pass (:func:`collect`) removes, in this order:
 
@@ -19,7 +19,7 @@ One pass (:func:`collect`) removes, in this order:
    lock file that was unlinked under a waiter, so two holders can never result). Lock
    files of live sessions and ``home-<user>.lock`` stay (bounded by sessions and users).
 5. **Idempotency-Key records** expired ``service.idempotency_ttl_seconds`` after their
-   outcome (``data/idempotency.db``; one in progress only when its process is gone: README
+   outcome (``data/idempotency.db``; one in progress only when its process is gone: docs/v1-api.md
    §Idempotent retries, :meth:`~hermes_service.idempotency.IdempotencyStore.prune`).
 6. In the service only (``in_service``): idle entries of the in-memory turn-lock table
    (:meth:`Conversations.prune_idle_locks`) — memory of that process.
@@ -340,7 +340,7 @@ class RetentionJob:
     one :func:`collect` pass with ``in_service=True``; mappings only when
     ``sessions_older_than`` is set. Started by the serve command; a daemon thread.
 
-    The settings are read from ``svc.config`` at every pass, so a reload (README §Reload)
+    The settings are read from ``svc.config`` at every pass, so a reload (docs/configuring.md §Reload)
     applies from the next one; while ``interval_seconds`` is 0 no pass runs (the thread looks
     again every :attr:`idle_check` seconds)."""
     idle_check = 60.0

@@ -1,5 +1,5 @@
 """Route families: who may call a route, with what, and how its errors look — one record per
-family, declared by the blueprint that serves it (README §Architecture, §API keys).
+family, declared by the blueprint that serves it (docs/architecture.md, docs/configuring.md §API keys).
 
 A :class:`RouteFamily` names
 

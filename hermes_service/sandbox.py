@@ -1,6 +1,6 @@
 """The one launcher of every Hermes process: CLI turns, warm ``hermes acp`` processes and
 their pre-warm, ``/api/v1/execute``, ``hermes --version`` and ``gc``'s transcript deletion
-(docs: README §Sandbox and threat model).
+(docs: docs/sandbox.md).
 
 **Modes** (``hermes.sandbox.mode``):
 

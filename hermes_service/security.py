@@ -1,4 +1,4 @@
-"""IP allowlist, trusted proxies and API keys (spec §认证机制, issue #2 item 8).
+"""IP allowlist, trusted proxies and API keys (spec §认证机制; docs/configuring.md).
 
 * The client address is the TCP peer. ``X-Forwarded-For`` is honoured only
   when ``nginx.enable_real_ip`` is on and the peer is a trusted proxy; then
@@ -106,7 +106,7 @@ class Guard:
 
 def acting_user(api_key: ApiKey | None, requested: str | None) -> str | None:
     """The user (actor) a request acts for — the one actor-binding rule of every route
-    family (README §API keys): ``requested`` (already a valid id) or, when the request names
+    family (docs/configuring.md §API keys): ``requested`` (already a valid id) or, when the request names
     none, the key's bound ``actor_id``. A key bound to an actor acts only for that actor:
     naming another raises :class:`Forbidden` ``actor_mismatch`` (each blueprint renders it in
     its contract's shape). Returns None when neither names a user."""

@@ -1,8 +1,8 @@
-"""The service objects, built in one place (README §Architecture).
+"""The service objects, built in one place (docs/architecture.md).
 
 Data flows one way: blueprint → these objects → runner/store. :func:`build_services`
 constructs every object from the config and wires them together; :meth:`Services.apply`
-hands a reloaded config to the same objects (README §Reload). Process reaping (killing CLI
+hands a reloaded config to the same objects (docs/configuring.md §Reload). Process reaping (killing CLI
 groups a crashed service left) and the periodic cleanup
 (:class:`~hermes_service.retention.RetentionJob`) are the serve command's job
 (:mod:`hermes_service.cli`), not a side effect of building these.
@@ -75,7 +75,7 @@ class Services:
             raise Unconfigured(reason, code="hermes_unconfigured")
 
     def apply(self, config: Config) -> None:
-        """Hand a reloaded, validated config to the service objects (README §Reload): each
+        """Hand a reloaded, validated config to the service objects (docs/configuring.md §Reload): each
         takes its section in its ``configure`` (the same sections :func:`build_services`
         built them from); the guard is rebuilt.
 
@@ -109,13 +109,13 @@ class Services:
 
     @property
     def draining(self) -> bool:
-        """Is the service draining (README §Process lifetime): no new turn is accepted."""
+        """Is the service draining (docs/operations.md §Process lifetime): no new turn is accepted."""
         return self.processes.draining
 
     def drain(self) -> None:
         """Stop accepting new turns (:meth:`check_accepting` refuses them), let the running
         ones go on; the warm ACP pool starts no new process and pre-warms nothing
-        (README §Process lifetime). :meth:`shutdown` ends what is left."""
+        (docs/operations.md §Process lifetime). :meth:`shutdown` ends what is left."""
         self.processes.draining = True
         metrics.set_draining(True)
 
@@ -129,7 +129,7 @@ class Services:
                                headers={"Retry-After": str(DRAINING_RETRY_AFTER)})
 
     def in_flight(self) -> dict:
-        """What a drain waits for (README §Process lifetime): ``{key: label}``, one entry per
+        """What a drain waits for (docs/operations.md §Process lifetime): ``{key: label}``, one entry per
         v1 request holding an admission place (label ``v1 message on session <id>``, …) and
         what the :attr:`drain_sources` name (e.g. ``run <runId>``)."""
         with self._v1_lock:
@@ -239,7 +239,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
                                      config.service.idempotency_ttl_seconds),
         service_url=service_url or default_service_url(config))
-    # gauges read at scrape time (README §Operations → Metrics)
+    # gauges read at scrape time (docs/operations.md §Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:
         metrics.watch("runner_processes", acp.process_count, runner="acp")

@@ -1,5 +1,5 @@
-"""Session registry: one ``sessions.json`` per user plus an owner index (README §Data and
-durability; issue #9 item 1; the file format is the design card's ``sessions.json``).
+"""Session registry: one ``sessions.json`` per user plus an owner index
+(docs/data-and-durability.md; the file format is the design card's ``sessions.json``).
 
 Layout under ``paths.data_dir``::
 

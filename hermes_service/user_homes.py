@@ -1,4 +1,4 @@
-"""One isolated Hermes home per user (spec §用户隔离; README §Sandbox and threat model).
+"""One isolated Hermes home per user (spec §用户隔离; docs/sandbox.md).
 
 Layout under ``paths.data_dir``::
 
@@ -45,7 +45,7 @@ log = logging.getLogger("hermes_service.user_homes")
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: put on the PYTHONPATH of every Hermes process: its sitecustomize turns off the CLI's
-#: reading of a message that names a local image file (README §Runners)
+#: reading of a message that names a local image file (docs/runners.md)
 HERMES_SITE = Path(__file__).resolve().parent / "hermes_site"
 
 

@@ -1,4 +1,4 @@
-"""Request helpers shared by the app factory and every blueprint (README §Architecture).
+"""Request helpers shared by the app factory and every blueprint (docs/architecture.md).
 
 * :func:`services` — the :class:`~hermes_service.services.Services` of the current app;
 * :func:`parse_json` / :func:`json_body` / :func:`has_body` — strict JSON request bodies (read
@@ -11,7 +11,7 @@
   :mod:`hermes_service.idempotency`);
 * :func:`documented` — a route's contract (parameters, request schema, responses, error codes),
   declared next to the route; :mod:`hermes_service.openapi` builds ``GET /openapi.json`` from
-  these and refuses a route without one (README §API description). :func:`json_body` validates
+  these and refuses a route without one (docs/api-description.md). :func:`json_body` validates
   with the schema the contract declares, so the document and the check share one dict.
 
 Blueprints import from here, never from ``app.py``; ``app.py`` imports the blueprints.
@@ -154,7 +154,7 @@ class Reply:
 
 @dataclass(frozen=True)
 class Contract:
-    """A route's documented contract (README §API description).
+    """A route's documented contract (docs/api-description.md).
 
     Who may call the route and its error shape are its route family's
     (:class:`~hermes_service.routing.RouteFamily`, declared by its blueprint), not the
@@ -201,11 +201,11 @@ def contract_of(view: Callable | None) -> Contract | None:
 
 
 def v1_error(err: ServiceError) -> dict:
-    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; README §The v1 API)."""
+    """The v1 API's error body (spec hermes-service-api-v1.3.0 has none; docs/v1-api.md)."""
     return {"detail": err.detail, "code": err.code, "requestId": g.get("request_id"), **err.extra}
 
 
-#: the v1 API's error body (README §The v1 API); ``err.extra`` may add fields
+#: the v1 API's error body (docs/v1-api.md); ``err.extra`` may add fields
 V1_ERROR = {"type": "object", "required": ["detail", "code", "requestId"],
             "properties": {"detail": {"type": "string"}, "code": {"type": "string"},
                            "requestId": {"type": "string"}}}

@@ -1,5 +1,5 @@
 """Loaded by the Python of every Hermes process the service starts (``PYTHONPATH`` names this
-folder: ``UserHomes.cli_env``; README §Runners, "A message is text").
+folder: ``UserHomes.cli_env``; docs/runners.md, §A message is text).
 
 ``hermes chat --query=…`` treats a query that starts like a path of an existing local image
 file (``/…``, ``~/…``, ``./…``, ``file://…``; Hermes 0.19.0 ``cli._detect_file_drop``, called
@@ -10,7 +10,7 @@ is always text: this hook makes ``_detect_file_drop`` find nothing, as soon as H
 module is imported. Explicit ``--image`` arguments (which the service never passes) are
 untouched. Plugins load too late for this (after the query was handled), hence a hook here.
 
-**How long Hermes waits for an approval** (``hermes acp`` only; README §Approvals). Hermes
+**How long Hermes waits for an approval** (``hermes acp`` only; docs/mnote-client.md §Approvals). Hermes
 0.19.0's ACP adapter asks the client before a dangerous command or an edit and waits for the
 answer at most ``timeout`` seconds (``acp_adapter.permissions.make_approval_callback`` and
 ``acp_adapter.edit_approval.make_acp_edit_approval_requester``, default 60; ``server.py``

@@ -12,7 +12,7 @@ contract's six (§3) plus the documented additions in :data:`EXTRA_CODES`.
 
 Each route declares its contract (:func:`~hermes_service.web.documented`): the request schemas
 here are what :func:`~hermes_service.web.json_body` validates with and what ``GET
-/openapi.json`` shows; the event payloads are in :mod:`.events` (README §API description).
+/openapi.json`` shows; the event payloads are in :mod:`.events` (docs/api-description.md).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ CODE_MAP = {
     "message_too_large": "hermes_client_bad_request",
     "payload_too_large": "hermes_client_bad_request",
     "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (framing.py)
-    "invalid_idempotency_key": "hermes_client_bad_request",  # README §Idempotent retries
+    "invalid_idempotency_key": "hermes_client_bad_request",  # docs/v1-api.md §Idempotent retries
     "upstream_unauthorized": "hermes_client_upstream_unauthorized",
     "upstream_rate_limited": "hermes_client_upstream_rate_limited",
     "upstream_unavailable": "hermes_client_upstream_unavailable",
@@ -174,7 +174,7 @@ def ok(**fields):
     return jsonify({"ok": True, "traceId": trace_id(), **fields})
 
 
-# -- the routes' contracts (README §API description) --------------------------------------
+# -- the routes' contracts (docs/api-description.md) --------------------------------------
 #: contract §3 error body
 CLIENT_ERROR = {"type": "object", "required": ["ok", "code", "message", "traceId", "requestId"],
                 "properties": {"ok": {"const": False}, "code": {"type": "string"},
@@ -185,7 +185,7 @@ CLIENT_ERROR = {"type": "object", "required": ["ok", "code", "message", "traceId
                                          "on the session (follow it on GET /events/{runId}, "
                                          "or abort it)"}}}
 ERRORS = ErrorFamily("ClientError", CLIENT_ERROR, client_code,
-                     "client proxy error (contract §3; codes: README's client table)",
+                     "client proxy error (contract §3; codes: docs/mnote-client.md, error table)",
                      render=render_error_body)
 #: the client routes and the retired legacy one: an allowed address and an API key with the
 #: ``client`` scope; errors in the contract's §3 shape
@@ -207,12 +207,12 @@ _TRACE = (Param("X-Trace-Id", "header", _TRACE_ID,
           Param("traceId", "query", _TRACE_ID,
                 "the request's traceId unless the body names one"))
 _PARAMS = (_ACTOR, *_TRACE)
-#: README §Idempotent retries
+#: docs/v1-api.md §Idempotent retries
 _IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
                          "retry safely: the same key with the same request (body, query, "
                          "X-Trace-Id) from the same actor returns the first outcome "
                          "(`Idempotency-Replayed: true`); with another request 409 "
-                         "(README §Idempotent retries)")
+                         "(docs/v1-api.md §Idempotent retries)")
 _IDEMPOTENT = {400: ("invalid_idempotency_key",),
                409: ("idempotency_key_conflict", "idempotency_key_in_progress"),
                503: ("idempotency_unavailable",)}
@@ -408,7 +408,7 @@ def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
     same session (idempotent). Chat history is persisted by Hermes on the first run.
 
-    ``Idempotency-Key`` (README §Idempotent retries): a retry gets the first answer, byte for
+    ``Idempotency-Key`` (docs/v1-api.md §Idempotent retries): a retry gets the first answer, byte for
     byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
     the same key with another body, query or ``X-Trace-Id``."""
     actor = actor_id()
@@ -510,7 +510,7 @@ def page_context(body: dict) -> str:
     contract §1: pageContext is run input, not session truth).
 
     The mnote plugin hands it to Hermes as ``pre_llm_call`` context, so it is appended to the
-    API copy of this run's message only (README §The mnote client proxy). At most
+    API copy of this run's message only (docs/mnote-client.md). At most
     ``CONTEXT_BUDGET`` bytes: the outline is cut first, then long texts, then whole fields.
     """
     ctx = {"workspaceId": body["workspaceId"], "documentId": body["documentId"]}
@@ -574,7 +574,7 @@ def start_run():
     ``GET /events/{runId}``); 429 ``hermes_client_busy`` when every run slot is queued.
 
     Every POST without ``Idempotency-Key`` starts a new run: a repeated ``traceId`` is a trace
-    id, not a retry. With the header (README §Idempotent retries) a retry of the same body from
+    id, not a retry. With the header (docs/v1-api.md §Idempotent retries) a retry of the same body from
     the same actor gets the first answer — the same ``runId``, at once, while that run goes on
     or after it ended — and Hermes runs once; 409 ``hermes_client_idempotency_conflict`` for
     the same key with another body.
@@ -663,13 +663,13 @@ def _capability_scope(svc) -> list[str]:
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
                     429: ("too_many_streams",)})
 def events(run_id):
-    """§2 GET /events/{run_id}: Server-Sent Events (README §The mnote client proxy → Events).
+    """§2 GET /events/{run_id}: Server-Sent Events (docs/mnote-client.md §Events).
 
     Frames: ``id: <seq>`` + ``data: <json>``; ``: keepalive`` comments every
     ``mnote.keepalive_seconds``. ``Last-Event-ID`` (header, or ``lastEventId`` query)
     replays every event after that id. The stream ends after the terminal event. Any service
-    process on the data dir serves any run, from its durable log (README §Data and durability →
-    Runs and their events); a run whose process died is closed first (``run.failed``
+    process on the data dir serves any run, from its durable log (docs/data-and-durability.md
+    §Runs and their events); a run whose process died is closed first (``run.failed``
     ``hermes_client_run_interrupted``).
 
     * ``Last-Event-ID`` above the run's last id (never issued): 400 ``hermes_client_bad_request``
@@ -779,7 +779,7 @@ def abort(run_id):
     """§2 POST /runs/{id}/abort: returns at once with ``abort.started``; the worker kills the
     run's process group and emits ``run.cancelled``. A finished run returns its final event.
     A run of another live process on the data dir gets the abort through its request file
-    (applied within ~50 ms: README §Data and durability → Runs and their events)."""
+    (applied within ~50 ms: docs/data-and-durability.md §Runs and their events)."""
     actor_id()
     body = json_body() if has_body() else {}
     svc = services()
@@ -820,7 +820,7 @@ APPROVED = _ok(["runId", "approvalId", "choice"], {
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
                     409: ("approval_not_pending",)})
 def approval(run_id):
-    """POST /runs/{id}/approval (README §Approvals): answer the run's pending question
+    """POST /runs/{id}/approval (docs/mnote-client.md §Approvals): answer the run's pending question
     ``approvalId`` with ``choice`` (``once`` | ``session`` | ``always`` | ``deny``, one of
     the question's ``choices``). Authorised exactly like abort (:func:`_own_run`: another
     actor's run, another session or page → 404). 400 ``hermes_client_bad_request`` for a
@@ -864,7 +864,7 @@ CLARIFIED = _ok(["runId", "clarifyId"], {"runId": {"type": "string"},
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
                     409: ("clarify_not_pending",)})
 def clarify(run_id):
-    """POST /runs/{id}/clarify (README §Approvals → Clarifying questions): answer the run's
+    """POST /runs/{id}/clarify (docs/mnote-client.md §Approvals → Clarifying questions): answer the run's
     pending clarifying question ``clarifyId`` with ``answer`` (a suggested choice or any
     text, 1-4000 characters). Authorised exactly like abort (:func:`_own_run`: 404). 409
     ``hermes_client_clarify_not_pending`` when ``clarifyId`` is not pending (never asked,

@@ -1,4 +1,4 @@
-"""``POST /api/hermes/tools/invoke``: where the mnote Hermes plugin sends tool calls (issue #4).
+"""``POST /api/hermes/tools/invoke``: where the mnote Hermes plugin sends tool calls (tool contract §1-§5).
 
 Authenticated by the run-scoped bearer token (not the API key) and reachable
 only from loopback (the CLI runs on this machine) without proxy headers (a
@@ -112,7 +112,7 @@ def invoke():
     Bearer``) is the run's, from its run file; only loopback peers without proxy headers
     (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
     is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown
-    tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (README §The mnote tools)."""
+    tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (docs/mnote-tools.md)."""
     gateway = mnote_of(services()).tools
     try:
         envelope = parse_json(request.get_data())

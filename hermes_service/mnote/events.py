@@ -1,5 +1,5 @@
 """The client proxy's run events as JSON schemas (contract hermes-client-proxy-contract-v1 §2
-GET /events; README §The mnote client proxy, Events).
+GET /events; docs/mnote-client.md, Events).
 
 :mod:`hermes_service.mnote.runs` emits them (its module doc lists the payloads) and
 :func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
@@ -63,7 +63,7 @@ EVENTS = {
     "run.cancelled": ("RunCancelledEvent", _event(
         "run.cancelled", "the run was aborted (ends the stream)")),
     "approval.request": ("ApprovalRequestEvent", _event(
-        "approval.request", "added (README §Approvals): Hermes asks the user before a "
+        "approval.request", "added (docs/mnote-client.md §Approvals): Hermes asks the user before a "
         "dangerous command or a file edit; answer on POST /runs/{runId}/approval. The run's "
         "status is waiting_for_approval until every question is resolved",
         ("approval_id", "kind", "title", "detail", "choices"),
@@ -81,7 +81,7 @@ EVENTS = {
         {"approval_id": _STR, "choice": {"enum": ["once", "session", "always", "deny"]},
          "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
     "clarify.request": ("ClarifyRequestEvent", _event(
-        "clarify.request", "added (README §Approvals): Hermes's clarify tool asks the user a "
+        "clarify.request", "added (docs/mnote-client.md §Approvals): Hermes's clarify tool asks the user a "
         "question; answer on POST /runs/{runId}/clarify. The run's status is "
         "waiting_for_answer meanwhile", ("clarify_id", "question", "choices"),
         {"clarify_id": _STR, "question": _STR,

@@ -43,12 +43,12 @@ RUN_DIR_ENV = "MNOTE_RUN_DIR"
 #: the OpenAPI tags of its routes
 TAGS = [
     {"name": "client", "description": "The mnote client proxy (contract "
-                                      "hermes-client-proxy-contract-v1; README §The mnote client "
-                                      "proxy). Errors: `{ok: false, code, message, traceId, "
+                                      "hermes-client-proxy-contract-v1; "
+                                      "docs/mnote-client.md). Errors: `{ok: false, code, message, traceId, "
                                       "requestId}`."},
     {"name": "tools", "description": "The mnote tool endpoint (contract "
-                                     "mnote-hermes-plugin-tool-contract-v1; README §The mnote "
-                                     "tools): loopback only, a run token instead of an API key."},
+                                     "mnote-hermes-plugin-tool-contract-v1; "
+                                     "docs/mnote-tools.md): loopback only, a run token instead of an API key."},
 ]
 
 

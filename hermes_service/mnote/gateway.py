@@ -1,4 +1,4 @@
-"""Run-scoped tool tokens and the path of one mnote tool call (issue #4; tool contract §1-§5).
+"""Run-scoped tool tokens and the path of one mnote tool call (tool contract §1-§5).
 
 1. When a run starts, :meth:`ToolGateway.run_binding` mints a random token bound
    to the actor, workspace, document, session, run, trace and the run's

@@ -610,7 +610,7 @@ class SQLitePageStore:
 
     def prune_idempotency(self, before: datetime, dry_run: bool = False) -> int:
         """Delete idempotency records created before ``before`` (an aware datetime: the end of
-        the retry window, README §Retention and cleanup); ``dry_run`` only counts them.
+        the retry window, docs/data-and-durability.md §Retention and cleanup); ``dry_run`` only counts them.
         Returns how many. A retry after its record is gone runs the command again."""
         cutoff = before.astimezone(timezone.utc).isoformat(timespec="milliseconds")
         with self._tx(write=not dry_run) as con:

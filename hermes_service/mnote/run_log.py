@@ -1,5 +1,5 @@
-"""Durable event logs of runs, shared by every service process on a data dir (README §Data and
-durability → Runs and their events; client-proxy contract §2 GET /events).
+"""Durable event logs of runs, shared by every service process on a data dir (docs/data-and-durability.md
+§Runs and their events; client-proxy contract §2 GET /events).
 
 Layout, under ``<data_dir>/run-events/`` (0700; files 0600; only the service writes here — the
 users' agents never see this folder, unlike ``data/runs/<user_id>/``):

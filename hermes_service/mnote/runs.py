@@ -20,19 +20,19 @@ then the live ones. Event payloads follow the contract::
     {"event": "clarify.request", "run_id", "session_id", "clarify_id", "question", "choices"}
     {"event": "clarify.responded", "run_id", "session_id", "clarify_id", "resolved_by"}
 
-``approval.*`` (added; README §Approvals): a question Hermes asks a human before a dangerous
+``approval.*`` (added; docs/mnote-client.md §Approvals): a question Hermes asks a human before a dangerous
 command or an edit (:meth:`Run.ask_approval`), and how it was resolved (:meth:`Run.answer`:
 ``resolved_by`` ``user`` | ``timeout`` | ``abort``). While a run has a question pending its
 status is ``waiting_for_approval``. Each question has its own ``approval_id``; several may be
 pending at once (parallel tool calls).
-``clarify.*`` (added; README §Approvals → Clarifying questions) the same for a question of
+``clarify.*`` (added; docs/mnote-client.md §Approvals → Clarifying questions) the same for a question of
 Hermes's ``clarify`` tool (:meth:`Run.ask_clarify`, :meth:`Run.answer_clarify`); the status
 meanwhile is ``waiting_for_answer``.
 
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
 
-Durable logs (README §Data and durability → Runs and their events): with the service's
+Durable logs (docs/data-and-durability.md §Runs and their events): with the service's
 :class:`~hermes_service.mnote.run_log.RunLogs`, :meth:`Run.emit` also appends each event to
 ``data/run-events/<run_id>.jsonl`` (the terminal one fsynced before a follower is woken), so
 any process on the data dir serves the run as a :class:`ForeignRun` (followed through the
@@ -40,7 +40,7 @@ one :class:`LogPoller` thread of that process), a session is busy across process
 and answers reach the owner as request lines, and a run whose owner died ends with
 ``{"event": "run.failed", …, "code": "run_interrupted"}`` exactly once.
 
-Subscribers (README §The mnote client proxy → Events, §Event-stream fan-out): each open stream
+Subscribers (docs/mnote-client.md §Events, §Event-stream fan-out): each open stream
 is a :class:`Subscription` — one of ``mnote.max_event_streams`` slots, and the waitress thread
 that serves it. The thread sleeps on its own :class:`threading.Event` between events (set by
 :meth:`Run.emit`, so an idle subscriber costs no CPU, apart from a keepalive comment every
@@ -163,7 +163,7 @@ class Run:
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
 
-    # -- questions to the user (README §Approvals) ----------------------------------------
+    # -- questions to the user (docs/mnote-client.md §Approvals) ----------------------------------------
     def ask_approval(self, kind: str, title: str, detail: str,
                      choices: list[str]) -> tuple[str, Future] | None:
         """Put a question to the user: emits ``approval.request`` and sets the status to
@@ -353,7 +353,7 @@ class RunListener:
 
 class ForeignRun:
     """A run owned by another service process on this data dir (alive or gone), read from its
-    durable log (:mod:`hermes_service.mnote.run_log`; README §Data and durability → Runs and their
+    durable log (:mod:`hermes_service.mnote.run_log`; docs/data-and-durability.md §Runs and their
     events). It offers what the client routes use of a :class:`Run`: ``position``,
     ``follow`` (polled: :class:`LogPoller`), and ``answer`` / ``answer_clarify``, which are
     checked against the log here and handed to the owner as a request line."""
@@ -569,7 +569,7 @@ class RunManager:
     are also written to the data dir as they happen, so :meth:`get` finds runs of every
     process on it (:class:`ForeignRun`), a session is busy across processes, an abort or an
     answer reaches the owning process (:class:`LogPoller`), and runs of dead processes are
-    closed with ``run.failed`` ``run_interrupted`` (README §Data and durability → Runs and
+    closed with ``run.failed`` ``run_interrupted`` (docs/data-and-durability.md §Runs and
     their events). Without it (unit tests) runs live in memory only.
     """
 
@@ -591,7 +591,7 @@ class RunManager:
         self._lock = threading.Lock()
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
-        """Take reloaded limits (README §Reload): how long finished runs are kept, how many
+        """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how many
         may be queued or running, how many event streams may be open (open ones stay)."""
         self.retention = retention_seconds
         self.max_active = max_active

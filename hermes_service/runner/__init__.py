@@ -1,4 +1,4 @@
-"""The Hermes runners (README §Runners).
+"""The Hermes runners (docs/runners.md).
 
 * :mod:`.protocol` — a turn: request, result, listener, the answer from Hermes's record;
 * :mod:`.failures` — how a failed turn becomes a stable error code;

@@ -1,5 +1,5 @@
 """The warm runner: ``hermes acp`` processes spoken to over the Agent Client Protocol
-(``hermes.runner: acp``; README §Runners; measured facts: docs/hermes-cli-notes.md).
+(``hermes.runner: acp``; docs/runners.md; measured facts: docs/hermes-cli-notes.md).
 
 ``hermes acp`` (the same pinned ``hermes-agent``, extra ``acp``) is a JSON-RPC agent on
 stdio. The service is its client through the protocol's own Python package
@@ -40,7 +40,7 @@ prompt cancelled mid-stream in 60-310 ms, saves the partial reply itself and the
 stays usable (kept warm when the prompt ends ``cancelled``, else retired); if the prompt has
 not ended 1 s later, the process is killed. Every other abort kills the user's process
 (SIGTERM, SIGKILL after 1 s). A stopped turn keeps the answer text the client was shown
-(README §Runners → "A stopped turn"): when the kill came first, the service writes it into
+(docs/runners.md "A stopped turn"): when the kill came first, the service writes it into
 the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before the prompt
 (the process starting, ``session/new`` or ``session/load`` pending) ends the turn at once
 and leaves the process to finish its start. Timeouts (counted from the turn's start) and
@@ -48,7 +48,7 @@ stalls kill the process. After any other failed or aborted turn the process is r
 in-memory history may hold the turn Hermes's record took back), and a replacement is started
 at once for the next turn.
 
-**Questions to a human** (README §Approvals). Hermes 0.19.0's ACP adapter asks before a
+**Questions to a human** (docs/mnote-client.md §Approvals). Hermes 0.19.0's ACP adapter asks before a
 dangerous command (and, with edit approval on, before a file edit) with
 ``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
 ``hermes.approvals.mode: ask``) puts the question to the run's user
@@ -80,7 +80,7 @@ CLI (Hermes cannot open it over ACP), a turn for a model other than
 name; the user's process is retired when it has that session loaded: its in-memory history
 would miss the CLI's turn), a full pool, or a turn accepted before a drain that finds no warm
 process for its user (while the service drains the pool starts no process, makes no spare
-session and pre-warms nothing; README §Process lifetime). Likewise a process whose copy of a session is
+session and pre-warms nothing; docs/operations.md §Process lifetime). Likewise a process whose copy of a session is
 stale (its record changed since the process's last turn there: another service process on the
 data dir) is retired before the turn, which then runs on a fresh process.
 """
@@ -529,7 +529,7 @@ class AcpRunner:
 
     def configure(self, hermes: HermesSettings, retire: bool = True) -> None:
         """Take a (reloaded) ``hermes`` section: ``hermes.acp``, ``hermes.approvals`` and the
-        default model (README §Reload). ``retire``: the section or the users' template
+        default model (docs/configuring.md §Reload). ``retire``: the section or the users' template
         changed, and warm processes run with the old environment, toolsets, model and
         template: every one is retired (it ends its running turns; the next turn starts a
         new process)."""
@@ -570,7 +570,7 @@ class AcpRunner:
     # -- public ----------------------------------------------------------------------
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
         """Start the user's process for ``family`` in the background (no wait, no error);
-        nothing while the service drains (README §Process lifetime)."""
+        nothing while the service drains (docs/operations.md §Process lifetime)."""
         if self.processes.draining or self.processes.stopping:
             return
         if self.process_count() >= self.max_processes and not self._idle():
@@ -639,7 +639,7 @@ class AcpRunner:
                           streamed=sink.delivered > 0, usage=usage, queue_wait=waited)
 
     def _keep_shown(self, req: TurnRequest, sid: str | None, sink: _Sink) -> None:
-        """A stopped turn keeps the answer text the client was shown (README §Runners → "A
+        """A stopped turn keeps the answer text the client was shown (docs/runners.md "A
         stopped turn"): Hermes saved it when ``session/cancel`` ended the prompt, else (the
         process was killed) it is written to the record now."""
         try:
@@ -692,8 +692,8 @@ class AcpRunner:
                     proc.reserved += reserve
                     return proc
                 continue
-            if self.processes.draining:     # the service is stopping: no new process (README
-                raise UseCli("the service is draining")   # §Process lifetime)
+            if self.processes.draining:     # the service is stopping: no new process (
+                raise UseCli("the service is draining")   # docs/operations.md §Process lifetime)
             if self.process_count() >= self.max_processes:
                 idle = self._idle()
                 if not idle:

@@ -1,4 +1,4 @@
-"""Which runner takes a turn (README §Runners) — the one place this is decided.
+"""Which runner takes a turn (docs/runners.md) — the one place this is decided.
 
 A route family's turns run on the warm ACP runner when the config names it for that family
 (:func:`acp_families`), else on the CLI runner; a turn the ACP runner cannot serve (it raises
@@ -23,7 +23,7 @@ log = logging.getLogger("hermes_service.conversations")
 def acp_families(families) -> frozenset[str]:
     """The names of the route families (:class:`~hermes_service.extensions.Family`, e.g.
     :func:`hermes_service.installed.route_families`) whose turns run on the warm ACP runner
-    (README §Runners): ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q …
+    (docs/runners.md): ``v1`` when ``hermes.runner: acp`` (default ``cli``: ``hermes chat -q …
     --source tool``, the runner the v1.3.0 API is specified around), an extension's family
     when its config says so."""
     return frozenset(f.name for f in families if f.runner == "acp")

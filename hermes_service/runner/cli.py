@@ -1,4 +1,4 @@
-"""The CLI runner (README §Runners; measured CLI facts: docs/hermes-cli-notes.md).
+"""The CLI runner (docs/runners.md; measured CLI facts: docs/hermes-cli-notes.md).
 
 **CLI runner** (``hermes.runner: cli``, the default). One turn is
 ``hermes chat --query=<msg> -Q --source tool -t <toolsets> [--resume <id>]`` with stdin

@@ -1,5 +1,5 @@
-"""Failure classification: how a turn that failed becomes a stable error code (README
-§Runners, §Errors). A killed process maps by why it was killed (:data:`KILLED`); otherwise
+"""Failure classification: how a turn that failed becomes a stable error code
+(docs/runners.md, §Errors). A killed process maps by why it was killed (:data:`KILLED`); otherwise
 Hermes's own failure text — CLI stdout/stderr or an ACP reply — is matched
 (:func:`classify_text`) and logged, never returned (:func:`failure_reason`).
 """
@@ -28,7 +28,7 @@ LIMIT_NAMES = {"memory": "memory (hermes.sandbox.limits.memory_mb)",
 
 
 def limit_error(which: str | None) -> RunError:
-    """``run_limit_exceeded`` (422) naming the limit (README §Sandbox)."""
+    """``run_limit_exceeded`` (422) naming the limit (docs/sandbox.md)."""
     status, code, detail = KILLED["limit"]
     if which in LIMIT_NAMES:
         detail = f"the Hermes run exceeded its sandbox's {LIMIT_NAMES[which]} and was ended"

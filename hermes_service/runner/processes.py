@@ -303,7 +303,7 @@ class Processes:
         self.configure(hermes)
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self.draining = False       # set at a drain: routes take no new turn, the ACP pool
-                                    # starts no process (README §Process lifetime)
+                                    # starts no process (docs/operations.md §Process lifetime)
         self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
@@ -424,7 +424,7 @@ class Processes:
             return text
 
     def configure(self, hermes: HermesSettings) -> None:
-        """Take a (reloaded) ``hermes`` section for new turns (README §Reload): command, time
+        """Take a (reloaded) ``hermes`` section for new turns (docs/configuring.md §Reload): command, time
         limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
         they started with."""
         self.command = hermes.command

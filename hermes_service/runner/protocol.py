@@ -1,4 +1,4 @@
-"""The turn protocol: what both runners take and give (README §Runners).
+"""The turn protocol: what both runners take and give (docs/runners.md).
 
 **Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
 home and clean environment, model, toolsets, the run file's data, a listener for live
@@ -47,7 +47,7 @@ class TurnRequest:
     family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the data
     written to the run file for the family's Hermes plugin; ``approvals``:
     who answers Hermes's questions (an object with ``ask_approval`` /
-    ``answer``), or None: every question is denied (the CLI runner never asks; README
+    ``answer``), or None: every question is denied (the CLI runner never asks; docs/mnote-client.md
     §Approvals)."""
     message: str
     resume_id: str | None

@@ -1,4 +1,4 @@
-"""Connection-level limits of the real service (waitress), issue #8 items 1 and 2.
+"""Connection-level limits of the real service (waitress): connection limit and idle timeout.
 
 No CLI turn is run: these only open sockets against ``python3 main.py``.
 """

@@ -1,4 +1,4 @@
-"""deploy/nginx/rolling.conf forwards requests as README §Deployment → Rolling restart says:
+"""deploy/nginx/rolling.conf forwards requests as docs/operations.md §Deployment → Rolling restart says:
 what reaches the service processes, and how often. Real nginx on loopback; the two upstreams
 are recording HTTP servers at the service's public seam (its HTTP port), because what is
 checked is the exact request line nginx sends and how many times — which a service process

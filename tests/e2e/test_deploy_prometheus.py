@@ -1,5 +1,5 @@
-"""deploy/prometheus/alerts.yml and deploy/grafana/hermes-service.json (README §Operations →
-Alerts and dashboard): promtool checks and unit-tests the rules (alerts_test.yml), and every
+"""deploy/prometheus/alerts.yml and deploy/grafana/hermes-service.json (docs/operations.md
+§Alerts and dashboard): promtool checks and unit-tests the rules (alerts_test.yml), and every
 metric a rule or a dashboard query names is one the service exports — read from the app's
 own /metrics after a request or two (in-process, a stub at the runner seam)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""deploy/systemd/hermes-service.service: the unit verifies, carries the sandbox the README
-promises, and its ExecStart line (with this checkout's paths) serves and stops cleanly."""
+"""deploy/systemd/hermes-service.service: the unit verifies, carries the sandbox
+docs/sandbox.md promises, and its ExecStart line (with this checkout's paths) serves and stops cleanly."""
 from __future__ import annotations
 
 import os
@@ -79,7 +79,7 @@ def test_the_unit_carries_the_promised_sandbox_and_lifecycle():
 
 
 def test_stop_timeout_outlasts_the_drain():
-    """systemd must not kill the service mid-drain (README §Process lifetime): TimeoutStopSec
+    """systemd must not kill the service mid-drain (docs/operations.md §Process lifetime): TimeoutStopSec
     exceeds config.yaml's service.drain_seconds (and the code's default) with room for the stop."""
     from hermes_service.config import DEFAULTS
     timeout = service_section()["TimeoutStopSec"][-1]

@@ -1,4 +1,4 @@
-"""Answers come from Hermes's record, on both runners (README §Runners, §Answers).
+"""Answers come from Hermes's record, on both runners (docs/runners.md, §Answers).
 
 Each runner gets one real service (``python3 main.py``, waitress) for the whole module,
 running the real ``hermes`` CLI (``hermes.runner: cli``) or real ``hermes acp`` processes
@@ -199,7 +199,7 @@ def test_a_lost_history_is_told_to_the_panel_too(svc):
 
 def test_acp_streams_tokens_as_they_are_generated(svc):
     if svc.runner != "acp":
-        pytest.skip("the CLI runner delivers the answer at the end (README §Runners)")
+        pytest.skip("the CLI runner delivers the answer at the end (docs/runners.md)")
     run_id = run(svc, "a_stream", "mnote_doc_1_stream", "[[slow:3]] stream these words please")
     stream = SSEStream(svc.url + f"{P}/events/{run_id}", actor("a_stream"))
     seen = []
@@ -250,7 +250,7 @@ def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
 
 
 def test_a_stop_keeps_what_the_panel_showed(svc, model):
-    """README §Runners → "A stopped turn": the question and the answer text streamed before
+    """docs/runners.md "A stopped turn": the question and the answer text streamed before
     the stop stay in the transcript (and in the model's history of the next turn); a stop
     before any answer text was shown takes the turn back. The ACP runner streams the answer,
     so the partial stays; the CLI runner shows the answer only at the end (and ``hermes
@@ -301,7 +301,7 @@ def test_a_stop_keeps_what_the_panel_showed(svc, model):
 
 
 def test_a_stop_at_the_first_shown_text_sent_twice_keeps_it_once(svc, model):
-    """README §Runners → "A stopped turn", attacked: two aborts sent back to back as soon as
+    """docs/runners.md "A stopped turn", attacked: two aborts sent back to back as soon as
     the first answer text is shown. One run.cancelled; the partial is in the transcript once
     (one assistant row after the question, whatever path kept it), messageCount agrees and
     the next turn answers with that history."""

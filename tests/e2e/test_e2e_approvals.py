@@ -1,4 +1,4 @@
-"""Dangerous commands need a human (issue #8 item 12), through the real CLI.
+"""Dangerous commands need a human (docs/runners.md), through the real CLI.
 
 An admin enables the terminal toolset; the model asks to run ``rm -rf ./tmp`` and the
 provider answers every auxiliary call — Hermes's "smart" approval reviewer included — with

@@ -1,5 +1,5 @@
-"""Attacks on two real service processes sharing one data dir (README §Idempotent retries,
-§Data and durability → Runs and their events): the same Idempotency-Key racing to both
+"""Attacks on two real service processes sharing one data dir (docs/v1-api.md §Idempotent retries,
+docs/data-and-durability.md §Runs and their events): the same Idempotency-Key racing to both
 processes runs Hermes once; another actor reaching a run through the process that does not
 own it gets 404 and nothing reaches the run; header edge cases as waitress parses them
 (a key sent twice, white space around it, NUL and odd run ids on the raw wire). Real

@@ -1,4 +1,4 @@
-"""The panel answers Hermes's questions (README §Approvals), end to end: the real service, real
+"""The panel answers Hermes's questions (docs/mnote-client.md §Approvals), end to end: the real service, real
 ``hermes acp`` processes, real bubblewrap (the sandbox is on by default here), and the scripted
 model asking for ``rm -r ./scratch`` through Hermes's real terminal tool.
 

@@ -25,7 +25,7 @@ from support.shipped import shipped_text, shipped_tree
 from support.sse_client import SSEStream
 
 P = "/api/hermes/client"
-# the README walk-through's bodies (§The mnote client proxy, steps 2 and 3)
+# the walk-through's bodies (docs/mnote-client.md, steps 2 and 3)
 SESSION = {"workspaceId": "ws_1", "documentId": "doc_1", "traceId": "trace_1", "title": "当前页问答"}
 RUN = {"workspaceId": "ws_1", "documentId": "doc_1", "sessionId": "mnote_doc_1_trace_1",
        "message": "概括当前页面标题和第一段，并在页尾追加一句总结", "model": "hermes-agent",

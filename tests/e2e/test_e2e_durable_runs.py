@@ -1,4 +1,4 @@
-"""Two service processes on one data dir (README §Data and durability → Runs and their events):
+"""Two service processes on one data dir (docs/data-and-durability.md §Runs and their events):
 a run started on A is replayed and followed live from B, its session is busy on B, an abort
 sent to B stops it, and after A is killed with ``kill -9`` its runs end with exactly one
 ``run.failed`` ``hermes_client_run_interrupted`` — closed by B on request and by a freshly

@@ -1,4 +1,4 @@
-"""End to end: a v1 message retried with its Idempotency-Key (README §Idempotent retries).
+"""End to end: a v1 message retried with its Idempotency-Key (docs/v1-api.md §Idempotent retries).
 
 Real service (waitress subprocess) → real ``hermes`` CLI → scripted model, whose request log
 shows how often the model was asked. One CLI turn in all: every retry is a replay.

@@ -1,6 +1,6 @@
 """End to end: the mnote page AI panel flow over HTTP → real service → real Hermes, on both
 runners (``hermes.runner: cli`` — the real ``hermes chat`` — and ``acp`` — real ``hermes acp``
-processes): the contract's behaviour is the same on both (README §Runners)."""
+processes): the contract's behaviour is the same on both (docs/runners.md)."""
 import time
 
 import pytest
@@ -176,7 +176,7 @@ def test_provider_errors_reach_the_panel_as_contract_codes(service, directive, c
 
 
 def test_request_level_error_codes_from_real_causes(start_service, tmp_path):
-    # a missing command stops the start (issue #8); one that disappears later is a 503
+    # a missing command stops the start; one that disappears later is a 503
     command = tmp_path / "bin" / "hermes"
     command.parent.mkdir()
     command.symlink_to(hermes_bin())

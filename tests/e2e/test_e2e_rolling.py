@@ -1,9 +1,9 @@
-"""A rolling restart through real nginx loses nothing (README §Deployment → Rolling restart).
+"""A rolling restart through real nginx loses nothing (docs/operations.md §Deployment → Rolling restart).
 
 Two service processes on one data dir behind ``deploy/nginx/rolling.conf``; clients keep
 working while each process is restarted in turn (SIGTERM: it drains; then it starts again on
 its port): v1 messages with an ``Idempotency-Key`` and panel runs whose event streams
-reconnect with ``Last-Event-ID`` as an EventSource does. Clients retry as README says (a
+reconnect with ``Last-Event-ID`` as an EventSource does. Clients retry as docs/operations.md §Rolling restart says (a
 connection error, 502 or 503: wait ``Retry-After``, send the same request with the same key).
 
 Checked: no request failed after those retries, every run has exactly one terminal event and
@@ -29,7 +29,7 @@ RETRYABLE = (502, 503)
 
 def send(url: str, method: str, path: str, *, key: str, headers: dict, json: dict,
          attempts: int = 60) -> requests.Response:
-    """One request as README's clients send it: the same Idempotency-Key on every try; a
+    """One request as docs/operations.md §Rolling restart's clients send it: the same Idempotency-Key on every try; a
     connection error, 502 or 503 is retried after Retry-After (at most 1 s here)."""
     headers = {**headers, "X-API-Key": API_KEY, "Idempotency-Key": key}
     for _ in range(attempts):
@@ -141,7 +141,7 @@ def test_a_rolling_restart_loses_nothing_and_does_nothing_twice(pair, model):
     for t in clients:
         t.start()
     try:
-        for proc in procs:           # one process at a time, as README's procedure says
+        for proc in procs:           # one process at a time, as docs/operations.md §Rolling restart says
             wait_for(lambda: turns_running(proc) > 0, "a turn in progress on the process to stop")
             port = proc.port
             proc.stop(wait=120)      # SIGTERM: drains, then exits

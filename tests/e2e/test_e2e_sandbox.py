@@ -1,5 +1,5 @@
-"""User ↔ user and agent ↔ service isolation, shown by attacks (README §Sandbox and threat
-model): the real service, the real ``hermes`` CLI and ``hermes acp``, real bubblewrap, and
+"""User ↔ user and agent ↔ service isolation, shown by attacks
+(docs/sandbox.md): the real service, the real ``hermes`` CLI and ``hermes acp``, real bubblewrap, and
 the scripted model driving Hermes's real terminal tool.
 
 User A's agent runs one script through its terminal tool that tries everything a hostile

@@ -1,4 +1,4 @@
-"""SIGTERM and Ctrl-C (SIGINT) stop the service gracefully (README §Process lifetime): the
+"""SIGTERM and Ctrl-C (SIGINT) stop the service gracefully (docs/operations.md §Process lifetime): the
 drain refuses new turns (503 service_draining + Retry-After, /health 503 "draining") while
 the turns in flight on both runners finish and their streams deliver the terminal event;
 past service.drain_seconds, or at a second signal, what is left is stopped as before (CLI
@@ -60,7 +60,7 @@ def test_sigterm_lets_turns_on_both_runners_finish(start_service, model, tmp_pat
 
     health = svc.get("/health")
     assert health.status_code == 503, health.text
-    body = health.json()      # the rest of the answer as it would be (README §Health)
+    body = health.json()      # the rest of the answer as it would be (docs/v1-api.md §Health)
     assert body["status"] == "draining" and body["service"] == "hermes-service", body
     other = svc.post("/api/v1/sessions", json={"user_id": "carol"})   # sessions still made
     assert other.status_code == 200, other.text

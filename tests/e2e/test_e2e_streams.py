@@ -2,9 +2,9 @@
 run of the real hermes CLI (a ``[[hang]]`` turn: the scripted model never answers, so the run
 lives until it is aborted).
 
-* issue #9 item 3: a client that disconnects mid-stream frees its slot within a few seconds
+* a client that disconnects mid-stream frees its slot within a few seconds
   (not after a failed keepalive write: keepalives are 60 s apart here);
-* issue #8 item 10: a ``Last-Event-ID`` the run never issued gets 400 naming the run's last
+* a ``Last-Event-ID`` the run never issued gets 400 naming the run's last
   id (during and after the run); a reconnect after the terminal event gets 204.
 """
 import socket

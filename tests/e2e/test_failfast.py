@@ -1,4 +1,4 @@
-"""Fail fast (issue #8 items 6 and 7) against the real service: no usable provider is reported
+"""Fail fast against the real service: no usable provider is reported
 at start and every turn is answered at once with 503, without running the CLI."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Clients generated from the API description (README §API description → Generating a client).
+"""Clients generated from the API description (docs/api-description.md §Generating a client).
 
 ``/openapi.json`` must give client developers what they would otherwise hand-write: a complete
 Python client from openapi-python-client (every route; every error response a model with its
@@ -55,7 +55,7 @@ def python_client(document, tmp_path_factory):
     _require(PYTHON_GENERATOR, "openapi-python-client into .tools-venv")
     where = tmp_path_factory.mktemp("python-client")
     (where / "openapi.json").write_text(json.dumps(document))
-    # as README's command: the venv first on PATH, for the ruff the generator formats with
+    # as docs/api-description.md's command: the venv first on PATH, for the ruff the generator formats with
     env = {**os.environ, "PATH": f"{TOOLS_VENV}{os.pathsep}{os.environ.get('PATH', '')}"}
     res = subprocess.run([str(PYTHON_GENERATOR), "generate", "--path", "openapi.json",
                           "--meta", "none", "--output-path", PACKAGE, "--fail-on-warning"],
@@ -170,7 +170,7 @@ def test_generated_python_client_drives_the_v1_and_panel_flows(start_service, do
     assert v1["answer"] == "echo #1: hello from the client" and v1["resumed"] is False
     assert v1["message_count"] == 1 and v1["user_id"] == "client_user"
     assert v1["missing_code"] == "session_not_found"
-    # a timeout too small to start a process: 400 naming the minimum (README §The v1 API)
+    # a timeout too small to start a process: 400 naming the minimum (docs/v1-api.md)
     assert v1["too_short_code"] == "invalid_request"
     assert v1["too_short_detail"] == "timeout: 5e-324 is less than the minimum of 1"
 

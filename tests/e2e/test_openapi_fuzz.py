@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the live service from its own OpenAPI document (README §Tests).
+"""Property-based fuzzing of the live service from its own OpenAPI document (docs/testing.md).
 
 schemathesis (its CLI, pinned in requirements-dev.txt) reads ``GET /openapi.json`` of a real
 service (``main.py``, waitress, the test config) and sends every operation bounded numbers of
@@ -46,7 +46,7 @@ FUZZ_CONFIG = {
                "stall_timeout_seconds": 900},    # the hanging run lives through the fuzzing
     "mnote": {"events_retention_seconds": 900},
 }
-# schemathesis.toml of the run (README §Tests): what is checked, and the few documented
+# schemathesis.toml of the run (docs/testing.md): what is checked, and the few documented
 # exceptions, each with its reason
 SCHEMATHESIS_TOML = """
 seed = {seed}
@@ -110,7 +110,7 @@ checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "504"]
 
 [[operations]]
 include-path = "/api/hermes/client/events/{{run_id}}"
-# a Last-Event-ID above the run's last id (never issued) is 400 (README, Event ids): the
+# a Last-Event-ID above the run's last id (never issued) is 400 (docs/mnote-client.md §Event ids and reconnects): the
 # document cannot tell which ids a run has issued, so any integer is schema-valid
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "400", "401", "403", "404", "409", "429", "5xx"]
 # an unknown header or query parameter is not invalid input (HTTP: what a server does not

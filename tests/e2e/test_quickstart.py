@@ -3,7 +3,7 @@ and users template (as git has them: tests/support/shipped.py).
 
 Without a provider the service serves and says at start what to set; with the two config lines
 of the README's first screen and the key variable set, the first message gets a real answer
-(the real CLI against the scripted model). The files the README names are in the repository.
+(the real CLI against the scripted model). The files README.md and docs/ name are in the repository.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_the_shipped_config_serves_says_what_to_set_then_answers(tmp_path, model
 
 
 def test_the_example_page_imports_and_exports(tmp_path, monkeypatch):
-    """The README's mnote walk-through, operator part: workspace, member, examples/page.json."""
+    """docs/mnote-client.md's walk-through, operator part: workspace, member, examples/page.json."""
     monkeypatch.delenv("HERMES_SERVICE_API_KEY", raising=False)
     config = shipped_config(tmp_path)
     run = CliRunner().invoke
@@ -162,7 +162,7 @@ def test_make_prints_the_development_key_only_when_it_generates_it(tmp_path):
 
 def test_the_shipped_config_streams_the_panel_on_acp_and_keeps_v1_on_the_cli():
     """The client routes use the warm ACP runner out of the box (their answers stream as
-    they are written); the v1 API keeps ``hermes chat -q … --source tool`` (README §Runners)."""
+    they are written); the v1 API keeps ``hermes chat -q … --source tool`` (docs/runners.md)."""
     from hermes_service.config import build_config
     from hermes_service.installed import route_families
     from hermes_service.runner import acp_families

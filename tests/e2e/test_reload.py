@@ -1,4 +1,4 @@
-"""Live reload (issue #8 item 8): SIGHUP and ``main.py reload`` re-read config.yaml; an invalid
+"""Live reload (docs/configuring.md §Reload): SIGHUP and ``main.py reload`` re-read config.yaml; an invalid
 file is refused with its problems and the running config stays; runs in flight go on."""
 import json
 import os
@@ -241,7 +241,7 @@ def test_a_refused_reload_lists_every_problem_at_once(stubbed_app, tmp_path):
 
 
 def test_the_start_and_reload_lines_say_what_runs_and_the_readme_quotes_them(start_service):
-    """One start line and one reload line (README §Logs): runner, model, provider host (never
+    """One start line and one reload line (docs/operations.md §Logs): runner, model, provider host (never
     the key or the URL's path), sandbox, data dir and listen address; a reload to an unusable
     provider logs the same "no model provider" line as a start."""
     from hermes_service.lifecycle import no_provider

@@ -1,4 +1,4 @@
-"""What the unit and end-to-end tests share (docs: README §Tests).
+"""What the unit and end-to-end tests share (docs: docs/testing.md).
 
 * :mod:`support.fixtures` — the fixtures (``model``, ``service`` / ``start_service``,
   ``make_config`` / ``app_factory``, ``stub`` / ``stubbed_app``, ``other``) and the helpers they

@@ -1,5 +1,5 @@
 """The v1 flow and the panel flow, driven with the Python client openapi-python-client
-generated from the service's ``/openapi.json`` (README §API description → Generating a client).
+generated from the service's ``/openapi.json`` (docs/api-description.md §Generating a client).
 
 Run by ``tests/e2e/test_openapi_clients.py`` with ``.tools-venv``'s Python (it has httpx and attrs,
 what a generated client runs on; neither the service nor its test venv is imported here):

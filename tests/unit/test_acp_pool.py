@@ -1,5 +1,5 @@
-"""The ACP runner's process pool under concurrency (README §Runners, "The ACP runner in
-detail"), against ``tests/support/fake_acp_agent.py`` — a real Agent Client Protocol agent that
+"""The ACP runner's process pool under concurrency (docs/runners.md, §The ACP runner
+in detail), against ``tests/support/fake_acp_agent.py`` — a real Agent Client Protocol agent that
 starts in a fraction of a second — instead of ``hermes acp`` (1-3 s of start-up each), so
 the interleavings are deterministic and cheap. Every wait is for a condition (the process
 ready, the turn waiting in ``session/new``, a request the agent received: :func:`wait_for`),
@@ -346,7 +346,7 @@ def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two
 
 
 def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp_path):
-    """README §Runners → "A stopped turn": the agent ignores session/cancel, so the process is
+    """docs/runners.md "A stopped turn": the agent ignores session/cancel, so the process is
     killed before it saves the partial reply: the service writes the text the listener was
     shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
     from support.hermes_record import active_rows
@@ -475,14 +475,14 @@ def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
     ("echo ", False), ("当前页", False), ("Sure, here", False), ("The page", False),
 ])
 def test_only_a_first_piece_that_could_be_error_text_is_held(text, held):
-    """README §Runners: the first chunk is held back only when it could be the start of the
+    """docs/runners.md: the first chunk is held back only when it could be the start of the
     error text Hermes sends as an ordinary chunk; any other first piece is shown at once."""
     from hermes_service.runner.acp import could_be_error_text
     assert could_be_error_text(text) is held
 
 
 def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_path):
-    """README §Process lifetime: while the service drains, a turn of a user with a warm
+    """docs/operations.md §Process lifetime: while the service drains, a turn of a user with a warm
     process gets it; one without runs on the CLI (UseCli); pre-warm does nothing."""
     runner = pool(max_processes=2)
     warm = acquire(runner, tmp_path, "u1").result(WAIT)

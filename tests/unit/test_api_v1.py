@@ -422,7 +422,7 @@ def test_v1_session_ids_carry_the_node_id_when_there_is_one(app_factory):
 
 
 def test_a_draining_service_refuses_new_turns_and_says_so(stubbed_app, stub):
-    """README §Process lifetime: while draining, turns are refused with 503 (+ Retry-After)
+    """docs/operations.md §Process lifetime: while draining, turns are refused with 503 (+ Retry-After)
     on both route families, /health is 503 "draining", sessions are still made."""
     from hermes_service import metrics
     app = stubbed_app()

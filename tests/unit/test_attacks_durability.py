@@ -1,6 +1,6 @@
 """Hostile and unlucky clients and operators against idempotent retries, durable run event
-logs and the drain (README §Idempotent retries, §Data and durability → Runs and their events,
-§Process lifetime). Each test is one attack that once broke something, or a boundary that
+logs and the drain (docs/v1-api.md §Idempotent retries, docs/data-and-durability.md §Runs and their events,
+docs/operations.md §Process lifetime). Each test is one attack that once broke something, or a boundary that
 must hold: another actor's run, forged run ids, keys across owners, torn and replaced run
 files, a locked or damaged idempotency.db.
 

@@ -1,4 +1,4 @@
-"""Config loading, validation messages and the operator commands (issue #2 items 1-2)."""
+"""Config loading, validation messages and the operator commands (docs/configuring.md)."""
 import hashlib
 import subprocess
 import sys
@@ -149,7 +149,7 @@ def test_operator_commands_need_no_serving_key(tmp_path):
     assert run_main("--config", str(path), "check-config", env=env).returncode == 2
 
 
-# ---------------------------------------------------------------- issue #8 items 1, 3, 6, 7, 13
+# ---------------------------------------------------------------- connections, scopes, fail fast, limits
 def test_key_with_surrounding_whitespace_can_never_match(monkeypatch):
     out = problems(deep_merge(base_config(ROOT), {"security": {"api_keys": [
         {"key": " a-key-with-a-space-0123"}]}}))
@@ -205,7 +205,7 @@ def test_connection_limit_must_fit_threads_and_streams():
 
 
 def test_the_1000_subscriber_settings_the_readme_recommends_pass_and_fit():
-    """README §Event-stream fan-out; bench/stream_fanout.py runs with these."""
+    """docs/mnote-client.md §Event-stream fan-out; bench/stream_fanout.py runs with these."""
     profile = {"mnote": {"max_event_streams": 1000},
                "service": {"threads": 1024, "connection_limit": 1200}}
     cfg = build_config(deep_merge(base_config(ROOT), profile))

@@ -1,4 +1,4 @@
-"""The one atomic-write rule (hermes_service/files.py, README §Data and durability); the
+"""The one atomic-write rule (hermes_service/files.py, docs/data-and-durability.md); the
 registry's tests kill writers mid-write and count fsyncs, these pin the helper's own contract."""
 import os
 import re

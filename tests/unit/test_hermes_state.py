@@ -1,4 +1,4 @@
-"""Transcripts read from a ``state.db`` that Hermes compacted in place (README §Answers;
+"""Transcripts read from a ``state.db`` that Hermes compacted in place (docs/runners.md §Answers;
 client-proxy contract §2 ``GET /sessions/{id}``), built the way hermes-agent 0.19.0 writes it
 (tests/support/hermes_record.py): no CLI runs here. The real CLI's compaction is checked end to end
 in test_e2e_answers.py."""
@@ -73,7 +73,7 @@ def test_a_message_that_only_starts_like_the_header_is_shown_as_written(tmp_path
 
 
 def test_a_stopped_turn_keeps_the_shown_text_as_hermes_stores_an_interrupted_reply(tmp_path):
-    """README §Runners → "A stopped turn": Hermes saved the question only (its process was
+    """docs/runners.md "A stopped turn": Hermes saved the question only (its process was
     killed): the shown text becomes the assistant row, counted once, no finish_reason."""
     import sqlite3
     from hermes_service.hermes_state import keep_partial
@@ -155,7 +155,7 @@ def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
 ])
 def test_a_trigger_the_agent_planted_on_messages_ends_keep_partial_with_409(tmp_path, monkeypatch,
                                                                             body):
-    """README §Runners → "A stopped turn": the user's agent owns its state.db; a trigger that
+    """docs/runners.md "A stopped turn": the user's agent owns its state.db; a trigger that
     refuses the partial row or runs for ever is a tampered home (409 home_tampered), never a
     raw SQLite error or a hang, and nothing of the turn is half-written."""
     import sqlite3

@@ -1,4 +1,4 @@
-"""Idempotent retries (README §Idempotent retries), in-process with a stub at the runner seam.
+"""Idempotent retries (docs/v1-api.md §Idempotent retries), in-process with a stub at the runner seam.
 
 The routes, the record store (a real SQLite file in the data dir) and the error shapes are the
 real code; only ``HermesRunner.run_process`` (one CLI process) is scripted, and it counts its calls,
@@ -277,7 +277,7 @@ def dead_owner() -> str:
 
 def test_an_in_progress_record_of_a_dead_process_is_taken_over(c, stub):
     """The service died during the first request's turn: the retry runs it again (the runners
-    took the interrupted turn back, README §Idempotent retries)."""
+    took the interrupted turn back, docs/v1-api.md §Idempotent retries)."""
     sid = new_session(c)
     send(c, sid, "crash", key="dead")
     owner = dead_owner()

@@ -1,4 +1,4 @@
-"""One id rule on every path (issue #8 item 14): HTTP routes, page store, tool schemas and the
+"""One id rule on every path: HTTP routes, page store, tool schemas and the
 operator ``import-page`` all refuse ids with a trailing newline (``"ws\\n"``, ``"doc\\n"``,
 block ``"b1\\n"``) — Python's ``$`` and jsonschema's ``re.search`` would let them through."""
 import json

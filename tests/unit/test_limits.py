@@ -1,4 +1,4 @@
-"""The resizable limit behind CLI slots, v1 admission and event streams (README §Reload)."""
+"""The resizable limit behind CLI slots, v1 admission and event streams (docs/configuring.md §Reload)."""
 import threading
 
 import pytest

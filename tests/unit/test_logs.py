@@ -1,4 +1,4 @@
-"""Structured logs (README §Operations → Logs; ``service.log_format``).
+"""Structured logs (docs/operations.md §Logs; ``service.log_format``).
 
 In-process: the formatters and the context filter are the service's own (hermes_service.logs),
 fed by the real request hooks, run workers and runner. The same lines from a real service

@@ -1,4 +1,4 @@
-"""Prometheus metrics (README §Operations → Metrics), in-process with a stub at the runner seam.
+"""Prometheus metrics (docs/operations.md §Metrics), in-process with a stub at the runner seam.
 
 A turn, a failed turn, an aborted turn, a tool call and an open event stream each move their
 series; label values never carry user ids, message text, keys or raw paths; ``/metrics`` is
@@ -244,7 +244,7 @@ def test_metrics_need_an_allowed_address_and_a_key(app_factory):
 
 
 def test_a_key_without_scopes_is_refused_metrics(app_factory):
-    # README §Metrics: a key that lists no scopes gets [v1, client], so /metrics is not one of them
+    # docs/operations.md §Metrics: a key that lists no scopes gets [v1, client], so /metrics is not one of them
     c = app_factory({"security": {"api_keys": [{"key": API_KEY}]}}).test_client()
     res = c.get("/metrics", headers=K)
     assert res.status_code == 403 and res.json["code"] == "insufficient_scope"

@@ -316,7 +316,7 @@ def test_busy_session_is_409_and_other_sessions_run(c, stub):
     active = start(c)
     res = c.post(f"{P}/runs", json=RUN_BODY, headers=A)
     assert res.status_code == 409 and res.json["code"] == "hermes_client_session_busy"
-    # the active run is a field of the error (README client table), not only in the message
+    # the active run is a field of the error (docs/mnote-client.md, error table), not only in the message
     assert res.json["runId"] == active and set(res.json) == ERROR_KEYS | {"runId"}
     other = c.post(f"{P}/runs", json={**RUN_BODY, "sessionId": "mnote_doc_1_other"}, headers=A)
     assert other.status_code == 200
@@ -378,7 +378,7 @@ def test_last_event_id_replays_exactly_the_missing_events(c):
 
 
 def test_last_event_id_the_run_never_issued_is_a_bad_request_naming_its_last_id(c, stub):
-    """Issue #8 item 10: no silent empty stream, during the run or after it."""
+    """No silent empty stream, during the run or after it."""
     stub.gate = threading.Event()
     run_id = start(c)
     run = c.svc.extensions["mnote"].runs.get(run_id, "user_1")
@@ -622,7 +622,7 @@ def test_page_context_is_really_capped():
     block = page_context(body)
     assert block.startswith(CONTEXT_HEAD) and block.endswith(CONTEXT_END)
     data = json.loads(block[len(CONTEXT_HEAD):-len(CONTEXT_END)])
-    assert CONTEXT_BUDGET == 8192                      # README: "at most 8 KiB"
+    assert CONTEXT_BUDGET == 8192                      # docs/mnote-client.md: "at most 8 KiB"
     assert len(block[len(CONTEXT_HEAD) + 1:-len(CONTEXT_END)].encode()) <= 8192
     assert data["documentId"] == "doc_1" and data["selectedBlockId"] == "b1"
     small = page_context(RUN_BODY)
@@ -639,7 +639,7 @@ def context_of(body):
 
 
 def test_page_context_keeps_what_fits_and_cuts_in_order():
-    """README §The mnote client proxy: at most 8 KiB; the outline is cut first, then long
+    """docs/mnote-client.md: at most 8 KiB; the outline is cut first, then long
     texts, then whole fields — and nothing that fits is cut."""
     options = {"wideLayout": True}
     outline = [{"id": f"h{i}", "text": f"章节 {i}" * 4} for i in range(400)]
@@ -717,7 +717,7 @@ def test_a_trace_id_ending_in_a_dot_makes_a_working_session(c, stub):
 
 
 def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
-    """``mnote.max_event_streams`` applies on reload (README §Reload, Services.apply): a
+    """``mnote.max_event_streams`` applies on reload (docs/configuring.md §Reload, Services.apply): a
     larger limit admits another stream at once; a smaller one takes no open stream away but
     admits no new one until enough have closed."""
     import yaml
@@ -759,8 +759,8 @@ def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
 
 
 def test_a_session_records_its_panel_model_and_writes_only_when_it_changes(make, monkeypatch):
-    """A session's ``model`` is the panel model id of its runs (README §The mnote client
-    proxy → Sessions); storing it is a durable registry write, made only when it changed
+    """A session's ``model`` is the panel model id of its runs (docs/mnote-client.md
+    §Sessions); storing it is a durable registry write, made only when it changed
     (not on the first token's path of every run)."""
     models = [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"},
               {"id": "other", "label": "Other", "provider": "hermes"}]

@@ -1,4 +1,4 @@
-"""The API description (README §API description): GET /openapi.json and GET /docs.
+"""The API description (docs/api-description.md): GET /openapi.json and GET /docs.
 
 The document validates against the OpenAPI 3.1 meta-schema; every Flask route is in it and
 nothing else; it is built from the schemas the service validates with (one dict for both);
@@ -375,7 +375,7 @@ def test_the_retired_legacy_route_is_deprecated(app_factory):
 @pytest.mark.parametrize("timeout", [5e-324, 0.999, 0, -1])
 def test_an_execute_timeout_too_small_to_start_a_process_is_refused(app_factory, timeout):
     """It used to be a 504 run_timeout after spawning: now 400 naming the minimum, which the
-    document's schema states (README §The v1 API)."""
+    document's schema states (docs/v1-api.md)."""
     app = app_factory()
     schema = document(app)["paths"]["/api/v1/execute"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]["properties"]["timeout"]

@@ -197,7 +197,7 @@ def test_two_processes_share_the_file(store):
     assert [b["id"] for b in page["blocks"]].count("shared") == 1
 
 
-# -- sharper cases (README §Tests → Mutation testing) ----------------------------------------
+# -- sharper cases (docs/testing.md §Mutation testing) ----------------------------------------
 def test_a_replayed_write_says_so_and_returns_the_first_answer(store):
     content = [{"type": "paragraph", "text": "一段"}]
     first = store.page_save(ctx(idempotency_key="k1"), content=content)

@@ -1,4 +1,4 @@
-"""A run's questions to its user (hermes_service.mnote.runs.Run: README §Approvals), without Hermes:
+"""A run's questions to its user (hermes_service.mnote.runs.Run: docs/mnote-client.md §Approvals), without Hermes:
 several pending at once, statuses, refusals, an abort resolving them."""
 import pytest
 

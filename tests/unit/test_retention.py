@@ -1,4 +1,4 @@
-"""Retention and cleanup (issue #9 item 2): ``main.py gc`` and the service's periodic pass remove
+"""Retention and cleanup (docs/data-and-durability.md): ``main.py gc`` and the service's periodic pass remove
 exactly what is stale, keep what a running turn uses, and ``--dry-run`` removes nothing."""
 import os
 import sqlite3
@@ -195,7 +195,7 @@ def test_periodic_pass_sweeps_memory_of_the_service(stubbed_app, stub):
     report = job.run_once()
     assert report.counts["event logs"] == 1 and report.counts["lock-table entries"] == 1
     assert svc.extensions["mnote"].runs._runs == {} and svc.conversations._local_locks == {}
-    # the run's durable log went too (README §Data and durability → Runs and their events)
+    # the run's durable log went too (docs/data-and-durability.md §Runs and their events)
     assert report.counts["run event logs"] == 1
     assert not (svc.config.data_dir / "run-events" / f"{run_id}.jsonl").exists()
     assert report.counts["session mappings"] == 0 and len(svc.store.list("alice")) == 1

@@ -1,4 +1,4 @@
-"""The launcher's rules (hermes_service/sandbox.py; README §Sandbox and threat model): which
+"""The launcher's rules (hermes_service/sandbox.py; docs/sandbox.md): which
 configurations are refused or warned about, what a sandboxed process is given, and the
 start-up refusal of a real ``main.py`` — no Hermes turn needed."""
 from __future__ import annotations

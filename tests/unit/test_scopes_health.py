@@ -1,4 +1,4 @@
-"""Key scopes (issue #8 item 3) and a /health that tells the truth (item 15), in-process."""
+"""Key scopes and a /health that tells the truth (docs/v1-api.md §Health), in-process."""
 import os
 
 import pytest
@@ -142,7 +142,7 @@ def test_health_reports_an_unconfigured_provider(app_factory, monkeypatch):
 
 
 def test_the_api_description_needs_a_key_unless_configured_open(app_factory):
-    """README §API description: /openapi.json and /docs need an allowed address, and a key
+    """docs/api-description.md: /openapi.json and /docs need an allowed address, and a key
     unless security.docs_requires_api_key is false; every other route still needs its key."""
     closed = app_factory().test_client()
     res = closed.get("/openapi.json")

@@ -1,4 +1,4 @@
-"""Auth matrix (issue #2 item 8): IP allowlist, CIDR, IPv6, trusted proxies, keys."""
+"""Auth matrix (docs/configuring.md): IP allowlist, CIDR, IPv6, trusted proxies, keys."""
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -161,10 +161,10 @@ def test_access_log_cannot_be_forged_through_the_path(app, caplog):
     assert lines and all("\n" not in line for line in lines)
 
 
-# -- sharper cases (README §Tests → Mutation testing: each kills mutants that survived) ------
+# -- sharper cases (docs/testing.md §Mutation testing: each kills mutants that survived) ------
 @pytest.fixture
 def same_host_nginx(app_factory):
-    """The deployment README recommends: nginx on this host, so the proxy address is both
+    """docs/configuring.md §IP rules behind nginx recommends: nginx on this host, so the proxy address is both
     trusted and allowed. Only here does rightmost-vs-rightmost-untrusted decide anything."""
     return app_factory({"security": {"allowed_ips": ["127.0.0.1", "10.20.0.0/16"]},
                         "nginx": {"trusted_proxies": ["127.0.0.1", "10.99.0.0/24"],

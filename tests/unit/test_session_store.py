@@ -1,4 +1,4 @@
-"""Session registry durability (issue #2 item 9, issue #9 item 1): per-user shards and the owner
+"""Session registry durability (docs/data-and-durability.md): per-user shards and the owner
 index under threads, processes, kill -9 and damaged files; migration of the single file."""
 import json
 import os
@@ -457,7 +457,7 @@ def test_reader_sees_other_process_writes(tmp_path):
     assert isinstance(CorruptShard(tmp_path, "x"), ServiceError)
 
 
-# -- sharper cases (README §Tests → Mutation testing: each kills mutants that survived) ------
+# -- sharper cases (docs/testing.md §Mutation testing: each kills mutants that survived) ------
 def test_records_are_stamped_in_utc_and_fields_that_name_a_session_cannot_change(tmp_path):
     store = SessionStore(tmp_path)
     store.create(rec("s1"))
@@ -753,7 +753,7 @@ def test_a_failed_shard_write_raises_its_error_and_leaves_no_temp_file(tmp_path)
 def test_a_change_is_durable_before_it_is_acknowledged(tmp_path, monkeypatch):
     """What kill -9 cannot show (the page cache survives a killed process), a power loss would:
     the owner link's folder is fsynced before the record is written, the record's data before
-    its rename, and the shard's folder after it (README §Data and durability)."""
+    its rename, and the shard's folder after it (docs/data-and-durability.md)."""
     store = SessionStore(tmp_path)
     store.create(rec("first"))                      # the user's folders exist from here on
     steps, real_fsync, real_replace = [], os.fsync, os.replace

@@ -1,4 +1,4 @@
-"""The users template keeps a CLI turn quiet and safe (issue #8 items 5 and 12), unit level;
+"""The users template keeps a CLI turn quiet and safe, unit level;
 the end-to-end proofs are test_e2e_egress.py and test_e2e_approvals.py."""
 import json
 import re
@@ -48,7 +48,7 @@ def test_every_home_gets_the_update_check_stamp(make_config, tmp_path):
 
 
 def test_a_template_edit_reaches_the_next_turns_home_without_a_reload(make_config, tmp_path):
-    """README: a changed template brings every home up to date on its next run. The parse and
+    """docs/configuring.md: a changed template brings every home up to date on its next run. The parse and
     hash of the template are cached per turn (the first token's path), keyed on each file's
     inode, size and mtime: an edit (even one keeping the size), a new file and a removed one
     each refresh the home."""

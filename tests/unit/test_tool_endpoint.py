@@ -1,4 +1,4 @@
-"""The run-scoped tool endpoint (issue #4): tokens, envelope binding, events, plugin definitions."""
+"""The run-scoped tool endpoint (tool contract §1-§5): tokens, envelope binding, events, plugin definitions."""
 import json
 import threading
 import time
@@ -274,7 +274,7 @@ def test_runs_of_a_key_without_capability_scope_get_the_configured_default(stubb
     assert saved["ok"] is True and store.export_page("doc_1")["revision"] == 2
 
 
-# -- sharper cases (README §Tests → Mutation testing) ----------------------------------------
+# -- sharper cases (docs/testing.md §Mutation testing) ----------------------------------------
 def events(run):
     return [{k: v for k, v in e.items() if k not in ("run_id", "session_id")} for e in run.events]
 

@@ -1,4 +1,4 @@
-"""Turns on one session (README §Runners, §The v1 API): a killed turn is matched to its Hermes
+"""Turns on one session (docs/runners.md, docs/v1-api.md): a killed turn is matched to its Hermes
 session by the turn marker, and the turn lock holds across service processes. The CLI is
 stubbed at its seam (``HermesRunner.run_process``); Hermes's record is a real ``state.db``
 (tests/support/hermes_record.py) and the other process is a real one."""
@@ -162,7 +162,7 @@ def test_a_message_that_looks_like_hermes_scaffolding_is_still_the_turns_own(tmp
     assert active_roles(home, HERMES_SID) == ["user", "assistant", "user", "assistant"]
 
 
-# -- answers come from Hermes's record (README §Runners), at the unit level: the stubbed CLI
+# -- answers come from Hermes's record (docs/runners.md), at the unit level: the stubbed CLI
 # turn writes state.db as Hermes does and puts a decoy on stdout
 
 
