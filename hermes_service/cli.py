@@ -104,6 +104,10 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
                    err=True)
         sys.exit(2)
     if demo:
+        if not any(ext.demo is demo_mod for ext in installed.enabled(config)):
+            click.echo(f"refusing to start: --demo: {config.source}: the extension offering the "
+                       "demo is switched off (its `enabled: false`)", err=True)
+            sys.exit(2)
         try:
             demo_mod.seed(config)
         except (StoreUnusable, OSError) as exc:

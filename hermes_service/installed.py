@@ -2,7 +2,7 @@
 extension (docs/architecture.md; the seam itself: :mod:`hermes_service.extensions`).
 
 It sits above the core — only the app factory, the services' builder, the command line and the
-modules that need the route families import it — so an extension importing core modules
+modules that need the route families (conversations, lifecycle) import it — so an extension importing core modules
 closes no import cycle (tests/unit/test_layers_imports.py, tests/unit/test_layers.py).
 """
 from __future__ import annotations

@@ -74,18 +74,18 @@ TAGS = [
     {"name": "operations", "description": "Metrics (docs/operations.md)."},
     {"name": "docs", "description": "This document and its page (docs/api-description.md)."},
 ]
+#: the document's description; ``{serves}`` and ``{errors}`` list the v1 API's and then each
+#: extension's routes and error shapes (:func:`~hermes_service.web.register_description`)
 DESCRIPTION = """\
-The Hermes Agent CLI behind a REST API: the v1 API, the mnote client proxy (the page AI
-panel; its runs stream Server-Sent Events) and the mnote tool endpoint.
+The Hermes Agent CLI behind a REST API: {serves}.
 
 **Authentication.** Every route needs an allowed client address (`security.allowed_ips`; 403)
-and, except the tool endpoint (a run token) and — per config — `/health` and this document, an
+and, except routes that take a run token and — per config — `/health` and this document, an
 API key (the `ApiKey` scheme; 401). A key may call only the route families its `scopes` name
 (403 `insufficient_scope`): each operation says which scope it needs.
 
 **Errors** come in the shape of the route's family, each code listed under its status:
-v1 `{detail, code, requestId}`; client proxy `{ok: false, code, message, traceId, requestId}`;
-tool endpoint the contract's output envelope. A body larger than `service.max_body_bytes` is
+{errors}. A body larger than `service.max_body_bytes` is
 refused by the HTTP server itself with a plain-text 413. Every response carries `X-Request-Id`.
 
 This document is generated from the routes and the schemas the service validates requests
@@ -250,6 +250,16 @@ def _success(reply: Reply, status: int, bearer: bool, contract: Contract, op_ids
     return out
 
 
+def _description(app) -> str:
+    """:data:`DESCRIPTION` with the v1 API's and the extensions' routes and error shapes
+    (:func:`~hermes_service.web.register_description`)."""
+    parts = [("the v1 API", "v1 `{detail, code, requestId}`"),
+             *app.extensions.get("openapi_description", [])]
+    serves = [s for s, _ in parts]
+    serves = serves[0] if len(serves) == 1 else ", ".join(serves[:-1]) + " and " + serves[-1]
+    return DESCRIPTION.format(serves=serves, errors="; ".join(e for _, e in parts))
+
+
 def build_document(app: Flask, config) -> dict:
     """The OpenAPI 3.1 document of ``app``'s routes for ``config`` (a dict, JSON-ready).
 
@@ -258,7 +268,7 @@ def build_document(app: Flask, config) -> dict:
     """
     sec = config.security
     spec = APISpec(title="hermes-service", version=API_VERSION, openapi_version=OPENAPI_VERSION,
-                   info={"description": DESCRIPTION},
+                   info={"description": _description(app)},
                    tags=[*TAGS, *app.extensions.get("openapi_tags", [])])
     if sec.auth_method == "bearer":
         spec.components.security_scheme("ApiKey", {
@@ -268,9 +278,10 @@ def build_document(app: Flask, config) -> dict:
         spec.components.security_scheme("ApiKey", {
             "type": "apiKey", "in": "header", "name": sec.api_key_header,
             "description": "an API key (security.api_keys)"})
-    spec.components.security_scheme("RunToken", {
-        "type": "http", "scheme": "bearer",
-        "description": "the run token of a running mnote run (its run file; never an API key)"})
+    if any(f.auth == RUN_TOKEN for f in routing.registered(app)):
+        spec.components.security_scheme("RunToken", {
+            "type": "http", "scheme": "bearer",
+            "description": "the run token of a running run (its run file; never an API key)"})
     spec.components.parameter("RequestId", "header", {
         "name": "X-Request-Id", "schema": {"type": "string"},
         "description": "a request id to keep (when it is [A-Za-z0-9_.:-]{1,64}; otherwise a "

@@ -163,6 +163,11 @@ def family_of(app: Flask, rule: Rule) -> RouteFamily | None:
     return _table(app).for_rule(app, rule)
 
 
+def registered(app: Flask) -> tuple[RouteFamily, ...]:
+    """Every family the blueprints registered on ``app`` declared, in registration order."""
+    return tuple(_table(app).families)
+
+
 def family_for_path(app: Flask, path: str) -> RouteFamily | None:
     """The family owning ``path`` among ``app``'s (the longest entry wins), None: no family."""
     return _table(app).for_path(path)

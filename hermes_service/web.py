@@ -225,6 +225,13 @@ def register_tags(app, tags: list[dict]) -> None:
     app.extensions.setdefault("openapi_tags", []).extend(tags)
 
 
+def register_description(app, serves: str, errors: str) -> None:
+    """An extension's part of the document's description: ``serves`` names its routes (e.g.
+    ``"the mnote client proxy"``), ``errors`` their error shapes (e.g. ``"client proxy `{ok:
+    false, …}`"``); both are listed after the v1 API's."""
+    app.extensions.setdefault("openapi_description", []).append((serves, errors))
+
+
 def render_error(err: ServiceError):
     """The JSON response for ``err`` in the shape of the request's route family
     (:func:`hermes_service.routing.current`; the v1 shape for a request of no family)."""

@@ -124,7 +124,7 @@ class MnoteExtension(Extension):
     def init_app(self, app, services: "Services") -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
         shapes; :mod:`hermes_service.routing`) on ``app``."""
-        from ..web import register_components, register_tags
+        from ..web import register_components, register_description, register_tags
         from . import client, endpoint, events
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
@@ -132,6 +132,11 @@ class MnoteExtension(Extension):
         register_components(app, events.COMPONENTS)     # the run events in /openapi.json
         register_components(app, endpoint.COMPONENTS)   # the tool envelope
         register_tags(app, TAGS)
+        register_description(app, "the mnote client proxy (the page AI panel; its runs stream "
+                             "Server-Sent Events)", "client proxy `{ok: false, code, message, "
+                             "traceId, requestId}`")
+        register_description(app, "the mnote tool endpoint",
+                             "tool endpoint the contract's output envelope")
 
     def init_cli(self, group) -> None:
         from .cli import mnote

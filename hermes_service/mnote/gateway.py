@@ -15,7 +15,7 @@
    trace and capability scope into the envelope, emits ``tool.started`` /
    ``tool.completed`` on the run's event stream, marks tool activity for the
    stall watchdog, and hands the envelope to the
-   :class:`~hermes_service.mnote_tools.ToolExecutor` (schemas, permissions,
+   :class:`~hermes_service.mnote.tools.ToolExecutor` (schemas, permissions,
    idempotency, dryRun, audit). Hermes never writes the store directly.
 """
 from __future__ import annotations

@@ -296,5 +296,5 @@ def plugin_tool_definitions() -> list[dict]:
     return out
 
 
-if __name__ == "__main__":   # python3 -m hermes_service.mnote_tools > users_template/plugins/mnote/tools.json
+if __name__ == "__main__":   # .venv/bin/python -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json
     print(json.dumps(plugin_tool_definitions(), indent=1, ensure_ascii=False))

@@ -147,7 +147,7 @@ def _hanging_run(svc) -> dict:
 @pytest.fixture
 def fuzz_target(start_service):
     svc = start_service(FUZZ_CONFIG)
-    from test_e2e_tools import mnote_cli
+    from e2e.test_e2e_tools import mnote_cli
     mnote_cli(svc, "add-workspace", "ws_1")
     mnote_cli(svc, "add-member", "ws_1", ACTOR, "editor")
     mnote_cli(svc, "import-page", "-", stdin=json.dumps({

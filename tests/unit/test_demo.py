@@ -1,4 +1,4 @@
-"""The demo model's rules and overlay (hermes_service/demo.py; README "Try it without a
+"""The demo model's rules and overlay (hermes_service/mnote/demo.py; README "Try it without a
 provider: make demo"), without Hermes: hand-written chat-completions requests to the real
 demo model server. End to end (make demo, hermes acp, the walk-through): test_e2e_demo.py."""
 from __future__ import annotations

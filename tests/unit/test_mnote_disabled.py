@@ -46,6 +46,9 @@ def test_off_the_document_has_no_mnote_route_tag_or_schema(app_factory):
     assert {t["name"] for t in doc["tags"]} == {"v1", "health", "operations", "docs"}
     schemas = doc["components"]["schemas"]
     assert "ClientError" not in schemas and not [n for n in schemas if n.startswith("Run")]
+    # nor in its words: the description names only the v1 API, and no run-token scheme
+    assert "mnote" not in doc["info"]["description"]
+    assert list(doc["components"]["securitySchemes"]) == ["ApiKey"]
 
 
 def test_off_the_service_serves_v1_and_answers_404_for_mnote(stubbed_app, stub):
@@ -89,3 +92,12 @@ def test_off_the_mnote_commands_say_so(tmp_path):
     assert res.exit_code == 2
     assert f"{path}:mnote.enabled: false: the mnote extension is off" in res.output
     assert not (tmp_path / "data" / "mnote.db").exists()
+
+
+def test_off_the_demo_refuses_to_start_and_seeds_nothing(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(base_config(tmp_path), OFF)), "utf-8")
+    res = CliRunner().invoke(cli, ["--config", str(path), "--demo"])
+    assert res.exit_code == 2, res.output
+    assert "the extension offering the demo is switched off" in res.output
+    assert not list((tmp_path / "data").rglob("mnote.db"))

@@ -1,4 +1,4 @@
-"""Durable run event logs (hermes_service/run_log.py, runs.py; docs/data-and-durability.md
+"""Durable run event logs (hermes_service/mnote/run_log.py, mnote/runs.py; docs/data-and-durability.md
 §Runs and their events): append, replay and follow from another process's view, a torn last
 line after a crash, exactly one terminal event under concurrent closers, retention, another
 actor's run, unsafe run ids, session busy / abort / answers across processes.
