@@ -36,7 +36,7 @@ import json
 import os
 import sqlite3
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -429,6 +429,22 @@ def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> b
         return True
 
 
+@contextmanager
+def _write_transaction(conn):
+    """``BEGIN IMMEDIATE`` on ``conn`` (the write lock first, so what the block reads cannot
+    change before it writes); COMMIT when the block ends (a block that wrote nothing commits
+    nothing), ROLLBACK and re-raise when it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if conn.in_transaction:
+        conn.execute("COMMIT")
+
+
 @bounded
 def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -> bool:
     """Take back the turn that sent ``message`` if it produced no answer: soft-delete its
@@ -440,23 +456,15 @@ def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -
     conn = _connect(hermes_home, write=True) if session_id else None
     if conn is None:
         return False
-    with closing(conn):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            rows = _turn_rows(conn, session_id, message)
-            if not rows or not all(_unanswered(r) for r in rows):
-                conn.execute("ROLLBACK")
-                return False
-            conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
-                         [r["id"] for r in rows])
-            conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 "
-                         "WHERE id = ?", (rows[0]["session_id"],))
-            conn.execute("COMMIT")
-            return True
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+    with closing(conn), _write_transaction(conn):
+        rows = _turn_rows(conn, session_id, message)
+        if not rows or not all(_unanswered(r) for r in rows):
+            return False
+        conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
+                     [r["id"] for r in rows])
+        conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 "
+                     "WHERE id = ?", (rows[0]["session_id"],))
+        return True
 
 
 def _storable(text: str) -> str:
@@ -486,40 +494,31 @@ def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown:
     conn = _connect(hermes_home, write=True) if session_id and shown else None
     if conn is None:
         return False
-    with closing(conn):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            rows = _turn_rows(conn, session_id, message)
-            said = ""
-            for r in rows[1:]:
-                if r["role"] != "assistant":
-                    continue
-                text = display_content("assistant", r["content"])
-                if not isinstance(text, str) or text.strip() in ("", EMPTY_SENTINEL):
-                    continue
-                if not (r["tool_calls"] and r["tool_calls"] not in ("[]", "null")):
-                    conn.execute("ROLLBACK")       # Hermes kept the reply itself
-                    return False
-                said += text
-            rest = shown[len(said.strip()):].strip() if shown.startswith(said.strip()) else shown
-            target = rows[0]["session_id"] if rows else session_id
-            if not rest or conn.execute("SELECT 1 FROM sessions WHERE id = ?",
-                                        (target,)).fetchone() is None:
-                conn.execute("ROLLBACK")
-                return False
-            now = time.time()
-            new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
-            for role, content in new_rows:
-                conn.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
-                             "VALUES (?, ?, ?, ?, 1)", (target, role, content, now))
-            conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ? "
-                         "WHERE id = ?", (len(new_rows), target))
-            conn.execute("COMMIT")
-            return True
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+    with closing(conn), _write_transaction(conn):
+        rows = _turn_rows(conn, session_id, message)
+        said = ""
+        for r in rows[1:]:
+            if r["role"] != "assistant":
+                continue
+            text = display_content("assistant", r["content"])
+            if not isinstance(text, str) or text.strip() in ("", EMPTY_SENTINEL):
+                continue
+            if not (r["tool_calls"] and r["tool_calls"] not in ("[]", "null")):
+                return False               # Hermes kept the reply itself
+            said += text
+        rest = shown[len(said.strip()):].strip() if shown.startswith(said.strip()) else shown
+        target = rows[0]["session_id"] if rows else session_id
+        if not rest or conn.execute("SELECT 1 FROM sessions WHERE id = ?",
+                                    (target,)).fetchone() is None:
+            return False
+        now = time.time()
+        new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
+        for role, content in new_rows:
+            conn.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
+                         "VALUES (?, ?, ?, ?, 1)", (target, role, content, now))
+        conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ? "
+                     "WHERE id = ?", (len(new_rows), target))
+        return True
 
 
 def _unanswered(r) -> bool:
