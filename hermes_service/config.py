@@ -146,25 +146,27 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m (units s m h d w)")
     return float(int(text[:-1]) * _UNIT_SECONDS[text[-1]])
 
-_STR_LIST = {"type": "array", "items": {"type": "string"}}
-_POS_INT = {"type": "integer", "minimum": 1}
-_POS_NUM = {"type": "number", "exclusiveMinimum": 0}
+STR_LIST = {"type": "array", "items": {"type": "string"}}
+POS_INT = {"type": "integer", "minimum": 1}
+POS_NUM = {"type": "number", "exclusiveMinimum": 0}
 
 
-def _obj(props: dict, **extra) -> dict:
+def object_schema(props: dict, **extra) -> dict:
+    """A mapping of the named ``props`` only: another key is refused with a hint (the section
+    schemas' building block, an extension's too)."""
     return {"type": "object", "properties": props, "additionalProperties": False, **extra}
 
 
-SCHEMA = _obj({
-    "security": _obj({
+SCHEMA = object_schema({
+    "security": object_schema({
         "enable_ip_check": {"type": "boolean"},
-        "allowed_ips": _STR_LIST,
+        "allowed_ips": STR_LIST,
         "enable_api_key": {"type": "boolean"},
         "auth_method": {"enum": ["header", "bearer"]},
         "api_key_header": {"type": "string", "pattern": r"^[A-Za-z0-9-]+$"},
         "health_requires_api_key": {"type": "boolean"},
         "docs_requires_api_key": {"type": "boolean"},
-        "api_keys": {"type": "array", "items": _obj({
+        "api_keys": {"type": "array", "items": object_schema({
             "key": {"type": "string", "minLength": 16},
             "key_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
             "key_env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
@@ -175,92 +177,92 @@ SCHEMA = _obj({
             "scopes": {"type": "array", "uniqueItems": True, "items": {"enum": list(SCOPES)}},
         }, oneOf=[{"required": ["key"]}, {"required": ["key_sha256"]}, {"required": ["key_env"]}])},
     }),
-    "nginx": _obj({"trusted_proxies": _STR_LIST, "enable_real_ip": {"type": "boolean"}}),
-    "service": _obj({
+    "nginx": object_schema({"trusted_proxies": STR_LIST, "enable_real_ip": {"type": "boolean"}}),
+    "service": object_schema({
         "host": {"type": "string"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535},
         "log_level": {"enum": ["debug", "info", "warning", "error"]},
         "log_format": {"enum": ["text", "json"]},
-        "threads": _POS_INT,
-        "max_body_bytes": _POS_INT,
-        "connection_limit": _POS_INT,
-        "idle_timeout_seconds": _POS_INT,
+        "threads": POS_INT,
+        "max_body_bytes": POS_INT,
+        "connection_limit": POS_INT,
+        "idle_timeout_seconds": POS_INT,
         "drain_seconds": {"type": "number", "minimum": 0},
         "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
-        "idempotency_ttl_seconds": _POS_NUM,
+        "idempotency_ttl_seconds": POS_NUM,
     }),
-    "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
-                  "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
-    "hermes": _obj({
+    "cors": object_schema({"allow_origins": STR_LIST, "allow_credentials": {"type": "boolean"},
+                  "allow_methods": STR_LIST, "allow_headers": STR_LIST}),
+    "hermes": object_schema({
         "command": {"type": "string", "minLength": 1},
         "runner": {"enum": ["cli", "acp"]},
-        "acp": _obj({
-            "idle_seconds": _POS_NUM,
-            "max_processes": _POS_INT,
-            "recycle_after_sessions": _POS_INT,
-            "max_rss_mb": _POS_NUM,
-            "start_timeout_seconds": _POS_NUM,
+        "acp": object_schema({
+            "idle_seconds": POS_NUM,
+            "max_processes": POS_INT,
+            "recycle_after_sessions": POS_INT,
+            "max_rss_mb": POS_NUM,
+            "start_timeout_seconds": POS_NUM,
         }),
-        "timeout_seconds": _POS_NUM,
-        "stall_timeout_seconds": _POS_NUM,
-        "approvals": _obj({
+        "timeout_seconds": POS_NUM,
+        "stall_timeout_seconds": POS_NUM,
+        "approvals": object_schema({
             "mode": {"enum": ["ask", "deny"]},
-            "timeout_seconds": _POS_NUM,
+            "timeout_seconds": POS_NUM,
             "allow_always": {"type": "boolean"},
         }),
-        "max_concurrent_runs": _POS_INT,
+        "max_concurrent_runs": POS_INT,
         "queue_wait_seconds": {"type": "number", "minimum": 0},
         "max_waiting_requests": {"type": "integer", "minimum": 0},
         "max_message_bytes": {"type": "integer", "minimum": 1, "maximum": 126976},
-        "toolsets": _STR_LIST,
-        "sandbox": _obj({
+        "toolsets": STR_LIST,
+        "sandbox": object_schema({
             "mode": {"enum": ["auto", "bwrap", "none"]},
             "allow_host_tools": {"type": "boolean"},
-            "max_home_mb": _POS_NUM,
+            "max_home_mb": POS_NUM,
             "bwrap": {"type": "string", "minLength": 1},
-            "limits": _obj({
+            "limits": object_schema({
                 "memory_mb": {"type": "integer", "minimum": 256},
                 "processes": {"type": "integer", "minimum": 32},
                 "cpu_seconds": {"type": "integer", "minimum": 10},
-                "file_size_mb": _POS_INT,
+                "file_size_mb": POS_INT,
                 "open_files": {"type": "integer", "minimum": 64},
-                "tmp_mb": _POS_INT,
+                "tmp_mb": POS_INT,
             }),
         }),
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "model": _obj({
+        "model": object_schema({
             "provider": {"type": "string"},
             "base_url": {"type": ["string", "null"]},
             "default": {"type": ["string", "null"]},
             "api_key_env": {"type": ["string", "null"], "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-            "context_length": _POS_INT,
+            "context_length": POS_INT,
         }),
-        "execute": _obj({
-            "allowed": {"type": "array", "items": {**_STR_LIST, "minItems": 1}},
-            "timeout_seconds": _POS_NUM,
-            "max_output_bytes": _POS_INT,
+        "execute": object_schema({
+            "allowed": {"type": "array", "items": {**STR_LIST, "minItems": 1}},
+            "timeout_seconds": POS_NUM,
+            "max_output_bytes": POS_INT,
         }),
     }),
-    "paths": _obj({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
-    "mnote": _obj({
+    "paths": object_schema({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
+    "mnote": object_schema({
         "enabled": {"type": "boolean"},
         "default_model": {"type": "string"},
-        "models": {"type": "array", "minItems": 1, "items": _obj({
+        "models": {"type": "array", "minItems": 1, "items": object_schema({
             "id": {"type": "string"}, "label": {"type": "string"}, "provider": {"type": "string"},
             "hermes_model": {"type": ["string", "null"]},
         }, required=["id"])},
-        "events_retention_seconds": _POS_NUM,
-        "keepalive_seconds": _POS_NUM,
-        "max_event_streams": _POS_INT,
-        "default_capability_scope": _STR_LIST,
+        "events_retention_seconds": POS_NUM,
+        "keepalive_seconds": POS_NUM,
+        "max_event_streams": POS_INT,
+        "default_capability_scope": STR_LIST,
         "service_url": {"type": ["string", "null"]},
         "runner": {"enum": ["cli", "acp"]},
     }),
-    "retention": _obj({
+    "retention": object_schema({
         "interval_seconds": {"type": "number", "minimum": 0},
         "sessions_older_than": {"type": ["string", "null"], "pattern": DURATION_PATTERN},
         "purge_transcripts": {"type": "boolean"},
-        "idempotency_window_seconds": _POS_NUM,
+        "idempotency_window_seconds": POS_NUM,
     }),
 })
 
@@ -639,7 +641,7 @@ def _tuple(value):
     return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
 
 
-def _section(cls, mapping: dict, **resolved):
+def settings_from(cls, mapping: dict, **resolved):
     """``cls`` from the keys of ``mapping`` it names (lists as tuples), ``resolved`` over them."""
     names = [f.name for f in fields(cls)]
     return cls(**{n: _tuple(mapping[n]) for n in names if n not in resolved}, **resolved)
@@ -725,26 +727,28 @@ def _resolve(raw: dict, source: str, base_dir: Path, res: _Resolver,
         return (found if found.is_absolute() else base_dir / found).resolve()
 
     sec, h = raw["security"], raw["hermes"]
-    security = _section(SecuritySettings, sec,
-                        allowed_networks=res.networks("security.allowed_ips", sec["allowed_ips"]),
-                        api_keys=(), key_entries=len(sec["api_keys"]))
-    nginx = _section(NginxSettings, raw["nginx"],
-                     trusted_proxies=res.networks("nginx.trusted_proxies",
-                                                  raw["nginx"]["trusted_proxies"]))
+    security = settings_from(
+        SecuritySettings, sec,
+        allowed_networks=res.networks("security.allowed_ips", sec["allowed_ips"]),
+        api_keys=(), key_entries=len(sec["api_keys"]))
+    nginx = settings_from(NginxSettings, raw["nginx"],
+                          trusted_proxies=res.networks("nginx.trusted_proxies",
+                                                       raw["nginx"]["trusted_proxies"]))
     security = replace(security, api_keys=res.api_keys(sec["api_keys"], need_keys))
-    hermes = _section(
-        HermesSettings, h, acp=_section(AcpSettings, h["acp"]),
-        approvals=_section(ApprovalSettings, h["approvals"]),
+    hermes = settings_from(
+        HermesSettings, h, acp=settings_from(AcpSettings, h["acp"]),
+        approvals=settings_from(ApprovalSettings, h["approvals"]),
         sandbox=sandbox.Settings.from_config(h["sandbox"]),
         extra_env=MappingProxyType(dict(h["extra_env"])),
-        model=_section(ModelSettings, h["model"]), execute=_section(ExecuteSettings, h["execute"]))
+        model=settings_from(ModelSettings, h["model"]),
+        execute=settings_from(ExecuteSettings, h["execute"]))
     return dict(
         source=source, security=security, nginx=nginx,
-        service=_section(ServiceSettings, raw["service"]), cors=_section(CorsSettings, raw["cors"]),
-        hermes=hermes,
+        service=settings_from(ServiceSettings, raw["service"]),
+        cors=settings_from(CorsSettings, raw["cors"]), hermes=hermes,
         paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"])),
-        mnote=_section(MnoteSettings, raw["mnote"], models=res.models(raw["mnote"]["models"])),
-        retention=_section(RetentionSettings, raw["retention"]))
+        mnote=settings_from(MnoteSettings, raw["mnote"], models=res.models(raw["mnote"]["models"])),
+        retention=settings_from(RetentionSettings, raw["retention"]))
 
 
 # -- cross-field checks --------------------------------------------------------------------
