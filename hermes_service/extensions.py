@@ -6,6 +6,11 @@ extension: :mod:`hermes_service.installed` is the one composition point, the lis
 extensions (a module of its own above the core, so that no import cycle closes through it). Everything else reaches an extension through the hooks of :class:`Extension`,
 which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` wires itself:
 
+* :meth:`Extension.config_section` — its section of config.yaml
+  (:class:`~hermes_service.config.ConfigSection`: schema, defaults, the builder of its typed
+  settings, its named checks, restart-only keys and the threads it holds), validated with the
+  core's sections whether the extension is enabled or not (:func:`hermes_service.installed.load_config`);
+  its settings are ``config.section(name)`` (docs/configuring.md §Extension sections);
 * :meth:`Extension.enabled` — whether ``config`` switches it on (off: none of the hooks
   below is called, so it builds, registers and serves nothing);
 * :meth:`Extension.families` — the route families its turns use (:class:`Family`: runner,
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
     import click
     from flask import Flask
 
-    from .config import Config
+    from .config import Config, ConfigSection
     # ``Services`` (hermes_service.services) is named, not imported: services builds the
     # extensions, so an import here would close a cycle (tests/unit/test_layers_imports.py)
 
@@ -82,6 +87,11 @@ class Extension:
     #: the module offering ``make demo`` (``start_model``, ``overlay``, ``seed``, ``warning``,
     #: ``DATA_SUBDIR``), or None
     demo = None
+
+    def config_section(self) -> "ConfigSection | None":
+        """Its section of config.yaml (the section's ``name`` is usually the extension's), or
+        None when it has none. Called once per config load, before :meth:`enabled`."""
+        return None
 
     def enabled(self, config: "Config") -> bool:
         return True

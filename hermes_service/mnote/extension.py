@@ -1,8 +1,10 @@
 """How the mnote extension wires itself into the core (:mod:`hermes_service.extensions`).
 
 :class:`MnoteExtension` is the one object the core knows (through
-:func:`hermes_service.installed.extensions`). From the ``mnote`` config section
-(:func:`settings`) it
+:func:`hermes_service.installed.extensions`). It brings the ``mnote`` config section
+(:mod:`.settings`: schema, defaults, :class:`~.settings.MnoteSettings`, its check, its
+restart-only keys, the threads its event streams hold), and from that section
+(:func:`~.objects.settings`) it
 
 * declares the ``mnote`` route family (:meth:`~MnoteExtension.families`): its runner
   (``mnote.runner``), ``panel`` in the start line, the run binding of the mnote Hermes plugin
@@ -29,9 +31,10 @@ from typing import TYPE_CHECKING
 
 from ..extensions import Extension, Family, RetentionStep
 from .objects import NAME, Mnote, mnote_of, run_limits, settings
+from .settings import SECTION
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..config import Config, ConfigSection
     # ``Services`` is named, not imported: services builds the extensions (no import cycle,
     # tests/unit/test_layers_imports.py)
 
@@ -85,10 +88,15 @@ class MnoteExtension(Extension):
     """The mnote extension's hooks (module doc)."""
     name = NAME
 
+    def config_section(self) -> ConfigSection:
+        """The ``mnote`` section (:data:`.settings.SECTION`)."""
+        return SECTION
+
     def enabled(self, config: "Config") -> bool:
         """``mnote.enabled`` (default true): false removes the extension
-        (docs/mnote-client.md)."""
-        return bool(settings(config).enabled)
+        (docs/mnote-client.md). Off too in a config built without its section (the core's
+        :func:`hermes_service.config.build_config` alone)."""
+        return NAME in config.extensions and bool(settings(config).enabled)
 
     @property
     def demo(self):
