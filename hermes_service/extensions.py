@@ -38,8 +38,9 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from .config import Config, ConfigSection
-    # ``Services`` (hermes_service.services) is named, not imported: services builds the
-    # extensions, so an import here would close a cycle (tests/unit/test_layers_imports.py)
+    # the shape of hermes_service.services.Services: services builds the extensions, so
+    # importing it here would close a cycle (tests/unit/test_layers_imports.py)
+    from .service_objects import ServiceObjects
 
 
 class StoreUnusable(Exception):
@@ -99,10 +100,10 @@ class Extension:
     def families(self, config: "Config") -> list[Family]:
         return []
 
-    def init_services(self, services: "Services") -> None:
+    def init_services(self, services: "ServiceObjects") -> None:
         pass
 
-    def init_app(self, app: "Flask", services: "Services") -> None:
+    def init_app(self, app: "Flask", services: "ServiceObjects") -> None:
         pass
 
     def init_cli(self, group: "click.Group") -> None:
@@ -110,5 +111,5 @@ class Extension:
         ``ctx.obj["load_config"](ctx)`` (the config of a command that serves nothing; exits 2
         with ``file:key: problem`` lines), so an extension never imports the command line."""
 
-    def on_serve(self, services: "Services") -> None:
+    def on_serve(self, services: "ServiceObjects") -> None:
         pass

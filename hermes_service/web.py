@@ -37,14 +37,16 @@ from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, Idempotency
                           check_key, fingerprint, recordable, scope_of)
 from .routing import ErrorFamily
 
-# ``Services`` (hermes_service.services) is named, not imported: the services build the
-# extensions, whose blueprints use these helpers (no import cycle, type-only imports included;
-# tests/unit/test_layers_imports.py)
+if TYPE_CHECKING:
+    # the shape of hermes_service.services.Services: the services build the extensions, whose
+    # blueprints use these helpers, so importing it would close a cycle (type-only imports
+    # count: tests/unit/test_layers_imports.py)
+    from .service_objects import ServiceObjects
 
 log = logging.getLogger("hermes_service")
 
 
-def services() -> "Services":
+def services() -> "ServiceObjects":
     """The service objects of the app handling this request."""
     return current_app.extensions["hermes_service"]
 

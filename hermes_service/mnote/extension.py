@@ -25,7 +25,6 @@ commands say so and exit 2).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
@@ -35,8 +34,8 @@ from .settings import SECTION
 
 if TYPE_CHECKING:
     from ..config import Config, ConfigSection
-    # ``Services`` is named, not imported: services builds the extensions (no import cycle,
-    # tests/unit/test_layers_imports.py)
+    # the shape of Services (services builds the extensions: no import cycle)
+    from ..service_objects import ServiceObjects
 
 log = logging.getLogger("hermes_service")
 
@@ -109,7 +108,7 @@ class MnoteExtension(Extension):
                        run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
                        own_tool_prefix="mnote_")]
 
-    def init_services(self, services: "Services") -> None:
+    def init_services(self, services: "ServiceObjects") -> None:
         """Build the page store, tool gateway and run manager. Raises
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
         from . import metrics
@@ -129,7 +128,7 @@ class MnoteExtension(Extension):
         services.retention_steps.extend(RETENTION_STEPS)
         metrics.watch_runs(runs)      # gauges read at scrape time (docs/operations.md#metrics)
 
-    def init_app(self, app, services: "Services") -> None:
+    def init_app(self, app, services: "ServiceObjects") -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
         shapes; :mod:`hermes_service.routing`) on ``app``."""
         from ..web import register_components, register_description, register_tags
@@ -150,7 +149,7 @@ class MnoteExtension(Extension):
         from .cli import mnote
         group.add_command(mnote)
 
-    def on_serve(self, services: "Services") -> None:
+    def on_serve(self, services: "ServiceObjects") -> None:
         closed = mnote_of(services).runs.close_dead()
         if closed:
             log.warning("closed %d run(s) of a service process that died (run.failed "

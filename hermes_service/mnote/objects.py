@@ -13,11 +13,13 @@ from .settings import NAME
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .settings import MnoteSettings
-    # ``Services`` is named, not imported: services builds the extensions (no import cycle)
+    # the shape of Services (services builds the extensions: no import cycle)
+    from ..service_objects import ServiceObjects
     from .gateway import ToolGateway
     from .page_store import SQLitePageStore
     from .runs import RunManager
+    from .settings import MnoteSettings
+
 
 def settings(config: "Config") -> "MnoteSettings":
     """The ``mnote`` section of ``config`` (:data:`.settings.SECTION`, validated and typed
@@ -62,6 +64,6 @@ class Mnote:
         return " ".join(x for x in (last.get("event"), last.get("code")) if x)
 
 
-def mnote_of(services: "Services") -> Mnote:
+def mnote_of(services: "ServiceObjects") -> Mnote:
     """The mnote objects of ``services`` (KeyError when the extension is off)."""
     return services.extensions[NAME]
