@@ -20,7 +20,8 @@ which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` w
   them (``services.extensions[name]``); register its retention steps, drain source, reload
   hook and metrics on the :class:`~hermes_service.services.Services` (called by
   :func:`~hermes_service.services.build_services`, so ``gc`` gets them too);
-* :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components (called by
+* :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components, tags,
+  response headers and description (:mod:`hermes_service.web`'s ``register_*``; called by
   :func:`~hermes_service.app.create_app`);
 * :meth:`Extension.init_cli` — its command group (called when :mod:`hermes_service.cli` is
   imported);

@@ -147,7 +147,8 @@ class Param:
 class Reply:
     """One documented success response: ``schema`` of its JSON body, or ``media``: content
     type → OpenAPI Media Type Object (``{"schema": …}``); ``headers`` names response headers
-    from :data:`hermes_service.openapi.RESPONSE_HEADERS`."""
+    from :data:`hermes_service.openapi.RESPONSE_HEADERS` or those an extension registered
+    (:func:`register_response_headers`)."""
     description: str
     schema: dict | None = None
     media: dict | None = None
@@ -219,6 +220,18 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     """Named schemas for the OpenAPI document (``#/components/schemas/<name>``), e.g. the
     event payloads a route's contract refers to with ``{"$ref": …}``."""
     app.extensions.setdefault("openapi_components", {}).update(schemas)
+
+
+def register_response_headers(app, headers: dict[str, dict]) -> None:
+    """Response headers an extension's replies name (:attr:`Reply.headers`): header name →
+    OpenAPI Header Object (``{"description", "schema"}``), beside the core's
+    (:data:`hermes_service.openapi.RESPONSE_HEADERS`; naming one of those is refused when the
+    document is built). ValueError for a name another extension already registered."""
+    known = app.extensions.setdefault("openapi_response_headers", {})
+    taken = sorted(set(headers) & set(known))
+    if taken:
+        raise ValueError(f"response headers already described: {', '.join(taken)}")
+    known.update(headers)
 
 
 def register_tags(app, tags: list[dict]) -> None:

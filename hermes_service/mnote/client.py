@@ -196,6 +196,10 @@ legacy_bp = declare(Blueprint("mnote_legacy", __name__), LEGACY)
 _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
                "user_id); may be left out only when the API key is bound to an actor",
                required=True)
+#: the response headers its replies name beside the core's (web.register_response_headers)
+RESPONSE_HEADERS = {
+    "X-Trace-Id": {"description": "the run's traceId", "schema": {"type": "string"}},
+}
 # the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
 # one given must be an id (trace_id())
 # (one plain string schema, the id pattern made optional: header parameters must be plain

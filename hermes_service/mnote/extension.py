@@ -15,7 +15,8 @@ restart-only keys, the threads its event streams hold), and from that section
   run manager with its durable event logs ``data/run-events/``) as
   ``services.extensions["mnote"]`` (:func:`mnote_of`), with its reload hook, its drain source
   (runs queued or running), its retention steps and its gauges;
-* registers its blueprints, error shapes and OpenAPI components on the app, and the
+* registers its blueprints, error shapes and OpenAPI components (its run events, the tool
+  envelope, the ``X-Trace-Id`` response header, its tags and description) on the app, and the
   ``mnote`` command group (:mod:`.cli`);
 * at serve start, closes the runs of a service process that died.
 
@@ -131,13 +132,15 @@ class MnoteExtension(Extension):
     def init_app(self, app, services: "ServiceObjects") -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
         shapes; :mod:`hermes_service.routing`) on ``app``."""
-        from ..web import register_components, register_description, register_tags
+        from ..web import (register_components, register_description, register_response_headers,
+                           register_tags)
         from . import client, endpoint, events
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)
         register_components(app, events.COMPONENTS)     # the run events in /openapi.json
         register_components(app, endpoint.COMPONENTS)   # the tool envelope
+        register_response_headers(app, client.RESPONSE_HEADERS)
         register_tags(app, TAGS)
         register_description(app, "the mnote client proxy (the page AI panel; its runs stream "
                              "Server-Sent Events)", "client proxy `{ok: false, code, message, "
