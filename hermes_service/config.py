@@ -591,6 +591,7 @@ def _with_sections(cfg: Config, sections: dict, **changes) -> Config:
         changes["extensions"] = MappingProxyType({**cfg.extensions, **ext})
     return replace(cfg, **{n: v for n, v in sections.items() if n not in ext}, **changes)
 
+
 def _merge(base: dict, override: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in (override or {}).items():
