@@ -154,7 +154,7 @@ def mean_shard_size(data_dir: Path) -> int:
 
 
 def gc_pass(data_dir: Path) -> float:
-    from hermes_service.config import build_config
+    from hermes_service.installed import build_config
     from hermes_service.retention import collect
     from hermes_service.services import build_services
     svc = build_services(build_config({

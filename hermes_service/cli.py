@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from . import installed
-from .config import ENV_CONFIG, ConfigError, load_config
+from .config import ENV_CONFIG, ConfigError
 from .extensions import StoreUnusable
 from .session_store import CorruptStore
 
@@ -47,7 +47,7 @@ def _overlay(ctx):
 
 def _load(path, need_keys: bool = True, overlay=None):
     try:
-        return load_config(path, need_keys=need_keys, overlay=overlay)
+        return installed.load_config(path, need_keys=need_keys, overlay=overlay)
     except ConfigError as exc:
         for line in exc.problems:
             click.echo(line, err=True)
@@ -96,7 +96,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         demo_mod = _demo()
         demo_model = demo_mod.start_model()
         overlay = demo_mod.overlay(demo_model.base_url)
-    config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay)
+    config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay,
+                                                sections=installed.config_sections())
     if problems:
         for line in problems:
             click.echo(line, err=True)
@@ -187,7 +188,8 @@ def check_config(ctx):
     what they name. Warnings (``warning: file:key: …``: expired keys, no usable provider) are
     printed too but do not fail."""
     from . import preflight
-    config, problems = preflight.load_and_check(ctx.obj["config_path"], overlay=_overlay(ctx))
+    config, problems = preflight.load_and_check(ctx.obj["config_path"], overlay=_overlay(ctx),
+                                                sections=installed.config_sections())
     for line in problems:
         click.echo(line, err=True)
     for line in config.warnings if config is not None else ():
@@ -220,7 +222,7 @@ def reload(ctx, timeout):
     from .lifecycle import request_reload
     path = ctx.obj["config_path"]
     try:
-        config = load_config(path, need_keys=False, overlay=_overlay(ctx))
+        config = installed.load_config(path, need_keys=False, overlay=_overlay(ctx))
     except ConfigError as exc:
         problems = exc.problems
         data_dir, guessed = _data_dir_named_by(path)

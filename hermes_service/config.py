@@ -2,10 +2,20 @@
 
 The file layout follows the spec's example config (hermes-service-api-v1.3.0
 §配置文件) plus the service's own keys (``hermes.*``, ``paths.*``,
-``key_sha256``, ``mnote.*``, ``service.connection_limit``,
-``service.idle_timeout_seconds``, ``api_keys[].scopes``, ``retention.*``; docs/configuring.md). Validation uses jsonschema plus
+``key_sha256``, ``service.connection_limit``, ``service.idle_timeout_seconds``,
+``api_keys[].scopes``, ``retention.*``; docs/configuring.md) and the sections the installed
+extensions bring (:class:`ConfigSection`). Validation uses jsonschema plus
 the cross-field checks below; every problem is reported as ``file:dotted.key: problem`` so
 ``check-config`` can print it and a bad file never starts a half-working server.
+
+**Extension sections.** This module knows the core's sections only. An extension brings its
+own as a :class:`ConfigSection` (schema, defaults, a builder of its typed settings, named
+checks, restart-only keys, the threads it holds; its
+:meth:`~hermes_service.extensions.Extension.config_section`), and :func:`build_config` /
+:func:`load_config` take them as ``sections``: validated in the same pass and with the same
+lines as the core's, whether the extension is enabled or not. The installed ones are passed by
+the composition point, :mod:`hermes_service.installed` (its ``build_config`` and
+``load_config``), which sits above this module: this module imports no extension.
 
 Every problem is found in one pass: a value the schema refuses is left out (its default
 stands in) and the cross-field checks run on the keys that validated, skipping a check that
@@ -14,12 +24,15 @@ have. :class:`ConfigError` carries that ``partial`` config and the ``invalid`` k
 :func:`hermes_service.preflight.load_and_check` checks what the valid keys name as well.
 
 The result is a frozen :class:`Config` of typed section objects (:class:`ServiceSettings`,
-:class:`HermesSettings`, :class:`SecuritySettings`, :class:`MnoteSettings`, ...), resolved once:
+:class:`HermesSettings`, :class:`SecuritySettings`, ..., and the extensions' by name:
+:meth:`Config.section`), resolved once:
 paths absolute, networks parsed, keys digested, the sizes the service derives from them
 (admission places, CLI slots, threads and connections needed) as their properties. Nothing
-outside this module reads the YAML's mapping; each service object takes its section when it is
+outside this module reads the YAML's mapping (an extension section's builder is handed its own
+part); each service object takes its section when it is
 built and in its ``configure`` on reload (:meth:`hermes_service.services.Services.apply`).
-The cross-field checks are the named entries of :data:`CHECKS`.
+The cross-field checks are the named entries of :data:`CHECKS` (then the extension
+sections' own).
 
 Two kinds of findings (docs/configuring.md):
 
@@ -41,7 +54,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import date, datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jsonschema
 import yaml
@@ -97,17 +110,6 @@ DEFAULTS: dict[str, Any] = {
         },
     },
     "paths": {"data_dir": "data", "users_template": "users_template"},
-    "mnote": {
-        "enabled": True,
-        "default_model": "hermes-agent",
-        "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}],
-        "events_retention_seconds": 3600,
-        "keepalive_seconds": 15,
-        "max_event_streams": 12,
-        "default_capability_scope": ["page.read", "page.write", "artifact.write"],
-        "service_url": None,
-        "runner": "acp",
-    },
     "retention": {
         "interval_seconds": 3600,
         "sessions_older_than": None,
@@ -146,25 +148,27 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration like 30d, 12h, 90m (units s m h d w)")
     return float(int(text[:-1]) * _UNIT_SECONDS[text[-1]])
 
-_STR_LIST = {"type": "array", "items": {"type": "string"}}
-_POS_INT = {"type": "integer", "minimum": 1}
-_POS_NUM = {"type": "number", "exclusiveMinimum": 0}
+STR_LIST = {"type": "array", "items": {"type": "string"}}
+POS_INT = {"type": "integer", "minimum": 1}
+POS_NUM = {"type": "number", "exclusiveMinimum": 0}
 
 
-def _obj(props: dict, **extra) -> dict:
+def object_schema(props: dict, **extra) -> dict:
+    """A mapping of the named ``props`` only: another key is refused with a hint (the section
+    schemas' building block, an extension's too)."""
     return {"type": "object", "properties": props, "additionalProperties": False, **extra}
 
 
-SCHEMA = _obj({
-    "security": _obj({
+SCHEMA = object_schema({
+    "security": object_schema({
         "enable_ip_check": {"type": "boolean"},
-        "allowed_ips": _STR_LIST,
+        "allowed_ips": STR_LIST,
         "enable_api_key": {"type": "boolean"},
         "auth_method": {"enum": ["header", "bearer"]},
         "api_key_header": {"type": "string", "pattern": r"^[A-Za-z0-9-]+$"},
         "health_requires_api_key": {"type": "boolean"},
         "docs_requires_api_key": {"type": "boolean"},
-        "api_keys": {"type": "array", "items": _obj({
+        "api_keys": {"type": "array", "items": object_schema({
             "key": {"type": "string", "minLength": 16},
             "key_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
             "key_env": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
@@ -175,94 +179,87 @@ SCHEMA = _obj({
             "scopes": {"type": "array", "uniqueItems": True, "items": {"enum": list(SCOPES)}},
         }, oneOf=[{"required": ["key"]}, {"required": ["key_sha256"]}, {"required": ["key_env"]}])},
     }),
-    "nginx": _obj({"trusted_proxies": _STR_LIST, "enable_real_ip": {"type": "boolean"}}),
-    "service": _obj({
+    "nginx": object_schema({"trusted_proxies": STR_LIST, "enable_real_ip": {"type": "boolean"}}),
+    "service": object_schema({
         "host": {"type": "string"},
         "port": {"type": "integer", "minimum": 0, "maximum": 65535},
         "log_level": {"enum": ["debug", "info", "warning", "error"]},
         "log_format": {"enum": ["text", "json"]},
-        "threads": _POS_INT,
-        "max_body_bytes": _POS_INT,
-        "connection_limit": _POS_INT,
-        "idle_timeout_seconds": _POS_INT,
+        "threads": POS_INT,
+        "max_body_bytes": POS_INT,
+        "connection_limit": POS_INT,
+        "idle_timeout_seconds": POS_INT,
         "drain_seconds": {"type": "number", "minimum": 0},
         "node_id": {"type": ["string", "null"], "pattern": NODE_ID_PATTERN},
-        "idempotency_ttl_seconds": _POS_NUM,
+        "idempotency_ttl_seconds": POS_NUM,
     }),
-    "cors": _obj({"allow_origins": _STR_LIST, "allow_credentials": {"type": "boolean"},
-                  "allow_methods": _STR_LIST, "allow_headers": _STR_LIST}),
-    "hermes": _obj({
+    "cors": object_schema({"allow_origins": STR_LIST, "allow_credentials": {"type": "boolean"},
+                  "allow_methods": STR_LIST, "allow_headers": STR_LIST}),
+    "hermes": object_schema({
         "command": {"type": "string", "minLength": 1},
         "runner": {"enum": ["cli", "acp"]},
-        "acp": _obj({
-            "idle_seconds": _POS_NUM,
-            "max_processes": _POS_INT,
-            "recycle_after_sessions": _POS_INT,
-            "max_rss_mb": _POS_NUM,
-            "start_timeout_seconds": _POS_NUM,
+        "acp": object_schema({
+            "idle_seconds": POS_NUM,
+            "max_processes": POS_INT,
+            "recycle_after_sessions": POS_INT,
+            "max_rss_mb": POS_NUM,
+            "start_timeout_seconds": POS_NUM,
         }),
-        "timeout_seconds": _POS_NUM,
-        "stall_timeout_seconds": _POS_NUM,
-        "approvals": _obj({
+        "timeout_seconds": POS_NUM,
+        "stall_timeout_seconds": POS_NUM,
+        "approvals": object_schema({
             "mode": {"enum": ["ask", "deny"]},
-            "timeout_seconds": _POS_NUM,
+            "timeout_seconds": POS_NUM,
             "allow_always": {"type": "boolean"},
         }),
-        "max_concurrent_runs": _POS_INT,
+        "max_concurrent_runs": POS_INT,
         "queue_wait_seconds": {"type": "number", "minimum": 0},
         "max_waiting_requests": {"type": "integer", "minimum": 0},
         "max_message_bytes": {"type": "integer", "minimum": 1, "maximum": 126976},
-        "toolsets": _STR_LIST,
-        "sandbox": _obj({
+        "toolsets": STR_LIST,
+        "sandbox": object_schema({
             "mode": {"enum": ["auto", "bwrap", "none"]},
             "allow_host_tools": {"type": "boolean"},
-            "max_home_mb": _POS_NUM,
+            "max_home_mb": POS_NUM,
             "bwrap": {"type": "string", "minLength": 1},
-            "limits": _obj({
+            "limits": object_schema({
                 "memory_mb": {"type": "integer", "minimum": 256},
                 "processes": {"type": "integer", "minimum": 32},
                 "cpu_seconds": {"type": "integer", "minimum": 10},
-                "file_size_mb": _POS_INT,
+                "file_size_mb": POS_INT,
                 "open_files": {"type": "integer", "minimum": 64},
-                "tmp_mb": _POS_INT,
+                "tmp_mb": POS_INT,
             }),
         }),
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "model": _obj({
+        "model": object_schema({
             "provider": {"type": "string"},
             "base_url": {"type": ["string", "null"]},
             "default": {"type": ["string", "null"]},
             "api_key_env": {"type": ["string", "null"], "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-            "context_length": _POS_INT,
+            "context_length": POS_INT,
         }),
-        "execute": _obj({
-            "allowed": {"type": "array", "items": {**_STR_LIST, "minItems": 1}},
-            "timeout_seconds": _POS_NUM,
-            "max_output_bytes": _POS_INT,
+        "execute": object_schema({
+            "allowed": {"type": "array", "items": {**STR_LIST, "minItems": 1}},
+            "timeout_seconds": POS_NUM,
+            "max_output_bytes": POS_INT,
         }),
     }),
-    "paths": _obj({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
-    "mnote": _obj({
-        "enabled": {"type": "boolean"},
-        "default_model": {"type": "string"},
-        "models": {"type": "array", "minItems": 1, "items": _obj({
-            "id": {"type": "string"}, "label": {"type": "string"}, "provider": {"type": "string"},
-            "hermes_model": {"type": ["string", "null"]},
-        }, required=["id"])},
-        "events_retention_seconds": _POS_NUM,
-        "keepalive_seconds": _POS_NUM,
-        "max_event_streams": _POS_INT,
-        "default_capability_scope": _STR_LIST,
-        "service_url": {"type": ["string", "null"]},
-        "runner": {"enum": ["cli", "acp"]},
-    }),
-    "retention": _obj({
+    "paths": object_schema({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
+    "retention": object_schema({
         "interval_seconds": {"type": "number", "minimum": 0},
         "sessions_older_than": {"type": ["string", "null"], "pattern": DURATION_PATTERN},
         "purge_transcripts": {"type": "boolean"},
-        "idempotency_window_seconds": _POS_NUM,
+        "idempotency_window_seconds": POS_NUM,
     }),
 })
+
+
+#: the core's sections (:attr:`Config`'s fields of the same names)
+CORE_SECTIONS = tuple(SCHEMA["properties"])
+#: the core's sections that come after the extensions' (in :func:`schema`, and so in the
+#: unknown-key hints, as config.yaml orders them): retention cleans up after all of them
+TAIL_SECTIONS = ("retention",)
 
 
 class ConfigError(Exception):
@@ -479,33 +476,6 @@ class PathsSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class MnoteModel:
-    """One entry of ``mnote.models``."""
-    id: str
-    label: str | None = None
-    provider: str | None = None
-    hermes_model: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MnoteSettings:
-    """``mnote.*``: the client routes, their runs and event streams, the tool endpoint."""
-    enabled: bool                    # the mnote extension on (false: none of its routes)
-    default_model: str
-    models: tuple[MnoteModel, ...]
-    events_retention_seconds: float
-    keepalive_seconds: float
-    max_event_streams: int
-    default_capability_scope: tuple[str, ...]
-    service_url: str | None
-    runner: str                      # the client routes' runner: "cli" | "acp"
-
-    @property
-    def model_ids(self) -> list[str]:
-        return [m.id for m in self.models]
-
-
-@dataclass(frozen=True, slots=True)
 class RetentionSettings:
     """``retention.*``."""
     interval_seconds: float
@@ -529,6 +499,10 @@ class Config:
     as ``file:key: problem`` lines. ``invalid``: the dotted keys the file had refused (their
     defaults stand in) — only in a :attr:`ConfigError.partial` config, never served. A
     reload builds a new one (:meth:`Services.apply` hands its sections to the objects).
+
+    The installed extensions' sections (:class:`ConfigSection`, those it was built with:
+    :attr:`extension_sections`) are in :attr:`extensions`, by name; :meth:`section` reads any
+    section by its name, the core's and theirs alike.
     """
     source: str
     security: SecuritySettings
@@ -537,15 +511,18 @@ class Config:
     cors: CorsSettings
     hermes: HermesSettings
     paths: PathsSettings
-    mnote: MnoteSettings
     retention: RetentionSettings
+    #: the extensions' settings, by section name (each :attr:`ConfigSection.build`'s object)
+    extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: the extensions' sections this config was built with (a reload builds with the same)
+    extension_sections: tuple[ConfigSection, ...] = ()
     provider_issues: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     #: restart-only settings a command-line option replaced (``--threads``): (section, key)
     #: -> the file's value, which reloads compare the file with (:meth:`override`)
     overrides: Mapping = field(default_factory=lambda: MappingProxyType({}))
     #: what a command-line option puts over the file's mapping before it is validated
-    #: (``--demo``: :func:`hermes_service.mnote.demo.overlay`); reloads apply it to the new file too
+    #: (``--demo``: the installed demo's overlay); reloads apply it to the new file too
     overlay: object = None
     invalid: frozenset = frozenset()
 
@@ -554,18 +531,43 @@ class Config:
     def data_dir(self) -> Path:
         return self.paths.data_dir
 
+    def section(self, name: str):
+        """The settings of section ``name``: the core's (``section("service")`` is
+        :attr:`service`) or an extension's (``section("mnote")``). KeyError for neither."""
+        if name in self.extensions:
+            return self.extensions[name]
+        if name in CORE_SECTIONS:
+            return getattr(self, name)
+        raise KeyError(name)
+
+    @property
+    def thread_needs(self) -> list[tuple[ThreadNeed, int]]:
+        """What the extensions' settings add to :attr:`threads_needed`: each
+        :class:`ThreadNeed` with its count, in the order of :attr:`extension_sections`."""
+        return [(need, need.count(self.extensions[s.name]))
+                for s in self.extension_sections for need in s.threads]
+
     @property
     def threads_needed(self) -> int:
-        """Waitress threads the limits need: every event stream, every v1 turn (running and
-        waiting) and the tool calls of running turns each hold one."""
+        """Waitress threads the limits need: what the extensions' settings hold (e.g. every
+        event stream: :attr:`thread_needs`), every v1 turn (running and waiting) and the tool
+        calls of running turns each hold one."""
         h = self.hermes
-        return self.mnote.max_event_streams + 2 * h.max_concurrent_runs + \
+        return sum(n for _need, n in self.thread_needs) + 2 * h.max_concurrent_runs + \
             h.max_waiting_requests + 4
 
     @property
     def connections_needed(self) -> int:
         """Open connections the threads need, plus room for idle or queued ones."""
         return self.service.threads + SPARE_CONNECTIONS
+
+    @property
+    def restart_only_keys(self) -> tuple[tuple[str, str | None], ...]:
+        """(section, key) of every setting fixed for the life of the process: the core's
+        (:data:`RESTART_ONLY`), then each extension section's
+        (:attr:`ConfigSection.restart_only`); key None: the whole section."""
+        return RESTART_ONLY + tuple((s.name, key) for s in self.extension_sections
+                                    for key in s.restart_only)
 
     def valid(self, *keys: str) -> bool:
         """Did the file give these dotted keys validly (or leave them to their defaults)?
@@ -575,9 +577,19 @@ class Config:
     def override(self, section: str, key: str, value) -> "Config":
         """This config with ``section.key`` replaced by a command-line option's ``value``
         (``--threads``); the file's value is kept in :attr:`overrides` for reloads."""
-        old = getattr(getattr(self, section), key)
-        return replace(self, **{section: replace(getattr(self, section), **{key: value})},
-                       overrides=MappingProxyType({(section, key): old, **self.overrides}))
+        old = getattr(self.section(section), key)
+        return _with_sections(self, {section: replace(self.section(section), **{key: value})},
+                              overrides=MappingProxyType({(section, key): old,
+                                                         **self.overrides}))
+
+
+def _with_sections(cfg: Config, sections: dict, **changes) -> Config:
+    """``cfg`` with the settings of ``sections`` (section name → settings; the core's or the
+    extensions') replaced, and its other fields by ``changes``."""
+    ext = {name: value for name, value in sections.items() if name in cfg.extensions}
+    if ext:
+        changes["extensions"] = MappingProxyType({**cfg.extensions, **ext})
+    return replace(cfg, **{n: v for n, v in sections.items() if n not in ext}, **changes)
 
 
 def _merge(base: dict, override: dict) -> dict:
@@ -639,7 +651,7 @@ def _tuple(value):
     return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
 
 
-def _section(cls, mapping: dict, **resolved):
+def settings_from(cls, mapping: dict, **resolved):
     """``cls`` from the keys of ``mapping`` it names (lists as tuples), ``resolved`` over them."""
     names = [f.name for f in fields(cls)]
     return cls(**{n: _tuple(mapping[n]) for n in names if n not in resolved}, **resolved)
@@ -711,11 +723,6 @@ class _Resolver:
                                frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
         return tuple(keys)
 
-    def models(self, entries: list) -> tuple[MnoteModel, ...]:
-        # a refused entry stays in the list (its index names it); only a partial config has one
-        return tuple(MnoteModel(**m) for i, m in enumerate(entries)
-                     if self.ok(f"mnote.models.{i}"))
-
 
 def _resolve(raw: dict, source: str, base_dir: Path, res: _Resolver,
              need_keys: bool) -> dict:
@@ -725,32 +732,34 @@ def _resolve(raw: dict, source: str, base_dir: Path, res: _Resolver,
         return (found if found.is_absolute() else base_dir / found).resolve()
 
     sec, h = raw["security"], raw["hermes"]
-    security = _section(SecuritySettings, sec,
-                        allowed_networks=res.networks("security.allowed_ips", sec["allowed_ips"]),
-                        api_keys=(), key_entries=len(sec["api_keys"]))
-    nginx = _section(NginxSettings, raw["nginx"],
-                     trusted_proxies=res.networks("nginx.trusted_proxies",
-                                                  raw["nginx"]["trusted_proxies"]))
+    security = settings_from(
+        SecuritySettings, sec,
+        allowed_networks=res.networks("security.allowed_ips", sec["allowed_ips"]),
+        api_keys=(), key_entries=len(sec["api_keys"]))
+    nginx = settings_from(NginxSettings, raw["nginx"],
+                          trusted_proxies=res.networks("nginx.trusted_proxies",
+                                                       raw["nginx"]["trusted_proxies"]))
     security = replace(security, api_keys=res.api_keys(sec["api_keys"], need_keys))
-    hermes = _section(
-        HermesSettings, h, acp=_section(AcpSettings, h["acp"]),
-        approvals=_section(ApprovalSettings, h["approvals"]),
+    hermes = settings_from(
+        HermesSettings, h, acp=settings_from(AcpSettings, h["acp"]),
+        approvals=settings_from(ApprovalSettings, h["approvals"]),
         sandbox=sandbox.Settings.from_config(h["sandbox"]),
         extra_env=MappingProxyType(dict(h["extra_env"])),
-        model=_section(ModelSettings, h["model"]), execute=_section(ExecuteSettings, h["execute"]))
+        model=settings_from(ModelSettings, h["model"]),
+        execute=settings_from(ExecuteSettings, h["execute"]))
     return dict(
         source=source, security=security, nginx=nginx,
-        service=_section(ServiceSettings, raw["service"]), cors=_section(CorsSettings, raw["cors"]),
-        hermes=hermes,
+        service=settings_from(ServiceSettings, raw["service"]),
+        cors=settings_from(CorsSettings, raw["cors"]), hermes=hermes,
         paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"])),
-        mnote=_section(MnoteSettings, raw["mnote"], models=res.models(raw["mnote"]["models"])),
-        retention=_section(RetentionSettings, raw["retention"]))
+        retention=settings_from(RetentionSettings, raw["retention"]))
 
 
 # -- cross-field checks --------------------------------------------------------------------
 # Each reads a resolved :class:`Config` and returns its ``file:key: problem`` lines; it is
 # skipped when the file gave one of the keys it ``reads`` invalidly (the module doc). They
-# run in this order, after the schema's problems and those of resolving the values.
+# run in this order, after the schema's problems and those of resolving the values; then the
+# extensions' (:attr:`ConfigSection.checks`).
 
 @dataclass(frozen=True)
 class Check:
@@ -759,6 +768,47 @@ class Check:
     name: str
     reads: tuple[str, ...]
     run: Callable[[Config], list[str]]
+
+
+@dataclass(frozen=True)
+class ThreadNeed:
+    """Waitress threads an extension's settings may hold at once: ``count(settings)`` (e.g.
+    its open event streams), part of :attr:`Config.threads_needed`. ``key``: the dotted key
+    giving it and ``what``: what holds the threads (``"event streams"``), both named in the
+    thread and connection checks' lines; the thread check is skipped when ``key`` is refused."""
+    key: str
+    what: str
+    count: Callable[[Any], int]
+
+
+@dataclass(frozen=True)
+class ConfigSection:
+    """A section of config.yaml an extension brings
+    (:meth:`hermes_service.extensions.Extension.config_section`; docs/configuring.md
+    §Extension sections). The core validates and resolves it with its own sections, in the
+    same pass and with the same ``file:key: problem`` lines.
+
+    * ``name`` — its top-level key, and its name in :meth:`Config.section`;
+    * ``schema`` — the jsonschema of its mapping (:func:`object_schema`: an unknown key is
+      refused with a hint, like the core's);
+    * ``defaults`` — every key's default, the file's mapping merged over it (config.yaml
+      documents the same values: tests/unit/test_config_defaults.py);
+    * ``build(mapping, valid)`` — its frozen settings object from the merged mapping (lists
+      and mappings as the file gave them; :func:`settings_from` helps); ``valid(dotted_key)``
+      is False for a key the schema refused, whose default stands in — only while building a
+      :attr:`ConfigError.partial` config;
+    * ``checks`` — its cross-field checks (:class:`Check`), run after the core's;
+    * ``restart_only`` — its keys a reload cannot apply (None: the whole section), after the
+      core's :data:`RESTART_ONLY`;
+    * ``threads`` — the waitress threads its settings hold (:class:`ThreadNeed`).
+    """
+    name: str
+    schema: dict
+    defaults: dict
+    build: Callable[[dict, Callable[[str], bool]], Any]
+    checks: tuple[Check, ...] = ()
+    restart_only: tuple[str | None, ...] = ()
+    threads: tuple[ThreadNeed, ...] = ()
 
 
 CHECKS: list[Check] = []
@@ -787,24 +837,19 @@ def cors_credentials(cfg: Config) -> list[str]:
     return []
 
 
-@_check("mnote.models", "mnote.default_model")
-def default_model_listed(cfg: Config) -> list[str]:
-    m = cfg.mnote
-    if m.default_model not in m.model_ids:
-        return [f"{cfg.source}:mnote.default_model: '{m.default_model}' "
-                f"is not one of mnote.models ({', '.join(m.model_ids)})"]
-    return []
-
-
-@_check("service.threads", "mnote.max_event_streams", "hermes.max_concurrent_runs",
-        "hermes.max_waiting_requests")
+@_check("service.threads", "hermes.max_concurrent_runs", "hermes.max_waiting_requests")
 def enough_threads(cfg: Config) -> list[str]:
+    needs = [need for need, _n in cfg.thread_needs]
+    if not cfg.valid(*(need.key for need in needs)):
+        return []
     threads, needed = cfg.service.threads, cfg.threads_needed
     if threads < needed:
-        return [f"{cfg.source}:service.threads: {threads} is too few; event "
-                "streams, v1 turns (running and waiting) and tool calls each hold a thread "
-                f"(need >= {needed} = mnote.max_event_streams + 2 * hermes.max_concurrent_runs"
-                " + hermes.max_waiting_requests + 4)"]
+        holders = [need.what for need in needs] + ["v1 turns (running and waiting)", "tool calls"]
+        terms = [need.key for need in needs] + ["2 * hermes.max_concurrent_runs",
+                                                "hermes.max_waiting_requests", "4"]
+        return [f"{cfg.source}:service.threads: {threads} is too few; "
+                f"{', '.join(holders[:-1])} and {holders[-1]} each hold a thread "
+                f"(need >= {needed} = {' + '.join(terms)})"]
     return []
 
 
@@ -812,10 +857,10 @@ def enough_threads(cfg: Config) -> list[str]:
 def enough_connections(cfg: Config) -> list[str]:
     limit, threads = cfg.service.connection_limit, cfg.service.threads
     if limit < cfg.connections_needed:
+        held = " and ".join(f"the {n} of {need.key}" for need, n in cfg.thread_needs)
         return [f"{cfg.source}:service.connection_limit: {limit} is too few; every thread "
-                f"(service.threads: {threads}, which includes the "
-                f"{cfg.mnote.max_event_streams} of mnote.max_event_streams) can hold "
-                f"one, and idle or queued connections need room beyond them (need >= "
+                f"(service.threads: {threads}{', which includes ' + held if held else ''}) "
+                "can hold one, and idle or queued connections need room beyond them (need >= "
                 f"{cfg.connections_needed} = service.threads + {SPARE_CONNECTIONS})"]
     return []
 
@@ -884,31 +929,40 @@ def execute_not_chat(cfg: Config) -> list[str]:
 
 
 def run_checks(cfg: Config) -> list[str]:
-    """The problems of every :data:`CHECKS` entry whose keys validated, in order."""
-    return [p for check in CHECKS if cfg.valid(*check.reads) for p in check.run(cfg)]
+    """The problems of every :data:`CHECKS` entry whose keys validated, in order, then of the
+    checks of ``cfg``'s extension sections (:attr:`ConfigSection.checks`)."""
+    checks = [*CHECKS, *(c for s in cfg.extension_sections for c in s.checks)]
+    return [p for check in checks if cfg.valid(*check.reads) for p in check.run(cfg)]
 
 
 def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path | None = None,
-                 need_keys: bool = True, overlay=None) -> Config:
+                 need_keys: bool = True, overlay=None,
+                 sections: Iterable[ConfigSection] = ()) -> Config:
     """Validate a parsed config mapping and resolve it into a :class:`Config`.
 
-    ``need_keys=False`` (operator commands that serve nothing, e.g. ``mnote``) skips keys
-    whose ``key_env`` variable is unset instead of failing. ``overlay`` is only kept on the
-    result (:attr:`Config.overlay`). Raises :class:`ConfigError` listing every problem found:
-    the schema's, resolving the values' (networks, keys) and :data:`CHECKS`' of the keys that
-    validated, in one pass (the module doc).
+    ``sections``: the extensions' config sections, validated and resolved with the core's
+    (:func:`hermes_service.installed.build_config` passes the installed ones; without them a
+    file naming an extension's section is refused: unknown key). ``need_keys=False``
+    (operator commands that serve nothing) skips keys whose ``key_env`` variable is unset
+    instead of failing. ``overlay`` is only kept on the result (:attr:`Config.overlay`).
+    Raises :class:`ConfigError` listing every problem found: the schema's, resolving the
+    values' (networks, keys) and :func:`run_checks`' of the keys that validated, in one pass
+    (the module doc); ValueError if two sections share a name.
     """
+    sections = tuple(sections)
     if raw_file is None:
         raw_file = {}
     if not isinstance(raw_file, dict):
         raise ConfigError([f"{source}: the top level must be a mapping"])
-    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw_file),
+    errors = sorted(jsonschema.Draft202012Validator(schema(sections)).iter_errors(raw_file),
                     key=lambda e: list(map(str, e.absolute_path)))
     invalid = frozenset(k for e in errors for k in _refused_keys(e))
-    raw = _merge(DEFAULTS, _without(raw_file, invalid))
+    raw = _merge(defaults(sections), _without(raw_file, invalid))
     res = _Resolver(source, invalid)
     config = Config(**_resolve(raw, source, base_dir or Path.cwd(), res, need_keys),
-                    overlay=overlay, invalid=invalid)
+                    extensions=MappingProxyType({s.name: s.build(raw[s.name], res.ok)
+                                                 for s in sections}),
+                    extension_sections=sections, overlay=overlay, invalid=invalid)
     problems = [f"{source}:{_schema_problem(e)}" for e in errors] + res.problems + \
         run_checks(config)
     issues = provider_issues(config.hermes.model, source) if res.ok("hermes.model") else []
@@ -919,6 +973,31 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     if problems:
         raise ConfigError(problems, partial=config, invalid=invalid)
     return config
+
+
+def _with_extensions(core: dict, sections: tuple[ConfigSection, ...], part) -> dict:
+    """``core`` (section name → value) with ``part(section)`` of each extension section
+    inserted before :data:`TAIL_SECTIONS` (config.yaml's order). ValueError if two sections
+    share a name."""
+    names = [*core, *(s.name for s in sections)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"config sections share a name: {names}")
+    head = {k: v for k, v in core.items() if k not in TAIL_SECTIONS}
+    tail = {k: v for k, v in core.items() if k in TAIL_SECTIONS}
+    return {**head, **{s.name: part(s) for s in sections}, **tail}
+
+
+def schema(sections: Iterable[ConfigSection] = ()) -> dict:
+    """The jsonschema of a config file with the extension ``sections``: :data:`SCHEMA` with
+    each one's :attr:`~ConfigSection.schema` (the order of unknown-key hints)."""
+    return {**SCHEMA, "properties": _with_extensions(SCHEMA["properties"], tuple(sections),
+                                                     lambda s: s.schema)}
+
+
+def defaults(sections: Iterable[ConfigSection] = ()) -> dict:
+    """Every default of a config file with the extension ``sections``: :data:`DEFAULTS` with
+    each one's :attr:`~ConfigSection.defaults` (the file is merged over it)."""
+    return _with_extensions(DEFAULTS, tuple(sections), lambda s: s.defaults)
 
 
 def provider_issues(model: ModelSettings, source: str = "<dict>") -> list[str]:
@@ -953,57 +1032,59 @@ def _value(cfg: Config, section: str, key: str | None):
     command-line option overrode is the file's value it was started with."""
     if (section, key) in cfg.overrides:
         return cfg.overrides[(section, key)]
-    return getattr(getattr(cfg, section), key) if key else getattr(cfg, section)
+    return getattr(cfg.section(section), key) if key else cfg.section(section)
 
 
 def restart_only(running: Config, new: Config) -> list[str]:
-    """Dotted keys whose new value a live reload cannot apply (docs/configuring.md §Reload). A key a
-    command-line option overrode is compared with the file's value it was started with."""
-    return [f"{section}.{key}" if key else section for section, key in RESTART_ONLY
+    """Dotted keys whose new value a live reload cannot apply (docs/configuring.md §Reload;
+    :attr:`Config.restart_only_keys`). A key a command-line option overrode is compared with
+    the file's value it was started with."""
+    return [f"{section}.{key}" if key else section for section, key in running.restart_only_keys
             if _value(running, section, key) != _value(new, section, key)]
 
 
 def keep_running(running: Config, new: Config) -> Config:
-    """``new`` with the running values of the :data:`RESTART_ONLY` settings (and the running
-    command-line overrides and overlay), as a reload applies it (docs/configuring.md §Reload).
+    """``new`` with the running values of the restart-only settings
+    (:attr:`Config.restart_only_keys`, and the running command-line overrides and overlay), as
+    a reload applies it (docs/configuring.md §Reload).
 
-    Raises :class:`ConfigError` with the :data:`CHECKS` problems of the result: the new
+    Raises :class:`ConfigError` with the :func:`run_checks` problems of the result: the new
     limits must fit the running threads and connections."""
     sections = {}
-    for section, key in RESTART_ONLY:
-        value = getattr(running, section)
+    for section, key in running.restart_only_keys:
+        value = running.section(section)
         if key is not None:
-            value = replace(sections.get(section, getattr(new, section)),
+            value = replace(sections.get(section, new.section(section)),
                             **{key: getattr(value, key)})
         sections[section] = value
-    kept = replace(new, overrides=running.overrides, overlay=running.overlay, **sections)
+    kept = _with_sections(new, sections, overrides=running.overrides, overlay=running.overlay)
     problems = run_checks(kept)
     if problems:
         raise ConfigError(problems)
     return kept
 
 
-#: Settings fixed for the life of the process: the listening socket and waitress
+#: The core's settings fixed for the life of the process: the listening socket and waitress
 #: (threads, connections, body size), the data dir and the node id tagging its sessions, the
-#: log format (handlers are set up at start), CORS (installed at start), the tool callback URL
-#: handed to runs, the runner and whether the mnote extension is on (its routes are registered
-#: at start). Everything else applies to new requests on reload.
+#: log format (handlers are set up at start), CORS (installed at start), the v1 API's runner.
+#: Everything else applies to new requests on reload. An extension's section names its own
+#: (:attr:`ConfigSection.restart_only`; all of them: :attr:`Config.restart_only_keys`).
 RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
                 ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
-                ("paths", "data_dir"), ("cors", None), ("mnote", "service_url"),
-                ("hermes", "runner"), ("mnote", "runner"), ("mnote", "enabled"))
+                ("paths", "data_dir"), ("cors", None), ("hermes", "runner"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
-                overlay=None) -> Config:
+                overlay=None, sections: Iterable[ConfigSection] = ()) -> Config:
     """Read and validate a config file.
 
     ``path`` defaults to ``$HERMES_SERVICE_CONFIG`` or ``./config.yaml``.
     Relative ``paths.*`` resolve against the file's folder. ``overlay`` (a function of the
-    parsed mapping returning the one to validate, e.g. :func:`hermes_service.mnote.demo.overlay`)
-    is kept on the config (and on a :class:`ConfigError`'s partial one).
-    Raises :class:`ConfigError` (missing file, YAML syntax, schema problems).
+    parsed mapping returning the one to validate, e.g. a demo's) is kept on the config (and on
+    a :class:`ConfigError`'s partial one). ``sections``: the extensions' config sections, as
+    :func:`build_config` takes them (:func:`hermes_service.installed.load_config` passes the
+    installed ones). Raises :class:`ConfigError` (missing file, YAML syntax, schema problems).
     """
     path = Path(path or os.environ.get(ENV_CONFIG) or "config.yaml")
     try:
@@ -1019,5 +1100,4 @@ def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,
     if overlay is not None:
         data = overlay(data)
     return build_config(data, source=str(path), base_dir=path.resolve().parent,
-                        need_keys=need_keys, overlay=overlay)
-
+                        need_keys=need_keys, overlay=overlay, sections=sections)

@@ -6,6 +6,11 @@ extension: :mod:`hermes_service.installed` is the one composition point, the lis
 extensions (a module of its own above the core, so that no import cycle closes through it). Everything else reaches an extension through the hooks of :class:`Extension`,
 which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` wires itself:
 
+* :meth:`Extension.config_section` — its section of config.yaml
+  (:class:`~hermes_service.config.ConfigSection`: schema, defaults, the builder of its typed
+  settings, its named checks, restart-only keys and the threads it holds), validated with the
+  core's sections whether the extension is enabled or not (:func:`hermes_service.installed.load_config`);
+  its settings are ``config.section(name)`` (docs/configuring.md §Extension sections);
 * :meth:`Extension.enabled` — whether ``config`` switches it on (off: none of the hooks
   below is called, so it builds, registers and serves nothing);
 * :meth:`Extension.families` — the route families its turns use (:class:`Family`: runner,
@@ -15,7 +20,8 @@ which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` w
   them (``services.extensions[name]``); register its retention steps, drain source, reload
   hook and metrics on the :class:`~hermes_service.services.Services` (called by
   :func:`~hermes_service.services.build_services`, so ``gc`` gets them too);
-* :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components (called by
+* :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components, tags,
+  response headers and description (:mod:`hermes_service.web`'s ``register_*``; called by
   :func:`~hermes_service.app.create_app`);
 * :meth:`Extension.init_cli` — its command group (called when :mod:`hermes_service.cli` is
   imported);
@@ -32,9 +38,10 @@ if TYPE_CHECKING:
     import click
     from flask import Flask
 
-    from .config import Config
-    # ``Services`` (hermes_service.services) is named, not imported: services builds the
-    # extensions, so an import here would close a cycle (tests/unit/test_layers_imports.py)
+    from .config import Config, ConfigSection
+    # the shape of hermes_service.services.Services: services builds the extensions, so
+    # importing it here would close a cycle (tests/unit/test_layers_imports.py)
+    from .service_objects import ServiceObjects
 
 
 class StoreUnusable(Exception):
@@ -83,16 +90,21 @@ class Extension:
     #: ``DATA_SUBDIR``), or None
     demo = None
 
+    def config_section(self) -> "ConfigSection | None":
+        """Its section of config.yaml (the section's ``name`` is usually the extension's), or
+        None when it has none. Called once per config load, before :meth:`enabled`."""
+        return None
+
     def enabled(self, config: "Config") -> bool:
         return True
 
     def families(self, config: "Config") -> list[Family]:
         return []
 
-    def init_services(self, services: "Services") -> None:
+    def init_services(self, services: "ServiceObjects") -> None:
         pass
 
-    def init_app(self, app: "Flask", services: "Services") -> None:
+    def init_app(self, app: "Flask", services: "ServiceObjects") -> None:
         pass
 
     def init_cli(self, group: "click.Group") -> None:
@@ -100,5 +112,5 @@ class Extension:
         ``ctx.obj["load_config"](ctx)`` (the config of a command that serves nothing; exits 2
         with ``file:key: problem`` lines), so an extension never imports the command line."""
 
-    def on_serve(self, services: "Services") -> None:
+    def on_serve(self, services: "ServiceObjects") -> None:
         pass

@@ -197,8 +197,9 @@ def reload_config(svc, path: str) -> tuple[bool, list[str]]:
     stays. Never raises for a bad file. A refused file's problems are all of them at once: the
     file's own, and what its valid keys name (as :func:`preflight.load_and_check` finds them).
     """
-    try:     # with the overlay the service started with (``--demo``), if any
-        new = load_config(path, overlay=getattr(svc.config, "overlay", None))
+    try:     # with the overlay (``--demo``) and extension sections the service started with
+        new = load_config(path, overlay=getattr(svc.config, "overlay", None),
+                          sections=svc.config.extension_sections)
     except ConfigError as exc:
         named = preflight.problems(exc.partial, store=False, invalid=exc.invalid) \
             if exc.partial is not None else []

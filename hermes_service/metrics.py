@@ -58,8 +58,8 @@ HTTP_DURATION = Histogram(
     "(an event stream counts until its headers are sent).", ["route", "method"],
     namespace=NAMESPACE, buckets=HTTP_BUCKETS, registry=REGISTRY)
 TURNS = Counter(
-    "turns", "Turns that reached a runner, by runner (cli | acp), route family (v1 | mnote) "
-    "and outcome (ok, or the core error code, e.g. upstream_unavailable, run_cancelled, "
+    "turns", "Turns that reached a runner, by runner (cli | acp), route family (v1, or the "
+    "name of an extension's family) and outcome (ok, or the core error code, e.g. upstream_unavailable, run_cancelled, "
     "too_many_runs).", ["runner", "family", "outcome"], namespace=NAMESPACE, registry=REGISTRY)
 TURN_DURATION = Histogram(
     "turn_duration_seconds", "From the runner starting the turn (CLI spawned) to its end, any "

@@ -42,7 +42,8 @@ OPENAPI_VERSION = "3.1.0"
 API_VERSION = "1.3.0"
 AUTOMATIC_METHODS = {"HEAD", "OPTIONS"}      # Flask answers these for every rule itself
 
-#: response headers a :class:`~hermes_service.web.Reply` may name (X-Request-Id is on all)
+#: response headers a :class:`~hermes_service.web.Reply` may name (X-Request-Id is on all);
+#: an extension adds its own (:func:`~hermes_service.web.register_response_headers`)
 RESPONSE_HEADERS = {
     "X-Request-Id": {"description": "the request id (the caller's X-Request-Id when it is "
                                     "[A-Za-z0-9_.:-]{1,64}, else a new one); logged with the "
@@ -54,7 +55,6 @@ RESPONSE_HEADERS = {
     "Cache-Control": {"description": "no-cache / no-store", "schema": {"type": "string"}},
     "X-Accel-Buffering": {"description": "`no`: nginx must not buffer the stream",
                           "schema": {"const": "no"}},
-    "X-Trace-Id": {"description": "the run's traceId", "schema": {"type": "string"}},
     "Content-Security-Policy": {"description": "this origin only", "schema": {"type": "string"}},
     "Location": {"description": "where the resource is, relative to this URL",
                  "schema": {"type": "string"}},
@@ -156,13 +156,25 @@ def _code_schema(family, codes: list[str]) -> dict:
     return {"allOf": [{"$ref": f"#/components/schemas/{family.name}"}, inner]}
 
 
-def _headers(names, status: int, bearer: bool, idempotent: bool = False) -> dict:
+def response_headers(app: Flask) -> dict[str, dict]:
+    """The response headers ``app``'s replies may name: :data:`RESPONSE_HEADERS` and those its
+    extensions registered (:func:`~hermes_service.web.register_response_headers`). ValueError
+    when an extension's names one of the core's."""
+    theirs = app.extensions.get("openapi_response_headers", {})
+    taken = sorted(set(theirs) & set(RESPONSE_HEADERS))
+    if taken:
+        raise ValueError(f"response headers already described by the core: {', '.join(taken)}")
+    return {**RESPONSE_HEADERS, **theirs}
+
+
+def _headers(names, status: int, bearer: bool, idempotent: bool = False,
+             known: dict = RESPONSE_HEADERS) -> dict:
     # every answer of the service carries X-Request-Id; waitress's own 413 does not
     out = {"X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": status != 413}}
     if idempotent and status < 500 and status != 429:    # an outcome that may be replayed
         names = (*names, IDEMPOTENT_REPLY_HEADER)
     for name in names:
-        out[name] = RESPONSE_HEADERS[name]
+        out[name] = known[name]
     if status in (429, 503):
         out["Retry-After"] = RESPONSE_HEADERS["Retry-After"]
     if status == 401 and bearer:
@@ -208,7 +220,8 @@ def _operation(app, rule, method: str, contract: Contract, family: RouteFamily, 
     responses: dict = {}
     idempotent = any(p.name == IDEMPOTENCY_PARAM for p in contract.params)
     for status, reply in sorted(contract.replies.items()):
-        responses[str(status)] = _success(reply, status, bearer, contract, op_ids, idempotent)
+        responses[str(status)] = _success(reply, status, bearer, contract, op_ids, idempotent,
+                                          response_headers(app))
     errors = _common_errors(contract, family, config)
     shape = family.errors
     for status, codes in contract.errors.items():
@@ -232,9 +245,9 @@ def _operation(app, rule, method: str, contract: Contract, family: RouteFamily, 
 
 
 def _success(reply: Reply, status: int, bearer: bool, contract: Contract, op_ids,
-             idempotent: bool = False) -> dict:
+             idempotent: bool = False, known: dict = RESPONSE_HEADERS) -> dict:
     out: dict = {"description": reply.description,
-                 "headers": _headers(reply.headers, status, bearer, idempotent)}
+                 "headers": _headers(reply.headers, status, bearer, idempotent, known)}
     if reply.media is not None:
         out["content"] = reply.media
     elif reply.schema is not None:

@@ -120,15 +120,16 @@ def problems(config: Config, store: bool = True, invalid: frozenset = frozenset(
 
 
 def load_and_check(path, store: bool = True, need_keys: bool = True,
-                   overlay=None) -> tuple[Config | None, list[str]]:
+                   overlay=None, sections=()) -> tuple[Config | None, list[str]]:
     """Every problem of the config file at ``path`` in one run: the file's own (YAML, schema,
     cross-field: :func:`~hermes_service.config.load_config`) and, for the keys that
     validated, what they name (:func:`problems`). Returns ``(config, problems)``: the config
     when there is no problem, else the :attr:`ConfigError.partial` one (its warnings still
-    say something; None when the file could not be read or parsed). ``overlay``: as
-    :func:`~hermes_service.config.load_config` takes it (``--demo``)."""
+    say something; None when the file could not be read or parsed). ``overlay`` and
+    ``sections`` (the installed extensions' config sections): as
+    :func:`~hermes_service.config.load_config` takes them."""
     try:
-        config = load_config(path, need_keys=need_keys, overlay=overlay)
+        config = load_config(path, need_keys=need_keys, overlay=overlay, sections=sections)
     except ConfigError as exc:
         if exc.partial is None:
             return None, list(exc.problems)

@@ -86,7 +86,7 @@ class Services:
         the extensions' reload hooks (:attr:`reloaders`) apply, and log level (``service.drain_seconds`` is
         read from :attr:`config` when a stop begins).
         Runs in flight keep their process, limits and token. ``config`` must carry the
-        running values of :data:`~hermes_service.config.RESTART_ONLY` keys.
+        running values of its restart-only keys (:attr:`~hermes_service.config.Config.restart_only_keys`).
         """
         h = config.hermes
         before = (self.config.hermes, self.homes.configured)

@@ -37,14 +37,16 @@ from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, Idempotency
                           check_key, fingerprint, recordable, scope_of)
 from .routing import ErrorFamily
 
-# ``Services`` (hermes_service.services) is named, not imported: the services build the
-# extensions, whose blueprints use these helpers (no import cycle, type-only imports included;
-# tests/unit/test_layers_imports.py)
+if TYPE_CHECKING:
+    # the shape of hermes_service.services.Services: the services build the extensions, whose
+    # blueprints use these helpers, so importing it would close a cycle (type-only imports
+    # count: tests/unit/test_layers_imports.py)
+    from .service_objects import ServiceObjects
 
 log = logging.getLogger("hermes_service")
 
 
-def services() -> "Services":
+def services() -> "ServiceObjects":
     """The service objects of the app handling this request."""
     return current_app.extensions["hermes_service"]
 
@@ -145,7 +147,8 @@ class Param:
 class Reply:
     """One documented success response: ``schema`` of its JSON body, or ``media``: content
     type → OpenAPI Media Type Object (``{"schema": …}``); ``headers`` names response headers
-    from :data:`hermes_service.openapi.RESPONSE_HEADERS`."""
+    from :data:`hermes_service.openapi.RESPONSE_HEADERS` or those an extension registered
+    (:func:`register_response_headers`)."""
     description: str
     schema: dict | None = None
     media: dict | None = None
@@ -217,6 +220,18 @@ def register_components(app, schemas: dict[str, dict]) -> None:
     """Named schemas for the OpenAPI document (``#/components/schemas/<name>``), e.g. the
     event payloads a route's contract refers to with ``{"$ref": …}``."""
     app.extensions.setdefault("openapi_components", {}).update(schemas)
+
+
+def register_response_headers(app, headers: dict[str, dict]) -> None:
+    """Response headers an extension's replies name (:attr:`Reply.headers`): header name →
+    OpenAPI Header Object (``{"description", "schema"}``), beside the core's
+    (:data:`hermes_service.openapi.RESPONSE_HEADERS`; naming one of those is refused when the
+    document is built). ValueError for a name another extension already registered."""
+    known = app.extensions.setdefault("openapi_response_headers", {})
+    taken = sorted(set(headers) & set(known))
+    if taken:
+        raise ValueError(f"response headers already described: {', '.join(taken)}")
+    known.update(headers)
 
 
 def register_tags(app, tags: list[dict]) -> None:

@@ -44,7 +44,7 @@ MUTANTS = [
     Hand("a run ignores its key's capability scope (always the configured default)",
          "hermes_service/mnote/client.py",
          "    scope = _capability_scope(svc)\n",
-         "    scope = list(svc.config.mnote.default_capability_scope)\n",
+         "    scope = list(settings(svc.config).default_capability_scope)\n",
          [f"{TOOLS}::test_a_keys_capability_scope_binds_the_runs_it_starts"]),
     Hand("the gateway accepts the envelope's (wider) capability scope",
          "hermes_service/mnote/gateway.py",

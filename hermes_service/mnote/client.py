@@ -31,7 +31,7 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
                       Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
-from .objects import mnote_of
+from .objects import mnote_of, settings
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
@@ -196,6 +196,10 @@ legacy_bp = declare(Blueprint("mnote_legacy", __name__), LEGACY)
 _ACTOR = Param(ACTOR_HEADER, "header", ID_SCHEMA, "the mnote user acting (the service's "
                "user_id); may be left out only when the API key is bound to an actor",
                required=True)
+#: the response headers its replies name beside the core's (web.register_response_headers)
+RESPONSE_HEADERS = {
+    "X-Trace-Id": {"description": "the run's traceId", "schema": {"type": "string"}},
+}
 # the first given of body traceId, ?traceId= and X-Trace-Id is the request's traceId; each
 # one given must be an id (trace_id())
 # (one plain string schema, the id pattern made optional: header parameters must be plain
@@ -373,7 +377,7 @@ def list_sessions():
                     "messageCount": summary.get("messageCount", 0),
                     "toolCallCount": summary.get("toolCallCount", 0),
                     "updatedAt": summary.get("updatedAt") or _unix(rec["updated_at"]),
-                    "model": rec.get("model") or svc.config.mnote.default_model})
+                    "model": rec.get("model") or settings(svc.config).default_model})
     out.sort(key=lambda s: s["updatedAt"], reverse=True)
     return ok(sessions=out[:limit])
 
@@ -545,7 +549,7 @@ def strip_context(content: str | None) -> str | None:
 
 def _configured_models(schema: dict, config) -> dict:
     """RUN as the document shows it for ``config``: ``model`` is one of ``mnote.models``."""
-    ids = config.mnote.model_ids
+    ids = settings(config).model_ids
     # an enum with null and no type list: client generators make it one nullable enum type
     model = {k: v for k, v in schema["properties"]["model"].items() if k != "type"}
     model["enum"] = [*ids, None]
@@ -586,7 +590,7 @@ def start_run():
     svc.check_accepting()            # 503 hermes_client_service_draining: stopping gracefully
     svc.processes.command_path()     # 503 hermes_client_unconfigured before a run is accepted
     svc.require_provider()           # (no provider, the shipped example, or no key variable)
-    mcfg = svc.config.mnote
+    mcfg = settings(svc.config)
     model_id = body.get("model") or mcfg.default_model
     models = {m.id: m for m in mcfg.models}
     if model_id not in models:
@@ -642,7 +646,7 @@ def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dic
 
 def _capability_scope(svc) -> list[str]:
     key_scope = getattr(g.get("api_key"), "capability_scope", None)
-    return list(key_scope) if key_scope is not None else list(svc.config.mnote.default_capability_scope)
+    return list(key_scope) if key_scope is not None else list(settings(svc.config).default_capability_scope)
 
 
 @bp.get("/events/<run_id>")
@@ -697,7 +701,7 @@ def events(run_id):
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
     if done and after == last:      # the client has the terminal event: nothing will follow
         return Response(status=204, headers=headers)
-    keepalive = float(svc.config.mnote.keepalive_seconds)
+    keepalive = float(settings(svc.config).keepalive_seconds)
     # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
     sub = mnote_of(svc).runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
 
@@ -884,7 +888,7 @@ def models():
     """§2 GET /models: from ``mnote.models`` with ``defaultModel``; the actor header is
     optional (the list is the same for everyone)."""
     actor_id(required=False)
-    mcfg = services().config.mnote
+    mcfg = settings(services().config)
     return ok(defaultModel=mcfg.default_model,
               models=[{"id": m.id, "label": m.id if m.label is None else m.label,
                        "provider": "hermes" if m.provider is None else m.provider}

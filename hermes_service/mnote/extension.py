@@ -1,8 +1,10 @@
 """How the mnote extension wires itself into the core (:mod:`hermes_service.extensions`).
 
 :class:`MnoteExtension` is the one object the core knows (through
-:func:`hermes_service.installed.extensions`). From the ``mnote`` config section
-(:func:`settings`) it
+:func:`hermes_service.installed.extensions`). It brings the ``mnote`` config section
+(:mod:`.settings`: schema, defaults, :class:`~.settings.MnoteSettings`, its check, its
+restart-only keys, the threads its event streams hold), and from that section
+(:func:`~.objects.settings`) it
 
 * declares the ``mnote`` route family (:meth:`~MnoteExtension.families`): its runner
   (``mnote.runner``), ``panel`` in the start line, the run binding of the mnote Hermes plugin
@@ -13,7 +15,8 @@
   run manager with its durable event logs ``data/run-events/``) as
   ``services.extensions["mnote"]`` (:func:`mnote_of`), with its reload hook, its drain source
   (runs queued or running), its retention steps and its gauges;
-* registers its blueprints, error shapes and OpenAPI components on the app, and the
+* registers its blueprints, error shapes and OpenAPI components (its run events, the tool
+  envelope, the ``X-Trace-Id`` response header, its tags and description) on the app, and the
   ``mnote`` command group (:mod:`.cli`);
 * at serve start, closes the runs of a service process that died.
 
@@ -23,17 +26,17 @@ commands say so and exit 2).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from ..extensions import Extension, Family, RetentionStep
 from .objects import NAME, Mnote, mnote_of, run_limits, settings
+from .settings import SECTION
 
 if TYPE_CHECKING:
-    from ..config import Config
-    # ``Services`` is named, not imported: services builds the extensions (no import cycle,
-    # tests/unit/test_layers_imports.py)
+    from ..config import Config, ConfigSection
+    # the shape of Services (services builds the extensions: no import cycle)
+    from ..service_objects import ServiceObjects
 
 log = logging.getLogger("hermes_service")
 
@@ -85,10 +88,15 @@ class MnoteExtension(Extension):
     """The mnote extension's hooks (module doc)."""
     name = NAME
 
+    def config_section(self) -> ConfigSection:
+        """The ``mnote`` section (:data:`.settings.SECTION`)."""
+        return SECTION
+
     def enabled(self, config: "Config") -> bool:
         """``mnote.enabled`` (default true): false removes the extension
-        (docs/mnote-client.md)."""
-        return bool(settings(config).enabled)
+        (docs/mnote-client.md). Off too in a config built without its section (the core's
+        :func:`hermes_service.config.build_config` alone)."""
+        return NAME in config.extensions and bool(settings(config).enabled)
 
     @property
     def demo(self):
@@ -101,7 +109,7 @@ class MnoteExtension(Extension):
                        run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
                        own_tool_prefix="mnote_")]
 
-    def init_services(self, services: "Services") -> None:
+    def init_services(self, services: "ServiceObjects") -> None:
         """Build the page store, tool gateway and run manager. Raises
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
         from . import metrics
@@ -121,16 +129,18 @@ class MnoteExtension(Extension):
         services.retention_steps.extend(RETENTION_STEPS)
         metrics.watch_runs(runs)      # gauges read at scrape time (docs/operations.md#metrics)
 
-    def init_app(self, app, services: "Services") -> None:
+    def init_app(self, app, services: "ServiceObjects") -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
         shapes; :mod:`hermes_service.routing`) on ``app``."""
-        from ..web import register_components, register_description, register_tags
+        from ..web import (register_components, register_description, register_response_headers,
+                           register_tags)
         from . import client, endpoint, events
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)
         register_components(app, events.COMPONENTS)     # the run events in /openapi.json
         register_components(app, endpoint.COMPONENTS)   # the tool envelope
+        register_response_headers(app, client.RESPONSE_HEADERS)
         register_tags(app, TAGS)
         register_description(app, "the mnote client proxy (the page AI panel; its runs stream "
                              "Server-Sent Events)", "client proxy `{ok: false, code, message, "
@@ -142,7 +152,7 @@ class MnoteExtension(Extension):
         from .cli import mnote
         group.add_command(mnote)
 
-    def on_serve(self, services: "Services") -> None:
+    def on_serve(self, services: "ServiceObjects") -> None:
         closed = mnote_of(services).runs.close_dead()
         if closed:
             log.warning("closed %d run(s) of a service process that died (run.failed "

@@ -1,4 +1,5 @@
-"""The mnote objects of one set of service objects and the ``mnote`` config section.
+"""The mnote objects of one set of service objects and its view of the ``mnote`` config
+section (:func:`settings`; the section itself: :mod:`.settings`).
 
 Kept apart from :mod:`.extension` (which builds them and imports the blueprints) so that the
 blueprints and commands reading them close no import cycle (tests/unit/test_layers_imports.py).
@@ -8,21 +9,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .settings import NAME
+
 if TYPE_CHECKING:
-    from ..config import Config, MnoteSettings
-    # ``Services`` is named, not imported: services builds the extensions (no import cycle)
+    from ..config import Config
+    # the shape of Services (services builds the extensions: no import cycle)
+    from ..service_objects import ServiceObjects
     from .gateway import ToolGateway
     from .page_store import SQLitePageStore
     from .runs import RunManager
-
-#: the extension's name: its key in ``services.extensions`` and its route family
-NAME = "mnote"
+    from .settings import MnoteSettings
 
 
 def settings(config: "Config") -> "MnoteSettings":
-    """The ``mnote`` section of ``config`` (validated and typed by
-    :mod:`hermes_service.config`)."""
-    return config.mnote
+    """The ``mnote`` section of ``config`` (:data:`.settings.SECTION`, validated and typed
+    with the core's sections by :func:`hermes_service.config.build_config`). KeyError for a
+    config built without it."""
+    return config.section(NAME)
 
 
 def run_limits(config: "Config") -> tuple[float, int, int]:
@@ -61,6 +64,6 @@ class Mnote:
         return " ".join(x for x in (last.get("event"), last.get("code")) if x)
 
 
-def mnote_of(services: "Services") -> Mnote:
+def mnote_of(services: "ServiceObjects") -> Mnote:
     """The mnote objects of ``services`` (KeyError when the extension is off)."""
     return services.extensions[NAME]

@@ -42,7 +42,7 @@ def _require(tool: Path, what: str) -> None:
 def document(tmp_path_factory) -> dict:
     """The test config's /openapi.json (the services started below serve the same)."""
     from hermes_service import create_app
-    from hermes_service.config import build_config
+    from hermes_service.installed import build_config
     app = create_app(build_config(base_config(tmp_path_factory.mktemp("doc"))))
     res = app.test_client().get("/openapi.json", headers={"X-API-Key": API_KEY})
     assert res.status_code == 200

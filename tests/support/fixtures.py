@@ -180,7 +180,7 @@ def service(start_service):
 @pytest.fixture
 def make_config(tmp_path):
     """Factory: in-process :class:`Config` from ``base_config`` + overrides."""
-    from hermes_service.config import build_config
+    from hermes_service.installed import build_config
 
     def make(overrides: dict | None = None):
         return build_config(deep_merge(base_config(tmp_path), overrides or {}))

@@ -24,7 +24,7 @@ import pytest
 
 from support.fixtures import base_config, deep_merge, wait_for
 from hermes_service.runner.acp import AcpRunner
-from hermes_service.config import build_config
+from hermes_service.installed import build_config
 from hermes_service.errors import RunError
 from hermes_service.runner import Processes, UseCli
 

@@ -134,3 +134,20 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
                      "pkg.d": {"pkg.a", "pkg.sub"}}
     assert cycles(edges) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_the_service_objects_protocol_is_the_services_interface():
+    """Modules that cannot import :mod:`hermes_service.services` without a cycle name its
+    ``Services`` by :class:`~hermes_service.service_objects.ServiceObjects`: the two list the
+    same public members (fields, properties, methods)."""
+    from dataclasses import fields
+
+    from hermes_service.service_objects import ServiceObjects
+    from hermes_service.services import Services
+
+    def public(names) -> set[str]:
+        return {n for n in names if not n.startswith("_")}
+
+    protocol = public([*ServiceObjects.__annotations__, *vars(ServiceObjects)])
+    ours = public([*(f.name for f in fields(Services)), *vars(Services)])
+    assert protocol == ours

@@ -7,7 +7,8 @@ import yaml
 
 from support.fixtures import API_KEY, base_config, deep_merge
 from hermes_service.cli import cli
-from hermes_service.config import RESTART_ONLY, ConfigError, build_config
+from hermes_service.config import ConfigError
+from hermes_service.installed import build_config
 from hermes_service.openapi import build_document
 from hermes_service.retention import collect
 
@@ -82,7 +83,27 @@ def test_the_key_is_a_boolean_fixed_for_the_process(tmp_path):
         assert any(p.startswith("<dict>:mnote.enabled:") for p in exc.problems), exc.problems
     else:
         raise AssertionError("mnote.enabled: 'no' was accepted")
-    assert ("mnote", "enabled") in RESTART_ONLY
+    cfg = build_config(base_config(tmp_path))
+    assert ("mnote", "enabled") in cfg.restart_only_keys
+
+
+def test_off_its_section_is_still_validated_and_its_streams_still_counted(tmp_path):
+    """Switched off, the ``mnote`` section is checked as when on (a typo is a problem either
+    way: switching it back on must not reveal one) and ``mnote.max_event_streams`` still
+    counts in the threads the service needs."""
+    off = deep_merge(base_config(tmp_path), OFF)
+    for bad, where in (({"default_model": "x"}, "<dict>:mnote.default_model: 'x' is not one of"),
+                       ({"max_event_streams": 0}, "<dict>:mnote.max_event_streams: 0 is less"),
+                       ({"unknwn": 1}, "<dict>:mnote: unknown key 'unknwn'")):
+        try:
+            build_config(deep_merge(off, {"mnote": bad}))
+        except ConfigError as exc:
+            assert any(p.startswith(where) for p in exc.problems), exc.problems
+        else:
+            raise AssertionError(f"mnote: {bad} was accepted while off")
+    cfg = build_config(off)
+    assert cfg.section("mnote").enabled is False
+    assert cfg.threads_needed == 12 + 2 * 2 + 4 + 4
 
 
 def test_off_the_mnote_commands_say_so(tmp_path):

@@ -384,3 +384,17 @@ def test_an_execute_timeout_too_small_to_start_a_process_is_refused(app_factory,
                                  json={"command": ["version"], "timeout": timeout})
     assert res.status_code == 400 and res.json["code"] == "invalid_request"
     assert res.json["detail"] == f"timeout: {timeout!r} is less than the minimum of 1"
+
+
+def test_an_extension_describes_its_own_response_headers(app_factory):
+    """The client's ``X-Trace-Id`` is mnote's header, not the core's; an extension cannot
+    describe a header the core or another extension already does."""
+    from hermes_service.web import register_response_headers
+    app = app_factory()
+    assert "X-Trace-Id" not in openapi.RESPONSE_HEADERS
+    assert openapi.response_headers(app)["X-Trace-Id"] == mnote_client.RESPONSE_HEADERS["X-Trace-Id"]
+    with pytest.raises(ValueError, match="X-Trace-Id"):
+        register_response_headers(app, {"X-Trace-Id": {"schema": {"type": "string"}}})
+    register_response_headers(app, {"Location": {"schema": {"type": "string"}}})
+    with pytest.raises(ValueError, match="Location"):
+        openapi.build_document(app, app.extensions["hermes_service"].config)

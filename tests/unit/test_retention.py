@@ -245,7 +245,7 @@ def test_gc_command(tmp_path):
     cfg["security"]["api_keys"] = [{"key_env": "UNSET_FOR_GC_TEST"}]   # gc needs no serving key
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
-    from hermes_service.config import build_config
+    from hermes_service.installed import build_config
     svc = build_services(build_config(cfg, need_keys=False))
     svc.store.create(rec("old-one", "carol", time.time() - 10 * DAY))
     svc.store.create(rec("new-one", "carol", time.time()))

@@ -13,7 +13,8 @@ import yaml
 
 from support.fixtures import ROOT, base_config, deep_merge
 from hermes_service import sandbox
-from hermes_service.config import ConfigError, build_config
+from hermes_service.config import ConfigError
+from hermes_service.installed import build_config
 
 NO_BWRAP = "/nonexistent/bwrap"
 

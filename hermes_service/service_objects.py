@@ -1,0 +1,66 @@
+"""The shape of the service objects, for the modules that cannot import them.
+
+:class:`~hermes_service.services.Services` is built by :mod:`hermes_service.services`, which
+builds the installed extensions too; the request helpers (:mod:`hermes_service.web`), the
+extension seam (:mod:`hermes_service.extensions`) and the extensions themselves are imported
+on that way, so naming ``Services`` there would close an import cycle (type-only imports count:
+tests/unit/test_layers_imports.py). They name :class:`ServiceObjects` instead: a
+:class:`typing.Protocol` of the same public attributes and methods, in a module that imports
+nothing at run time (tests/unit/test_layers_imports.py checks ``Services`` has every member
+it lists, and it lists every public one of ``Services``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ContextManager, Protocol
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .conversations import Conversations
+    from .idempotency import IdempotencyStore
+    from .limits import Limiter
+    from .model_proxy import ModelProxy
+    from .runner import HermesRunner, Processes, RunnerChoice
+    from .sandbox import Sandbox
+    from .security import Guard
+    from .session_store import SessionStore
+    from .user_homes import UserHomes
+
+
+class ServiceObjects(Protocol):
+    """What :class:`hermes_service.services.Services` offers (its docs say what each does)."""
+    config: Config
+    guard: Guard
+    store: SessionStore
+    homes: UserHomes
+    processes: Processes
+    runner: HermesRunner
+    runners: RunnerChoice
+    conversations: Conversations
+    admitted: Limiter
+    sandbox: Sandbox
+    model_proxy: ModelProxy
+    idempotency: IdempotencyStore
+    service_url: str | None
+    extensions: dict
+    retention_steps: list
+    drain_sources: list
+    reloaders: list
+
+    @property
+    def draining(self) -> bool: ...
+
+    def require_provider(self) -> None: ...
+
+    def apply(self, config: Config) -> None: ...
+
+    def drain(self) -> None: ...
+
+    def check_accepting(self) -> None: ...
+
+    def in_flight(self) -> dict: ...
+
+    def outcome(self, key) -> str: ...
+
+    def shutdown(self) -> int: ...
+
+    def admission(self, label: str = ...) -> ContextManager[None]: ...
