@@ -177,6 +177,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
             demo_model.stop()
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
+        from . import logs
+        logs.flush()     # the log writer's queue (atexit flushes again: logging.shutdown)
 
 
 @cli.command("check-config")

@@ -28,7 +28,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import metrics, preflight
+from . import logs, metrics, preflight
 from .files import atomic_write
 from .installed import route_families
 from .instance import proc_start
@@ -328,6 +328,7 @@ class Lifecycle:
                  " (some responses were still open)" if self._busy() else "")
         if left:
             log.warning("Hermes process groups still alive at exit: %s", left)
+        logs.flush()                      # the stop's lines reach the log before the exit
         self._stopped.set()
         os.kill(os.getpid(), signum)      # back to the main thread: leave the serving loop
 

@@ -29,10 +29,12 @@ from typing import Callable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
                                disable_created_metrics)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from . import logs
 
 NAMESPACE = "hermes_service"
 UNMATCHED_ROUTE = "(unmatched)"        # 404/405 before routing: the raw path is never a label
@@ -128,6 +130,24 @@ class _Watched:
 
 _WATCHED = _Watched()
 REGISTRY.register(_WATCHED)
+
+
+class _LogDrops:
+    """``hermes_service_log_lines_dropped_total``: log lines the log writer dropped because
+    its queue stayed full (:class:`hermes_service.logs.LineHandler`), read at scrape time."""
+
+    NAME, HELP = f"{NAMESPACE}_log_lines_dropped", (
+        "Log lines dropped because the log stream did not keep up (the writer's queue stayed "
+        "full); each drop is also reported in the log once the writer catches up.")
+
+    def describe(self):
+        return [CounterMetricFamily(self.NAME, self.HELP)]
+
+    def collect(self):
+        return [CounterMetricFamily(self.NAME, self.HELP, value=logs.dropped_lines())]
+
+
+REGISTRY.register(_LogDrops())
 
 
 def watch(name: str, fn: Callable[[], float], **labels: str) -> None:

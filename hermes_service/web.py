@@ -101,8 +101,15 @@ def validator_for(schema: dict) -> jsonschema.Draft202012Validator:
 
 def has_body() -> bool:
     """Does the request carry a body? Read raw, whatever its ``Content-Type``
-    (``request.data`` is empty for a body labelled as a form, as ``curl -d`` sends it)."""
-    return bool(request.content_length or request.get_data())
+    (``request.data`` is empty for a body labelled as a form, as ``curl -d`` sends it).
+    A request with neither ``Content-Length`` nor ``Transfer-Encoding`` has none (RFC 9112
+    §6.3: its body length is zero; waitress turns a chunked body into a ``Content-Length``),
+    so it is not read: reading an empty body through werkzeug's stream wrappers cost every
+    GET on a client route ~13 µs (docs/benchmarks.md, request cost)."""
+    req = request._get_current_object()
+    if "CONTENT_LENGTH" not in req.environ and "HTTP_TRANSFER_ENCODING" not in req.environ:
+        return False
+    return bool(req.content_length or req.get_data())
 
 
 def json_body(schema: dict | None = None) -> dict:

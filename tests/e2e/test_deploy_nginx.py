@@ -19,7 +19,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge, wait_for
 from support.nginx_harness import DEPLOY, Nginx, free_port, render, require_nginx, session_from
 from support.sse_client import SSEStream
 
@@ -73,6 +73,7 @@ def test_the_allowlist_sees_the_real_client_behind_nginx(front):
     # nginx hands its request id to the service: one id in both logs
     rid = ok.headers["X-Request-Id"]
     assert len(rid) == 32 and f"rid={rid}" in nginx.access_log()
+    svc.log_through(ok)                              # its access line is written (just after)
     assert any(rec.get("request_id") == rid for rec in json_lines(svc))
     mine = get(allowed, nginx, "/health", headers={"X-Request-Id": "req_from_caller"})
     assert mine.headers["X-Request-Id"] == "req_from_caller"
@@ -157,14 +158,20 @@ def test_events_stream_through_nginx_while_the_run_goes_on(front):
     http = {(s.labels["route"], s.labels["status"]) for s in fams["hermes_service_http_requests"].samples}
     assert ("/api/hermes/client/runs", "200") in http and ("/api/hermes/client/events/<run_id>", "200") in http
 
-    # the json logs: the access line of POST /runs and the run line carry the ids
-    recs = json_lines(svc)
+    # the json logs: the access line of POST /runs and the run line carry the ids (the run
+    # line, logged when the run ended, comes after the access line: wait for it)
+    def run_line_of(recs):
+        return next((r for r in recs if r["logger"] == "hermes_service.runner"
+                     and r["message"].startswith("hermes chat")), None)
+    def with_run_line():
+        recs = json_lines(svc)
+        return recs if run_line_of(recs) else None
+    recs = wait_for(with_run_line, "the run line", log=svc.log)
     post = next(r for r in recs if r.get("route") == "/api/hermes/client/runs"
                 and r["logger"] == "hermes_service.access")
     assert (post["run_id"], post["trace_id"], post["status"]) == (run_id, "trace_nginx_1", 200)
     assert post["client_ip"] == ALLOWED and post["request_id"]
-    run_line = next(r for r in recs if r["logger"] == "hermes_service.runner"
-                    and r["message"].startswith("hermes chat"))
+    run_line = run_line_of(recs)
     assert (run_line["run_id"], run_line["trace_id"], run_line["status"]) == \
         (run_id, "trace_nginx_1", "run_cancelled")
     assert run_line["request_id"] == post["request_id"] and run_line["duration_ms"] > 0
@@ -285,6 +292,6 @@ def test_runs_and_events_work_on_each_node(shards):
         output = frames[-1]["output"]
         # (the scripted model echoes the message and then the run's page context)
         assert output.startswith(f"echo #1: hello from {a}")
-        assert run_id in nodes[node].log()                        # served by the actor's node
+        nodes[node].wait_log(run_id)                               # served by the actor's node
         other = "n2" if node == "n1" else "n1"
         assert run_id not in nodes[other].log()

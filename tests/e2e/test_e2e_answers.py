@@ -133,7 +133,7 @@ def test_an_empty_answer_is_a_failure_and_a_retry_reaches_the_model_once(svc, mo
     res = say(svc, sid, f"[[status:500]] broken {svc.runner}")
     assert res.status_code == 502 and res.json()["code"] == "upstream_unavailable"
     # Hermes's own reason is in the service log at warning (never the user's message)
-    [line] = [ln for ln in svc.log().splitlines() if "turn failed" in ln and sid in ln
+    [line] = [ln for ln in svc.log_through(res).splitlines() if "turn failed" in ln and sid in ln
               and "upstream_unavailable" in ln]
     assert "WARNING" in line and "HTTP 500" in line and f"broken {svc.runner}" not in line
     res = say(svc, sid, f"retried {svc.runner}")

@@ -98,7 +98,11 @@ def export_page(config: Path) -> dict:
 @pytest.mark.e2e
 def test_make_demo_walks_through_the_panel_with_no_provider(demo, tmp_path):
     url, key, config, log = demo
-    lines = log().splitlines()
+    # the start line (logged before the port answers, written just after): wait for it
+    def started():
+        text = log()
+        return text if " serving on " in text else ""
+    lines = wait_for(started, "the start line", 30, log).splitlines()
     [warning] = [l for l in lines if "the demo model is answering, not a real provider" in l]
     assert " WARNING " in warning and "[demo model]" in warning
     data = tmp_path / "data" / "demo"

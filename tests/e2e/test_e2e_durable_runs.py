@@ -103,7 +103,7 @@ def test_two_processes_share_runs_and_a_killed_ones_runs_end_interrupted(start_s
 
     # a fresh process closes the other one at start, once; B and C agree on the replay
     svc_c = start_service()
-    assert "closed 1 run(s) of a service process that died" in svc_c.log()
+    svc_c.wait_log("closed 1 run(s) of a service process that died")
     frames = replay(svc_b, unasked_id)
     assert frames == replay(svc_c, unasked_id)
     assert [d["event"] for _, d in frames][-1] == "run.failed"
@@ -136,7 +136,7 @@ def test_an_acp_turn_killed_with_its_service_ends_interrupted_once(start_service
     os.kill(svc_a.proc.pid, signal.SIGKILL)
     svc_a.proc.wait(10)
     svc_b = start_service(acp)
-    assert "closed 1 run(s) of a service process that died" in svc_b.log()
+    svc_b.wait_log("closed 1 run(s) of a service process that died")
     frames = replay(svc_b, run_id)
     assert [d["event"] for _, d in frames] == ["run.started", "run.failed"], frames
     assert frames[-1][1]["code"] == "hermes_client_run_interrupted"

@@ -227,7 +227,7 @@ def test_no_hermes_process_outlives_the_service(start_service, model, tmp_path, 
     assert hermes_processes(home)                  # orphaned by the crash...
     svc = start_service(mode, tmp=tmp_path)        # ...and reaped by the next start
     assert hermes_processes(home) == []
-    assert "left by a service that died" in svc.log()
+    svc.wait_log("left by a service that died")
 
 
 def test_a_turn_the_service_died_during_is_taken_back(start_service, model, tmp_path, runner):
@@ -251,7 +251,7 @@ def test_a_turn_the_service_died_during_is_taken_back(start_service, model, tmp_
     assert names(frames)[-1] == "run.completed", frames[-1]
     sent = model.requests_with(f"after-{runner}")[-1]
     assert not any(f"died-{runner}" in str(m.get("content")) for m in sent["messages"])
-    assert "service died during it" in svc.log()
+    svc.wait_log("service died during it")
     messages = svc.get(f"{P}/sessions/{sid}", headers=A).json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"] * 2
     assert not any(f"died-{runner}" in m["content"] for m in messages)

@@ -226,7 +226,7 @@ def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
                 pass
         return found
     wait_for(lambda: not looping(), "the daemonized loop to be ended", 30)
-    assert "left in its sandbox" in svc.log()
+    svc.wait_log("left in its sandbox")
     again = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "still warm"})
     assert again.status_code == 200, again.text
 

@@ -20,7 +20,7 @@ def run_body(marker):
 def test_unusable_provider_is_refused_at_once_without_the_cli(start_service, model, tmp_path,
                                                               overrides, env, where):
     svc = start_service(overrides, env=env)
-    assert f"{where}:" in svc.log()                          # reported at start
+    svc.wait_log(f"{where}:")                                # reported at start
     marker = f"failfast-{where}"
     sid = svc.post("/api/v1/sessions", json={"user_id": "alice"}).json()["session_id"]
     res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": f"hi {marker}"}, timeout=5)
@@ -31,5 +31,5 @@ def test_unusable_provider_is_refused_at_once_without_the_cli(start_service, mod
     health = svc.get("/health")       # reported; the node stays in a load balancer
     assert health.status_code == 200 and health.json()["checks"]["provider"] == "unconfigured"
     assert model.requests_with(marker) == []                 # nothing reached the provider
-    assert "hermes chat" not in svc.log()                    # no CLI run was started
+    assert "hermes chat" not in svc.log_through(health)      # no CLI run was started
     assert hermes_processes(str(tmp_path / "data" / "users")) == []

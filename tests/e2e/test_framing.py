@@ -103,7 +103,7 @@ def test_an_ambiguous_framing_is_refused_and_the_connection_closed(svc, name):
     assert err["code"] == "bad_request_framing" and "RFC 9112" in err["detail"]
     assert err["requestId"] == headers["x-request-id"]
     assert sessions_of(svc, user) == []
-    assert f"refused POST /api/v1/sessions: {err['detail']}" in svc.log()
+    svc.wait_log(f"refused POST /api/v1/sessions: {err['detail']}")
 
 
 def test_transfer_encoding_in_an_http_1_0_request_is_refused(svc):

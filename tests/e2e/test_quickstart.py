@@ -67,7 +67,8 @@ def test_the_shipped_config_serves_says_what_to_set_then_answers(tmp_path, model
     bare = shipped_service(tmp_path, shipped_config(tmp_path), env)
     try:
         assert bare.get("/health", key=None).status_code == 200
-        warning = next(l for l in bare.log().splitlines() if "no model provider" in l)
+        warning = next(l for l in bare.wait_log("no model provider").splitlines()
+                       if "no model provider" in l)
         for named in ("hermes.model.base_url", "hermes.model.default", "HERMES_PROVIDER_API_KEY",
                       "503 hermes_unconfigured"):
             assert named in warning, named
@@ -80,8 +81,9 @@ def test_the_shipped_config_serves_says_what_to_set_then_answers(tmp_path, model
     env["HERMES_PROVIDER_API_KEY"] = "sk-from-the-newcomer"
     ready = shipped_service(tmp_path, shipped_config(tmp_path, model.base_url), env)
     try:
-        assert "no model provider" not in ready.log()
-        sid = ready.post("/api/v1/sessions", json={"user_id": "me"}).json()["session_id"]
+        created = ready.post("/api/v1/sessions", json={"user_id": "me"})
+        assert "no model provider" not in ready.log_through(created)   # the start said nothing
+        sid = created.json()["session_id"]
         res = ready.post(f"/api/v1/sessions/{sid}/messages", json={"message": "Hello!"})
         assert res.status_code == 200, res.text
         assert res.json()["response"] == "echo #1: Hello!"

@@ -61,7 +61,7 @@ def test_sighup_swaps_a_key_and_survives_a_broken_file(start_service):
     assert status["ok"] is False
     assert f"{svc.config_path}:security: unknown key 'enable_ip_chek' (did you mean " \
            "'enable_ip_check'?)" in status["lines"]
-    assert f"reload refused: {svc.config_path}:security: unknown key 'enable_ip_chek'" in svc.log()
+    svc.wait_log(f"reload refused: {svc.config_path}:security: unknown key 'enable_ip_chek'")
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 200   # still running
     assert svc.get("/api/v1/sessions?user_id=a").status_code == 401
 
@@ -81,7 +81,7 @@ def test_reload_command_applies_and_names_what_needs_a_restart(start_service):
     assert f"pid {svc.proc.pid}: refused; the running config stays" in res.stderr
     assert "hermes.model.context_length: 16000" in res.stderr
     assert wait_reloaded(svc, 1)["ok"] is False   # the service was asked, and its log says so
-    assert f"reload refused: {svc.config_path}:hermes.model.context_length: 16000" in svc.log()
+    svc.wait_log(f"reload refused: {svc.config_path}:hermes.model.context_length: 16000")
     assert svc.get("/health", key=NEW_KEY).status_code == 200
     assert svc.get("/api/v1/sessions?user_id=a", key=NEW_KEY).status_code == 401
     cfg["hermes"]["model"]["context_length"] = 128000
@@ -107,7 +107,7 @@ def test_reload_command_with_a_file_that_is_not_yaml_still_asks_the_service(star
     [problem] = [line.strip() for line in res.stderr.splitlines() if "YAML syntax error" in line]
     assert problem.startswith(f"{svc.config_path}:")
     assert wait_reloaded(svc, 1)["ok"] is False
-    assert f"reload refused: {problem}" in svc.log()
+    svc.wait_log(f"reload refused: {problem}")
     assert f"pid {other.proc.pid}" not in res.stderr and "reload refused" not in other.log()
     record = other.data_dir / "service-pids" / f"{other.proc.pid}.json"
     assert json.loads(record.read_text())["reload"]["seq"] == 0
@@ -248,7 +248,7 @@ def test_the_start_and_reload_lines_say_what_runs_and_the_readme_quotes_them(sta
     svc = start_service()
     host = svc.cfg["hermes"]["model"]["base_url"].split("//")[1].split("/")[0]
     said = f"serving on {svc.url} (pid {svc.proc.pid}): runner cli (panel cli), "
-    [start] = [line for line in svc.log().splitlines() if " serving on " in line]
+    [start] = [line for line in svc.wait_log(" serving on ").splitlines() if " serving on " in line]
     assert f" INFO hermes_service {said}model scripted-model at {host}, sandbox " in start
     assert start.endswith(f", data dir {svc.data_dir}")
     cfg = json.loads(json.dumps(svc.cfg))
@@ -256,14 +256,14 @@ def test_the_start_and_reload_lines_say_what_runs_and_the_readme_quotes_them(sta
     write(svc, cfg)
     os.kill(svc.proc.pid, signal.SIGHUP)
     assert wait_reloaded(svc, 1)["ok"] is True
-    log = svc.log().splitlines()
+    log = svc.wait_log(" reloaded ", "no model provider").splitlines()   # the reload's lines
     [line] = [line for line in log if " reloaded " in line]
     assert f" INFO hermes_service reloaded {svc.config_path}; {said}model other-model at {host}, " \
            "sandbox " in line and line.endswith(f", data dir {svc.data_dir}")
     [warn] = [line for line in log if "no model provider" in line]
     assert f" WARNING hermes_service no model provider: {svc.config_path}:hermes.model." \
            "api_key_env: HERMES_TEST_UNSET_KEY is not set" in warn
-    assert "sk-scripted" not in svc.log() and not any("reload: warning" in l for l in log)
+    assert "sk-scripted" not in "\n".join(log) and not any("reload: warning" in l for l in log)
     manual = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     logs = (ROOT / "docs" / "operations.md").read_text().split("\n## Logs\n", 1)[1].split("\n## ", 1)[0]
     for quoted in (f" INFO hermes_service {said.split('(')[0].replace(svc.url, 'http://127.0.0.1:9123')}",

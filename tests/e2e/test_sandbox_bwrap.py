@@ -50,7 +50,7 @@ def test_health_and_check_config_say_when_auto_found_no_sandbox(start_service, t
     res = svc.get("/health")
     assert res.status_code == 200 and res.json()["status"] == "degraded", res.text
     assert "unconfined" in res.json()["checks"]["sandbox"]
-    assert "auto found no usable sandbox" in svc.log()
+    svc.wait_log("auto found no usable sandbox")
     path = tmp_path / "cc.yaml"
     path.write_text(yaml.safe_dump(svc.cfg))
     out = subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(path),

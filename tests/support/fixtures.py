@@ -123,7 +123,31 @@ class ServiceProcess:
         raise RuntimeError(f"service did not start:\n{self.log()}")
 
     def log(self) -> str:
+        """The service's log as written so far. Its lines reach the file from a writer thread
+        just after they are logged (docs/operations.md §Logs): a test reading the log after a
+        request waits with :meth:`wait_log` or :meth:`log_through` instead of reading once."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_log(self, *texts: str, timeout: float = 30.0) -> str:
+        """The log once every one of ``texts`` is in it (polls; AssertionError after
+        ``timeout`` s, with the log)."""
+        def holds():
+            log = self.log()
+            return log if all(t in log for t in texts) else ""
+        return wait_for(holds, f"{texts} in the service log", timeout, log=self.log)
+
+    def log_through(self, res: requests.Response, timeout: float = 30.0) -> str:
+        """The log once it holds the access line of response ``res`` (its ``X-Request-Id``):
+        every line logged before that response's access line is then in it too, so a test
+        can also check what the log does *not* say."""
+        rid = res.headers["X-Request-Id"]
+
+        def through():
+            log = self.log()
+            return log if any("hermes_service.access" in line and rid in line
+                              for line in log.splitlines()) else ""
+        return wait_for(through, f"the access line of {rid} in the service log", timeout,
+                        log=self.log)
 
     def stop(self, sig=signal.SIGTERM, wait: float = 10.0) -> None:
         """Signal the service's process group; SIGKILL after ``wait`` seconds (a drain)."""

@@ -150,8 +150,144 @@ def test_configure_installs_one_handler_in_the_chosen_format():
         logs.start(request_id="req_cfg")
         logging.getLogger("x").warning("hello")
         logging.getLogger("x").info("not at warning level")
+        assert handler.flush()                  # the writer thread wrote what was queued
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+        handler.close()
     [rec] = [json.loads(l) for l in buf.getvalue().splitlines()]
     assert rec["message"] == "hello" and rec["request_id"] == "req_cfg" and rec["run_id"] is None
+
+
+def line_handler(stream, **kw) -> logs.LineHandler:
+    logs.start()                                # no context fields of an earlier test
+    handler = logs.LineHandler(stream, **kw)
+    handler.setFormatter(logs.TextFormatter())
+    handler.addFilter(logs.ContextFilter())
+    return handler
+
+
+def record(msg, *args, name="t") -> logging.LogRecord:
+    return logging.LogRecord(name, logging.INFO, __file__, 1, msg, args, None)
+
+
+def test_the_writer_keeps_every_threads_lines_in_order_and_flush_waits_for_them():
+    buf = io.StringIO()
+    handler = line_handler(buf)
+    args = [1]
+
+    def log_from(i):
+        for j in range(500):
+            handler.handle(record("t%d %d", i, j))
+    threads = [threading.Thread(target=log_from, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    handler.handle(record("args as logged: %s", args))
+    args.append(2)                              # formatted by the logging thread, not later
+    assert handler.flush()
+    out = buf.getvalue().splitlines()
+    assert len(out) == 6 * 500 + 1 and out[-1].endswith("args as logged: [1]")
+    for i in range(6):
+        assert [int(l.rsplit(" ", 1)[1]) for l in out if f" t{i} " in l] == list(range(500))
+    handler.close()
+    assert not handler._thread.is_alive()       # closed: the writer thread ended
+
+
+def test_configure_closes_the_handler_it_replaces_after_writing_what_it_held():
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    first, second = io.StringIO(), io.StringIO()
+    try:
+        old = logs.configure("info", "text", stream=first)
+        logs.start()
+        logging.getLogger("x").info("to the first")
+        new = logs.configure("info", "text", stream=second)
+        assert first.getvalue().endswith(" INFO x to the first\n")       # written before close
+        assert not old._thread.is_alive() and root.handlers == [new]
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        new.close()
+
+
+def test_the_exit_flush_writes_what_is_queued_though_it_holds_the_handlers_lock():
+    """logging.shutdown (atexit) takes each handler's lock, then calls flush() and close():
+    the writer must not need that lock to write."""
+    stream = StuckStream()
+    handler = line_handler(stream)
+    handler.handle(record("first"))
+    assert stream.writing.wait(10)              # "first" is being written; the rest queue
+    for n in range(3):
+        handler.handle(record("queued %d", n))
+    stream.go.set()
+    handler.acquire()                           # what logging.shutdown does, in this order
+    try:
+        assert handler.flush()
+        handler.close()
+    finally:
+        handler.release()
+    assert [l.rsplit(" ", 1)[-1] for l in stream.getvalue().splitlines()] == [
+        "first", "0", "1", "2"]
+    assert not handler._thread.is_alive()
+
+
+class StuckStream(io.StringIO):
+    """A stream whose writes wait until ``go`` is set (a log reader that stopped reading)."""
+
+    def __init__(self):
+        super().__init__()
+        self.go, self.writing = threading.Event(), threading.Event()
+
+    def write(self, text):
+        self.writing.set()
+        self.go.wait()
+        return super().write(text)
+
+
+def test_a_flood_on_a_stuck_stream_waits_once_then_drops_and_counts_and_says_so(monkeypatch):
+    from prometheus_client import generate_latest
+    from hermes_service import metrics
+    monkeypatch.setattr(logs, "FULL_WAIT", 0.05)
+    stream = StuckStream()
+    handler = line_handler(stream, max_pending=3)
+    before = logs.dropped_lines()
+    handler.handle(record("first"))
+    assert stream.writing.wait(10)              # the writer holds "first", stuck in write()
+    for n in range(10):                         # 3 wait in the queue; the 4th waits FULL_WAIT
+        handler.handle(record("flood %d", n))   # for room, then it and the rest are dropped
+    assert logs.dropped_lines() - before == 7
+    assert not handler.flush(timeout=0.05)      # nothing more was written: flush says so
+    scraped = generate_latest(metrics.REGISTRY).decode()
+    assert f"hermes_service_log_lines_dropped_total {float(logs.dropped_lines())}" in scraped
+    stream.go.set()
+    assert handler.flush()
+    handler.handle(record("after"))             # the writer caught up: lines are kept again
+    assert handler.flush()
+    out = stream.getvalue().splitlines()
+    assert [l.split(" ", 4)[-1] for l in out] == [
+        "first", "log: 7 line(s) dropped: the log stream did not keep up (3 lines waiting; "
+        "metric hermes_service_log_lines_dropped_total)", "flood 0", "flood 1", "flood 2",
+        "after"]
+    assert " WARNING hermes_service.logs " in out[1]
+    handler.close()
+
+
+def test_a_write_error_is_reported_like_a_stream_handler_and_the_writer_goes_on(monkeypatch):
+    class Broken(io.StringIO):
+        def write(self, text):
+            if "boom" in text:
+                raise OSError("disk full")
+            return super().write(text)
+    reported = []
+    stream = Broken()
+    handler = line_handler(stream)
+    monkeypatch.setattr(handler, "handleError", reported.append)
+    handler.handle(record("boom"))
+    assert handler.flush()
+    handler.handle(record("fine"))
+    assert handler.flush()
+    assert [r.getMessage() for r in reported] == ["boom"]
+    assert stream.getvalue().endswith(" INFO t fine\n")
+    handler.close()

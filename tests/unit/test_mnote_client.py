@@ -4,6 +4,7 @@ Routes, auth, error shapes, run bookkeeping and SSE framing are the real
 code; only ``HermesRunner.run_process`` (one CLI process) is scripted. The same
 flows through the real CLI are in test_e2e_mnote.py.
 """
+import io
 import json
 import threading
 import time
@@ -168,6 +169,21 @@ def test_trace_id_sources(c):
     assert c.get(f"{P}/models", headers=A).json["traceId"].startswith("trace_")
     bad = c.get(f"{P}/models?traceId=../x", headers=A)
     assert bad.status_code == 400 and bad.json["code"] == "hermes_client_bad_request"
+
+
+def test_a_get_reads_a_body_only_when_its_framing_announces_one(c):
+    """A GET's body counts like a POST's (traceId from the body first); a request with neither
+    Content-Length nor Transfer-Encoding has no body (RFC 9112 §6.3) and is not read."""
+    body = json.dumps({"traceId": "t_body"})
+    assert c.get(f"{P}/tools", data=body, headers=A).json["traceId"] == "t_body"
+    # as a server that passes a chunked body through (werkzeug's own) presents it
+    chunked = c.get(f"{P}/tools", input_stream=io.BytesIO(body.encode()),
+                    headers={**A, "Transfer-Encoding": "chunked"},
+                    environ_overrides={"wsgi.input_terminated": True})
+    assert chunked.json["traceId"] == "t_body"
+    bad = c.get(f"{P}/tools", data=json.dumps({"traceId": "../x"}), headers=A)
+    assert bad.status_code == 400 and bad.json["code"] == "hermes_client_bad_request"
+    assert c.get(f"{P}/tools", headers=A).json["traceId"].startswith("trace_")
 
 
 def test_body_trace_id_without_a_json_content_type(c):
