@@ -8,9 +8,9 @@ pytest.ini) hands out work units in the order of the collected items, so this re
 
 * a work unit is one test, or every test of an ``xdist_group`` (which one worker runs in
   order), or every test of a module or class whose tests share a module- or class-scoped
-  fixture (a service, a server, generated clients): such a module gets an ``xdist_group`` of
-  its own here, so its fixture is set up once, on one worker, not once per worker or once per
-  stretch of its tests between others';
+  fixture (a service, a server, generated clients): such a module is one group here, so its
+  fixture is set up once, on one worker, not once on each. The unit is given to xdist as
+  the ``@group`` suffix of the node ids, which its scheduler reads;
 * units run longest first by the seconds in :data:`COSTS_FILE` (``tests/support/costs.json``:
   node id → seconds of a ``make test`` run: every end-to-end test, the others of at least a
   second), a test not
@@ -70,8 +70,6 @@ def _unit_key(item) -> str:
         return "test:" + item.nodeid
     path = item.nodeid.split("::")[0]
     name = path if scope == "module" or item.cls is None else f"{path}::{item.cls.__name__}"
-    import pytest
-    item.add_marker(pytest.mark.xdist_group(name))
     return "group:" + name
 
 
@@ -91,6 +89,27 @@ def order(items: list, costs: dict[str, float] | None = None) -> None:
     total = {key: sum(cost(i.nodeid, costs) for i in members) for key, members in units.items()}
     ranked = sorted(units, key=lambda key: -total[key])     # stable: ties keep collection order
     items[:] = [item for key in ranked for item in units[key]]
+    for key in ranked:
+        if key.startswith("group:"):
+            for item in units[key]:
+                _join(item, key[len("group:"):])
+
+
+def _join(item, group: str) -> None:
+    """Put ``item`` into xdist work unit ``group``: xdist's scheduler groups by the node id's
+    ``@group`` suffix. xdist 3.8's own worker hook sets that suffix on ``item._nodeid``,
+    which pytest 9 no longer reads (a node id is the structured ``item._id``), so with
+    pytest 9 every ``xdist_group`` was handed out test by test: both workers set up
+    test_e2e_answers.py's service of each runner. Here the suffix is set where pytest 9
+    reads it (and on ``_nodeid`` for an older pytest)."""
+    if item.nodeid.endswith("@" + group):
+        return
+    nodeid = f"{item.nodeid}@{group}"
+    current = getattr(item, "_id", None)
+    if current is not None and hasattr(type(current), "parse"):
+        item._id = type(current).parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 def costs_from_junit(path: Path, at_least: float = 1.0) -> dict[str, float]:
@@ -110,8 +129,14 @@ def costs_from_junit(path: Path, at_least: float = 1.0) -> dict[str, float]:
                 break
         else:
             continue
-        out[nodeid.split("@")[0]] = round(seconds, 1)
+        out[_without_group(nodeid)] = round(seconds, 1)
     return out
+
+
+def _without_group(nodeid: str) -> str:
+    """The node id without xdist's ``@group`` suffix (a report may show ``x[p]@g]``)."""
+    base = nodeid.split("@")[0]
+    return base + "]" if base.count("[") > base.count("]") else base
 
 
 if __name__ == "__main__":      # tests/support/ordering.py JUNIT.xml...: rewrite costs.json
