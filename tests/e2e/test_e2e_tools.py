@@ -36,17 +36,23 @@ def mnote_cli(svc, *args, stdin=None):
 
 @pytest.fixture
 def seeded(service):
-    """ws_1/doc_1 where user_a is editor; ws_2/doc_secret where user_a is not a member."""
-    mnote_cli(service, "add-workspace", "ws_1")
-    mnote_cli(service, "add-member", "ws_1", "user_a", "editor")
-    mnote_cli(service, "import-page", "-", stdin=json.dumps({
-        "documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
-        "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]}))
-    mnote_cli(service, "add-workspace", "ws_2")
-    mnote_cli(service, "add-member", "ws_2", "user_z", "owner")
-    mnote_cli(service, "import-page", "-", stdin=json.dumps({
-        "documentId": "doc_secret", "workspaceId": "ws_2", "title": SECRETS[0],
-        "blocks": [{"type": "paragraph", "text": SECRETS[1]}]}))
+    """ws_1/doc_1 where user_a is editor; ws_2/doc_secret where user_a is not a member.
+    Written into the running service's page store directly, as the operator commands do
+    (they are tested as commands in test_quickstart.py and tests/unit): six ``main.py mnote``
+    processes per test cost more CPU than the test's turn."""
+    from hermes_service.mnote.page_store import SQLitePageStore
+    store = SQLitePageStore(service.data_dir / "mnote.db")
+    try:
+        store.add_workspace("ws_1")
+        store.add_member("ws_1", "user_a", "editor")
+        store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
+                           "blocks": [{"id": "b1", "type": "paragraph", "text": "第一段"}]})
+        store.add_workspace("ws_2")
+        store.add_member("ws_2", "user_z", "owner")
+        store.import_page({"documentId": "doc_secret", "workspaceId": "ws_2", "title": SECRETS[0],
+                           "blocks": [{"type": "paragraph", "text": SECRETS[1]}]})
+    finally:
+        store.close()
     return service
 
 
