@@ -1,4 +1,5 @@
-"""Hand-made mutants (docs/testing.md §Mutation testing), run by ``mutation/run.py``.
+"""Hand-made mutants (docs/testing.md §Mutation testing), run by ``mutation/run.py`` (alone:
+``make mutation MUTATION_ARGS=--hand-only``).
 
 Two kinds, each a one-line (or one-statement) change that the tests named with it must fail:
 
@@ -176,9 +177,3 @@ def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
         out.append({"name": m.name, "path": m.path, "killed": killed, "runs": codes, "note": note})
     return out
 
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from mutation.run import BUILD, _copy_tree, _env
-    results = run_all(BUILD / "hand", _copy_tree, _env)
-    sys.exit(0 if all(r["killed"] for r in results) else 1)
