@@ -823,6 +823,8 @@ def hermes_config(base_url: str, model: str, api_key_env: str, extra: dict | Non
       time of a normal turn (~6-7 s) instead of ~15 s.
     * ``security.tirith_enabled: false`` (else it tries to download a scanner
       and warns on STDOUT), ``security.allow_lazy_installs: false``.
+    * ``agent.environment_probe: false`` (agent/agent_init.py, tools/env_probe.py): no
+      five python/pip subprocesses at start (~1.1 s of CPU) for a system-prompt line.
     * ``memory.nudge_interval: 0`` and ``skills.creation_nudge_interval: 0``
       (agent/agent_init.py): no background memory/skill review agent (an
       extra model conversation every 10 user turns / 10 tool iterations).
@@ -848,7 +850,7 @@ def hermes_config(base_url: str, model: str, api_key_env: str, extra: dict | Non
             "api_key": "${%s}" % api_key_env,
             "context_length": 128000,
         },
-        "agent": {"api_max_retries": 1},
+        "agent": {"api_max_retries": 1, "environment_probe": False},
         "memory": {"nudge_interval": 0},
         "skills": {"creation_nudge_interval": 0},
         "security": {"tirith_enabled": False, "allow_lazy_installs": False},

@@ -327,6 +327,7 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     assert "${HERMES_SERVICE_MODEL_KEY}" in cfg and "${HERMES_SERVICE_MODEL_URL}" in cfg
     assert "127.0.0.1:9" not in cfg and "allow_lazy_installs: false" in cfg
     assert "tirith_enabled: false" in cfg
+    assert "environment_probe: false" in cfg       # no python/pip subprocesses at each start
 
 
 def test_model_settings_change_updates_existing_homes(app_factory, monkeypatch, tmp_path):

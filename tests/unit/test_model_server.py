@@ -459,7 +459,7 @@ def test_write_hermes_config(tmp_path):
     cfg = yaml.safe_load(path.read_text())
     assert cfg["model"] == {"provider": "custom", "base_url": "http://127.0.0.1:1/v1", "default": "m1",
                             "api_key": "${MY_KEY}", "context_length": 128000}
-    assert cfg["agent"] == {"api_max_retries": 1, "max_turns": 5}
+    assert cfg["agent"] == {"api_max_retries": 1, "environment_probe": False, "max_turns": 5}
     assert cfg["security"] == {"tirith_enabled": False, "allow_lazy_installs": False}
     assert cfg["plugins"] == {"enabled": ["p1"]}
     env = hermes_env(tmp_path, "MY_KEY", "sk-1")
