@@ -212,6 +212,12 @@ def test_acp_streams_tokens_as_they_are_generated(svc):
 
 @pytest.mark.parametrize("moment", ["before-answer", "mid-stream", "during-tool", "after-completion"])
 def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
+    if svc.runner == "cli" and moment == "mid-stream":
+        pytest.skip("on the CLI runner this is test_a_stop_keeps_what_the_panel_showed's moment "
+                    "(the model streaming to Hermes, nothing shown) and its next turn")
+    if svc.runner == "cli" and moment == "after-completion":
+        pytest.skip("an abort after the end is answered by the run alone, on both runners "
+                    "(RunManager.abort); kept on ACP, whose warm process answers the next turn")
     sid = f"mnote_doc_1_abort_{moment}"
     who = "a_abort"
     message = {"before-answer": f"[[hang]] {moment} {svc.runner}",
