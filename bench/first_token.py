@@ -35,9 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
-from sse_client import SSEStream  # noqa: E402
+from support.sse_client import SSEStream  # noqa: E402
 
 P = "/api/hermes/client"
 MESSAGE = "[[slow:0.25]] first token {side} {i}"

@@ -56,7 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from conftest import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

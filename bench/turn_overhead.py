@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from conftest import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
+from support.fixtures import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
-from sse_client import SSEStream  # noqa: E402
+from support.sse_client import SSEStream  # noqa: E402
 
 
 def service_turns(svc: ServiceProcess, n: int) -> list[float]:
