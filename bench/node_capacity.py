@@ -3,8 +3,9 @@
 One real service process (waitress) on this machine, the real ``hermes`` CLI, the scripted
 model (hermes_service/scripted_model.py, answers at once). Prints:
 
-* CPU seconds per turn (the service's children's CPU, from /proc/<pid>/stat cutime+cstime,
-  plus the service's own) and so turns per second per core; wall-clock throughput with
+* CPU seconds per turn (the whole machine's busy CPU over the turns, from /proc/stat: the
+  service, the sandboxes and the CLI; a Hermes process in a sandbox is not the service's
+  waited-for child, so the service's cutime misses it) and so turns per second per core; wall-clock throughput with
   ``--concurrency`` turns at a time (``hermes.max_concurrent_runs`` = the same);
 * peak RSS per CLI run (sampled every 50 ms over each run's process group) and the service's RSS;
 * event streams: service RSS and threads with 0 and with ``--streams`` subscribers on one
@@ -30,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
+from support.fixtures import (API_KEY, ServiceProcess, base_config, deep_merge,  # noqa: E402
+                              hermes_processes)
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 
@@ -43,6 +45,12 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return (utime + stime) / TICK, (cutime + cstime) / TICK
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (not idle or waiting for I/O)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / TICK
 
 
 def rss_bytes(pid: int) -> int:
@@ -60,27 +68,25 @@ def threads(pid: int) -> int:
 
 
 class RssSampler(threading.Thread):
-    """Peak RSS per process group of CLI runs whose HERMES_HOME is under ``data_dir``."""
+    """Peak RSS per process group of CLI runs of the users' homes under ``data_dir`` (sandboxed
+    or not: :func:`support.fixtures.hermes_processes`)."""
 
     def __init__(self, data_dir: Path):
         super().__init__(daemon=True)
-        self.marker = f"HERMES_HOME={data_dir}".encode()
+        self.users = data_dir / "users"
         self.peaks: dict[int, int] = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
             groups: dict[int, int] = {}
-            for d in Path("/proc").iterdir():
-                if not d.name.isdigit():
-                    continue
+            homes = [str(h) for h in self.users.iterdir()] if self.users.is_dir() else []
+            for pid in {pid for home in homes for pid in hermes_processes(home)}:
                 try:
-                    if self.marker not in (d / "environ").read_bytes():
-                        continue
-                    pgid = os.getpgid(int(d.name))
+                    pgid = os.getpgid(pid)
                 except (OSError, ProcessLookupError):
                     continue
-                groups[pgid] = groups.get(pgid, 0) + rss_bytes(int(d.name))
+                groups[pgid] = groups.get(pgid, 0) + rss_bytes(pid)
             for pgid, rss in groups.items():
                 self.peaks[pgid] = max(self.peaks.get(pgid, 0), rss)
 
@@ -146,14 +152,14 @@ def main() -> None:
     try:
         idle_rss = rss_bytes(svc.proc.pid)
         sampler.start()
-        own0, kids0 = cpu_seconds(svc.proc.pid)
+        busy0 = machine_busy_seconds()
         t0 = time.perf_counter()
         wall = turns(svc, args.turns, args.concurrency)
-        own1, kids1 = cpu_seconds(svc.proc.pid)
+        busy1 = machine_busy_seconds()
         sampler.stop.set()
         sampler.join()
         done = args.turns + args.concurrency                      # measured + warm-up turns
-        cpu_per_turn = (own1 - own0 + kids1 - kids0) / done
+        cpu_per_turn = (busy1 - busy0) / done
         peaks = sorted(sampler.peaks.values())
         st = streams(svc, args.streams, args.idle)
         busy_rss = rss_bytes(svc.proc.pid)
@@ -163,7 +169,7 @@ def main() -> None:
     mib = 1024 * 1024
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end")
     print(f"turns: {args.turns} measured (+{args.concurrency} warm-up), {args.concurrency} at a time")
-    print(f"  CPU per turn (service + CLI):    {cpu_per_turn:6.2f} s   -> {1 / cpu_per_turn:.2f} turns/s per core")
+    print(f"  CPU per turn (whole machine):    {cpu_per_turn:6.2f} s   -> {1 / cpu_per_turn:.2f} turns/s per core")
     print(f"  wall throughput:                 {args.turns / wall:6.2f} turns/s "
           f"({wall / args.turns:.2f} s per turn; whole run {time.perf_counter() - t0:.1f} s)")
     print(f"  CLI runs sampled:                {len(peaks)}")

@@ -102,18 +102,20 @@ def aborts(svc: ServiceProcess, model: ScriptedModel, n: int) -> list[float]:
 
 
 def acp_rss_mb(data_dir: Path) -> list[float]:
-    """RSS of the service's live ACP processes (their pid records name HERMES_HOME)."""
+    """Tree RSS (MiB) of the service's live ACP processes: the process group leaders their
+    pid records name (bwrap in a sandbox, hermes itself without one) and every descendant
+    (:func:`hermes_service.sandbox.tree_rss_mb`, what ``hermes.acp.max_rss_mb`` is checked
+    against)."""
+    from hermes_service.sandbox import tree_rss_mb
     out = []
     for record in (data_dir / "pids").glob("*.json"):
-        pid = record.stem
+        pid = int(record.stem)
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         if b"acp" in cmd:
-            rss = next(int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:"))
-            out.append(rss / 1024)
+            out.append(tree_rss_mb(pid))
     return out
 
 
@@ -139,7 +141,7 @@ def main() -> None:
                             ignore=shutil.ignore_patterns("state.db*", "sessions", "logs"))
         finally:
             cli.stop()
-        bare = bare_turns(hermes, bare_home, n)
+        bare = bare_turns(hermes, bare_home, n, model.base_url)
         (tmp / "acp").mkdir()
         both = {"hermes": {"runner": "acp"}, "mnote": {"runner": "acp"}}
         acp = ServiceProcess(tmp / "acp", deep_merge(base_config(tmp / "acp", model.base_url),

@@ -41,9 +41,12 @@ def service_turns(svc: ServiceProcess, n: int) -> list[float]:
     return times
 
 
-def bare_turns(hermes: str, home_root: Path, n: int) -> list[float]:
+def bare_turns(hermes: str, home_root: Path, n: int, model_url: str) -> list[float]:
+    # the rendered home names the service's model pass-through (user_homes.py); the bare
+    # runs go to the scripted model directly
     env = {"PATH": os.environ["PATH"], "HOME": str(home_root), "HERMES_HOME": str(home_root / ".hermes"),
-           "LANG": "C.UTF-8", PROVIDER_KEY_ENV: "sk-scripted", "HERMES_STREAM_RETRIES": "0"}
+           "LANG": "C.UTF-8", PROVIDER_KEY_ENV: "sk-scripted", "HERMES_STREAM_RETRIES": "0",
+           "HERMES_SERVICE_MODEL_URL": model_url, "HERMES_SERVICE_MODEL_KEY": "sk-scripted"}
     times, resume = [], []
     for i in range(n):
         t = time.perf_counter()
@@ -79,7 +82,7 @@ def main() -> None:
         bare_home = tmp / "bare"
         shutil.copytree(tmp / "data/users/bench", bare_home,
                         ignore=shutil.ignore_patterns("state.db*", "sessions", "logs"))
-        bare = bare_turns(hermes, bare_home, args.turns)
+        bare = bare_turns(hermes, bare_home, args.turns, model.base_url)
         first_byte, whole = sse_first_byte(svc)
     finally:
         svc.stop()
