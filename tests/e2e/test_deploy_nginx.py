@@ -240,14 +240,18 @@ def test_every_actor_always_lands_on_the_same_node(shards):
 def test_v1_sessions_carry_their_node_and_are_found_through_it(shards):
     nodes, nginx = shards
     k = {"X-API-Key": API_KEY}
-    users = [f"v1user_{i}" for i in range(8)]
     made = {}
-    for i, user in enumerate(users):      # name the user by query argument or by header
+    # Where the hash puts a user depends on the nodes' addresses, and the tests' ports are
+    # free ports: make users (at least 8) until both nodes own some, not a fixed 8 names.
+    for i in range(64):                   # name the user by query argument or by header
+        user = f"v1user_{i}"
         kw = {"params": {"user_id": user}} if i % 2 else {"headers": actor(user)}
         res = requests.post(nginx.url + "/api/v1/sessions", json={"user_id": user}, timeout=60,
                             headers=kw.get("headers", k), params=kw.get("params"))
         assert res.status_code == 200, res.text
         made[user] = res.json()["session_id"]
+        if i >= 7 and {sid.split(".")[0] for sid in made.values()} == {"n1", "n2"}:
+            break
     for user, sid in made.items():
         node = node_of(nodes, user)
         assert sid.startswith(node + ".")
