@@ -85,6 +85,10 @@ AMBIGUOUS = {
     "te-and-cl": b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n",
     "cl-and-te": b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
     "cl-twice": b"Content-Length: 4\r\nContent-Length: 4\r\n",
+    # header names are case-insensitive (RFC 9110 §5.1): the parser's quick look for the two
+    # names must not miss these
+    "te-upper-case": b"TRANSFER-ENCODING: chunked, chunked\r\n",
+    "cl-twice-mixed-case": b"content-LENGTH: 4\r\nCONTENT-length: 4\r\n",
 }
 
 
