@@ -340,7 +340,16 @@ def flush(timeout: float = 5.0) -> None:
 def configure(level: str = "info", fmt: str = "text", stream=None) -> logging.Handler:
     """Send every log record to ``stream`` (stderr) in ``fmt`` (``text`` | ``json``) at
     ``level``; replaces the root logger's handlers (a replaced :class:`LineHandler` writes what
-    it holds and is closed). Returns the handler."""
+    it holds and is closed). Returns the handler.
+
+    Records stop collecting what neither format shows — the caller's file, line and function
+    (a walk up the stack per record), the thread and the process — with the switches the
+    Python Logging HOWTO lists under "Optimization" (``logging._srcfile``, ``logThreads``,
+    ``logProcesses``, ``logMultiprocessing``): ~3-7 µs of every line, an access line per
+    request (docs/benchmarks.md, request cost). They are process-wide; a format showing
+    ``%(lineno)d`` and the like would print ``0``/``None`` for them."""
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = LineHandler(stream or sys.stderr)
     handler.setFormatter(json_formatter() if fmt == "json" else TextFormatter())
     handler.addFilter(ContextFilter())

@@ -86,22 +86,27 @@ class Guard:
         """
         if not self.key_check:
             return None
-        how = ("Authorization: Bearer <key>" if self.bearer else f"{self.header}: <key>")
-        challenge = {"WWW-Authenticate": 'Bearer realm="hermes-service"'} if self.bearer else {}
         key = self.presented_key(headers)
         if not key:
+            how = "Authorization: Bearer <key>" if self.bearer else f"{self.header}: <key>"
             raise Unauthorized(f"an API key is required ({how})", code="missing_api_key",
-                               headers=challenge)
+                               headers=self._challenge())
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
         found = None
         for entry in self.keys:   # no early exit: compare against every key
             if hmac.compare_digest(digest, entry.sha256):
                 found = entry
         if found is None:
-            raise Unauthorized("invalid API key", code="invalid_api_key", headers=challenge)
+            raise Unauthorized("invalid API key", code="invalid_api_key",
+                               headers=self._challenge())
         if found.expires_at and (now or datetime.now(timezone.utc)) >= found.expires_at:
-            raise Unauthorized("API key expired", code="api_key_expired", headers=challenge)
+            raise Unauthorized("API key expired", code="api_key_expired",
+                               headers=self._challenge())
         return found
+
+    def _challenge(self) -> dict:
+        """The 401's ``WWW-Authenticate`` header (RFC 6750 §3) when keys come as bearer tokens."""
+        return {"WWW-Authenticate": 'Bearer realm="hermes-service"'} if self.bearer else {}
 
 
 def acting_user(api_key: ApiKey | None, requested: str | None) -> str | None:

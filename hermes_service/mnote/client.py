@@ -32,6 +32,7 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
 from .objects import mnote_of, settings
+from .tools import SCHEMA_VERSION, TOOLS
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
@@ -117,21 +118,25 @@ def trace_id() -> str:
     """traceId of this request: the first of body ``traceId``, query ``traceId`` and header
     ``X-Trace-Id`` that is given, else a generated one. Every one given must be an id (400
     ``invalid_id`` otherwise, even when an earlier one is used); empty counts as not given."""
-    if "trace_id" not in g:
+    ctx = g._get_current_object()
+    if "trace_id" not in ctx:
+        req = request._get_current_object()
         try:
             # the body as json_body() reads it: with or without a JSON Content-Type
-            body = parse_json(request.get_data()) if has_body() else None
+            body = parse_json(req.get_data()) if has_body() else None
         except Exception:   # oversized or malformed: the route reports that itself
             body = None
+        # (no query string: no query argument, and werkzeug's parse of it is skipped)
         given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
-                             request.args.get("traceId"), request.headers.get("X-Trace-Id"))
+                             req.args.get("traceId") if req.environ.get("QUERY_STRING") else None,
+                             req.headers.get("X-Trace-Id"))
                  if v not in (None, "")]
-        g.trace_id = "trace_" + tokens.hex16()
+        ctx.trace_id = "trace_" + tokens.hex16()
         for value in given:
             check_id(value, "traceId")
         if given:
-            g.trace_id = given[0]
-    return g.trace_id
+            ctx.trace_id = given[0]
+    return ctx.trace_id
 
 
 def render_error_body(err: ServiceError) -> dict:
@@ -902,7 +907,6 @@ def tools():
     """§2 GET /tools: the mnote tool registry (name, scope, schemaVersion); the actor header
     is optional (the registry is the same for everyone)."""
     actor_id(required=False)
-    from .tools import SCHEMA_VERSION, TOOLS
     return ok(tools=[{"name": t.name, "scope": t.scope, "schemaVersion": SCHEMA_VERSION}
                      for t in TOOLS])
 

@@ -159,6 +159,42 @@ def test_configure_installs_one_handler_in_the_chosen_format():
     assert rec["message"] == "hello" and rec["request_id"] == "req_cfg" and rec["run_id"] is None
 
 
+def test_configure_stops_collecting_what_no_line_shows_and_the_lines_stay_the_same():
+    """The caller's file/line/function, thread and process are not collected (the Logging
+    HOWTO's "Optimization" switches); both formats print what they printed before."""
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    switches = (logging._srcfile, logging.logThreads, logging.logProcesses,
+                logging.logMultiprocessing)
+    out = {}
+    try:
+        for fmt in ("text", "json"):
+            buf = io.StringIO()
+            logging._srcfile = logging.__file__        # as before configure
+            logging.logThreads = logging.logProcesses = logging.logMultiprocessing = True
+            before = logs.json_formatter() if fmt == "json" else logs.TextFormatter()
+            rec = logging.LogRecord("x", logging.INFO, __file__, 7, "hi %s", ("there",), None)
+            rec.status = 200
+            handler = logs.configure("info", fmt, stream=buf)
+            assert logging._srcfile is None and not logging.logThreads
+            assert not logging.logProcesses and not logging.logMultiprocessing
+            logs.start(request_id="req_sw")
+            logging.getLogger("x").info("hi %s", "there", extra={"status": 200})
+            assert handler.flush()
+            logs.ContextFilter().filter(rec)
+            out[fmt] = buf.getvalue().splitlines(), before.format(rec)
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        handler.close()
+        (logging._srcfile, logging.logThreads, logging.logProcesses,
+         logging.logMultiprocessing) = switches
+    [text], want = out["text"]                      # (the time differs: left out)
+    assert text.split(" ", 2)[2] == want.split(" ", 2)[2] and "rid=req_sw" in text
+    [line], want = out["json"]
+    assert {**json.loads(line), "time": ""} == {**json.loads(want), "time": ""}
+
+
 def line_handler(stream, **kw) -> logs.LineHandler:
     logs.start()                                # no context fields of an earlier test
     handler = logs.LineHandler(stream, **kw)
