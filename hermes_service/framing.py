@@ -134,7 +134,9 @@ class FramingParser(HTTPRequestParser):
         if problem is None:
             return super().parse_header(header_plus)
         kept = [ln for ln in lines if _name(ln) not in (b"transfer-encoding", b"content-length")]
-        super().parse_header(b"\r\n".join([first, *kept]))   # start line, path, version
+        # start line, path, version; the block ends as waitress hands it over (CRLF CRLF),
+        # so a request of no other header line parses too
+        super().parse_header(b"\r\n".join([first, *kept]) + b"\r\n\r\n")
         self.expect_continue = False       # no "100 Continue": the body is not wanted
         self.connection_close = True
         log.warning("refused %s %s: %s", self.command, self.path, problem)

@@ -121,6 +121,19 @@ def test_transfer_encoding_in_an_http_1_0_request_is_refused(svc):
     assert sessions_of(svc, user) == []
 
 
+def test_a_request_of_no_other_header_line_is_refused_in_the_same_shape(svc):
+    """Only the framing header (no Host, no key): still our JSON refusal, not waitress's."""
+    user = f"smuggled_bare_{uuid.uuid4().hex[:6]}"
+    raw = (b"POST /api/v1/sessions HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n"
+           + chunked(b"{}") + smuggled(user))
+    responses, closed = exchange(svc, raw)
+    assert [r[0] for r in responses] == [400] and closed, responses
+    status, headers, payload = responses[0]
+    assert headers["content-type"].startswith("application/json")
+    assert json.loads(payload)["code"] == "bad_request_framing"
+    assert sessions_of(svc, user) == []
+
+
 def test_the_client_routes_answer_in_their_own_error_shape(svc):
     responses, closed = exchange(svc, request(AMBIGUOUS["chunked-chunked"], chunked(b"{}"),
                                               path=b"/api/hermes/client/runs?traceId=t_1"))
