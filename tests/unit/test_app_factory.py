@@ -29,9 +29,11 @@ def test_a_plain_function_is_returned_as_it_is_and_asked_about_once(monkeypatch)
 
 def test_other_callables_go_to_flask_every_time_as_before():
     app, stock_app = ServiceFlask(__name__), Flask(__name__)
-    part = functools.partial(plain)
-    bound = object().__repr__               # a bound method (no __code__ flags of its own)
-    for func in (part, bound):
+    class View:
+        def get(self):
+            return "bound"
+    part, bound = functools.partial(plain), View().get     # a new bound method on each access
+    for func in (part, bound, len):
         assert app.ensure_sync(func) is stock_app.ensure_sync(func) is func
     # an async def is Flask's business, each time: wrapped (with asgiref) or refused
     try:
