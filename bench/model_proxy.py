@@ -33,7 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 from hermes_service.model_proxy import ModelProxy  # noqa: E402
-from hermes_service import scripted_model as model_server  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 
 KEY_ENV = "BENCH_MODEL_PROXY_KEY"

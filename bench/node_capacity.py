@@ -5,8 +5,8 @@ model (hermes_service/scripted_model.py, answers at once). Prints:
 
 * CPU seconds per turn (the whole machine's busy CPU over the turns, from /proc/stat: the
   service, the sandboxes and the CLI; a Hermes process in a sandbox is not the service's
-  waited-for child, so the service's cutime misses it) and so turns per second per core; wall-clock throughput with
-  ``--concurrency`` turns at a time (``hermes.max_concurrent_runs`` = the same);
+  waited-for child, so the service's cutime misses it) and so turns per second per core;
+  wall-clock throughput with ``--concurrency`` turns at a time (``hermes.max_concurrent_runs`` = the same);
 * peak RSS per CLI run (sampled every 50 ms over each run's process group) and the service's RSS;
 * event streams: service RSS and threads with 0 and with ``--streams`` subscribers on one
   live run (a ``[[hang]]`` turn, aborted at the end), and the CPU the service spends while

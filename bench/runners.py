@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
 from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
+from hermes_service.sandbox import tree_rss_mb  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 from turn_overhead import bare_turns  # noqa: E402
@@ -106,7 +107,6 @@ def acp_rss_mb(data_dir: Path) -> list[float]:
     pid records name (bwrap in a sandbox, hermes itself without one) and every descendant
     (:func:`hermes_service.sandbox.tree_rss_mb`, what ``hermes.acp.max_rss_mb`` is checked
     against)."""
-    from hermes_service.sandbox import tree_rss_mb
     out = []
     for record in (data_dir / "pids").glob("*.json"):
         pid = int(record.stem)

@@ -45,7 +45,6 @@ import http.client
 import os
 import re
 import resource
-import statistics
 import sys
 import tempfile
 import threading
