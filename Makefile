@@ -72,6 +72,7 @@ apt-install = @if $(1); then :; \
 # (check-config, the start log, /health); mode bwrap refuses to start.
 bubblewrap:
 	$(call apt-install,command -v bwrap >/dev/null 2>&1,bubblewrap,the sandbox of Hermes processes,Hermes processes run unconfined (see check-config))
+	$(call apt-install,/sbin/ldconfig -p 2>/dev/null | grep -q libseccomp.so.2,libseccomp2,the seccomp filter of every sandbox,Hermes processes run unconfined (see check-config))
 
 # Debian's nginx for tests/e2e/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:

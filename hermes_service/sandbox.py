@@ -20,7 +20,12 @@ Hermes venv and its base interpreter at their own paths — venv scripts name th
 service's ``hermes_site`` at :data:`SITE_DIR`, CA certificates, ``resolv.conf``, ``hosts``,
 a one-user ``passwd``/``group``); a private size-capped ``/tmp``; a minimal ``/dev``; its own
 user, PID, IPC, UTS and cgroup namespaces (``/proc`` lists only its own processes), no
-capabilities, no nested user namespaces, ``--die-with-parent``, ``--new-session``. The
+capabilities, no nested user namespaces, ``--die-with-parent``, ``--new-session``, a seccomp
+filter (:mod:`hermes_service.seccomp_filter`), and Hermes itself as the sandbox's PID 1
+(``--as-pid-1``: no bubblewrap init holding the service's pipes beside it; Hermes makes
+itself non-dumpable and its streams private at start, hermes_site/sitecustomize.py), so no
+tool process reaches Hermes's memory or descriptors, nor a process that holds them; the
+policy files of the home read-only or empty (:mod:`hermes_service.hermes_policy`). The
 network is shared (the provider pass-through and the tool endpoint are on loopback).
 bwrap's own arguments reach it through a memfd (``--args``), so ``/proc/1/cmdline`` inside
 shows no host path, and bwrap is started with the sandbox's own clean environment, so
@@ -47,6 +52,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import hermes_policy, homefs, seccomp_filter
 
 log = logging.getLogger("hermes_service.sandbox")
 
@@ -79,14 +86,6 @@ RUNTIME_ETC = ("/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/alternative
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf",
                "/etc/mime.types", "/etc/resolv.conf")
-#: What a sandbox may not change in its home (the service writes them; the agent could
-#: otherwise turn approvals off or replace the service's plugins for its later turns).
-READ_ONLY_IN_HOME = (".hermes/config.yaml", ".hermes/plugins")
-#: The env files Hermes loads from HERMES_HOME (hermes_cli/env_loader.py; ``.env`` overrides
-#: the environment): empty inside a sandbox.
-DOTENV_FILES = (".env", ".op.env")
-
-
 @dataclass(frozen=True)
 class Limits:
     """``hermes.sandbox.limits``: ``memory_mb`` (MiB, the whole sandbox with a cgroup, else
@@ -149,11 +148,18 @@ def probe(bwrap: str = "bwrap") -> Probe:
     if not Path("/usr/bin/prlimit").exists():
         return Probe(path, "util-linux's prlimit (/usr/bin/prlimit) is missing: install "
                      "util-linux", cg, why)
-    argv = [path, *_base_args(), "--", "/usr/bin/true"]
+    no_filter = seccomp_filter.problem()
+    if no_filter:
+        return Probe(path, no_filter, cg, why)
+    fd = seccomp_filter.memfd()
+    argv = [path, *_base_args(), "--seccomp", str(fd), "--", "/usr/bin/true"]
     try:
-        out = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"})
+        out = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"},
+                             pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Probe(path, f"bubblewrap cannot start: {exc}", cg, why)
+    finally:
+        os.close(fd)
     if out.returncode != 0:
         text = out.stderr.decode("utf-8", "replace").strip().splitlines()
         detail = text[-1] if text else f"exit code {out.returncode}"
@@ -170,7 +176,7 @@ def _base_args() -> list[str]:
     return ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "hermes", "--cap-drop", "ALL",
-            "--die-with-parent", "--new-session",
+            "--die-with-parent", "--new-session", "--as-pid-1",
             *_runtime_args(), "--proc", "/proc", "--dev", "/dev"]
 
 
@@ -521,7 +527,8 @@ class Sandbox:
         environment with host paths; in a sandbox they are mapped to the sandbox's
         (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). Raises OSError when a cgroup
         cannot be made."""
-        env = dict(env)
+        env = {**env, **hermes_policy.HERMES_ENV}
+        args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
         if self.credentials is not None and MODEL_KEY_ENV in env:
             with self._lock:
@@ -562,15 +569,10 @@ class Sandbox:
             # a mount point of its own: the agent cannot rename or replace HERMES_HOME, so
             # the service's no-follow reads of state.db there cannot be raced (homefs.py)
             bargs += ["--bind", str(home.hermes_home), f"{HOME}/.hermes"]
-        for rel in READ_ONLY_IN_HOME:
-            entry = home.root / rel
-            if os.path.lexists(entry) and not os.path.islink(entry) and \
-                    not os.path.islink(entry.parent):
-                bargs += ["--ro-bind", str(entry), f"{HOME}/{rel}"]
-        # Hermes loads $HERMES_HOME/.env over its environment (HERMES_YOLO_MODE=1 there turns
-        # approvals off): inside the sandbox both env files read empty, whatever the agent wrote
-        for name in DOTENV_FILES:
-            bargs += ["--ro-bind", "/dev/null", f"{HOME}/.hermes/{name}"]
+            _repair_policy(home)
+        # Hermes's policy surface (hermes_policy.py): the service's config.yaml and plugins/
+        # read-only, the env files, active_profile, profiles/ … read empty
+        bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir()))
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
         bargs += ["--chdir", HOME]
@@ -580,6 +582,9 @@ class Sandbox:
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
+        # the seccomp filter (seccomp_filter.py): loaded by bwrap right before the command runs
+        filter_fd = seccomp_filter.memfd()
+        bargs += ["--seccomp", str(filter_fd)]
         fd = os.memfd_create("bwrap-args", 0)
         os.write(fd, b"".join(a.encode() + b"\0" for a in bargs))
         os.lseek(fd, 0, os.SEEK_SET)
@@ -594,8 +599,17 @@ class Sandbox:
             argv = ["/bin/sh", "-c", 'for f; do shift; [ "$f" = -- ] && break; '
                     'echo $$ > "$f" || exit 125; done; exec "$@"', "sh",
                     *cgroup.procs_files, "--", *argv]
-        return Launch(argv, env, "/", pass_fds=(fd,), sandboxed=True, cgroup=cgroup, _fds=[fd],
+        return Launch(argv, env, "/", pass_fds=(fd, filter_fd), sandboxed=True, cgroup=cgroup,
+                      _fds=[fd, filter_fd],
                       _on_close=on_close, cpu_limit=float(lim.cpu_seconds))
+
+    @functools.cache
+    def _empty_dir(self) -> Path:
+        """A service-owned empty folder, bound read-only where the sandbox must see one."""
+        d = self.data_dir / "sandbox" / "empty"
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o555)      # (the data dir is the service's: no agent reaches it)
+        return d
 
     @functools.cache
     def _identity_files(self) -> tuple[Path, Path]:
@@ -606,6 +620,22 @@ class Sandbox:
                           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         group.write_text(f"hermes:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
         return passwd, group
+
+
+def _repair_policy(home) -> None:
+    """Remove what the agent planted where the sandbox binds Hermes's policy files
+    (:func:`hermes_policy.repair`); a home whose ``.hermes`` cannot be opened is left to the
+    launch (it fails) and to the next refresh."""
+    try:
+        fd = homefs.open_dirs(home.root.parent, home.root.name, ".hermes")
+    except (OSError, homefs.HomeTampered):
+        return
+    try:
+        removed = hermes_policy.repair(fd)
+    finally:
+        os.close(fd)
+    if removed:
+        log.warning("home of user=%s: removed planted %s", home.user_id, ", ".join(removed))
 
 
 def _map_paths(value: str, mapping: list[tuple[str, str]]) -> str:
@@ -683,30 +713,30 @@ def signal_tree(pid: int, sig: int) -> None:
 
 
 def kill_strays(leader: int) -> int:
-    """SIGKILL every process in the sandbox led by ``leader`` (its outer bwrap) except its
-    PID-namespace init and the command it started (the oldest child of init): what tool
-    commands left running, daemonized or not. Returns how many were killed."""
+    """SIGKILL every process in the sandbox led by ``leader`` (its outer bwrap) except the
+    command it started — Hermes, the sandbox's PID 1 (``--as-pid-1``): what tool commands
+    left running, daemonized or not (orphans are re-parented to PID 1, so every one is a
+    descendant of Hermes). Call it only while no turn runs there. Returns how many were
+    killed."""
     try:
-        init = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
-        kids = [int(k) for k in Path(f"/proc/{init}/task/{init}/children").read_text().split()]
+        main = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-    def started(pid: int) -> int:
-        try:
-            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        except (OSError, ValueError, IndexError):
-            return 1 << 62
-    if not kids:
-        return 0
-    main = min(kids, key=started)
-    keep = {init, main, *descendants(main)}
-    strays = [p for p in descendants(init) if p not in keep]
+    strays = [p for p in descendants(main) if _state(p) not in ("Z", None)]
     for p in strays:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     return len(strays)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (``Z``: a zombie, which PID 1 — Hermes — never reaps)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def limit_signal(returncode: int | None) -> str | None:
