@@ -143,6 +143,11 @@ CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clari
 CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
 CLARIFY_TOOLSET = "clarify"
 STDERR_TAIL_BYTES = 16384
+#: The largest JSON-RPC message read from a Hermes process (bytes, one line). A longer one
+#: ends the connection: the process is retired and its turn fails ``hermes_failed``
+#: (docs/runners.md §Bounds). Hermes's own largest messages — a replayed tool result of a
+#: session/load — stay far below it.
+ACP_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -397,7 +402,7 @@ class AcpProcess:
                 *self.launch.argv, env=self.launch.env, cwd=self.launch.cwd,
                 pass_fds=self.launch.pass_fds, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, limit=50 * 1024 * 1024)
+                start_new_session=True, limit=ACP_MESSAGE_BYTES)
         except OSError:
             self.launch.close()
             raise

@@ -41,6 +41,12 @@ if TYPE_CHECKING:
     from ..user_homes import UserHome
 
 KILL_GRACE_SECONDS = 1.0
+#: What the service keeps of a Hermes process's output (bytes): the first STDOUT_BYTES of its
+#: standard output (Hermes's own error text; the answer is read from its record) and the last
+#: STDERR_BYTES of its standard error (its last line names the session). The rest is read
+#: and dropped, so a process writing without end costs the service no memory.
+STDOUT_BYTES = 1024 * 1024
+STDERR_BYTES = 64 * 1024
 #: A home whose size took longer than this to add up is not walked again for
 #: HOME_SIZE_REUSE_SECONDS (``hermes.sandbox.max_home_mb``: a turn per second must not walk
 #: 100 000 files each time).
@@ -76,7 +82,8 @@ class CliProcess:
         self.last_activity = self.started
         self.killed: str | None = None
         self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
-        self._max = max_output_bytes
+        self._max = STDOUT_BYTES if max_output_bytes is None else max_output_bytes
+        self._tail = STDERR_BYTES if max_output_bytes is None else max_output_bytes
         self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._truncated = False
         self._kill_lock = threading.Lock()
@@ -97,10 +104,18 @@ class CliProcess:
             t.start()
 
     def _read(self, name: str, stream) -> None:
+        """Read one stream to its end: stdout's head (up to ``_max``), stderr's tail (up to
+        ``_tail``)."""
         buf = self._out[name]
         for chunk in iter(lambda: stream.read1(65536), b""):
             self.last_activity = time.monotonic()
-            room = len(chunk) if self._max is None else max(0, self._max - len(buf))
+            if name == "stderr":
+                buf.extend(chunk)
+                if len(buf) > self._tail:
+                    del buf[:-self._tail]
+                    self._truncated = True
+                continue
+            room = max(0, self._max - len(buf))
             if room < len(chunk):
                 self._truncated = True
             buf.extend(chunk[:room])
