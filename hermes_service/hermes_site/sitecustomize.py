@@ -76,6 +76,11 @@ def _guard():
                          f"{os.strerror(ctypes.get_errno())}")
     private = _private_stdio()
     _no_private_stdio_for_children(private)
+    if os.getpid() == 1:
+        # the sandbox's PID 1 gets no signal it has no handler for (pid_namespaces(7)): the
+        # service's SIGTERM ends it as before (Hermes's own handler, where it sets one, wins)
+        import signal
+        signal.signal(signal.SIGTERM, lambda signum, _frame: os._exit(128 + signum))
 
 
 def _private_stdio():
