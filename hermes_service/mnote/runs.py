@@ -756,10 +756,14 @@ class RunManager:
         with self._lock:
             return [run_id for run_id, r in self._runs.items() if not r.done]
 
-    def peek(self, run_id: str) -> "Run | None":
-        """The run of ``run_id`` (any actor; for the service's own log lines), or None."""
+    def peek(self, run_id: str) -> "Run | ForeignRun | None":
+        """The run of ``run_id`` (any actor; for the service's own log lines) — from its log
+        once it ended (:meth:`_forget_logged`) —, or None."""
         with self._lock:
-            return self._runs.get(run_id)
+            run = self._runs.get(run_id)
+        if run is None and self.logs is not None:
+            run = self._foreign(run_id)
+        return run
 
     def _work(self, run: Run, execute, log_context: dict) -> None:
         logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
