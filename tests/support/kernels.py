@@ -161,18 +161,36 @@ class _Handler(BaseHTTPRequestHandler):
         fault = server.fault(request, attempt) if isinstance(request, dict) else None
         if fault and not fault.startswith("ok_false"):
             return self._fault(fault, request)
-        if self.server.owner.kernel.credential is not None:
-            token = self.headers.get("Authorization", "")
-            if token != f"Bearer {server.kernel.credential}":
-                return self._send(401, {"ok": False, "error": {"code": "mnote_tool_unauthorized",
-                                                               "message": "no"}})
-        status, out = server.kernel.answer(body)
+        if server.upstream:
+            status, data = self._relay(server.upstream, body)
+            if not (fault and fault.startswith("ok_false")):
+                return self._send(status, data)
+            out = json.loads(data)
+        else:
+            if server.kernel.credential is not None:
+                token = self.headers.get("Authorization", "")
+                if token != f"Bearer {server.kernel.credential}":
+                    return self._send(401, {"ok": False, "error": {
+                        "code": "mnote_tool_unauthorized", "message": "no"}})
+            status, out = server.kernel.answer(body)
         if fault and fault.startswith("ok_false"):
             code = marker(request)[1] or "mnote_tool_conflict"
             out = {**out, "ok": False, "result": None,
                    "audit": {**out["audit"], "effect": "none", "commandId": None},
                    "error": {"code": code, "message": f"kernel says {code}"}}
         self._send(status, out)
+
+    def _relay(self, upstream, body):
+        import urllib.error
+        import urllib.request
+        headers = {k: v for k, v in self.headers.items() if k in ("Authorization", "Content-Type")}
+        request = urllib.request.Request(upstream, data=body, headers=headers, method="POST")
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=60) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
 
     def _send(self, status, obj, content_type="application/json"):
         data = obj if isinstance(obj, bytes) else json.dumps(obj, ensure_ascii=False).encode()
@@ -199,9 +217,10 @@ class _Handler(BaseHTTPRequestHandler):
         if fault == "garbage":
             return self._send(200, b'{"ok": tru SECRET-GARBAGE')
         if fault == "wrong_call":
-            _, out = self.server.owner.kernel.answer(json.dumps(
-                {**request, "toolCallId": "call_someone_else"}).encode())
-            return self._send(200, out)
+            return self._send(200, {"ok": True, "toolName": request.get("toolName"),
+                                    "toolCallId": "call_someone_else",
+                                    "traceId": request.get("traceId"), "result": {},
+                                    "audit": {"effect": "read", "commandId": None}})
         if fault == "truncated":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -253,9 +272,13 @@ class _Handler(BaseHTTPRequestHandler):
 class KernelServer:
     """A loopback HTTP kernel (module doc). ``with KernelServer(db) as k: k.url``."""
 
-    def __init__(self, store_path, *, credential=None, flaw=None, fault=None, tls=None):
-        """``tls``: (certificate file, key file) to serve https."""
-        self.kernel = BrokenKernel(store_path, credential, flaw)
+    def __init__(self, store_path=None, *, credential=None, flaw=None, fault=None, tls=None,
+                 upstream=None):
+        """``tls``: (certificate file, key file) to serve https; ``upstream``: the URL of
+        another kernel (e.g. ``main.py mnote serve-kernel``) that answers every call without a
+        fault, as received (``store_path`` then unused)."""
+        self.upstream = upstream
+        self.kernel = BrokenKernel(store_path, credential, flaw) if upstream is None else None
         self.fault = fault or self._marker_fault
         self.requests: list[tuple[dict, object]] = []
         self._attempts: dict = {}
@@ -302,18 +325,27 @@ class KernelServer:
         self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
-        self.kernel.store.close()
+        if self.kernel is not None:
+            self.kernel.store.close()
 
 
 # -- the command kernel -------------------------------------------------------------------
 def command_main(db: str, flaw: str | None = None) -> int:
-    """One envelope on stdin, one answer on stdout; ``fault:NAME`` markers (COMMAND_FAULTS)."""
+    """One envelope on stdin, one answer on stdout; ``fault:NAME`` markers (COMMAND_FAULTS).
+    ``flaw`` ``--via-main``: a call without a fault goes to ``main.py mnote kernel-command``
+    (the reference kernel's own command form), its answer relayed as it is."""
     body = sys.stdin.buffer.read()
     try:
         request = json.loads(body)
     except ValueError:
         request = None
     fault, _ = marker(request)
+    if flaw == "--via-main" and (fault is None or fault not in COMMAND_FAULTS):
+        root = Path(__file__).resolve().parents[2]
+        done = subprocess.run([sys.executable, str(root / "main.py"), "mnote", "--db", db,
+                               "kernel-command"], input=body, capture_output=True, cwd=root)
+        sys.stdout.buffer.write(done.stdout)
+        return done.returncode
     if fault == "stdin_ignored" or fault is None or fault not in COMMAND_FAULTS:
         kernel = BrokenKernel(db, None, flaw)
         out = kernel.answer(body)[1]
