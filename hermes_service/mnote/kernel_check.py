@@ -213,8 +213,7 @@ def case_credential_required(c: Checker) -> str:
     transport = c.transport
     if transport.transport != "http" or not transport.credential_env:
         return "SKIP: HTTP with a credential only"
-    bare = type(transport)(f"{'https' if transport.https else 'http'}://{transport.host}"
-                           f"{':' + str(transport.port) if transport.port else ''}{transport.path}")
+    bare = type(transport)(transport.url)
     bare.context = transport.context
     status, data = bare.exchange(encode(c.envelope("mnote.page.get", {})),
                                  time.monotonic() + c.timeout)

@@ -91,6 +91,7 @@ class HttpKernel:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("the kernel URL must be http(s)://host[:port]/path")
+        self.url = url
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
