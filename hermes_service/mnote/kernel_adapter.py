@@ -17,12 +17,15 @@ contract's §2 envelope through a transport (:class:`~.kernel_http.HttpKernel`,
 A transport failure (not reached, reset, closed before answering, a gateway's 502/503/504,
 a command that could not start or was killed by a signal) is retried, up to
 :data:`MAX_RETRIES` times with the same envelope (so the same ``idempotencyKey``), within
-the call's one budget ``mnote.page_store.timeout_seconds``: no call outlasts it.
+the call's one budget ``mnote.page_store.timeout_seconds``: no call outlasts it. At most
+:data:`MAX_CONCURRENT` calls are in flight at once (connections, command processes); one that
+finds no slot within its budget is the failure ``busy``.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Callable, Protocol
 
@@ -37,6 +40,8 @@ log = logging.getLogger("hermes_service.mnote.kernel")
 MAX_RETRIES = 2
 #: pause before retry n (seconds; cut to the time left)
 BACKOFF_SECONDS = (0.05, 0.2)
+#: kernel calls in flight at once (a run token's holder can post tool calls in parallel)
+MAX_CONCURRENT = 8
 
 
 class Transport(Protocol):
@@ -80,6 +85,7 @@ class KernelBackend:
         self.timeout_seconds = float(timeout_seconds)
         self.max_retries = max_retries
         self._sleep = sleep
+        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT)
 
     def close(self) -> None:
         self.transport.close()
@@ -110,6 +116,15 @@ class KernelBackend:
     def call(self, sent: dict, deadline: float):
         """``sent`` to the kernel, retried on transport failures until ``deadline``; the
         checked :class:`~.kernel_wire.KernelAnswer`. Raises KernelFailure (the last one)."""
+        if not self._slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            raise KernelFailure("busy", f"{MAX_CONCURRENT} kernel calls in flight for the whole "
+                                        "budget")
+        try:
+            return self._attempts(sent, deadline)
+        finally:
+            self._slots.release()
+
+    def _attempts(self, sent: dict, deadline: float):
         body = encode(sent)
         for attempt in range(self.max_retries + 1):
             try:
@@ -118,6 +133,8 @@ class KernelBackend:
             except KernelFailure as failure:
                 left = deadline - time.monotonic()
                 if not failure.retryable or attempt == self.max_retries or left <= 0:
+                    # whatever else that kernel left on a kept connection is not read later
+                    self.transport.close()
                     raise
                 pause = min(BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)], left)
                 metrics.kernel_retry(self.transport.transport)

@@ -32,6 +32,9 @@ KERNEL_UNAVAILABLE = "mnote_tool_kernel_unavailable"
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
 #: the longest ``error.message`` passed through from a kernel (characters)
 MAX_MESSAGE_CHARS = 2000
+#: the deepest nesting of arrays and objects accepted in an answer (a deeper one could pass
+#: the parser here and fail an encoder later: the tool endpoint's, the plugin's, Hermes's)
+MAX_DEPTH = 64
 #: an ``error.code`` a kernel may answer (the contract's codes all have this shape)
 CODE_PATTERN = re.compile(r"mnote_tool_[a-z0-9_]{1,64}")
 
@@ -47,6 +50,7 @@ REASONS = {
     "bad_answer": "mnote 内核的答复不是合同的输出信封",
     "wrong_call": "mnote 内核的答复不属于本次工具调用",
     "tls": "mnote 内核的 TLS 证书未通过验证",
+    "busy": "同时进行的 mnote 内核调用过多",
 }
 
 
@@ -118,17 +122,35 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in ``value`` (iteratively: no recursion limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if level + 1 > MAX_DEPTH:
+                    return level + 1
+                stack.append((child, level + 1))
+        deepest = max(deepest, level)
+    return deepest
+
+
 def parse_json(raw: bytes) -> Any:
-    """``raw`` as JSON (UTF-8, no NaN/Infinity, bounded nesting); KernelFailure
-    ``bad_answer``/``too_large`` otherwise."""
+    """``raw`` as JSON (UTF-8, no NaN/Infinity, nesting at most :data:`MAX_DEPTH`);
+    KernelFailure ``bad_answer``/``too_large`` otherwise."""
     if len(raw) > MAX_ANSWER_BYTES:
         raise KernelFailure("too_large", f"{len(raw)} bytes (limit {MAX_ANSWER_BYTES})")
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        value = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         kind = "not UTF-8" if isinstance(exc, UnicodeDecodeError) else \
             "nested too deep" if isinstance(exc, RecursionError) else "not JSON"
         raise KernelFailure("bad_answer", f"the answer is {kind} ({len(raw)} bytes)") from None
+    if isinstance(value, (dict, list)) and _depth(value) > MAX_DEPTH:
+        raise KernelFailure("bad_answer", f"the answer nests deeper than {MAX_DEPTH} levels")
+    return value
 
 
 def _expected_effect(sent: dict) -> str:

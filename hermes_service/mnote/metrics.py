@@ -41,7 +41,7 @@ KERNEL_CALLS = Counter(
     "kernel_calls", "Tool calls sent to mnote's kernel (mnote.page_store.kind command or http), "
     "by transport and outcome: ok (a valid envelope, ok true or false) or why there was no usable "
     "answer (unreachable, timeout, unauthorized, http_status, exit_status, too_large, bad_answer, "
-    "wrong_call, tls).", ["transport", "outcome"], namespace=NAMESPACE, registry=REGISTRY)
+    "wrong_call, tls, busy).", ["transport", "outcome"], namespace=NAMESPACE, registry=REGISTRY)
 KERNEL_RETRIES = Counter(
     "kernel_retries", "Further attempts of a kernel call after a transport failure (same "
     "envelope, same idempotencyKey), by transport.", ["transport"], namespace=NAMESPACE,

@@ -165,3 +165,29 @@ def test_tls_is_verified_and_a_ca_file_can_be_named(db, tmp_path):
         out = executor(server.url).invoke(envelope())
         assert out["error"]["code"] == KERNEL_UNAVAILABLE and "TLS" in out["error"]["message"]
         assert executor(server.url, ca_file=str(cert)).invoke(envelope())["ok"]
+
+
+def test_calls_in_flight_are_bounded(kernel):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hermes_service.mnote.kernel_adapter import MAX_CONCURRENT
+    from hermes_service.mnote.kernel_wire import KernelFailure, request_envelope
+    from support.fixtures import wait_for
+    backend = KernelBackend(HttpKernel(kernel.url, credential_env=CRED_ENV), 3)
+
+    def sent(i):
+        env = envelope("mnote.artifact.create_ai_note", {"content": "fault:hang"}, toolCallId=f"c{i}")
+        return request_envelope(env["toolName"], env, env["args"], True)
+
+    def hung(i):
+        with pytest.raises(KernelFailure):
+            backend.call(sent(i), time.monotonic() + 3)
+    with ThreadPoolExecutor(MAX_CONCURRENT) as pool:
+        futures = [pool.submit(hung, i) for i in range(MAX_CONCURRENT)]
+        wait_for(lambda: len(kernel.requests) == MAX_CONCURRENT, "every slot in use", timeout=10)
+        with pytest.raises(KernelFailure) as err:        # one more finds no slot in its budget
+            backend.call(sent(99), time.monotonic() + 0.3)
+        assert err.value.reason == "busy"
+        assert len(kernel.requests) == MAX_CONCURRENT
+        for f in futures:
+            f.result()

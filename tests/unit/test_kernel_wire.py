@@ -61,6 +61,7 @@ def test_a_valid_success_and_the_contracts_shorter_forms_are_accepted():
     (b"[1, 2]", "bad_answer"),
     (b'{"ok": NaN}', "bad_answer"),
     (b"[" * 100000 + b"]" * 100000, "bad_answer"),
+    (b'{"ok": true, "result": ' + b"[" * 65 + b"]" * 65 + b"}", "bad_answer"),
     (b" " * (MAX_ANSWER_BYTES + 1), "too_large"),
 ])
 def test_what_is_not_an_envelope_is_a_failure(raw, reason):
