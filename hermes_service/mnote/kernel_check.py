@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .kernel_adapter import KernelBackend, read_exchange
+from .kernel_adapter import KernelBackend, read_exchange, redact
 from .kernel_wire import KernelAnswer, KernelFailure, encode, parse_json
 
 SCOPE = ["page.read", "page.write", "artifact.write"]
@@ -251,7 +251,7 @@ def run(transport, target: Target, timeout: float, echo: Callable[[str], None]) 
         except KernelFailure as exc:
             verdict, note = "FAIL", f"no valid answer ({exc.reason}: {exc.detail})"
             failed.append(name)
-        echo(f"{verdict} {name:<{width}}  {note}")
+        echo(f"{verdict} {name:<{width}}  {redact(note, getattr(transport, 'credential_env', None))}")
     passed = len(CASES) - len(failed)
     echo(f"check-kernel: {len(CASES)} cases, {passed} passed or skipped, {len(failed)} failed"
          + (f": {', '.join(failed)}" if failed else ""))

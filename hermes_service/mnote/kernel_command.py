@@ -78,6 +78,10 @@ class CommandKernel:
                                 retryable=exc.errno not in _PERMANENT) from None
         try:
             out, err = self._talk(proc, body, deadline)
+        except OSError as exc:          # e.g. no file descriptor left for the pidfd
+            raise KernelFailure("unreachable", f"cannot talk to the command "
+                                               f"({exc.strerror or type(exc).__name__})",
+                                retryable=True) from None
         finally:
             _kill_group(proc)
             proc.wait()
