@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-requests wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -157,6 +157,12 @@ bench-sandbox: setup
 # BENCH_ARGS="--rounds 5 --log-format json" etc.
 bench-requests: setup-service wrk
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/request_cost.py $(BENCH_ARGS)
+
+# A tool call's added latency through mnote's kernel: http and command against the embedded
+# store, alternating call by call (docs/benchmarks.md §Kernel adapter); ~2 min.
+# BENCH_ARGS="--calls 500".
+bench-kernel: setup-service
+	$(VENV)/bin/python bench/kernel_adapter.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV) $(TVENV) tools/node_modules
