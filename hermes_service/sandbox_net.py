@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import egress_proxy
+from . import egress_proxy, metrics
 from .egress_policy import Policy
 
 log = logging.getLogger("hermes_service.sandbox_net")
@@ -52,6 +52,42 @@ PORTS = {"model": 9401, "service": 9402, "egress": 3128}
 MODEL_HOST = "model.hermes.internal"
 SOCKETS = ("model", "service", "egress")
 CHUNK = 64 * 1024
+#: Read by the forwarder inside Hermes (hermes_site/netforward.py): ``<port>=<socket>`` pairs.
+FORWARD_ENV = "HERMES_SERVICE_FORWARD"
+#: Where a Hermes process reaches this service (``http://host:port``) when that differs
+#: from the URL a run file names: the sandbox's own port for ``service.sock``.
+SERVICE_URL_ENV = "HERMES_SERVICE_URL"
+PROXY_URL = f"http://127.0.0.1:{PORTS['egress']}"
+#: The proxy variables of every process in an isolated sandbox (upper and lower case: curl
+#: reads only the lower-case http_proxy), and the names that go direct: the sandbox's own
+#: loopback and the pass-through's name.
+PROXY_ENV = {**{name: PROXY_URL for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                                              "http_proxy", "https_proxy", "all_proxy")},
+             **{name: f"localhost,127.0.0.1,::1,{MODEL_HOST}" for name in ("NO_PROXY",
+                                                                            "no_proxy")}}
+
+
+def inside_env(model_url_env: str | None) -> dict:
+    """The environment an isolated sandbox's processes get on top of their own: the
+    forwarder's routes, this service's and the pass-through's inside addresses, the proxy
+    variables. ``model_url_env``: the variable naming the model endpoint (None: none)."""
+    env = {**PROXY_ENV,
+           FORWARD_ENV: " ".join(f"{PORTS[n]}={INSIDE_DIR}/{n}.sock" for n in SOCKETS),
+           SERVICE_URL_ENV: f"http://127.0.0.1:{PORTS['service']}"}
+    if model_url_env:
+        env[model_url_env] = f"http://{MODEL_HOST}:{PORTS['model']}/v1"
+    return env
+
+
+def hosts_file(folder: Path) -> Path:
+    """The sandbox's ``/etc/hosts`` (written once into ``folder``): loopback names and the
+    pass-through's :data:`MODEL_HOST`."""
+    path = Path(folder) / "hosts"
+    text = (f"127.0.0.1\tlocalhost {MODEL_HOST}\n::1\tlocalhost ip6-localhost "
+            "ip6-loopback\n127.0.1.1\thermes\n")
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
 
 
 @dataclass(frozen=True)
@@ -72,6 +108,7 @@ class Attachment:
     open: dict = field(default_factory=lambda: dict.fromkeys(SOCKETS, 0))
     egress_up: int = 0
     egress_down: int = 0
+    run_id: str | None = None           # the run its Hermes works on now (set by the runner)
     tasks: set = field(default_factory=set)
     room: dict = field(default_factory=lambda: {n: asyncio.Event() for n in SOCKETS})
     closed: bool = False
@@ -257,3 +294,12 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
                 dst.write_eof()
         except (OSError, RuntimeError):
             pass
+
+
+def report_egress(att: Attachment, out: egress_proxy.Outcome) -> None:
+    """One finished egress connection: a metric (no user label) and, for a refusal, a
+    warning line naming the user, the run (when one is running there) and the reason."""
+    metrics.egress_connection(out.refused or "ok", out.up, out.down)
+    if out.refused:
+        log.warning("egress refused for user=%s run=%s: %s:%s (%s)", att.user_id,
+                    att.run_id or "-", out.host or "?", out.port or "?", out.refused)
