@@ -13,9 +13,9 @@ Two checks, both before any byte leaves:
 * **The addresses** (:func:`denied_address`): the proxy resolves the name itself and refuses
   the request when *any* address it resolves to is one no sandbox may reach —
   :data:`DENIED_NETWORKS` (loopback, private, link-local, carrier-grade NAT, benchmarking,
-  documentation, multicast, reserved, unspecified and broadcast ranges, IPv4-mapped and
-  NAT64/6to4/Teredo addresses that embed a denied IPv4 address), and the host's own
-  addresses (:func:`host_addresses`). It then connects to an address it checked, never
+  multicast, reserved, unspecified and broadcast ranges, IPv4-mapped and NAT64/6to4/Teredo
+  addresses that embed a denied IPv4 address), and the host's own addresses
+  (:func:`host_addresses`). It then connects to an address it checked, never
   looking the name up again (no DNS rebinding between the check and the connection).
 
 Refusals carry a stable reason code (:data:`REASONS`), sent to the tool as the
@@ -45,14 +45,17 @@ REASONS = {
     "unreachable": "the destination did not accept a connection",
 }
 
-#: Ranges no sandbox reaches, whatever a name resolves to (RFC 6890's special-purpose
-#: registries, plus the cloud metadata range under link-local).
+#: Ranges no sandbox reaches, whatever a name resolves to: the special-purpose ranges of
+#: RFC 6890's registries that lead somewhere on a host or its networks (loopback, private,
+#: link-local — the cloud metadata endpoint —, carrier-grade NAT, benchmarking, multicast,
+#: reserved), and the IPv6 forms that carry an IPv4 address. The documentation ranges
+#: (192.0.2/24, 198.51.100/24, 203.0.113/24, 2001:db8::/32) lead nowhere and are not here.
 DENIED_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-    "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
-    "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "172.16.0.0/12", "192.0.0.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "224.0.0.0/4", "240.0.0.0/4",
     "::/128", "::1/128", "::ffff:0:0/96", "::/96", "64:ff9b::/96", "64:ff9b:1::/48",
-    "100::/64", "2001::/32", "2001:2::/48", "2001:db8::/32", "2001:10::/28", "2002::/16",
+    "100::/64", "2001::/32", "2001:2::/48", "2001:10::/28", "2002::/16",
     "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8"))
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
@@ -77,9 +80,9 @@ def embedded_ipv4(addr: IPAddress) -> ipaddress.IPv4Address | None:
 
 
 def denied_address(addr: IPAddress, own: frozenset[IPAddress] = frozenset()) -> bool:
-    """Is ``addr`` one no sandbox may reach: in :data:`DENIED_NETWORKS`, not globally
-    routable, carrying a denied IPv4 address, or one of ``own`` (the host's addresses)?"""
-    if addr in own or not addr.is_global or addr.is_multicast:
+    """Is ``addr`` one no sandbox may reach: in :data:`DENIED_NETWORKS`, carrying a denied
+    IPv4 address, or one of ``own`` (the host's addresses)?"""
+    if addr in own or addr.is_multicast or addr.is_loopback or addr.is_link_local:
         return True
     if any(addr in net for net in DENIED_NETWORKS if net.version == addr.version):
         return True
