@@ -77,6 +77,9 @@ class Forwarder:
             unix.close()
             return
         tcp.setblocking(False)
+        # small pieces (a streamed answer's chunks) go at once: no Nagle delay against the
+        # reader's delayed ACK
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pair = _Pair(port, tcp, unix)
         self.open[port] += 1
         if self.open[port] >= MAX_PER_PORT:
