@@ -605,7 +605,8 @@ class Sandbox:
                 self.net.set_target("model", "127.0.0.1", self.credentials.port)
             net = self.net.attach(home.user_id)
             on_close.append(lambda: self.net.detach(net))
-            env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None))
+            env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None,
+                                              bool(self.settings.egress.allow)))
         try:
             launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net)
         except BaseException:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import egress_proxy, metrics
+from .hermes_site import netforward
 from .egress_policy import Policy
 
 log = logging.getLogger("hermes_service.sandbox_net")
@@ -52,8 +53,9 @@ PORTS = {"model": 9401, "service": 9402, "egress": 3128}
 MODEL_HOST = "model.hermes.internal"
 SOCKETS = ("model", "service", "egress")
 CHUNK = 64 * 1024
-#: Read by the forwarder inside Hermes (hermes_site/netforward.py): ``<port>=<socket>`` pairs.
-FORWARD_ENV = "HERMES_SERVICE_FORWARD"
+#: Read inside Hermes (hermes_site/netforward.py, which declares them): the forwarder's
+#: ``<port>=<socket>`` pairs; "1": the Hermes process leaves the proxy to its children.
+FORWARD_ENV, CHILDREN_ONLY_ENV = netforward.ENV, netforward.CHILDREN_ONLY_ENV
 #: Where a Hermes process reaches this service (``http://host:port``) when that differs
 #: from the URL a run file names: the sandbox's own port for ``service.sock``.
 SERVICE_URL_ENV = "HERMES_SERVICE_URL"
@@ -67,13 +69,17 @@ PROXY_ENV = {**{name: PROXY_URL for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_P
                                                                             "no_proxy")}}
 
 
-def inside_env(model_url_env: str | None) -> dict:
+def inside_env(model_url_env: str | None, egress_allowed: bool) -> dict:
     """The environment an isolated sandbox's processes get on top of their own: the
     forwarder's routes, this service's and the pass-through's inside addresses, the proxy
-    variables. ``model_url_env``: the variable naming the model endpoint (None: none)."""
+    variables. ``model_url_env``: the variable naming the model endpoint (None: none).
+    ``egress_allowed`` False (no destination allowed): the Hermes process leaves the proxy
+    to its children (hermes_site/netforward.py ``proxy_for_children_only``)."""
     env = {**PROXY_ENV,
            FORWARD_ENV: " ".join(f"{PORTS[n]}={INSIDE_DIR}/{n}.sock" for n in SOCKETS),
            SERVICE_URL_ENV: f"http://127.0.0.1:{PORTS['service']}"}
+    if not egress_allowed:
+        env[CHILDREN_ONLY_ENV] = "1"
     if model_url_env:
         env[model_url_env] = f"http://{MODEL_HOST}:{PORTS['model']}/v1"
     return env

@@ -102,3 +102,24 @@ def test_a_port_at_its_cap_stops_accepting_until_one_ends(forward, monkeypatch):
     wait_for(lambda: server.accepted == 4, "the next one let in")
     for c in held:
         c.close()
+
+
+def test_children_only_keeps_the_proxy_from_hermes_and_gives_it_to_its_children(monkeypatch):
+    import subprocess
+    import sys
+    monkeypatch.setattr(subprocess.Popen, "__init__", subprocess.Popen.__init__)
+    monkeypatch.setenv(netforward.CHILDREN_ONLY_ENV, "1")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,model.hermes.internal")
+    monkeypatch.delenv("no_proxy", raising=False)
+    netforward.proxy_for_children_only()
+    import os
+    assert netforward.CHILDREN_ONLY_ENV not in os.environ
+    assert os.environ["NO_PROXY"] == os.environ["no_proxy"] == "*"     # Hermes: no proxy
+    show = [sys.executable, "-c", "import os; print(os.environ.get('NO_PROXY'), "
+            "os.environ.get('no_proxy'), os.environ.get('HTTPS_PROXY'))"]
+    inherited = subprocess.run(show, capture_output=True, text=True).stdout.split()
+    given = subprocess.run(show, capture_output=True, text=True,
+                           env={**os.environ, "X": "1"}).stdout.split()
+    assert inherited == given == ["localhost,model.hermes.internal", "None",
+                                  "http://127.0.0.1:3128"]

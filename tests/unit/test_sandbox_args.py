@@ -87,6 +87,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
                                                   "9402=/run/hermes-net/service.sock "
                                                   "3128=/run/hermes-net/egress.sock")
     assert made.env["HERMES_SERVICE_URL"] == "http://127.0.0.1:9402"
+    assert made.env["HERMES_SERVICE_PROXY_CHILDREN_ONLY"] == "1"      # no egress allowed
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                  "all_proxy"):
         assert made.env[name] == "http://127.0.0.1:3128"
