@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -151,6 +151,11 @@ bench-streams: setup
 # (docs/sandbox.md); ~5 minutes. BENCH_ARGS="--turns 10" for more samples.
 bench-sandbox: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
+
+# A network namespace per sandbox (isolated) vs the host's network, side by side, and the
+# egress proxy vs a direct download (docs/sandbox.md §Network); ~3 minutes.
+bench-network: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/network.py $(BENCH_ARGS)
 
 # Per-request cost of the light routes (/health, /api/hermes/client/tools) against a bare
 # Flask + waitress app of the same thread count, wrk -c8, alternating runs; ~1 min.

@@ -52,8 +52,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from . import hermes_policy, homefs, seccomp_filter
+from . import hermes_policy, homefs, sandbox_net, seccomp_filter
+from .egress_policy import Policy, Rule
 
 log = logging.getLogger("hermes_service.sandbox")
 
@@ -63,6 +65,10 @@ MODEL_URL_ENV = "HERMES_SERVICE_MODEL_URL"
 MODEL_KEY_ENV = "HERMES_SERVICE_MODEL_KEY"
 
 MODES = ("auto", "bwrap", "none")
+#: ``hermes.sandbox.network``: ``isolated`` — a network namespace of its own per sandbox,
+#: the service reached over Unix sockets (:mod:`hermes_service.sandbox_net`); ``host`` — the
+#: host's network, as an unconfined process has.
+NETWORKS = ("isolated", "host")
 #: Paths inside the sandbox (the same for every user: nothing in a transcript or a tool's
 #: output tells one user's home from another's or where the data dir is).
 HOME = "/home/hermes"
@@ -101,6 +107,20 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """``hermes.sandbox.egress``: ``allow``/``deny`` destinations of the egress proxy
+    (:mod:`hermes_service.egress_policy`; empty ``allow``: no internet) and
+    ``max_connections`` one sandbox may hold open through it."""
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    max_connections: int = 64
+
+    def policy(self) -> Policy:
+        """Raises ValueError for an entry the policy cannot read (config checks it first)."""
+        return Policy.from_lists(self.allow, self.deny)
+
+
+@dataclass(frozen=True)
 class Settings:
     """``hermes.sandbox``: see config.yaml for each key."""
     mode: str = "auto"
@@ -108,12 +128,19 @@ class Settings:
     max_home_mb: float = 2048
     bwrap: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    network: str = "isolated"
+    allow_host_network: bool = False
+    egress: Egress = field(default_factory=Egress)
 
     @classmethod
     def from_config(cls, section: dict) -> "Settings":
+        eg = section["egress"]
         return cls(mode=section["mode"], allow_host_tools=section["allow_host_tools"],
                    max_home_mb=section["max_home_mb"], bwrap=section["bwrap"],
-                   limits=Limits(**section["limits"]))
+                   limits=Limits(**section["limits"]), network=section["network"],
+                   allow_host_network=section["allow_host_network"],
+                   egress=Egress(tuple(eg["allow"]), tuple(eg["deny"]),
+                                 eg["max_connections"]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,7 +164,7 @@ class Probe:
 @functools.lru_cache(maxsize=8)
 def probe(bwrap: str = "bwrap") -> Probe:
     """Try bubblewrap once (cached per command): start ``true`` in a sandbox with the same
-    namespaces the service uses. ~10 ms."""
+    namespaces the service uses (a network namespace included). ~10 ms."""
     path = shutil.which(bwrap)
     groups = CgroupBase.find()
     cg, why = (groups.kind, groups.describe()) if groups else (None, CgroupBase.why_not())
@@ -152,7 +179,7 @@ def probe(bwrap: str = "bwrap") -> Probe:
     if no_filter:
         return Probe(path, no_filter, cg, why)
     fd = seccomp_filter.memfd()
-    argv = [path, *_base_args(), "--seccomp", str(fd), "--", "/usr/bin/true"]
+    argv = [path, *_base_args(), "--unshare-net", "--seccomp", str(fd), "--", "/usr/bin/true"]
     try:
         out = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"},
                              pass_fds=(fd,))
@@ -421,6 +448,7 @@ class Launch:
     cgroup: Cgroup | None = None
     cpu_limit: float | None = None      # seconds per turn (hermes.sandbox.limits.cpu_seconds)
     pid: int | None = None              # the launched process (set by the runner)
+    net: "sandbox_net.Attachment | None" = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
     _baseline: dict = field(default_factory=dict)
@@ -486,6 +514,9 @@ class Sandbox:
         self.site_dir = Path(site_dir)
         self.credentials = None
         self._lock = threading.Lock()
+        #: every isolated sandbox's sockets (the pass-through, this service, the egress proxy)
+        self.net = sandbox_net.SandboxNet(self.data_dir / "sandbox" / "net",
+                                          on_egress=sandbox_net.report_egress)
         self.configure(settings)
 
     def configure(self, settings: Settings) -> None:
@@ -494,6 +525,32 @@ class Sandbox:
         self.probe = probe(settings.bwrap) if settings.mode != "none" else None
         self.active = settings.mode != "none" and self.probe.usable
         self.cgroups = CgroupBase.find() if self.active else None
+        self.net.configure(settings.egress.policy(),
+                           sandbox_net.Caps(egress=settings.egress.max_connections))
+
+    @property
+    def isolated(self) -> bool:
+        """Do new Hermes processes get a network namespace of their own?"""
+        return self.active and self.settings.network == "isolated"
+
+    def serve_back(self, url: str) -> None:
+        """Where an isolated sandbox's service port leads: ``url`` (``http://host:port``,
+        this service as the host reaches it)."""
+        parts = urlsplit(url)
+        self.net.set_target("service", parts.hostname or "127.0.0.1",
+                            parts.port or (443 if parts.scheme == "https" else 80))
+
+    def allowed_toolsets(self, toolsets) -> list[str]:
+        """``toolsets`` without those that reach the host when ``auto`` found no sandbox (the
+        fallback keeps none: :func:`warnings` says so)."""
+        if self.settings.mode == "auto" and not self.active:
+            risky = set(host_toolsets(toolsets))
+            return [t for t in toolsets if t not in risky]
+        return list(toolsets)
+
+    def close(self) -> None:
+        """The service stops: close every sandbox's sockets."""
+        self.net.close()
 
     # -- what the admin is told ------------------------------------------------
     def describe(self) -> str:
@@ -501,7 +558,10 @@ class Sandbox:
         s = self.settings
         if self.active:
             limits = self.cgroups.describe() if self.cgroups else CgroupBase.why_not()
-            return f"bwrap ({self.probe.bwrap}; limits: {limits})"
+            net = ("a network namespace each, egress " +
+                   (f"to {len(s.egress.allow)} allowed destination(s)" if s.egress.allow
+                    else "none") if self.isolated else "the host's network")
+            return f"bwrap ({self.probe.bwrap}; limits: {limits}; network: {net})"
         if s.mode == "none":
             return "none (unconfined: every Hermes process sees the whole host)"
         return f"auto -> unconfined ({self.probe.reason})"
@@ -539,9 +599,24 @@ class Sandbox:
             on_close.append(lambda: self.credentials.revoke(token))
         if not self.active:
             return Launch([command_path, *args], env, str(home.root), _on_close=on_close)
-        return self._bwrap(args, env, home, run_dir, command_path, on_close)
+        net = None
+        if self.isolated:
+            if self.credentials is not None:
+                self.net.set_target("model", "127.0.0.1", self.credentials.port)
+            net = self.net.attach(home.user_id)
+            on_close.append(lambda: self.net.detach(net))
+            env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None,
+                                              bool(self.settings.egress.allow)))
+        try:
+            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net)
+        except BaseException:
+            for fn in on_close:
+                fn()
+            raise
+        launch.net = net
+        return launch
 
-    def _bwrap(self, args, env, home, run_dir, command_path, on_close) -> Launch:
+    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net) -> Launch:
         # bwrap follows a symlink given as a bind source: never bind one a user's agent could
         # have planted (the home, its run folder; homefs repairs them before a turn)
         for path in (home.root, run_dir):
@@ -575,6 +650,12 @@ class Sandbox:
         bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir()))
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
+        if net is not None:
+            # a network namespace of its own: only its loopback, and the service's sockets
+            # for this sandbox; /etc/hosts names the pass-through (sandbox_net.py)
+            bargs += ["--unshare-net", "--ro-bind", str(net.folder), sandbox_net.INSIDE_DIR,
+                      "--ro-bind", str(sandbox_net.hosts_file(self.data_dir / "sandbox")),
+                      "/etc/hosts"]
         bargs += ["--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
@@ -758,28 +839,42 @@ def warnings(settings: Settings, source: str | None = None) -> list[str]:
         return []
     where = f"{source}:" if source else ""
     return [f"{where}hermes.sandbox.mode: auto found no usable sandbox, so Hermes processes run "
-            f"unconfined (they see the whole host) and toolsets that reach the host are "
-            f"refused: {pr.reason}"]
+            f"unconfined (they see the whole host) and no toolset that reaches the host is "
+            f"offered (terminal, file, code_execution, … are left out): {pr.reason}"]
 
 
 def problems(settings: Settings, toolsets, source: str) -> list[str]:
     """``check-config``/start problems: ``bwrap`` on a host without a working bubblewrap;
-    host-reaching toolsets without a sandbox (``none`` or the ``auto`` fallback) unless
-    ``allow_host_tools``."""
+    host-reaching toolsets unconfined (``none``) unless ``allow_host_tools`` (the ``auto``
+    fallback leaves them out instead: :meth:`Sandbox.allowed_toolsets`), or with the host's
+    network (``network: host``) unless ``allow_host_network``; egress entries the policy
+    cannot read."""
     out = []
     pr = probe(settings.bwrap) if settings.mode != "none" else None
     if settings.mode == "bwrap" and not pr.usable:
         out.append(f"{source}:hermes.sandbox.mode: bwrap, but {pr.reason}")
-    unconfined = settings.mode == "none" or (settings.mode == "auto" and not pr.usable)
     risky = host_toolsets(toolsets)
-    if unconfined and risky and not settings.allow_host_tools:
-        why = ("hermes.sandbox.mode is none" if settings.mode == "none" else
-               "hermes.sandbox.mode auto found no usable sandbox")
-        out.append(f"{source}:hermes.toolsets: {', '.join(risky)} reach the host, and {why}: "
-                   "every user's agent could read other users' homes and the service's files. "
-                   "Use the sandbox (hermes.sandbox.mode: auto or bwrap, with bubblewrap "
-                   "installed), or set hermes.sandbox.allow_host_tools: true if every user is "
-                   "trusted with the whole server")
+    if settings.mode == "none" and risky and not settings.allow_host_tools:
+        out.append(f"{source}:hermes.toolsets: {', '.join(risky)} reach the host, and "
+                   "hermes.sandbox.mode is none: every user's agent could read other users' "
+                   "homes and the service's files. Use the sandbox (hermes.sandbox.mode: auto "
+                   "or bwrap, with bubblewrap installed), or set "
+                   "hermes.sandbox.allow_host_tools: true if every user is trusted with the "
+                   "whole server")
+    if settings.mode != "none" and settings.network == "host" and risky and \
+            not settings.allow_host_network:
+        out.append(f"{source}:hermes.sandbox.network: host gives every agent with "
+                   f"{', '.join(risky)} the host's network: its loopback services, this "
+                   "service's port, the private network and the cloud metadata endpoint. Use "
+                   "network: isolated (the default; the internet through "
+                   "hermes.sandbox.egress.allow), or set hermes.sandbox.allow_host_network: "
+                   "true if every user is trusted with the host's network")
+    for key in ("allow", "deny"):
+        for entry in getattr(settings.egress, key):
+            try:
+                Rule.parse(entry)
+            except ValueError as exc:
+                out.append(f"{source}:hermes.sandbox.egress.{key}: {exc}")
     return out
 
 

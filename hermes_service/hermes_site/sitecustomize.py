@@ -280,3 +280,8 @@ class _PatchCli(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _PatchCli())
 _guard()
+# a sandbox with a network of its own: its loopback ports to the service's sockets, bound
+# before Hermes's code runs (netforward.py; nothing without HERMES_SERVICE_FORWARD)
+import netforward  # noqa: E402  (this folder is on the path: it is PYTHONPATH's)
+netforward.start()
+netforward.proxy_for_children_only()

@@ -128,6 +128,8 @@ class MnoteExtension(Extension):
         backend = backend_for(cfg.page_store)
         store = SQLitePageStore(config.data_dir / "mnote.db") if backend is None else None
         tools = ToolGateway(store, cfg.service_url or services.service_url, backend=backend)
+        if cfg.service_url:
+            services.sandbox.serve_back(cfg.service_url)   # isolated sandboxes reach it there
         # an abort that reaches this process from another one revokes the run's token too
         runs.on_abort.append(tools.end_run)
         mnote = services.extensions[NAME] = Mnote(store, tools, runs)

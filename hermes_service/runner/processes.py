@@ -446,6 +446,7 @@ class Processes:
         self.timeout = float(hermes.timeout_seconds)
         self.stall_timeout = float(hermes.stall_timeout_seconds)
         self.queue_wait = float(hermes.queue_wait_seconds)
-        self.toolsets = list(hermes.toolsets)
+        self.toolsets = (self.sandbox.allowed_toolsets(hermes.toolsets) if self.sandbox
+                         else list(hermes.toolsets))
         self._slots.resize(hermes.cli_slots)
 

@@ -68,9 +68,12 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--ro-bind", f"{data}/sandbox/empty", "/home/hermes/.hermes/profiles",
         "--ro-bind", "/dev/null", "/home/hermes/.hermes/shell-hooks-allowlist.json",
         "--bind", f"{tmp}/runs/alice", "/run/hermes-service",
+        "--unshare-net", "--ro-bind", str(made.net.folder), "/run/hermes-net",
+        "--ro-bind", f"{data}/sandbox/hosts", "/etc/hosts",
         "--chdir", "/home/hermes",
         "--seccomp", str(filter_fd),
     ]
+    assert made.net.folder.parent == data / "sandbox" / "net"
     assert made.argv == [
         "/usr/bin/bwrap", "--args", str(args_fd), "--", "/usr/bin/prlimit",
         f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
@@ -79,8 +82,70 @@ def test_the_whole_bubblewrap_argument_list(launch):
         PY, "--profile", "default", "acp"]
     assert made.env["PYTHONNOUSERSITE"] == "1" and made.env["HERMES_SERVICE_GUARD"] == "1"
     assert made.env["HOME"] == "/home/hermes" and made.env["HERMES_HOME"] == "/home/hermes/.hermes"
+    # the network namespace's ways out: the forwarder's routes, this service, the proxy
+    assert made.env["HERMES_SERVICE_FORWARD"] == ("9401=/run/hermes-net/model.sock "
+                                                  "9402=/run/hermes-net/service.sock "
+                                                  "3128=/run/hermes-net/egress.sock")
+    assert made.env["HERMES_SERVICE_URL"] == "http://127.0.0.1:9402"
+    assert made.env["HERMES_SERVICE_PROXY_CHILDREN_ONLY"] == "1"      # no egress allowed
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                 "all_proxy"):
+        assert made.env[name] == "http://127.0.0.1:3128"
+    assert made.env["NO_PROXY"] == made.env["no_proxy"] == \
+        "localhost,127.0.0.1,::1,model.hermes.internal"
+    assert (data / "sandbox" / "hosts").read_text().startswith(
+        "127.0.0.1\tlocalhost model.hermes.internal\n")
     assert os.pread(filter_fd, 1 << 16, 0) == seccomp_filter.program()
     assert (data / "sandbox" / "empty").is_dir() and not os.listdir(data / "sandbox" / "empty")
+
+
+def test_the_hosts_network_adds_no_namespace_and_no_sockets(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "runtime_roots", lambda command: ("/opt/venv",))
+    root = tmp_path / "users" / "carol"
+    (root / ".hermes").mkdir(parents=True)
+    sb = sandbox.Sandbox(sandbox.Settings(mode="none", network="host"), tmp_path, HERMES_SITE)
+    sb.probe = sandbox.Probe("/usr/bin/bwrap", None, None, "")
+    sb.active, sb.cgroups = True, None
+    made = sb.prepare(["acp"], {"HOME": str(root)}, UserHome("carol", root, root / ".hermes"),
+                      None, PY)
+    try:
+        args = _args(made)
+        assert "--unshare-net" not in args and "/run/hermes-net" not in args
+        assert made.net is None and "HERMES_SERVICE_FORWARD" not in made.env
+        assert "HTTP_PROXY" not in made.env
+    finally:
+        made.close()
+
+
+def test_the_model_url_is_the_pass_through_by_its_inside_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "runtime_roots", lambda command: ("/opt/venv",))
+
+    class Credentials:
+        base_url, port = "http://127.0.0.1:4567/v1", 4567
+        revoked: list = []
+
+        def start(self):
+            pass
+
+        def issue(self, user):
+            return "cred-" + user
+
+        def revoke(self, token):
+            self.revoked.append(token)
+    root = tmp_path / "users" / "dan"
+    (root / ".hermes").mkdir(parents=True)
+    sb = sandbox.Sandbox(sandbox.Settings(mode="none"), tmp_path, HERMES_SITE)
+    sb.probe = sandbox.Probe("/usr/bin/bwrap", None, None, "")
+    sb.active, sb.cgroups = True, None
+    sb.credentials = Credentials()
+    made = sb.prepare(["acp"], {sandbox.MODEL_URL_ENV: "x", sandbox.MODEL_KEY_ENV: "x"},
+                      UserHome("dan", root, root / ".hermes"), None, PY)
+    assert made.env[sandbox.MODEL_URL_ENV] == "http://model.hermes.internal:9401/v1"
+    assert made.env[sandbox.MODEL_KEY_ENV] == "cred-dan"
+    assert sb.net.targets["model"] == ("127.0.0.1", 4567)
+    folder = made.net.folder
+    made.close()
+    assert not folder.exists() and Credentials.revoked == ["cred-dan"]
 
 
 def test_unconfined_processes_get_the_explicit_profile_and_the_guard_too(tmp_path):
