@@ -23,7 +23,7 @@ from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from .. import tokens
+from .. import logs, tokens
 from ..routing import ErrorFamily, RouteFamily, declare
 from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
                    services)
@@ -132,10 +132,22 @@ def trace_id() -> str:
                              req.headers.get("X-Trace-Id"))
                  if v not in (None, "")]
         ctx.trace_id = "trace_" + tokens.hex16()
+        ctx.trace_given = bool(given)
         for value in given:
             check_id(value, "traceId")
         if given:
             ctx.trace_id = given[0]
+    return ctx.trace_id
+
+
+def adopt_trace_id(value: str) -> str:
+    """Make ``value`` (a run's traceId) this request's traceId — its access line, its error
+    bodies — unless the caller gave one (:func:`trace_id`); returns the request's traceId."""
+    trace_id()
+    ctx = g._get_current_object()
+    if not ctx.trace_given:
+        ctx.trace_id = value
+    logs.bind(trace_id=ctx.trace_id)
     return ctx.trace_id
 
 
@@ -698,16 +710,27 @@ def events(run_id):
     sid = request.args.get("sessionId")
     if sid is not None and sid != run.session_id:
         raise NotFound(f"run {run_id} not found", code="run_not_found")
-    after = _last_event_id()
+    # the request is the run's from here: logged under its traceId (unless one was given),
+    # and every answer, an error too, names the run's in X-Trace-Id
+    adopt_trace_id(run.trace_id)
+    named = {"X-Trace-Id": run.trace_id}
+    try:
+        after = _last_event_id()
+    except BadRequest as err:
+        err.headers.update(named)
+        raise
     last, done = run.position()
     if after > last:
         raise BadRequest(
             f"Last-Event-ID {after} was never issued by run {run_id}: its last event id is "
             f"{last}{' (the run has ended)' if done else ' so far'}; reconnect without "
-            "Last-Event-ID to replay the run from its first event", code="invalid_request")
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
+            "Last-Event-ID to replay the run from its first event", code="invalid_request",
+            headers=named)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named}
     if done and after == last:      # the client has the terminal event: nothing will follow
-        return Response(status=204, headers=headers)
+        resp = Response(status=204, headers=headers)
+        del resp.headers["Content-Type"]       # no body, so no media type (RFC 9110 §8.3)
+        return resp
     keepalive = float(settings(svc.config).keepalive_seconds)
     # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
     sub = mnote_of(svc).runs.subscribe(run, request.environ.get("waitress.client_disconnected"))
