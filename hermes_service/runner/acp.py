@@ -46,7 +46,8 @@ the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before 
 and leaves the process to finish its start. Timeouts (counted from the turn's start) and
 stalls kill the process. After any other failed or aborted turn the process is retired (its
 in-memory history may hold the turn Hermes's record took back), and a replacement is started
-at once for the next turn.
+at once for the next turn — from the settings in force (:attr:`AcpRunner.process_env`), so a
+reload reaches it, never from the retired process's environment.
 
 **Questions to a human** (docs/mnote-client.md §Approvals). Hermes 0.19.0's ACP adapter asks before a
 dangerous command (and, with edit approval on, before a file edit) with
@@ -93,6 +94,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .. import hermes_state
 from ..config import HermesSettings
@@ -133,6 +135,7 @@ def could_be_error_text(text: str) -> bool:
         return True
     return any(head.startswith(p) or p.startswith(head) for p in ERROR_TEXT_STARTS)
 POLL_SECONDS = 0.05
+REPLACE_TRIES = 3             # attempts at a replacement process that reloads keep outdating
 APPROVAL_MARGIN = 10.0        # Hermes waits this much longer for an answer than we do (s)
 APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site/sitecustomize.py
 #: Hermes's permission option id -> the client's choice (Hermes's "deny_always" is a deny there
@@ -369,8 +372,11 @@ class AcpProcess:
     """One ``hermes acp`` process: its connection, the sessions it has loaded, its running
     prompts. Lives on the runner's loop; :meth:`kill` may be called from any thread."""
 
-    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict):
+    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict,
+                 extra_toolsets: list[str] | None = None):
         self.runner, self.key, self.home, self.env = runner, key, home, env
+        #: the toolsets it was started with beyond ``hermes.toolsets`` (its family's)
+        self.extra_toolsets = list(extra_toolsets or [])
         self.proc: asyncio.subprocess.Process | None = None
         self.pgid: int | None = None
         self.conn = None
@@ -530,12 +536,20 @@ class AcpRunner:
     toolsets."""
     name = "acp"
 
-    def __init__(self, hermes: HermesSettings, processes: Processes):
+    def __init__(self, hermes: HermesSettings, processes: Processes,
+                 process_env: Callable[[str], tuple] | None = None):
+        """``process_env(user_id)`` → ``(home, env)``: the user's home brought up to date and
+        the environment of a new Hermes process, from the settings in force (the
+        composition root gives :class:`~hermes_service.user_homes.UserHomes`'); a
+        replacement process (:meth:`_replace`) is built from it. None: no replacement is
+        started ahead; the user's next turn starts one with its own environment."""
         self.processes = processes
+        self.process_env = process_env
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        self._generation = 0      # counts the reloads that retired every process
         self.configure(hermes, retire=False)
 
     @property
@@ -560,6 +574,8 @@ class AcpRunner:
         self.allow_always = bool(approvals.allow_always)
         self.ask = approvals.mode == "ask"
         self.default_model = hermes.model.default
+        if retire:
+            self._generation += 1
         if retire and self._loop is not None:
             async def retire_all():
                 for proc in list(self._procs.values()):
@@ -586,7 +602,8 @@ class AcpRunner:
     # -- public ----------------------------------------------------------------------
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
         """Start the user's process for ``family`` in the background (no wait, no error);
-        nothing while the service drains (docs/operations.md §Process lifetime)."""
+        nothing while the service drains (docs/operations.md §Process lifetime).
+        ``toolsets``: the family's, offered beside ``hermes.toolsets``."""
         if self.processes.draining or self.processes.stopping:
             return
         if self.process_count() >= self.max_processes and not self._idle():
@@ -698,8 +715,9 @@ class AcpRunner:
 
     async def _acquire(self, key, home, env: dict, toolsets: list[str],
                        reserve: bool = False) -> AcpProcess:
-        """The user's process for ``key``, started if needed. ``reserve``: for a turn, which
-        must release it (``proc.reserved -= 1``); a reserved process is never idle."""
+        """The user's process for ``key``, started if needed (``toolsets``: the family's,
+        beside ``hermes.toolsets``). ``reserve``: for a turn, which must release it
+        (``proc.reserved -= 1``); a reserved process is never idle."""
         while True:       # every await below may change the pool: look again after it
             proc = self._procs.get(key)
             if proc is not None and not proc.dead:
@@ -724,7 +742,8 @@ class AcpRunner:
             proc.reserved += reserve
             return proc
 
-    async def _start(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
+    async def _start(self, key, home, env: dict, extra: list[str]) -> AcpProcess:
+        toolsets = self.processes.toolset_names(extra)      # hermes.toolsets in force now
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
@@ -739,7 +758,7 @@ class AcpRunner:
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
                 env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
                 env[CLARIFY_ENV] = "1"
-        proc = AcpProcess(self, key, home, env)
+        proc = AcpProcess(self, key, home, env, extra)
         proc.ready = asyncio.get_running_loop().create_future()
         self._procs[key] = proc
         try:
@@ -804,14 +823,28 @@ class AcpRunner:
             self._replace(proc)
 
     def _replace(self, old: AcpProcess) -> None:
-        """Start a replacement for a retired process in the background (the user is active);
-        none while the service drains."""
-        if self.processes.draining:
+        """Start a replacement for a retired process in the background (the user is active):
+        built from the settings in force (:attr:`process_env`, its family's toolsets), never
+        copied from ``old``; none while the service drains or without ``process_env``."""
+        if self.processes.draining or self.process_env is None:
             return
         task = asyncio.get_running_loop().create_task(
-            self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
-                          [t for t in old.env.get("HERMES_SERVICE_ACP_TOOLSETS", "").split(",") if t]))
+            self._replacement(old.key, list(old.extra_toolsets)))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _replacement(self, key, extra: list[str]) -> None:
+        """Start ``key``'s process from a fresh :attr:`process_env`; again when a reload
+        retired every process while it was made (at most :data:`REPLACE_TRIES` times)."""
+        loop = asyncio.get_running_loop()
+        for _ in range(REPLACE_TRIES):
+            generation = self._generation
+            home, env = await loop.run_in_executor(None, self.process_env, key[0])
+            if generation != self._generation or self.processes.draining:
+                continue
+            proc = await self._acquire(key, home, env, extra)
+            if generation == self._generation:
+                return
+            self._retire(proc, "the configuration was reloaded while it started")
 
     async def _sweeper(self) -> None:
         while True:
@@ -836,7 +869,7 @@ class AcpRunner:
         deadline = time.monotonic() + self.processes.timeout
         while True:
             acquiring = asyncio.ensure_future(self._acquire(
-                key, req.home, req.env, self.processes.toolset_names(req.toolsets), reserve=True))
+                key, req.home, req.env, req.toolsets, reserve=True))
             reason = await self._wait_open(acquiring, req, deadline)
             if reason is not None:
                 # an abort or the time limit while the process starts: the start goes on (the
