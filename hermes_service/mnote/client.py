@@ -31,8 +31,9 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
                       Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
+from . import event_bounds
 from .objects import mnote_of, settings
-from .tools import SCHEMA_VERSION, TOOLS
+from .tools import SCHEMA_VERSION, TOOLS, TOOLS_BY_WIRE_NAME
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
@@ -282,7 +283,9 @@ TRANSCRIPT = _ok(["sessionId", "messages", "usage"], {
         "required": ["messageId", "role", "content", "toolCallId", "toolName", "timestamp",
                      "reasoning"],
         "properties": {"messageId": {"type": "string"}, "role": {"type": "string"},
-                       "content": _NULLABLE, "toolCallId": _NULLABLE, "toolName": _NULLABLE,
+                       "content": _NULLABLE, "toolCallId": _NULLABLE,
+                       "toolName": {**_NULLABLE, "description": "the tool's name as the run's "
+                                    "tool.* events give it (`terminal`, `mnote.page.get`)"},
                        "timestamp": {"type": "integer", "description": "unix seconds"},
                        "reasoning": _NULLABLE}}},
     "usage": {"type": "object", "required": ["inputTokens", "outputTokens", "totalTokens"],
@@ -489,6 +492,7 @@ def get_session(session_id):
     for m in messages:
         if m["role"] == "user":
             m["content"] = strip_context(m["content"])   # sessions from before run files
+        m["toolName"] = tool_name(m["toolName"])
     return ok(sessionId=session_id, messages=messages,
               usage={"inputTokens": inp, "outputTokens": outp, "totalTokens": inp + outp})
 
@@ -643,14 +647,30 @@ def start_run():
         if not result.streamed:      # the CLI runner: the answer arrives whole, at the end
             if result.reasoning:
                 closing.append(("reasoning.delta", {"delta": result.reasoning}))
-            closing.append(("message.delta", {"delta": result.answer}))
-        completed = {"output": result.answer, "usage": _usage_delta(before, after, result.usage)}
+            closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
+        completed = {"output": result.answer, "finish_reason": result.finish_reason,
+                     "usage": _usage_delta(before, after, result.usage)}
         if result.notice:
             completed["notice"] = result.notice
         run.finish(closing + [("run.completed", completed)])
 
     run = mnote_of(svc).runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
+
+
+def tool_name(hermes_name):
+    """A tool's name as the events give it (docs/mnote-client.md §Tool events) from the name
+    Hermes records: an mnote tool's contract name for its function name (``mnote_page_get``
+    → ``mnote.page.get``), any other name as it is."""
+    spec = TOOLS_BY_WIRE_NAME.get(hermes_name) if isinstance(hermes_name, str) else None
+    return spec.name if spec is not None else hermes_name
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` as ``message.delta`` texts of at most a delta's cap each (docs/mnote-client.md
+    §Sizes of events), so that they add up to it whole."""
+    cap = event_bounds.FIELD_CHARS["delta"]
+    return [text[i:i + cap] for i in range(0, len(text), cap)]
 
 
 def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dict:

@@ -23,7 +23,8 @@ its running turns end.
 process has not loaded; its history replay is discarded), and ``session/prompt`` with the
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
-model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
+model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives —
+through :class:`~.answer_text.AnswerText`, so that the deltas add up to the recorded answer —
 (except a first one that could be the start of Hermes's error text, :data:`ERROR_TEXT_STARTS`,
 held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
 errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
@@ -90,6 +91,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -101,6 +103,7 @@ from ..config import HermesSettings
 from ..errors import BadRequest, Conflict, RunError, ServiceError
 from ..instance import proc_start
 from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .answer_text import AnswerText
 from .failures import KILLED, classify_text, failure_reason, limit_error
 from .processes import Processes, _stopping, kill_group
 from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, UseCli, _ctx, answer_from_record
@@ -146,6 +149,9 @@ CHOICE_OPTIONS = {choice: option for option, choice in OPTION_CHOICES.items()}
 CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clarify callback
 CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
 CLARIFY_TOOLSET = "clarify"
+TOOL_META = "hermesService"   # the _meta key of a tool call's name and preview (toolcalls.py)
+#: a tool's name as Hermes registers it (an OpenAI function name: letters, digits, _ and -)
+TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 STDERR_TAIL_BYTES = 16384
 #: The largest JSON-RPC message read from a Hermes process (bytes, one line). A longer one
 #: ends the connection: the process is retired and its turn fails ``hermes_failed``
@@ -160,11 +166,11 @@ class _Sink:
     listener: object | None
     last_activity: float = field(default_factory=time.monotonic)
     held: str | None = None          # the first message chunk, until a second one arrives
-    delivered: int = 0               # message chunks handed to the listener
-    shown: list[str] = field(default_factory=list)  # their text (kept when the turn is stopped)
+    delivered: int = 0               # deltas handed to the listener
+    answer: AnswerText = field(default_factory=AnswerText)   # the deltas, adding up to the answer
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
-    tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
-    #                                         None for a tool its family reports (own_tool_prefix)
+    tools_running: dict[str, tuple | None] = field(default_factory=dict)  # call id -> (name,
+    #                    preview), or None for a tool its family reports (own_tool_prefix)
     kill_reason: str | None = None
     ended: bool = False              # the prompt has answered: the runner decides what is shown
     approvals: object = None         # who answers Hermes's questions (TurnRequest.approvals)
@@ -199,11 +205,29 @@ class _Sink:
             held, self.held = self.held, None
             self._deliver(held)
 
+    @property
+    def shown(self) -> str:
+        """The answer text handed to the listener (kept when the turn is stopped)."""
+        return self.answer.text
+
+    def tool_call(self) -> None:
+        """The model called a tool: what it wrote before is one piece of the answer."""
+        self.release()
+        self.answer.tool_call()
+
     def _deliver(self, text: str) -> None:
-        if text and self.listener is not None:
+        if self.listener is not None:
+            self._send(self.answer.feed(text))
+
+    def complete(self, answer: str) -> None:
+        """The turn answered ``answer`` (its record): send what the deltas lack of it."""
+        if self.listener is not None and self.delivered:
+            self._send(self.answer.rest(answer))
+
+    def _send(self, delta: str) -> None:
+        if delta:
             self.delivered += 1
-            self.shown.append(text)
-            self.listener.delta(text)
+            self.listener.delta(delta)
 
 
 class _Handle:
@@ -244,17 +268,20 @@ class _Client:
             if listener is not None and text:
                 listener.reasoning(text)
         elif kind == "tool_call":
-            call_id, title = update.tool_call_id, update.title or "tool"
-            own = title.startswith(self.proc.runner.own_tool_prefixes)
-            sink.tools_running[call_id] = None if own else title
+            sink.tool_call()
+            call_id = update.tool_call_id
+            name, preview = tool_identity(update)
+            own = (name or "").startswith(self.proc.runner.own_tool_prefixes)
+            sink.tools_running[call_id] = None if own else (name, preview)
             if listener is not None and not own:
-                listener.tool("tool.started", call_id, title, None)
+                listener.tool("tool.started", call_id, name, None, preview)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
             known = call_id in sink.tools_running
-            title = sink.tools_running.pop(call_id, None)
-            if listener is not None and known and title is not None:
-                listener.tool("tool.completed", call_id, title, update.status == "completed")
+            tool = sink.tools_running.pop(call_id, None)
+            if listener is not None and known and tool is not None:
+                listener.tool("tool.completed", call_id, tool[0], update.status == "completed",
+                              tool[1])
 
     async def request_permission(self, options, session_id, tool_call, **_kw):
         """Hermes asks before a dangerous command or an edit: the user's answer (the turn's
@@ -343,6 +370,24 @@ class _Client:
 
     def on_connect(self, conn) -> None:
         pass
+
+
+def tool_identity(update) -> tuple[str | None, str | None]:
+    """``(tool_name, preview)`` of a ``tool_call`` update (docs/mnote-client.md §Tool events):
+    the tool's own name and the call's redacted detail, from the ``_meta`` the service's
+    import hook adds (``hermes_site/toolcalls.py``). A name that is not a tool name
+    (:data:`TOOL_NAME`) is None, and so is a preview that is not text. Without the field (a
+    Hermes the hook did not reach) the name is the title when it is a bare tool name — Hermes
+    titles other tools with their name — else None, and there is no preview (Hermes's title
+    of a command is not redacted)."""
+    meta = getattr(update, "field_meta", None)
+    ours = meta.get(TOOL_META) if isinstance(meta, dict) else None
+    if isinstance(ours, dict):
+        name, preview = ours.get("toolName"), ours.get("preview")
+    else:
+        name, preview = getattr(update, "title", None), None
+    name = name if isinstance(name, str) and TOOL_NAME.fullmatch(name) else None
+    return name, preview if isinstance(preview, str) and preview else None
 
 
 def _question(tool_call) -> tuple[str, str, str]:
@@ -649,7 +694,7 @@ class AcpRunner:
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
-            answer, reasoning = answer_from_record(req, sid, limits=self.processes.sandboxed)
+            answer = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
             proc.record_file = _record_file(req.home)
         except RunError as err:
@@ -663,22 +708,23 @@ class AcpRunner:
             self._call(self._retire_key((req.home.user_id, req.family))).result(5)
             raise err from None
         sink.release()
+        sink.complete(answer.text)
         usage = None
         if response is not None and getattr(response, "usage", None) is not None:
             u = response.usage
             usage = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
                      "total_tokens": u.total_tokens or 0}
-        return TurnResult(answer, sid, time.monotonic() - started, runner=self.name,
-                          reasoning=reasoning, resumed=resumed, notice=notice,
-                          streamed=sink.delivered > 0, usage=usage, queue_wait=waited)
+        return TurnResult(answer.text, sid, time.monotonic() - started, runner=self.name,
+                          reasoning=answer.reasoning, resumed=resumed, notice=notice,
+                          streamed=sink.delivered > 0, usage=usage, queue_wait=waited,
+                          finish_reason=answer.finish_reason)
 
     def _keep_shown(self, req: TurnRequest, sid: str | None, sink: _Sink) -> None:
         """A stopped turn keeps the answer text the client was shown (docs/runners.md "A
         stopped turn"): Hermes saved it when ``session/cancel`` ended the prompt, else (the
         process was killed) it is written to the record now."""
         try:
-            if hermes_state.keep_partial(req.home.hermes_home, sid, req.message,
-                                         "".join(sink.shown)):
+            if hermes_state.keep_partial(req.home.hermes_home, sid, req.message, sink.shown):
                 log.info("kept the partial answer of a stopped turn %s", _ctx(req.log_ctx))
         except (ServiceError, sqlite3.Error) as exc:   # the abort stands: a
             # tampered home (409), or a state.db another process keeps locked past its timeout

@@ -509,10 +509,12 @@ def test_a_message_over_the_readers_bound_ends_the_process_and_the_turn(pool, tm
     runner.env["FAKE_ACP_BIG_CHUNK"] = str(ACP_MESSAGE_BYTES + 1024)
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
                       family="mnote")
+    first = acquire(runner, tmp_path, "u1").result(WAIT)        # the process the turn gets
     with pytest.raises(RunError) as failed:
         runner.run_turn(req)
     assert failed.value.code == "hermes_failed"
-    wait_for(lambda: not runner._procs, "the process to be retired", WAIT)
+    wait_for(lambda: first.dead and runner._procs.get(("u1", "mnote")) is not first,
+             "the process to be retired and ended", WAIT)
 
 
 def test_a_replacement_is_built_from_the_settings_in_force(pool, tmp_path):

@@ -1,0 +1,78 @@
+"""Each tool call's own name, told to the service (``hermes acp`` processes; docs/mnote-client.md
+§Tool events). Standard library only, loaded by ``sitecustomize`` inside the Hermes process.
+
+Hermes 0.19.0's ACP adapter reports a tool call (``session/update`` ``tool_call``) with a
+``title`` made for display — ``terminal: <the command>``, ``read: <path>``, ``patch
+(replace): <path>``, the bare name for other tools (``acp_adapter.tools.build_tool_title``) —
+and no field naming the tool; ``rawInput`` is left out for most of Hermes's own tools. So that
+the service can report ``tool_name`` in one form and the detail apart from it, this hook wraps
+``acp_adapter.tools.build_tool_start`` (before ``acp_adapter.events`` and ``server`` import
+the name) and adds ACP's extension field ``_meta``:
+``{"hermesService": {"toolName": <the name the model called>, "preview": <detail>}}``.
+``preview`` is the call's main argument as given — the whole command of ``terminal``, the
+code of ``execute_code``, the path of the file tools, the pattern, query or URL of a search or
+fetch (:data:`MAIN_ARGUMENT`) — else Hermes's own one-line preview of the call
+(``agent.display.build_tool_preview``, what its CLI shows), with secrets redacted the way
+Hermes redacts an approval's command (``agent.redact.redact_sensitive_text``, forced on), at
+most :data:`PREVIEW_CHARS` characters. (Hermes's preview of a command drops what it takes for
+plumbing — ``cd …``, ``export …``, ``source …`` — and of a file keeps its name only: not
+what a user approving of the agent's work should be shown.) Nothing else of the update
+changes. The service treats both as untrusted text from the sandbox (checked and bounded
+again there).
+"""
+import functools
+
+META_KEY = "hermesService"
+PREVIEW_CHARS = 4096          # what crosses the pipe; the service keeps less
+#: tool → the argument that says what the call does
+MAIN_ARGUMENT = {
+    "terminal": "command", "execute_code": "code", "read_file": "path", "write_file": "path",
+    "patch": "path", "search_files": "pattern", "web_search": "query", "web_extract": "urls",
+    "browser_navigate": "url", "skill_view": "name", "skill_manage": "name",
+    "delegate_task": "goal", "clarify": "question", "vision_analyze": "question",
+}
+
+
+def preview_of(name, arguments):
+    """The preview of a call of ``name`` with ``arguments`` (see the module doc), redacted;
+    None when there is none (or it cannot be made)."""
+    args = arguments if isinstance(arguments, dict) else {}
+    try:
+        from agent.redact import redact_sensitive_text
+        value = args.get(MAIN_ARGUMENT.get(name, ""))
+        if isinstance(value, list):
+            value = " ".join(v if isinstance(v, str) else str(v.get("url", "")) if
+                             isinstance(v, dict) else str(v) for v in value)
+        if value in (None, ""):
+            from agent.display import build_tool_preview
+            value = build_tool_preview(name, args, max_len=0)
+        if value in (None, ""):
+            return None
+        text = redact_sensitive_text(str(value), force=True)
+    except Exception:     # noqa: BLE001 - a preview must never break the tool call
+        return None
+    return text[:PREVIEW_CHARS]
+
+
+def _with_meta(original):
+    @functools.wraps(original)
+    def build_tool_start(tool_call_id, tool_name, arguments, *args, **kwargs):
+        update = original(tool_call_id, tool_name, arguments, *args, **kwargs)
+        try:
+            meta = dict(getattr(update, "field_meta", None) or {})
+            meta[META_KEY] = {"toolName": tool_name if isinstance(tool_name, str) else None,
+                              "preview": preview_of(tool_name, arguments)}
+            update.field_meta = meta
+        except Exception:     # noqa: BLE001 - the update goes out as Hermes made it
+            pass
+        return update
+    return build_tool_start
+
+
+def patch(module):
+    """Wrap ``module.build_tool_start`` (``acp_adapter.tools``) once."""
+    original = getattr(module, "build_tool_start", None)
+    if original is not None and not getattr(original, "_hermes_service", False):
+        wrapped = _with_meta(original)
+        wrapped._hermes_service = True
+        module.build_tool_start = wrapped
