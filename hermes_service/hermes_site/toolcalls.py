@@ -19,8 +19,17 @@ plumbing — ``cd …``, ``export …``, ``source …`` — and of a file keeps 
 what a user approving of the agent's work should be shown.) Nothing else of the update
 changes. The service treats both as untrusted text from the sandbox (checked and bounded
 again there).
+
+**Every call's end is reported.** Hermes 0.19.0 reports a call's end from its step callback
+with the call's arguments as the JSON *text* the model sent, and its result formatters for
+``read_file`` (and the other tools whose formatter reads the arguments) call ``.get`` on it:
+the ``AttributeError`` is swallowed and the call's ``tool_call_update`` never sent — a panel
+would show that call running for ever. The hook also wraps ``build_tool_complete``: text
+arguments are parsed into the object Hermes expects, and should the formatting still fail,
+the update is sent without content (its status as Hermes judges the result).
 """
 import functools
+import json
 
 META_KEY = "hermesService"
 PREVIEW_CHARS = 4096          # what crosses the pipe; the service keeps less
@@ -69,10 +78,40 @@ def _with_meta(original):
     return build_tool_start
 
 
+def _parsed(arguments):
+    """The call's arguments as an object (the model's JSON text parsed), or None."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return arguments if isinstance(arguments, dict) else None
+
+
+def _always_ends(original, module):
+    @functools.wraps(original)
+    def build_tool_complete(tool_call_id, tool_name, result=None, function_args=None,
+                            snapshot=None, **kwargs):
+        try:
+            return original(tool_call_id, tool_name, result=result,
+                            function_args=_parsed(function_args), snapshot=snapshot, **kwargs)
+        except Exception:     # noqa: BLE001 - report the end without Hermes's formatting
+            import acp
+            try:
+                failed = module._tool_result_failed(result, tool_name)
+            except Exception:     # noqa: BLE001
+                failed = False
+            return acp.update_tool_call(tool_call_id, status="failed" if failed else "completed")
+    return build_tool_complete
+
+
 def patch(module):
-    """Wrap ``module.build_tool_start`` (``acp_adapter.tools``) once."""
-    original = getattr(module, "build_tool_start", None)
-    if original is not None and not getattr(original, "_hermes_service", False):
-        wrapped = _with_meta(original)
-        wrapped._hermes_service = True
-        module.build_tool_start = wrapped
+    """Wrap ``module.build_tool_start`` and ``build_tool_complete`` (``acp_adapter.tools``)
+    once."""
+    for name, wrap in (("build_tool_start", _with_meta),
+                       ("build_tool_complete", lambda f: _always_ends(f, module))):
+        original = getattr(module, name, None)
+        if original is not None and not getattr(original, "_hermes_service", False):
+            wrapped = wrap(original)
+            wrapped._hermes_service = True
+            setattr(module, name, wrapped)

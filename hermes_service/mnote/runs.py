@@ -421,8 +421,8 @@ class RunListener:
     def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None,
              preview: str | None = None) -> None:
         fields = {"tool_call_id": call_id, "tool_name": name, "preview": preview}
-        if event == "tool.completed":
-            fields.update(ok=ok, error_code=None if ok else "tool_failed")
+        if event == "tool.completed":      # ok None: Hermes never said (docs: §Tool events)
+            fields.update(ok=ok, error_code="tool_failed" if ok is False else None)
         self.run.emit(event, **fields)
 
 

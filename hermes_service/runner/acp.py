@@ -224,6 +224,14 @@ class _Sink:
         if self.listener is not None and self.delivered:
             self._send(self.answer.rest(answer))
 
+    def close_tools(self) -> None:
+        """The prompt is over: a call Hermes never reported ended gets its ``tool.completed``
+        now, ``ok`` unknown (None), so that every reported start has an end."""
+        running, self.tools_running = self.tools_running, {}
+        for call_id, tool in running.items():
+            if tool is not None and self.listener is not None:
+                self.listener.tool("tool.completed", call_id, tool[0], None, tool[1])
+
     def _send(self, delta: str) -> None:
         if delta:
             self.delivered += 1
@@ -677,7 +685,9 @@ class AcpRunner:
                                         record=now))
             try:
                 sid, response, resumed, proc = fut.result()
+                sink.close_tools()
             except (ServiceError, UseCli) as err:
+                sink.close_tools()
                 if self.processes.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
                     raise _stopping() from None  # the shutdown killed the process it needed
@@ -687,6 +697,7 @@ class AcpRunner:
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
             except Exception as exc:     # the protocol failed (process died mid-request, ...)
+                sink.close_tools()
                 if self.processes.stopping:    # the shutdown killed the process and ended the loop
                     raise _stopping() from None
                 log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)

@@ -59,6 +59,42 @@ def test_every_tool_call_names_its_tool_and_what_it_does_redacted():
     assert len(previews[4]) == 4096 and previews[5] is None
 
 
+END_PROBE = r"""
+import json
+import acp_adapter.tools as tools, acp_adapter.events as events
+assert events.build_tool_complete is tools.build_tool_complete
+read = json.dumps({"content": "1|hi", "total_lines": 1, "file_size": 3, "truncated": False})
+out = []
+for result, args in ((read, '{"path": "x.txt"}'), (read, "not json"),
+                     ('{"error": "no such file"}', '{"path": 5}')):
+    out.append(tools.build_tool_complete("tc-1", "read_file", result=result,
+                                         function_args=args).status)
+print(json.dumps(out))
+"""
+
+
+def test_the_end_of_every_call_is_reported():
+    """Hermes 0.19.0 hands its step callback the arguments as JSON text, and its read_file
+    formatter fails on that: the call's end was never sent. With the hook it is."""
+    python = Path(hermes_bin()).with_name("python")
+    res = subprocess.run([str(python), "-c", END_PROBE], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(HERMES_SITE), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == ["completed", "completed", "failed"]
+
+
+def test_a_call_hermes_never_ended_is_ended_when_the_prompt_is():
+    from hermes_service.runner.acp import _Sink
+    seen = []
+    listener = SimpleNamespace(tool=lambda *a: seen.append(a))
+    sink = _Sink(listener)
+    sink.tools_running = {"tc-1": ("terminal", "sleep 99"), "tc-2": None}   # tc-2: a family's
+    sink.close_tools()
+    assert seen == [("tool.completed", "tc-1", "terminal", None, "sleep 99")]
+    sink.close_tools()
+    assert len(seen) == 1
+
+
 def update(title, meta=None):
     return SimpleNamespace(title=title, field_meta=meta)
 
