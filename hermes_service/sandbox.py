@@ -109,12 +109,15 @@ class Settings:
     max_home_mb: float = 2048
     bwrap: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    quota: str = "auto"              # how max_home_mb holds during a turn (disk.py)
+    min_free_mb: float = 512         # the free-space floor of the data and homes file systems
 
     @classmethod
     def from_config(cls, section: dict) -> "Settings":
         return cls(mode=section["mode"], allow_host_tools=section["allow_host_tools"],
                    max_home_mb=section["max_home_mb"], bwrap=section["bwrap"],
-                   limits=Limits(**section["limits"]))
+                   limits=Limits(**section["limits"]), quota=section["quota"],
+                   min_free_mb=section["min_free_mb"])
 
 
 # ---------------------------------------------------------------------------------------

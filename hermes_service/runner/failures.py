@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import RunError, ServiceError, Unconfigured
+from ..model_usage import BUDGET_MARK, seconds_to_midnight
 from .processes import Outcome
 
 _SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
@@ -70,6 +71,8 @@ def classify_text(text: str) -> ServiceError:
     code                   status  cause
     =====================  ======  ================================================
     upstream_unauthorized  502     provider answered HTTP 401/403
+    token_budget_exceeded  429     the user's hermes.limits.daily_tokens are spent (the
+                                   pass-through's 429; Retry-After: to 00:00 UTC)
     upstream_rate_limited  503     provider answered HTTP 429 (Retry-After set)
     upstream_unavailable   502     connection error, provider 5xx or timeout
     hermes_unconfigured    503     no provider configured, or Hermes refused the
@@ -81,6 +84,8 @@ def classify_text(text: str) -> ServiceError:
                  text, re.I):
         return RunError("the model provider rejected the service's credentials",
                         code="upstream_unauthorized", status=502)
+    if BUDGET_MARK in text:
+        return budget_error()
     if re.search(r"HTTP 429\b|RateLimitError|rate limit", text, re.I):
         return RunError("the model provider is rate limiting requests", code="upstream_rate_limited",
                         status=503, headers={"Retry-After": "30"})
@@ -94,6 +99,13 @@ def classify_text(text: str) -> ServiceError:
     if re.search(r"no (inference )?provider|not configured|hermes setup|hermes model", text, re.I):
         return Unconfigured("no model provider is configured for Hermes", code="hermes_unconfigured")
     return RunError("the Hermes agent failed", code="hermes_failed", status=502)
+
+
+def budget_error() -> RunError:
+    """``token_budget_exceeded`` (429): the user spent its ``hermes.limits.daily_tokens``."""
+    return RunError("this user's model tokens for today are spent (hermes.limits.daily_tokens; "
+                    "renewed at 00:00 UTC)", code="token_budget_exceeded", status=429,
+                    headers={"Retry-After": str(seconds_to_midnight())})
 
 
 def failure_reason(text: str, limit: int = 500) -> str:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from support.fixtures import ROOT, free_port, hermes_bin, wait_for
-from hermes_service.model_proxy import read_usage
+from hermes_service.model_usage import read_usage
 from hermes_service.runner import classify_text
 from unit.test_model_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)
     REAL_KEY, make_proxy, provider_key, scripted, tokens)
