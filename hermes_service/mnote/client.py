@@ -86,6 +86,7 @@ EXTRA_CODES = {   # cases the contract does not cover
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
+    "home_busy": "hermes_client_busy",                        # 503 the user's state.db locked
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
     # 409 Idempotency-Key reused for another request / its first request still in progress
     "idempotency_key_conflict": "hermes_client_idempotency_conflict",
