@@ -167,6 +167,7 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     record.write()
     log.info("serving on %s (pid %d): %s", record.data["url"], record.data["pid"],
              running(config, svc.sandbox))
+    log.info("disk: %s", svc.disk.describe())
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
@@ -200,8 +201,10 @@ def check_config(ctx):
         sys.exit(2)
     from .sandbox import Sandbox
     from .user_homes import HERMES_SITE
+    from .disk import Disk
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
+    click.echo(f"disk: {Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).describe()}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))
 

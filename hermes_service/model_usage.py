@@ -384,3 +384,13 @@ def budget_message(spent: int, budget: int) -> str:
 
 #: the words of :func:`budget_message` a failed turn's text is recognised by
 BUDGET_MARK = "token budget spent"
+
+
+def budget_error():
+    """``token_budget_exceeded`` (429, ``Retry-After`` to 00:00 UTC): the user spent its
+    ``hermes.limits.daily_tokens`` (a turn refused before Hermes starts, or one whose
+    model request the pass-through refused)."""
+    from .errors import RunError
+    return RunError("this user's model tokens for today are spent (hermes.limits.daily_tokens; "
+                    "renewed at 00:00 UTC)", code="token_budget_exceeded", status=429,
+                    headers={"Retry-After": str(seconds_to_midnight())})

@@ -418,6 +418,8 @@ class Launch:
     cgroup: Cgroup | None = None
     cpu_limit: float | None = None      # seconds per turn (hermes.sandbox.limits.cpu_seconds)
     pid: int | None = None              # the launched process (set by the runner)
+    #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
+    over: str | None = None
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
     _baseline: dict = field(default_factory=dict)
@@ -444,7 +446,10 @@ class Launch:
     def limit_hit(self) -> str | None:
         """``"memory"`` or ``"processes"`` when the sandbox hit its cgroup limit, ``"cpu"``
         when the turn used more than :attr:`cpu_limit` seconds of CPU since :meth:`mark`;
-        None otherwise (only the CPU budget without a cgroup)."""
+        None otherwise (only the CPU budget without a cgroup). ``"home_quota"`` or ``"disk"``
+        when the disk watcher ended it (:attr:`over`)."""
+        if self.over is not None:
+            return self.over
         if self.cgroup is not None:
             now = self.cgroup.events()
             for key in ("memory", "processes"):
@@ -518,12 +523,13 @@ class Sandbox:
         return HOME if self.active else str(home.root)
 
     def prepare(self, args: list[str], env: dict, home, run_dir: Path | None,
-                command_path: str) -> Launch:
+                command_path: str, fsize_bytes: int | None = None) -> Launch:
         """A :class:`Launch` of ``<command_path> <args>`` for ``home`` (a
         :class:`~hermes_service.user_homes.UserHome`). ``env`` is the process's whole
         environment with host paths; in a sandbox they are mapped to the sandbox's
-        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). Raises OSError when a cgroup
-        cannot be made."""
+        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). ``fsize_bytes``: the largest file
+        (``RLIMIT_FSIZE``) instead of ``limits.file_size_mb`` (what is left of the home's
+        quota). Raises OSError when a cgroup cannot be made."""
         env = dict(env)
         on_close = []
         if self.credentials is not None and MODEL_KEY_ENV in env:
@@ -535,9 +541,10 @@ class Sandbox:
             on_close.append(lambda: self.credentials.revoke(token))
         if not self.active:
             return Launch([command_path, *args], env, str(home.root), _on_close=on_close)
-        return self._bwrap(args, env, home, run_dir, command_path, on_close)
+        return self._bwrap(args, env, home, run_dir, command_path, on_close, fsize_bytes)
 
-    def _bwrap(self, args, env, home, run_dir, command_path, on_close) -> Launch:
+    def _bwrap(self, args, env, home, run_dir, command_path, on_close,
+               fsize_bytes=None) -> Launch:
         # bwrap follows a symlink given as a bind source: never bind one a user's agent could
         # have planted (the home, its run folder; homefs repairs them before a turn)
         for path in (home.root, run_dir):
@@ -579,7 +586,7 @@ class Sandbox:
         bargs += ["--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
-                   f"--fsize={lim.file_size_mb * 1024 * 1024}",
+                   f"--fsize={fsize_bytes or lim.file_size_mb * 1024 * 1024}",
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from . import installed, metrics
 from .config import Config
 from .conversations import Conversations
+from .disk import Disk
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
@@ -48,6 +49,7 @@ class Services:
     conversations: Conversations
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
+    disk: Disk = field(repr=False, default=None)           # quotas, floor, the disk watcher
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
     idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
     #: where Hermes processes call this service back (the serve command's address), or None
@@ -94,6 +96,7 @@ class Services:
         before = (self.config.hermes, self.homes.configured)
         self.homes.configure(config.paths, h)
         self.sandbox.configure(h.sandbox)
+        self.disk.configure(h.sandbox)
         self.model_proxy.configure(**model_proxy_settings(config, self.homes))
         self.processes.configure(h)
         if self.runners.acp is not None:
@@ -234,10 +237,12 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     store = SessionStore(data_dir)
     homes = UserHomes(config.paths, hermes)
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
+    disk = Disk(hermes.sandbox, data_dir, config.paths.homes)
+    homes.make_folder = disk.make_folder
     proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(config, homes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
-    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=data_dir / "runs",
-                          sandbox=sandbox)
+    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=config.paths.homes / "runs",
+                          sandbox=sandbox, disk=disk)
     processes.families = {f.name: f for f in installed.route_families(config)}
     families = acp_families(processes.families.values())
     acp = AcpRunner(hermes, processes) if families else None
@@ -247,7 +252,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         processes=processes, runner=runners.cli, runners=runners,
         conversations=Conversations(config, store, homes, processes, runners),
         admitted=Limiter(hermes.admission_places),
-        sandbox=sandbox, model_proxy=proxy,
+        sandbox=sandbox, disk=disk, model_proxy=proxy,
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
                                      config.service.idempotency_ttl_seconds),
         service_url=service_url or default_service_url(config))

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from . import homefs
-from .errors import ServiceError
+from .errors import ServiceError, StorageFull, storage_full
 
 #: The longest the service lets one use of a user's ``state.db`` run (seconds): Hermes's
 #: own queries of a session take milliseconds.
@@ -304,6 +304,8 @@ def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise StateBusy("the user's Hermes record is locked; retry") from None
+            if storage_full(exc):
+                raise _full(hermes_home) from None
             raise _refuse(hermes_home, f"SQLite could not open it ({exc})") from None
         except sqlite3.DatabaseError as exc:       # "file is not a database"
             raise _refuse(hermes_home, f"it is not a SQLite database ({exc})") from None
@@ -327,28 +329,35 @@ def bounded(fn):
     value over :data:`MAX_VALUE_BYTES` (``string or blob too big``), a damaged file
     (``malformed``, ``not a database``), a table without Hermes's columns, a write refused by
     a trigger the agent planted (``RAISE``: SQLite ``constraint``) → 409 ``home_tampered``; a
-    lock held beyond the busy timeout → 503 ``home_busy``."""
+    lock held beyond the busy timeout → 503 ``home_busy``; no room (a full disk or quota:
+    :data:`~hermes_service.errors.SQLITE_FULL_ERRORS`) → 507 ``storage_full``."""
     @functools.wraps(fn)
     def wrapper(hermes_home, *args, **kwargs):
         try:
             return fn(hermes_home, *args, **kwargs)
-        except sqlite3.IntegrityError as exc:
-            raise _refuse(hermes_home, f"a trigger refused the service's write ({exc})") from None
-        except sqlite3.DataError as exc:
-            raise _refuse(hermes_home, f"it holds a value over {MAX_VALUE_BYTES} bytes "
-                          f"({exc})") from None
-        except sqlite3.OperationalError as exc:
-            text = str(exc)
-            if "interrupted" in text:
-                raise _refuse(hermes_home, f"a query of it ran longer than "
-                              f"{STATE_DB_SECONDS:g} s (a view or trigger the user's agent "
-                              "wrote?)") from None
-            if "locked" in text or "busy" in text:
-                raise StateBusy("the user's Hermes record is locked; retry") from None
-            if "too big" in text:
-                raise _refuse(hermes_home, f"it holds a value over {MAX_VALUE_BYTES} bytes "
-                              f"({exc})") from None
-            raise _refuse(hermes_home, f"SQLite could not read it ({exc})") from None
         except sqlite3.DatabaseError as exc:
-            raise _refuse(hermes_home, f"it is damaged ({exc})") from None
+            raise _mapped(hermes_home, exc) from None
     return wrapper
+
+
+def _mapped(hermes_home: Path, exc: sqlite3.DatabaseError) -> ServiceError:
+    text = str(exc)
+    if storage_full(exc):
+        return _full(hermes_home)
+    if isinstance(exc, sqlite3.IntegrityError):
+        return _refuse(hermes_home, f"a trigger refused the service's write ({exc})")
+    if isinstance(exc, sqlite3.DataError) or "too big" in text:
+        return _refuse(hermes_home, f"it holds a value over {MAX_VALUE_BYTES} bytes ({exc})")
+    if "interrupted" in text:
+        return _refuse(hermes_home, f"a query of it ran longer than {STATE_DB_SECONDS:g} s (a "
+                       "view or trigger the user's agent wrote?)")
+    if "locked" in text or "busy" in text:
+        return StateBusy("the user's Hermes record is locked; retry")
+    if isinstance(exc, sqlite3.OperationalError):
+        return _refuse(hermes_home, f"SQLite could not read it ({exc})")
+    return _refuse(hermes_home, f"it is damaged ({exc})")
+
+
+def _full(hermes_home: Path) -> StorageFull:
+    return StorageFull(f"{Path(hermes_home) / 'state.db'}: SQLite found no room to read or "
+                       "write it (the home's quota or its disk is full)")

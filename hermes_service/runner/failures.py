@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import RunError, ServiceError, Unconfigured
-from ..model_usage import BUDGET_MARK, seconds_to_midnight
+from ..model_usage import BUDGET_MARK, budget_error
 from .processes import Outcome
 
 _SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
@@ -29,7 +29,15 @@ LIMIT_NAMES = {"memory": "memory (hermes.sandbox.limits.memory_mb)",
 
 
 def limit_error(which: str | None) -> RunError:
-    """``run_limit_exceeded`` (422) naming the limit (docs/sandbox.md)."""
+    """``run_limit_exceeded`` (422) naming the limit (docs/sandbox.md); the disk watcher's
+    ``home_quota`` is ``home_quota_exceeded`` (507), its ``disk`` ``storage_full`` (507)."""
+    if which == "home_quota":
+        return RunError("the user's home grew past its quota (hermes.sandbox.max_home_mb) "
+                        "during the turn and the turn was ended; remove files from it",
+                        code="home_quota_exceeded", status=507)
+    if which == "disk":
+        return RunError("the disk fell below hermes.sandbox.min_free_mb while this turn "
+                        "wrote to it, and the turn was ended", code="storage_full", status=507)
     status, code, detail = KILLED["limit"]
     if which in LIMIT_NAMES:
         detail = f"the Hermes run exceeded its sandbox's {LIMIT_NAMES[which]} and was ended"
@@ -99,13 +107,6 @@ def classify_text(text: str) -> ServiceError:
     if re.search(r"no (inference )?provider|not configured|hermes setup|hermes model", text, re.I):
         return Unconfigured("no model provider is configured for Hermes", code="hermes_unconfigured")
     return RunError("the Hermes agent failed", code="hermes_failed", status=502)
-
-
-def budget_error() -> RunError:
-    """``token_budget_exceeded`` (429): the user spent its ``hermes.limits.daily_tokens``."""
-    return RunError("this user's model tokens for today are spent (hermes.limits.daily_tokens; "
-                    "renewed at 00:00 UTC)", code="token_budget_exceeded", status=429,
-                    headers={"Retry-After": str(seconds_to_midnight())})
 
 
 def failure_reason(text: str, limit: int = 500) -> str:
