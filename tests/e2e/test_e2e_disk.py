@@ -93,7 +93,8 @@ for where, d, limit, until in (("run", "/run/hermes-service", 4096, None),
 @pytest.fixture
 def btrfs_homes(tmp_path):
     """A 512 MiB btrfs with quotas, in a loop file, made by deploy/homes-btrfs.sh."""
-    if shutil.which("mkfs.btrfs") is None or shutil.which("btrfs") is None:
+    sbin = "/usr/sbin:/usr/bin:/sbin:/bin"
+    if shutil.which("mkfs.btrfs", path=sbin) is None or shutil.which("btrfs", path=sbin) is None:
         pytest.skip("btrfs-progs is not installed (make setup installs it as root)")
     if "btrfs" not in Path("/proc/filesystems").read_text():
         pytest.skip("this kernel has no btrfs")
