@@ -29,8 +29,11 @@ answered here, in the shape of the OpenAI API's own errors (``{"error": {"messag
   (**400** / **404** ``model_not_found`` / **415**), re-encoded from what was checked, with
   ``stream_options.include_usage`` on a streamed call;
 * at most :data:`MAX_USER_REQUESTS` requests of one user at once (**429**
-  ``too_many_requests``) and :data:`BODY_BUDGET` body bytes held for every user together
-  (**503** ``server_overloaded``); with ``hermes.limits.daily_tokens`` a user who spent it
+  ``too_many_requests``), :data:`USER_BODY_BUDGET` body bytes held for one user (429) and
+  :data:`BODY_BUDGET` for every user together (**503** ``server_overloaded``); a body not
+  received whole within :data:`BODY_SECONDS` closes the connection (**408**); at most
+  :data:`PARSES` bodies are parsed at once (a JSON body takes up to ~30 times its size in
+  memory while it is checked); with ``hermes.limits.daily_tokens`` a user who spent it
   today gets **429** ``token_budget_exceeded`` (``Retry-After``: seconds to 00:00 UTC).
 
 Each refusal but the 404 counts as ``refused`` in ``hermes_service_model_requests_total``.
@@ -157,7 +160,10 @@ from .model_usage import (UsageReader, UsageStore, budget_message, seconds_to_mi
 log = logging.getLogger("hermes_service.model_proxy")
 
 MAX_USER_REQUESTS = 16               # one user's requests in flight at once (429 above)
+USER_BODY_BUDGET = 16 * 1024 * 1024   # request body bytes held at once for one user (429)
 BODY_BUDGET = 256 * 1024 * 1024       # request body bytes held at once, every user (503 above)
+BODY_SECONDS = 60.0                   # a body must arrive whole within this (408)
+PARSES = 2                            # request bodies parsed (checked) at once
 READ_CHUNK = 64 * 1024                # largest piece relayed per read1()
 POOL_SIZE = 8                         # idle upstream connections kept per origin
 CONNECT_TIMEOUT = 10.0
@@ -410,13 +416,14 @@ class _Handler(BaseHTTPRequestHandler):
             if refusal is not None:
                 self._refuse(refusal)
                 return
-            body = self.rfile.read(length) if length else b""
-            if len(body) < length:
-                self.close_connection = True
+            body = self._read_body(length)
+            if body is None:
                 return
             if self.command == "POST":
                 try:
-                    prepared = proxy.policy.prepare_chat(body, self.headers.get("Content-Type"))
+                    with proxy._parses:
+                        prepared = proxy.policy.prepare_chat(body,
+                                                             self.headers.get("Content-Type"))
                 except Refusal as refusal:
                     self._refuse(refusal, read=True)
                     return
@@ -431,6 +438,36 @@ class _Handler(BaseHTTPRequestHandler):
                 log.debug("model request user=%s %s %s status=%s ms=%.1f", user, self.command,
                           path, status if status is not None else "aborted", ms,
                           extra={"status": status, "duration_ms": round(ms, 1)})
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The request body, received whole within :data:`BODY_SECONDS` (else 408 and the
+        connection closed: a caller trickling a body holds a share of the body budget);
+        None when it did not come."""
+        if not length:
+            return b""
+        deadline = time.monotonic() + BODY_SECONDS
+        parts, got = [], 0
+        while got < length:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close_connection = True
+                self._reply(408, f"the request body did not arrive within {BODY_SECONDS:g} s",
+                            "invalid_request_error", "request_timeout")
+                return None
+            self.connection.settimeout(min(left, CLIENT_TIMEOUT))
+            try:
+                chunk = self.rfile.read1(min(length - got, 1 << 20))
+            except (socket.timeout, OSError):
+                chunk = b""
+            if not chunk:
+                self.close_connection = True
+                if time.monotonic() >= deadline:
+                    continue           # answered above, on the next turn of the loop
+                return None
+            parts.append(chunk)
+            got += len(chunk)
+        self.connection.settimeout(CLIENT_TIMEOUT)
+        return b"".join(parts)
 
     def _length(self, cap: int) -> int:
         """The request's ``Content-Length`` (0 without one). Raises :class:`Refusal`: 411 for
@@ -739,6 +776,8 @@ class ModelProxy:
         self._conns: set[socket.socket] = set()
         self._inflight: dict[str, int] = {}        # user -> requests in flight
         self._body_bytes = 0                       # request body bytes held now
+        self._user_bytes: dict[str, int] = {}      # ... per user
+        self._parses = threading.BoundedSemaphore(PARSES)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -829,13 +868,16 @@ class ModelProxy:
     @contextmanager
     def _admit(self, user_id: str, length: int):
         """Hold one of ``user_id``'s :data:`MAX_USER_REQUESTS` places and ``length`` bytes of
-        :data:`BODY_BUDGET` while a request is read and answered; yields None, or the
+        :data:`BODY_BUDGET` (and of :data:`USER_BODY_BUDGET`) while a request is read and
+        answered; yields None, or the
         :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
         with self._lock:
-            if self._inflight.get(user_id, 0) >= MAX_USER_REQUESTS:
+            if self._inflight.get(user_id, 0) >= MAX_USER_REQUESTS or \
+                    self._user_bytes.get(user_id, 0) + length > USER_BODY_BUDGET:
                 refusal = Refusal(429, "too_many_requests", f"more than {MAX_USER_REQUESTS} "
-                                  "model requests of this user at once",
-                                  etype="rate_limit_error", headers={"Retry-After": "1"})
+                                  "model requests (or their bodies over "
+                                  f"{USER_BODY_BUDGET // (1024 * 1024)} MiB) of this user at "
+                                  "once", etype="rate_limit_error", headers={"Retry-After": "1"})
             elif self._body_bytes + length > BODY_BUDGET:
                 refusal = Refusal(503, "server_overloaded", "the pass-through holds too many "
                                   "request bodies now; retry", etype="server_error",
@@ -843,6 +885,7 @@ class ModelProxy:
             else:
                 refusal = None
                 self._inflight[user_id] = self._inflight.get(user_id, 0) + 1
+                self._user_bytes[user_id] = self._user_bytes.get(user_id, 0) + length
                 self._body_bytes += length
         if refusal is not None:
             yield refusal
@@ -856,6 +899,11 @@ class ModelProxy:
                     self._inflight[user_id] = left
                 else:
                     self._inflight.pop(user_id, None)
+                held = self._user_bytes.get(user_id, length) - length
+                if held > 0:
+                    self._user_bytes[user_id] = held
+                else:
+                    self._user_bytes.pop(user_id, None)
                 self._body_bytes -= length
 
     # -- credentials --------------------------------------------------------------------

@@ -262,6 +262,9 @@ class UsageStore:
                 r[2] += it[3]
                 r[3] += it[4]
             written = False
+            # under the lock: spent() reads the db and the pending counts as one (a count
+            # is in exactly one of them)
+            self._lock.acquire()
             try:
                 if rows:
                     if conn is None:
@@ -285,15 +288,15 @@ class UsageStore:
                     conn.close()
                     conn = None
             finally:
-                with self._lock:
-                    for key, v in rows.items():
-                        left = self._pending.get(key, 0) - v[1] - v[2]
-                        if left > 0:
-                            self._pending[key] = left
-                        else:
-                            self._pending.pop(key, None)
-                        if not written:
-                            self._lost[key] = self._lost.get(key, 0) + v[1] + v[2]
+                for key, v in rows.items():
+                    left = self._pending.get(key, 0) - v[1] - v[2]
+                    if left > 0:
+                        self._pending[key] = left
+                    else:
+                        self._pending.pop(key, None)
+                    if not written:
+                        self._lost[key] = self._lost.get(key, 0) + v[1] + v[2]
+                self._lock.release()
                 for _ in batch:
                     self._queue.task_done()
             if stop:

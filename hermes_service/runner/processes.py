@@ -51,6 +51,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hermes_service.runner")
 
 KILL_GRACE_SECONDS = 1.0
+#: how Hermes reports a model request the pass-through refused for a spent budget
+_MAYBE_BUDGET = frozenset({"upstream_empty_answer", "upstream_rate_limited",
+                           "upstream_unavailable", "hermes_failed"})
 
 
 @dataclass
@@ -390,6 +393,21 @@ class Processes:
         if self.sandbox is None or self.disk is None:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)
+
+    def explain(self, err: RunError, home: "UserHome") -> RunError:
+        """``err`` of a failed turn, or ``token_budget_exceeded`` when its user's
+        ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the pass-through's
+        429 as a failed or empty answer); the Hermes session id it carries is kept."""
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
+        if proxy is None or err.code not in _MAYBE_BUDGET:
+            return err
+        try:
+            proxy.check_budget(home.user_id)
+        except Refusal:
+            better = budget_error()
+            better.hermes_session_id = getattr(err, "hermes_session_id", None)
+            return better
+        return err
 
     def spawn(self, args: list[str], env: dict, home: "UserHome",
               max_output_bytes: int | None = None) -> CliProcess:

@@ -289,3 +289,26 @@ def test_an_earlier_usage_db_gains_the_estimated_column(tmp_path):
         t.join()
     store.close()
     assert read_usage(db, days=10000, today=dt.date(2026, 1, 1)) == [("old", None, 5, 6, 7, 0)]
+
+
+def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_proxy,
+                                                                monkeypatch):
+    from hermes_service import model_proxy
+    monkeypatch.setattr(model_proxy, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(model_proxy, "USER_BODY_BUDGET", 1000)
+    proxy = make_proxy(scripted.base_url)
+    cred = proxy.issue("slow")
+    raw = chat_body("x" * 600)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nAuthorization: Bearer " + cred.encode() +
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(raw) + raw[:10])
+        wait_for(lambda: proxy._user_bytes.get("slow") == len(raw), what="its place")
+        # the same user's next body does not fit its share; another user's does
+        status, _, out = Client(proxy).call("POST", "/v1/chat/completions", raw, cred)
+        assert (status, json.loads(out)["error"]["code"]) == (429, "too_many_requests")
+        assert Client(proxy).call("POST", "/v1/chat/completions", raw,
+                                  proxy.issue("other"))[0] == 200
+        assert s.recv(200).startswith(b"HTTP/1.1 408 ")        # the trickle is cut off
+    wait_for(lambda: not proxy._user_bytes and proxy._body_bytes == 0, what="shares back")
+    assert scripted.requests and all("x" * 600 in json.dumps(r) for r in scripted.requests)

@@ -56,22 +56,38 @@ def varint(v: int) -> bytes:
 def claim_huge(db, length: int) -> None:
     """Rewrite the one row of ``messages`` so that its record says ``content`` is a text of
     ``length`` bytes (its overflow chain goes nowhere): a 1 GB value without writing 1 GB
-    (SQLite file format §1.6 B-tree pages, §2.1 record format; https://sqlite.org/fileformat.html)."""
+    (SQLite file format §1.6 B-tree pages, §2.1 record format; https://sqlite.org/fileformat.html).
+    The table must fit one leaf page; the WAL is checkpointed first."""
     with sqlite3.connect(db) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         page = c.execute("PRAGMA page_size").fetchone()[0]
         root = c.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
-        sid, role = (v.encode() for v in c.execute("SELECT session_id, role FROM messages "
-                                                    "ORDER BY id LIMIT 1").fetchone())
-    # id, session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp,
-    # finish_reason, reasoning, reasoning_content, active (1), compacted (0)
-    types = [0, 2 * len(sid) + 13, 2 * len(role) + 13, 2 * length + 13, 0, 0, 0, 7, 0, 0, 0, 9, 8]
+        cols = [r[1] for r in c.execute("PRAGMA table_info(messages)")]
+        rowid, sid, role = c.execute("SELECT id, session_id, role FROM messages ORDER BY id "
+                                     "LIMIT 1").fetchone()
+    values = {"session_id": sid.encode(), "role": role.encode()}
+    types, body = [], b""
+    for name in cols:          # id: the rowid (NULL in the record); timestamp 1.0; active 1
+        if name in values:
+            types.append(2 * len(values[name]) + 13)
+            body += values[name]
+        elif name == "content":
+            types.append(2 * length + 13)
+            body += b"\0" * 8                  # its first bytes; the rest "overflows"
+        elif name == "timestamp":
+            types.append(7)
+            body += struct.pack(">d", 1.0)
+        elif name == "active":
+            types.append(9)
+        else:
+            types.append(0)
     head = b"".join(varint(t) for t in types)
     head = varint(len(head) + 1) + head
-    size = len(head) + len(sid) + len(role) + length + 8
+    size = len(head) + len(body) - 8 + length
     most, least = page - 35, ((page - 12) * 32 // 255) - 23
     k = least + ((size - least) % (page - 4))
     local = k if k <= most else least
-    cell = (varint(size) + varint(1) + (head + sid + role + b"\0" * local)[:local]
+    cell = (varint(size) + varint(rowid) + (head + body + b"\0" * local)[:local]
             + struct.pack(">I", 2))
     raw = bytearray(db.read_bytes())
     start = page - len(cell)
