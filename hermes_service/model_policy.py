@@ -106,13 +106,14 @@ def route(method: str, target: str) -> str:
 
 def forward_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     """The caller's headers the provider gets: those of :data:`FORWARD_HEADERS`, the first of
-    each name only."""
+    each name only, each value on one line (a folded value's line breaks become spaces) and
+    at most 1 000 characters."""
     out, seen = [], set()
     for k, v in headers:
         low = k.lower()
         if low in FORWARD_HEADERS and low not in seen:
             seen.add(low)
-            out.append((k, v))
+            out.append((k, " ".join(str(v).split())[:1000]))
     return out
 
 
@@ -129,6 +130,13 @@ class Prepared:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):      # 1e999: would be sent as Infinity
+        raise ValueError(f"{text[:20]} is too large a number")
+    return value
 
 
 def _encode(obj) -> bytes:
@@ -156,7 +164,8 @@ class Policy:
             raise Refusal(415, "unsupported_media_type",
                           "the body must be application/json (UTF-8)")
         try:
-            obj = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+            obj = json.loads(body.decode("utf-8"), parse_constant=_no_constant,
+                             parse_float=_finite)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise Refusal(400, "invalid_request_body",
                           f"the body is not UTF-8 JSON ({type(exc).__name__})") from None

@@ -57,6 +57,10 @@ def body(**kw):
     (body(stream=True, stream_options=[1]), "application/json", 400, "invalid_request_body"),
     ('{"model": "m1", "messages": [], "temperature": NaN}', "application/json", 400,
      "invalid_request_body"),
+    ('{"model": "m1", "messages": [], "temperature": 1e999}', "application/json", 400,
+     "invalid_request_body"),
+    ('{"model": "m1", "messages": [], "seed": ' + "9" * 5000 + "}", "application/json", 400,
+     "invalid_request_body"),
     ("[" * 100000 + "]" * 100000, "application/json", 400, "invalid_request_body"),
     ("[1, 2]", "application/json", 400, "invalid_request_body"),
     ("{bad", "application/json", 400, "invalid_request_body"),
@@ -113,6 +117,8 @@ def test_only_the_headers_the_provider_needs_are_kept():
                            ("X-Stainless-Evil", "e"), ("Authorization", "Bearer x"),
                            ("Host", "h"), ("Content-Length", "9")])
     assert got == [("Accept", "a"), ("X-Stainless-Lang", "py")]
+    assert forward_headers([("Accept", "a\r\n x-api-key: k"), ("User-Agent", "u" * 5000)]) == [
+        ("Accept", "a x-api-key: k"), ("User-Agent", "u" * 1000)]
 
 
 def test_the_offered_models_are_the_configs():
