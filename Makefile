@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-requests wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -72,6 +72,7 @@ apt-install = @if $(1); then :; \
 # (check-config, the start log, /health); mode bwrap refuses to start.
 bubblewrap:
 	$(call apt-install,command -v bwrap >/dev/null 2>&1,bubblewrap,the sandbox of Hermes processes,Hermes processes run unconfined (see check-config))
+	$(call apt-install,/sbin/ldconfig -p 2>/dev/null | grep -q libseccomp.so.2,libseccomp2,the seccomp filter of every sandbox,Hermes processes run unconfined (see check-config))
 
 # Debian's nginx for tests/e2e/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
@@ -156,11 +157,22 @@ bench-streams: setup
 bench-sandbox: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/sandbox.py $(BENCH_ARGS)
 
+# A network namespace per sandbox (isolated) vs the host's network, side by side, and the
+# egress proxy vs a direct download (docs/sandbox.md §Network); ~3 minutes.
+bench-network: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/network.py $(BENCH_ARGS)
+
 # Per-request cost of the light routes (/health, /api/hermes/client/tools) against a bare
 # Flask + waitress app of the same thread count, wrk -c8, alternating runs; ~1 min.
 # BENCH_ARGS="--rounds 5 --log-format json" etc.
 bench-requests: setup-service wrk
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/request_cost.py $(BENCH_ARGS)
+
+# A tool call's added latency through mnote's kernel: http and command against the embedded
+# store, alternating call by call (docs/benchmarks.md §Kernel adapter); ~2 min.
+# BENCH_ARGS="--calls 500".
+bench-kernel: setup-service
+	$(VENV)/bin/python bench/kernel_adapter.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(HVENV) $(TVENV) tools/node_modules

@@ -81,6 +81,14 @@ MODEL_TOKENS_ESTIMATED = Counter(
     "cut before its usage chunk, an answer without usage): prompt = a quarter of the "
     "request's bytes, completion = a quarter of the answer's characters.",
     ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+EGRESS_CONNECTIONS = Counter(
+    "egress_connections", "Connections of sandboxed tools through the egress proxy, by outcome: "
+    "ok, or the refusal's reason (not_allowed, denied, ip_literal, denied_address, "
+    "unresolvable, bad_request, unreachable; docs/sandbox.md §Network).", ["outcome"],
+    namespace=NAMESPACE, registry=REGISTRY)
+EGRESS_BYTES = Counter(
+    "egress_bytes", "Bytes through the egress proxy, by direction: up (sandbox to the "
+    "internet) or down.", ["direction"], namespace=NAMESPACE, registry=REGISTRY)
 MODEL_REQUESTS = Counter(
     "model_requests", "Requests of Hermes processes on the model pass-through endpoint, by "
     "outcome: ok (provider status < 400), provider_error (the provider's 4xx/5xx, passed "
@@ -254,6 +262,15 @@ def model_tokens_estimated(prompt: int, completion: int) -> None:
         MODEL_TOKENS_ESTIMATED.labels("prompt").inc(prompt)
     if completion > 0:
         MODEL_TOKENS_ESTIMATED.labels("completion").inc(completion)
+
+
+def egress_connection(outcome: str, up: int, down: int) -> None:
+    """One finished egress proxy connection (``outcome``: ok or a refusal reason)."""
+    EGRESS_CONNECTIONS.labels(outcome).inc()
+    if up:
+        EGRESS_BYTES.labels("up").inc(up)
+    if down:
+        EGRESS_BYTES.labels("down").inc(down)
 
 
 def model_request(outcome: str) -> None:

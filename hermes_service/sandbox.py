@@ -20,7 +20,12 @@ Hermes venv and its base interpreter at their own paths — venv scripts name th
 service's ``hermes_site`` at :data:`SITE_DIR`, CA certificates, ``resolv.conf``, ``hosts``,
 a one-user ``passwd``/``group``); a private size-capped ``/tmp``; a minimal ``/dev``; its own
 user, PID, IPC, UTS and cgroup namespaces (``/proc`` lists only its own processes), no
-capabilities, no nested user namespaces, ``--die-with-parent``, ``--new-session``. The
+capabilities, no nested user namespaces, ``--die-with-parent``, ``--new-session``, a seccomp
+filter (:mod:`hermes_service.seccomp_filter`), and Hermes itself as the sandbox's PID 1
+(``--as-pid-1``: no bubblewrap init holding the service's pipes beside it; Hermes makes
+itself non-dumpable and its streams private at start, hermes_site/sitecustomize.py), so no
+tool process reaches Hermes's memory or descriptors, nor a process that holds them; the
+policy files of the home read-only or empty (:mod:`hermes_service.hermes_policy`). The
 network is shared (the provider pass-through and the tool endpoint are on loopback).
 bwrap's own arguments reach it through a memfd (``--args``), so ``/proc/1/cmdline`` inside
 shows no host path, and bwrap is started with the sandbox's own clean environment, so
@@ -47,6 +52,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from . import hermes_policy, homefs, sandbox_net, seccomp_filter
+from .egress_policy import Policy, Rule
 
 log = logging.getLogger("hermes_service.sandbox")
 
@@ -56,6 +65,10 @@ MODEL_URL_ENV = "HERMES_SERVICE_MODEL_URL"
 MODEL_KEY_ENV = "HERMES_SERVICE_MODEL_KEY"
 
 MODES = ("auto", "bwrap", "none")
+#: ``hermes.sandbox.network``: ``isolated`` — a network namespace of its own per sandbox,
+#: the service reached over Unix sockets (:mod:`hermes_service.sandbox_net`); ``host`` — the
+#: host's network, as an unconfined process has.
+NETWORKS = ("isolated", "host")
 #: Paths inside the sandbox (the same for every user: nothing in a transcript or a tool's
 #: output tells one user's home from another's or where the data dir is).
 HOME = "/home/hermes"
@@ -79,14 +92,6 @@ RUNTIME_ETC = ("/etc/ssl", "/etc/ca-certificates", "/etc/pki", "/etc/alternative
                "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf", "/etc/gai.conf",
                "/etc/mime.types", "/etc/resolv.conf")
-#: What a sandbox may not change in its home (the service writes them; the agent could
-#: otherwise turn approvals off or replace the service's plugins for its later turns).
-READ_ONLY_IN_HOME = (".hermes/config.yaml", ".hermes/plugins")
-#: The env files Hermes loads from HERMES_HOME (hermes_cli/env_loader.py; ``.env`` overrides
-#: the environment): empty inside a sandbox.
-DOTENV_FILES = (".env", ".op.env")
-
-
 @dataclass(frozen=True)
 class Limits:
     """``hermes.sandbox.limits``: ``memory_mb`` (MiB, the whole sandbox with a cgroup, else
@@ -102,6 +107,20 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class Egress:
+    """``hermes.sandbox.egress``: ``allow``/``deny`` destinations of the egress proxy
+    (:mod:`hermes_service.egress_policy`; empty ``allow``: no internet) and
+    ``max_connections`` one sandbox may hold open through it."""
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    max_connections: int = 64
+
+    def policy(self) -> Policy:
+        """Raises ValueError for an entry the policy cannot read (config checks it first)."""
+        return Policy.from_lists(self.allow, self.deny)
+
+
+@dataclass(frozen=True)
 class Settings:
     """``hermes.sandbox``: see config.yaml for each key."""
     mode: str = "auto"
@@ -111,13 +130,20 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     quota: str = "auto"              # how max_home_mb holds during a turn (disk.py)
     min_free_mb: float = 512         # the free-space floor of the data and homes file systems
+    network: str = "isolated"
+    allow_host_network: bool = False
+    egress: Egress = field(default_factory=Egress)
 
     @classmethod
     def from_config(cls, section: dict) -> "Settings":
+        eg = section["egress"]
         return cls(mode=section["mode"], allow_host_tools=section["allow_host_tools"],
                    max_home_mb=section["max_home_mb"], bwrap=section["bwrap"],
-                   limits=Limits(**section["limits"]), quota=section["quota"],
-                   min_free_mb=section["min_free_mb"])
+                   limits=Limits(**section["limits"]), network=section["network"],
+                   allow_host_network=section["allow_host_network"],
+                   egress=Egress(tuple(eg["allow"]), tuple(eg["deny"]),
+                                 eg["max_connections"]),
+                   quota=section["quota"], min_free_mb=section["min_free_mb"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,7 +167,7 @@ class Probe:
 @functools.lru_cache(maxsize=8)
 def probe(bwrap: str = "bwrap") -> Probe:
     """Try bubblewrap once (cached per command): start ``true`` in a sandbox with the same
-    namespaces the service uses. ~10 ms."""
+    namespaces the service uses (a network namespace included). ~10 ms."""
     path = shutil.which(bwrap)
     groups = CgroupBase.find()
     cg, why = (groups.kind, groups.describe()) if groups else (None, CgroupBase.why_not())
@@ -152,11 +178,18 @@ def probe(bwrap: str = "bwrap") -> Probe:
     if not Path("/usr/bin/prlimit").exists():
         return Probe(path, "util-linux's prlimit (/usr/bin/prlimit) is missing: install "
                      "util-linux", cg, why)
-    argv = [path, *_base_args(), "--", "/usr/bin/true"]
+    no_filter = seccomp_filter.problem()
+    if no_filter:
+        return Probe(path, no_filter, cg, why)
+    fd = seccomp_filter.memfd()
+    argv = [path, *_base_args(), "--unshare-net", "--seccomp", str(fd), "--", "/usr/bin/true"]
     try:
-        out = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"})
+        out = subprocess.run(argv, capture_output=True, timeout=20, env={"PATH": "/usr/bin:/bin"},
+                             pass_fds=(fd,))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Probe(path, f"bubblewrap cannot start: {exc}", cg, why)
+    finally:
+        os.close(fd)
     if out.returncode != 0:
         text = out.stderr.decode("utf-8", "replace").strip().splitlines()
         detail = text[-1] if text else f"exit code {out.returncode}"
@@ -173,7 +206,7 @@ def _base_args() -> list[str]:
     return ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "hermes", "--cap-drop", "ALL",
-            "--die-with-parent", "--new-session",
+            "--die-with-parent", "--new-session", "--as-pid-1",
             *_runtime_args(), "--proc", "/proc", "--dev", "/dev"]
 
 
@@ -420,6 +453,7 @@ class Launch:
     pid: int | None = None              # the launched process (set by the runner)
     #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
     over: str | None = None
+    net: "sandbox_net.Attachment | None" = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
     _baseline: dict = field(default_factory=dict)
@@ -488,6 +522,9 @@ class Sandbox:
         self.site_dir = Path(site_dir)
         self.credentials = None
         self._lock = threading.Lock()
+        #: every isolated sandbox's sockets (the pass-through, this service, the egress proxy)
+        self.net = sandbox_net.SandboxNet(self.data_dir / "sandbox" / "net",
+                                          on_egress=sandbox_net.report_egress)
         self.configure(settings)
 
     def configure(self, settings: Settings) -> None:
@@ -496,6 +533,32 @@ class Sandbox:
         self.probe = probe(settings.bwrap) if settings.mode != "none" else None
         self.active = settings.mode != "none" and self.probe.usable
         self.cgroups = CgroupBase.find() if self.active else None
+        self.net.configure(settings.egress.policy(),
+                           sandbox_net.Caps(egress=settings.egress.max_connections))
+
+    @property
+    def isolated(self) -> bool:
+        """Do new Hermes processes get a network namespace of their own?"""
+        return self.active and self.settings.network == "isolated"
+
+    def serve_back(self, url: str) -> None:
+        """Where an isolated sandbox's service port leads: ``url`` (``http://host:port``,
+        this service as the host reaches it)."""
+        parts = urlsplit(url)
+        self.net.set_target("service", parts.hostname or "127.0.0.1",
+                            parts.port or (443 if parts.scheme == "https" else 80))
+
+    def allowed_toolsets(self, toolsets) -> list[str]:
+        """``toolsets`` without those that reach the host when ``auto`` found no sandbox (the
+        fallback keeps none: :func:`warnings` says so)."""
+        if self.settings.mode == "auto" and not self.active:
+            risky = set(host_toolsets(toolsets))
+            return [t for t in toolsets if t not in risky]
+        return list(toolsets)
+
+    def close(self) -> None:
+        """The service stops: close every sandbox's sockets."""
+        self.net.close()
 
     # -- what the admin is told ------------------------------------------------
     def describe(self) -> str:
@@ -503,7 +566,10 @@ class Sandbox:
         s = self.settings
         if self.active:
             limits = self.cgroups.describe() if self.cgroups else CgroupBase.why_not()
-            return f"bwrap ({self.probe.bwrap}; limits: {limits})"
+            net = ("a network namespace each, egress " +
+                   (f"to {len(s.egress.allow)} allowed destination(s)" if s.egress.allow
+                    else "none") if self.isolated else "the host's network")
+            return f"bwrap ({self.probe.bwrap}; limits: {limits}; network: {net})"
         if s.mode == "none":
             return "none (unconfined: every Hermes process sees the whole host)"
         return f"auto -> unconfined ({self.probe.reason})"
@@ -530,7 +596,8 @@ class Sandbox:
         (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). ``fsize_bytes``: the largest file
         (``RLIMIT_FSIZE``) instead of ``limits.file_size_mb`` (what is left of the home's
         quota). Raises OSError when a cgroup cannot be made."""
-        env = dict(env)
+        env = {**env, **hermes_policy.HERMES_ENV}
+        args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
         if self.credentials is not None and MODEL_KEY_ENV in env:
             with self._lock:
@@ -541,9 +608,25 @@ class Sandbox:
             on_close.append(lambda: self.credentials.revoke(token))
         if not self.active:
             return Launch([command_path, *args], env, str(home.root), _on_close=on_close)
-        return self._bwrap(args, env, home, run_dir, command_path, on_close, fsize_bytes)
+        net = None
+        if self.isolated:
+            if self.credentials is not None:
+                self.net.set_target("model", "127.0.0.1", self.credentials.port)
+            net = self.net.attach(home.user_id)
+            on_close.append(lambda: self.net.detach(net))
+            env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None,
+                                              bool(self.settings.egress.allow)))
+        try:
+            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net,
+                                 fsize_bytes)
+        except BaseException:
+            for fn in on_close:
+                fn()
+            raise
+        launch.net = net
+        return launch
 
-    def _bwrap(self, args, env, home, run_dir, command_path, on_close,
+    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net,
                fsize_bytes=None) -> Launch:
         # bwrap follows a symlink given as a bind source: never bind one a user's agent could
         # have planted (the home, its run folder; homefs repairs them before a turn)
@@ -572,17 +655,18 @@ class Sandbox:
             # a mount point of its own: the agent cannot rename or replace HERMES_HOME, so
             # the service's no-follow reads of state.db there cannot be raced (homefs.py)
             bargs += ["--bind", str(home.hermes_home), f"{HOME}/.hermes"]
-        for rel in READ_ONLY_IN_HOME:
-            entry = home.root / rel
-            if os.path.lexists(entry) and not os.path.islink(entry) and \
-                    not os.path.islink(entry.parent):
-                bargs += ["--ro-bind", str(entry), f"{HOME}/{rel}"]
-        # Hermes loads $HERMES_HOME/.env over its environment (HERMES_YOLO_MODE=1 there turns
-        # approvals off): inside the sandbox both env files read empty, whatever the agent wrote
-        for name in DOTENV_FILES:
-            bargs += ["--ro-bind", "/dev/null", f"{HOME}/.hermes/{name}"]
+            _repair_policy(home)
+        # Hermes's policy surface (hermes_policy.py): the service's config.yaml and plugins/
+        # read-only, the env files, active_profile, profiles/ … read empty
+        bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir()))
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
+        if net is not None:
+            # a network namespace of its own: only its loopback, and the service's sockets
+            # for this sandbox; /etc/hosts names the pass-through (sandbox_net.py)
+            bargs += ["--unshare-net", "--ro-bind", str(net.folder), sandbox_net.INSIDE_DIR,
+                      "--ro-bind", str(sandbox_net.hosts_file(self.data_dir / "sandbox")),
+                      "/etc/hosts"]
         bargs += ["--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
@@ -590,6 +674,9 @@ class Sandbox:
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
+        # the seccomp filter (seccomp_filter.py): loaded by bwrap right before the command runs
+        filter_fd = seccomp_filter.memfd()
+        bargs += ["--seccomp", str(filter_fd)]
         fd = os.memfd_create("bwrap-args", 0)
         os.write(fd, b"".join(a.encode() + b"\0" for a in bargs))
         os.lseek(fd, 0, os.SEEK_SET)
@@ -604,8 +691,17 @@ class Sandbox:
             argv = ["/bin/sh", "-c", 'for f; do shift; [ "$f" = -- ] && break; '
                     'echo $$ > "$f" || exit 125; done; exec "$@"', "sh",
                     *cgroup.procs_files, "--", *argv]
-        return Launch(argv, env, "/", pass_fds=(fd,), sandboxed=True, cgroup=cgroup, _fds=[fd],
+        return Launch(argv, env, "/", pass_fds=(fd, filter_fd), sandboxed=True, cgroup=cgroup,
+                      _fds=[fd, filter_fd],
                       _on_close=on_close, cpu_limit=float(lim.cpu_seconds))
+
+    @functools.cache
+    def _empty_dir(self) -> Path:
+        """A service-owned empty folder, bound read-only where the sandbox must see one."""
+        d = self.data_dir / "sandbox" / "empty"
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o555)      # (the data dir is the service's: no agent reaches it)
+        return d
 
     @functools.cache
     def _identity_files(self) -> tuple[Path, Path]:
@@ -616,6 +712,22 @@ class Sandbox:
                           "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
         group.write_text(f"hermes:x:{SANDBOX_UID}:\nnogroup:x:65534:\n")
         return passwd, group
+
+
+def _repair_policy(home) -> None:
+    """Remove what the agent planted where the sandbox binds Hermes's policy files
+    (:func:`hermes_policy.repair`); a home whose ``.hermes`` cannot be opened is left to the
+    launch (it fails) and to the next refresh."""
+    try:
+        fd = homefs.open_dirs(home.root.parent, home.root.name, ".hermes")
+    except (OSError, homefs.HomeTampered):
+        return
+    try:
+        removed = hermes_policy.repair(fd)
+    finally:
+        os.close(fd)
+    if removed:
+        log.warning("home of user=%s: removed planted %s", home.user_id, ", ".join(removed))
 
 
 def _map_paths(value: str, mapping: list[tuple[str, str]]) -> str:
@@ -693,30 +805,30 @@ def signal_tree(pid: int, sig: int) -> None:
 
 
 def kill_strays(leader: int) -> int:
-    """SIGKILL every process in the sandbox led by ``leader`` (its outer bwrap) except its
-    PID-namespace init and the command it started (the oldest child of init): what tool
-    commands left running, daemonized or not. Returns how many were killed."""
+    """SIGKILL every process in the sandbox led by ``leader`` (its outer bwrap) except the
+    command it started — Hermes, the sandbox's PID 1 (``--as-pid-1``): what tool commands
+    left running, daemonized or not (orphans are re-parented to PID 1, so every one is a
+    descendant of Hermes). Call it only while no turn runs there. Returns how many were
+    killed."""
     try:
-        init = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
-        kids = [int(k) for k in Path(f"/proc/{init}/task/{init}/children").read_text().split()]
+        main = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-    def started(pid: int) -> int:
-        try:
-            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        except (OSError, ValueError, IndexError):
-            return 1 << 62
-    if not kids:
-        return 0
-    main = min(kids, key=started)
-    keep = {init, main, *descendants(main)}
-    strays = [p for p in descendants(init) if p not in keep]
+    strays = [p for p in descendants(main) if _state(p) not in ("Z", None)]
     for p in strays:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     return len(strays)
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter (``Z``: a zombie, which PID 1 — Hermes — never reaps)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def limit_signal(returncode: int | None) -> str | None:
@@ -738,28 +850,42 @@ def warnings(settings: Settings, source: str | None = None) -> list[str]:
         return []
     where = f"{source}:" if source else ""
     return [f"{where}hermes.sandbox.mode: auto found no usable sandbox, so Hermes processes run "
-            f"unconfined (they see the whole host) and toolsets that reach the host are "
-            f"refused: {pr.reason}"]
+            f"unconfined (they see the whole host) and no toolset that reaches the host is "
+            f"offered (terminal, file, code_execution, … are left out): {pr.reason}"]
 
 
 def problems(settings: Settings, toolsets, source: str) -> list[str]:
     """``check-config``/start problems: ``bwrap`` on a host without a working bubblewrap;
-    host-reaching toolsets without a sandbox (``none`` or the ``auto`` fallback) unless
-    ``allow_host_tools``."""
+    host-reaching toolsets unconfined (``none``) unless ``allow_host_tools`` (the ``auto``
+    fallback leaves them out instead: :meth:`Sandbox.allowed_toolsets`), or with the host's
+    network (``network: host``) unless ``allow_host_network``; egress entries the policy
+    cannot read."""
     out = []
     pr = probe(settings.bwrap) if settings.mode != "none" else None
     if settings.mode == "bwrap" and not pr.usable:
         out.append(f"{source}:hermes.sandbox.mode: bwrap, but {pr.reason}")
-    unconfined = settings.mode == "none" or (settings.mode == "auto" and not pr.usable)
     risky = host_toolsets(toolsets)
-    if unconfined and risky and not settings.allow_host_tools:
-        why = ("hermes.sandbox.mode is none" if settings.mode == "none" else
-               "hermes.sandbox.mode auto found no usable sandbox")
-        out.append(f"{source}:hermes.toolsets: {', '.join(risky)} reach the host, and {why}: "
-                   "every user's agent could read other users' homes and the service's files. "
-                   "Use the sandbox (hermes.sandbox.mode: auto or bwrap, with bubblewrap "
-                   "installed), or set hermes.sandbox.allow_host_tools: true if every user is "
-                   "trusted with the whole server")
+    if settings.mode == "none" and risky and not settings.allow_host_tools:
+        out.append(f"{source}:hermes.toolsets: {', '.join(risky)} reach the host, and "
+                   "hermes.sandbox.mode is none: every user's agent could read other users' "
+                   "homes and the service's files. Use the sandbox (hermes.sandbox.mode: auto "
+                   "or bwrap, with bubblewrap installed), or set "
+                   "hermes.sandbox.allow_host_tools: true if every user is trusted with the "
+                   "whole server")
+    if settings.mode != "none" and settings.network == "host" and risky and \
+            not settings.allow_host_network:
+        out.append(f"{source}:hermes.sandbox.network: host gives every agent with "
+                   f"{', '.join(risky)} the host's network: its loopback services, this "
+                   "service's port, the private network and the cloud metadata endpoint. Use "
+                   "network: isolated (the default; the internet through "
+                   "hermes.sandbox.egress.allow), or set hermes.sandbox.allow_host_network: "
+                   "true if every user is trusted with the host's network")
+    for key in ("allow", "deny"):
+        for entry in getattr(settings.egress, key):
+            try:
+                Rule.parse(entry)
+            except ValueError as exc:
+                out.append(f"{source}:hermes.sandbox.egress.{key}: {exc}")
     return out
 
 

@@ -162,6 +162,7 @@ class Services:
         if self.runners.acp is not None:
             self.runners.acp.close()
         self.model_proxy.stop()
+        self.sandbox.close()
         return killed
 
     @contextmanager
@@ -256,6 +257,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
                                      config.service.idempotency_ttl_seconds),
         service_url=service_url or default_service_url(config))
+    sandbox.serve_back(services.service_url)     # an isolated sandbox's way back to us
     # gauges read at scrape time (docs/operations.md §Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:

@@ -186,10 +186,15 @@ def repair_state_files(dir_fd: int) -> list[str]:
     return planted
 
 
-def _refuse(hermes_home: Path, what: str) -> homefs.HomeTampered:
+def _refuse(hermes_home: Path, what: str, repaired: bool = False) -> homefs.HomeTampered:
+    """409 ``home_tampered``. ``repaired``: the next turn (v1 or client run) removes what
+    was planted (:func:`repair_state_files`); otherwise the file itself is damaged, which no
+    turn repairs."""
+    then = ("the next turn removes what was planted" if repaired else
+            "no turn repairs this: an operator moves that state.db aside (its transcripts "
+            "are then gone) or restores it")
     return homefs.HomeTampered(f"{Path(hermes_home) / 'state.db'}: {what}; the service does not "
-                               "open it (the user's agent changed its Hermes home; the next "
-                               "turn repairs what it can)")
+                               f"open it (the user's agent changed its Hermes home; {then})")
 
 
 def _same(conn, hermes_home: Path, db: str, real_dir: str, dfd: int, before) -> None:
@@ -203,7 +208,7 @@ def _same(conn, hermes_home: Path, db: str, real_dir: str, dfd: int, before) -> 
         here = False
     if opened != db or not here or now is None or not os.path.samestat(now, before) \
             or planted_state_files(dfd):
-        raise _refuse(hermes_home, "it was replaced while it was opened")
+        raise _refuse(hermes_home, "it was replaced while it was opened", repaired=True)
 
 
 def _check_schema(conn: StateConn, hermes_home: Path, write: bool) -> set[str]:
@@ -271,7 +276,7 @@ def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
         planted = planted_state_files(dfd)
         if planted:
             raise _refuse(hermes_home, f"{', '.join(planted)} is not a plain file "
-                          f"({homefs.kind(homefs.lstat(dfd, planted[0]))})")
+                          f"({homefs.kind(homefs.lstat(dfd, planted[0]))})", repaired=True)
         before = homefs.lstat(dfd, "state.db")
         if before is None:
             return None

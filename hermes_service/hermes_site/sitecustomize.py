@@ -39,11 +39,103 @@ question, choices}`` on the connection of the turn's ACP session (learnt from th
 connection, its loop and the session) and waits for ``{"answer": text}``. ``{"answer":
 null}`` (nobody answered in time) becomes what Hermes's own CLI says after its clarify
 timeout: the user did not provide a response, use your best judgement.
+
+**Hermes out of its tools' reach** (``HERMES_SERVICE_GUARD=1``: every Hermes process the
+service starts; docs/sandbox.md §What a tool process cannot reach). The process makes itself
+non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``: no process of the same user may ptrace it, read
+its memory or open its ``/proc/<pid>/fd/*``), and moves its standard streams to private
+close-on-exec descriptors, leaving ``/dev/null`` on 0, 1 and 2: a tool command, or anything
+else Hermes starts, never holds the service's pipes (an ACP process's JSON-RPC connection,
+a CLI turn's output), even where Hermes lets a child inherit its streams. The variable is
+taken out of the environment first, so Hermes's children do not do the same.
 """
 import functools
 import importlib.abc
+import io
 import os
 import sys
+
+#: Set by the service for the Hermes process itself (hermes_policy.HERMES_ENV); taken out of
+#: the environment here, so no process Hermes starts inherits it.
+GUARD_ENV = "HERMES_SERVICE_GUARD"
+PR_SET_DUMPABLE = 4
+
+
+def _guard():
+    """Hermes out of its tools' reach (docs/sandbox.md §What a tool process cannot reach):
+    non-dumpable, so no other process of its user can ptrace it or open its
+    ``/proc/<pid>/mem``, ``fd/*``, ``environ`` …; and its standard streams moved to private
+    close-on-exec descriptors, with ``/dev/null`` left on 0, 1 and 2, so no process it
+    starts inherits the service's pipes (the ACP connection, the CLI's output)."""
+    if os.environ.pop(GUARD_ENV, None) != "1":
+        return
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise SystemExit(f"hermes-service: prctl(PR_SET_DUMPABLE) failed: "
+                         f"{os.strerror(ctypes.get_errno())}")
+    private = _private_stdio()
+    _no_private_stdio_for_children(private)
+    if os.getpid() == 1:
+        # the sandbox's PID 1 gets no signal it has no handler for (pid_namespaces(7)): the
+        # service's SIGTERM ends it as before (Hermes's own handler, where it sets one, wins)
+        import signal
+        signal.signal(signal.SIGTERM, lambda signum, _frame: os._exit(128 + signum))
+
+
+def _private_stdio():
+    """Move fds 0-2 to new close-on-exec descriptors behind new ``sys`` streams; returns
+    the new descriptors."""
+    null = os.open(os.devnull, os.O_RDWR)
+    moved = []
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        if old is not None:
+            try:
+                old.flush()
+            except (OSError, ValueError):
+                pass
+        try:
+            new = os.dup(fd)             # non-inheritable (PEP 446): never given to a child
+        except OSError:
+            continue
+        os.dup2(null, fd)
+        moved.append(new)
+        raw = io.FileIO(new, "r" if fd == 0 else "w")
+        if fd == 0:
+            stream = io.TextIOWrapper(io.BufferedReader(raw), encoding=getattr(
+                old, "encoding", None) or "utf-8", errors=getattr(old, "errors", None))
+        else:
+            stream = io.TextIOWrapper(io.BufferedWriter(raw), encoding=getattr(
+                old, "encoding", None) or "utf-8", errors=getattr(old, "errors", None),
+                line_buffering=fd == 2 or bool(getattr(old, "line_buffering", False)),
+                write_through=fd == 2)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    os.close(null)
+    return moved
+
+
+def _no_private_stdio_for_children(private):
+    """A child given one of the private streams or descriptors explicitly (``stdout=
+    sys.stdout``) gets ``/dev/null`` instead."""
+    import subprocess
+    original = subprocess.Popen.__init__
+
+    def mine(value):
+        try:
+            fd = value if isinstance(value, int) else value.fileno()
+        except (AttributeError, OSError, ValueError):
+            return False
+        return fd in private
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        for key in ("stdin", "stdout", "stderr"):
+            if kwargs.get(key) is not None and mine(kwargs[key]):
+                kwargs[key] = subprocess.DEVNULL
+        return original(self, *args, **kwargs)
+    subprocess.Popen.__init__ = __init__
 
 
 def _no_file_drop(_user_input):
@@ -187,3 +279,9 @@ class _PatchCli(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _PatchCli())
+_guard()
+# a sandbox with a network of its own: its loopback ports to the service's sockets, bound
+# before Hermes's code runs (netforward.py; nothing without HERMES_SERVICE_FORWARD)
+import netforward  # noqa: E402  (this folder is on the path: it is PYTHONPATH's)
+netforward.start()
+netforward.proxy_for_children_only()

@@ -8,6 +8,9 @@ itself in through the extension seam (:mod:`hermes_service.extensions`; :mod:`.e
 * :mod:`.endpoint` + :mod:`.gateway` — ``POST /api/hermes/tools/invoke`` and run tokens;
 * :mod:`.tools` + :mod:`.schemas` — the six ``mnote.*`` tools: registry, schemas, executor;
 * :mod:`.page_store` — the page store interface and its SQLite adapter;
+* :mod:`.kernel_adapter` (+ :mod:`.kernel_wire`, :mod:`.kernel_http`, :mod:`.kernel_command`) —
+  the tools against mnote's kernel; :mod:`.kernel_reference` — the reference kernel;
+  :mod:`.kernel_check` — the conformance check;
 * :mod:`.events` — the run events as JSON schemas (the OpenAPI document);
 * :mod:`.metrics` — its Prometheus instruments; :mod:`.cli` — the ``mnote`` commands;
 * :mod:`.demo` — ``make demo``: the panel against a scripted stand-in model.

@@ -616,7 +616,9 @@ def start_run():
     def execute(run):
         binding = mnote_of(svc).tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
         binding["pageContext"] = context
-        home = svc.homes.path(actor).hermes_home
+        # the home brought up to date and repaired first, as every turn does (homes.ensure):
+        # a FIFO or a folder planted at state.db is removed before anything reads it
+        home = svc.homes.ensure(actor).hermes_home
         try:
             known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
             before = token_counts(home, known) or {}     # (not the transcript: first token)

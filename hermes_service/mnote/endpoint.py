@@ -87,11 +87,12 @@ bp = declare(Blueprint("mnote_tools", __name__), TOOLS)
 #: the document's components besides the family's (the extension registers them)
 COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
                                "description": "tool contract §3 output envelope"}}
-#: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py)
+#: failure codes of an executed call (HTTP 200, ``ok: false``; tools.py, page_store.py, and
+#: with mnote's kernel as the page store kernel_wire.py — a kernel may answer codes of its own)
 CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
                  "mnote_tool_permission_denied", "mnote_tool_conflict",
                  "mnote_tool_idempotency_conflict", "mnote_tool_unsupported_option",
-                 "mnote_tool_internal_error")
+                 "mnote_tool_internal_error", "mnote_tool_kernel_unavailable")
 
 
 @bp.post(f"{PREFIX}/invoke")

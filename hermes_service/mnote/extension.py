@@ -11,7 +11,9 @@ restart-only keys, the threads its event streams hold), and from that section
   (``MNOTE_RUN_FILE`` for a CLI turn, ``MNOTE_RUN_DIR`` for an ACP process:
   ``users_template/plugins/mnote``), its turns ask their user, and ``mnote_*`` tool calls are
   reported by the tool gateway;
-* builds its objects (:class:`Mnote`: the page store ``data/mnote.db``, the tool gateway, the
+* builds its objects (:class:`Mnote`: the page store — ``data/mnote.db``, or mnote's kernel
+  with ``mnote.page_store.kind`` command or http (then ``data/mnote.db`` is not opened) —, the
+  tool gateway, the
   run manager with its durable event logs ``data/run-events/``) as
   ``services.extensions["mnote"]`` (:func:`mnote_of`), with its reload hook, its drain source
   (runs queued or running), its retention steps and its gauges;
@@ -58,9 +60,12 @@ TAGS = [
 # -- retention steps (docs/data-and-durability.md#retention-and-cleanup) ------------------------------------
 def _page_store_idempotency(svc, report, *, now, dry_run, in_service) -> None:
     """Page-store idempotency records older than ``retention.idempotency_window_seconds``."""
+    store = mnote_of(svc).store
+    if store is None:                 # mnote's kernel keeps its own records
+        return
     window = float(svc.config.retention.idempotency_window_seconds)
     before = datetime.fromtimestamp(now - window, timezone.utc)
-    n = mnote_of(svc).store.prune_idempotency(before, dry_run=dry_run)
+    n = store.prune_idempotency(before, dry_run=dry_run)
     if n:
         report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
                        f"before {before.isoformat(timespec='seconds')}", n)
@@ -114,17 +119,21 @@ class MnoteExtension(Extension):
         return [m.hermes_model for m in settings(config).models if m.hermes_model]
 
     def init_services(self, services: "ServiceObjects") -> None:
-        """Build the page store, tool gateway and run manager. Raises
+        """Build the page store (or the kernel adapter), tool gateway and run manager. Raises
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
         from . import metrics
         from .gateway import ToolGateway
+        from .kernel_adapter import backend_for
         from .page_store import SQLitePageStore
         from .run_log import RunLogs
         from .runs import RunManager
         config, cfg = services.config, settings(services.config)
         runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
-        store = SQLitePageStore(config.data_dir / "mnote.db")
-        tools = ToolGateway(store, cfg.service_url or services.service_url)
+        backend = backend_for(cfg.page_store)
+        store = SQLitePageStore(config.data_dir / "mnote.db") if backend is None else None
+        tools = ToolGateway(store, cfg.service_url or services.service_url, backend=backend)
+        if cfg.service_url:
+            services.sandbox.serve_back(cfg.service_url)   # isolated sandboxes reach it there
         # an abort that reaches this process from another one revokes the run's token too
         runs.on_abort.append(tools.end_run)
         mnote = services.extensions[NAME] = Mnote(store, tools, runs)

@@ -15,8 +15,10 @@
    trace and capability scope into the envelope, emits ``tool.started`` /
    ``tool.completed`` on the run's event stream, marks tool activity for the
    stall watchdog, and hands the envelope to the
-   :class:`~hermes_service.mnote.tools.ToolExecutor` (schemas, permissions,
-   idempotency, dryRun, audit). Hermes never writes the store directly.
+   :class:`~hermes_service.mnote.tools.ToolExecutor` (schemas, scope; then the embedded
+   store's permissions, idempotency, dryRun and audit, or mnote's kernel's:
+   ``mnote.page_store.kind``, docs/mnote-tools.md §The kernel adapter). Hermes never writes
+   the store directly.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from .tools import TOOLS_BY_NAME, ToolExecutor
 from .page_store import SQLitePageStore
+from .tools import TOOLS_BY_NAME, Backend, ToolExecutor
 
 TOKEN_BYTES = 32
 
@@ -55,9 +57,11 @@ class ToolRefused(Exception):
 class ToolGateway:
     """Token registry + tool invocation for the runs of one service process."""
 
-    def __init__(self, store: SQLitePageStore, service_url: str | None = None):
+    def __init__(self, store: SQLitePageStore | None, service_url: str | None = None, *,
+                 backend: Backend | None = None):
+        """``store``: the embedded page store, or None with ``backend`` (mnote's kernel)."""
         self.store = store
-        self.executor = ToolExecutor(store)
+        self.executor = ToolExecutor(store) if backend is None else ToolExecutor(backend=backend)
         self.service_url = service_url
         self._tokens: dict[str, tuple[RunClaims, object]] = {}
         self._by_run: dict[str, str] = {}

@@ -39,7 +39,7 @@ def run_limits(config: "Config") -> tuple[float, int, int]:
 @dataclass
 class Mnote:
     """The mnote objects of one set of service objects."""
-    store: "SQLitePageStore"       # pages, workspaces, audit (data/mnote.db)
+    store: "SQLitePageStore | None"   # pages, workspaces, audit (data/mnote.db); None: the kernel
     tools: "ToolGateway"           # run tokens + tool calls (the tool endpoint)
     runs: "RunManager"             # background runs + events (the client routes)
 

@@ -22,6 +22,12 @@ users' agents never see this folder, unlike ``data/runs/<user_id>/``):
     requests from other processes for the owner (JSON Lines, appended with ``O_APPEND``):
     ``{"op": "abort"}``, ``{"op": "approval", "approval_id", "choice"}``,
     ``{"op": "clarify", "clarify_id", "answer"}``. The owner's poller applies them.
+``<run_id>.<question_id>.answer``
+    the one answer a question of the run got (``{"value", "resolved_by"}``), made with
+    ``link(2)`` of a complete temp file, which fails if the name exists (:meth:`RunLogs.claim`):
+    whoever links it first — the owner answering a user or timing out, another process
+    answering a user — wins; every other answer gets 409 (docs/data-and-durability.md
+    §Runs and their events, "Exactly one answer").
 ``sessions/<sha256(session_key)[:32]>``
     the run last started on a session (its ``run_id``), written under ``sessions.lock``
     (filelock) together with the busy check: a session whose indexed run is not terminal and
@@ -60,6 +66,7 @@ log = logging.getLogger("hermes_service.run_log")
 
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
 RUN_ID = re.compile(r"run_[0-9a-f]{24}")
+QUESTION_ID = re.compile(r"(apr|clq)_[0-9a-f]{24}")
 INTERRUPTED = "run_interrupted"
 INTERRUPTED_DETAIL = ("the service process running this run stopped before the run ended "
                       "(crash, kill -9 or power loss); the turn was not answered")
@@ -159,6 +166,11 @@ class RunLogs:
 
     def _requests_path(self, run_id: str) -> Path | None:
         return self.root / f"{run_id}.requests" if valid_run_id(run_id) else None
+
+    def _claim_path(self, run_id: str, question_id: str) -> Path | None:
+        if not valid_run_id(run_id) or not QUESTION_ID.fullmatch(str(question_id)):
+            return None
+        return self.root / f"{run_id}.{question_id}.answer"
 
     def _index_path(self, session_key: str) -> Path:
         return self.root / "sessions" / hashlib.sha256(session_key.encode()).hexdigest()[:32]
@@ -338,7 +350,8 @@ class RunLogs:
                 continue
             removed += 1
             if not dry_run:
-                for p in (self.path(run_id), self._requests_path(run_id)):
+                answers = list(self.root.glob(f"{run_id}.*.answer*"))
+                for p in (self.path(run_id), self._requests_path(run_id), *answers):
                     try:
                         p.unlink()
                     except FileNotFoundError:
@@ -388,6 +401,42 @@ class RunLogs:
                 tmp.unlink(missing_ok=True)
                 raise
         return None
+
+    # -- exactly one answer per question -------------------------------------------------------
+    def claim(self, run_id: str, question_id: str, answer: dict) -> dict | None:
+        """Claim the answer to a question of a run: None when ``answer`` is now its answer,
+        else the answer that won before (every process on the data dir sees the same
+        winner). The file is written whole under a temp name and linked to its name
+        (``link(2)`` fails with ``EEXIST`` if it exists), so a reader never sees half of
+        it. Raises ValueError for an id the service never issues, OSError (disk)."""
+        path = self._claim_path(run_id, question_id)
+        if path is None:
+            raise ValueError(f"not a question of a run: {question_id!r}")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        fd = _open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, _line(answer))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+            self._fsync_dir()
+            return None
+        except FileExistsError:
+            return self.claimed(run_id, question_id) or {"value": None, "resolved_by": None}
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def claimed(self, run_id: str, question_id: str) -> dict | None:
+        """The answer that won a question (:meth:`claim`), or None when none has."""
+        path = self._claim_path(run_id, question_id)
+        text = _read_small(path, 64 * 1024) if path is not None else None
+        try:
+            won = json.loads(text) if text else None
+        except ValueError:
+            return None
+        return won if isinstance(won, dict) else None
 
     # -- requests to the owner ----------------------------------------------------------------
     def request(self, run_id: str, op: dict) -> None:
@@ -458,15 +507,15 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
 
 
-def _read_small(path: Path) -> str | None:
-    """The text of a small regular file (an index entry), or None (missing, not a regular
-    file, not UTF-8)."""
+def _read_small(path: Path, limit: int = 200) -> str | None:
+    """The text of a small regular file (an index entry, an answer), at most ``limit``
+    bytes, or None (missing, not a regular file, not UTF-8)."""
     try:
         fd = _open_file(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        return os.read(fd, 200).decode().strip() or None
+        return os.read(fd, limit).decode().strip() or None
     except (OSError, UnicodeDecodeError):
         return None
     finally:

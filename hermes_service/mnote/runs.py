@@ -67,7 +67,7 @@ from .. import instance, logs
 from ..errors import (BadRequest, Conflict, NotFound, ServiceError, StorageFull,
                       TooManyRuns, storage_full)
 from ..limits import Limiter
-from . import metrics
+from . import event_bounds, metrics
 from .run_log import LogState, RunLogs, RunWriter
 
 log = logging.getLogger("hermes_service.runs")
@@ -123,15 +123,25 @@ class Run:
     writer: RunWriter | None = field(default=None, repr=False)   # its durable log (run_log.py)
     _unwritten: list = field(default_factory=list, repr=False)  # events waiting for disk room
     requests_offset: int = 0        # how far the owner has read the run's request file
+    claims: RunLogs | None = field(default=None, repr=False)   # exactly one answer (run_log)
+    event_bytes: int = 0            # the size of its events so far (event_bounds.RUN_EVENT_BYTES)
+    overflow: bool = False          # an event did not fit: the run fails run_limit_exceeded
     foreign = False                 # owned by this process (ForeignRun: by another)
 
     def emit(self, event: str, **fields) -> int:
         """Append an event; returns its sequence number (1-based). Ignored after a terminal event.
-        Wakes every follower (:meth:`follow`)."""
+        Wakes every follower (:meth:`follow`). Its text fields are cut to their caps; an
+        event past the run's cap is dropped and ends the turn (:mod:`.event_bounds`)."""
         with self._cond:
             if self.done:
                 return len(self.events)
-            payload = {"event": event, "run_id": self.run_id, "session_id": self.session_id, **fields}
+            payload = {"event": event, "run_id": self.run_id, "session_id": self.session_id,
+                       **event_bounds.bound_fields(fields)}
+            terminal = event in TERMINAL
+            if not event_bounds.fits(self.event_bytes, payload, terminal):
+                self._overflowed()
+                return len(self.events)
+            self.event_bytes += event_bounds.size(payload)
             if self.writer is not None:     # durable first; the terminal event fsynced
                 self._log(payload, durable=event in TERMINAL)
             self.events.append(payload)
@@ -141,6 +151,7 @@ class Run:
                 self.finished = time.time()
                 self._ended.set()
                 for question in self.questions.values():   # nobody waits for them any more
+                    self._claim(question.question_id, None, "end")   # (answers after: 409)
                     question.future.set_result("deny" if question.kind == "approval" else None)
                 self.questions.clear()
             for wake in self._wakers:
@@ -194,14 +205,38 @@ class Run:
 
     def finish(self, events: list[tuple[str, dict]]) -> None:
         """Emit the closing events of a successful run — unless an abort came first, in which
-        case ``run.cancelled`` is emitted instead. Atomic with :meth:`RunManager.abort`, so
+        case ``run.cancelled`` is emitted instead, or its events passed their cap
+        (:meth:`fail_overflow`). Atomic with :meth:`RunManager.abort`, so
         ``run.completed`` never follows ``abort.started``."""
         with self._cond:
             if self.cancel.is_set():
                 self.emit("run.cancelled")
                 return
             for name, fields in events:
+                if self.overflow:
+                    break
                 self.emit(name, **fields)
+            if self.overflow:
+                self.fail_overflow()
+
+    def _overflowed(self) -> None:
+        """An event did not fit (under ``_cond``): the turn is ended (off this thread: a
+        kill waits for the process)."""
+        if self.overflow:
+            return
+        self.overflow = True
+        log.warning("run %s: its events passed %d bytes; ending it", self.run_id,
+                    event_bounds.RUN_EVENT_BYTES)
+        proc = self.process
+        if proc is not None:
+            threading.Thread(target=proc.kill, args=("output",), daemon=True).start()
+
+    def fail_overflow(self) -> None:
+        """End the run with ``run.failed`` ``run_limit_exceeded`` naming the events' cap."""
+        self.emit("run.failed", code="run_limit_exceeded",
+                  error=f"the run's events passed their cap of "
+                        f"{event_bounds.RUN_EVENT_BYTES // (1024 * 1024)} MiB "
+                        "(docs/mnote-client.md §Sizes of events); the run was ended")
 
     @property
     def done(self) -> bool:
@@ -225,30 +260,61 @@ class Run:
         metrics.approval_asked(kind)
         return question.question_id, question.future
 
-    def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str:
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user",
+               claimed: bool = False) -> str:
         """Resolve a pending question with ``choice`` (one of its choices): emits
         ``approval.responded`` and hands the choice to the waiting runner; the status is
         ``running`` again once no question is pending. Returns the choice.
 
+        Exactly one answer wins across the processes of the data dir: the answer is claimed
+        first (:meth:`RunLogs.claim`; ``claimed``: another process already claimed it for
+        this one). When another answer won the claim, that answer is applied here and this
+        one is refused like an answer to a question no longer pending.
+
         Raises BadRequest ``invalid_request`` for a choice the question does not offer,
         Conflict ``approval_not_pending`` for an id that is not pending (never asked,
-        already answered, timed out, or the run ended)."""
+        already answered — here or in another process —, timed out, or the run ended)."""
         with self._cond:
             question = self.questions.get(approval_id)
             if question is None or question.kind != "approval":
-                raise Conflict(f"approval {approval_id} is not pending (never asked, already "
-                               "answered, timed out, or the run ended)",
-                               code="approval_not_pending")
+                raise _not_pending(approval_id)
             if choice not in question.choices:
                 raise BadRequest(f"choice must be one of {', '.join(question.choices)}",
                                  code="invalid_request")
-            del self.questions[approval_id]
-            self._waiting()
-            self.emit("approval.responded", approval_id=approval_id, choice=choice,
-                      resolved_by=resolved_by)
-            question.future.set_result(choice)
-        metrics.approval_answered(resolved_by, choice)
+            won = None if claimed else self._claim(approval_id, choice, resolved_by)
+            if won is not None:
+                value = won.get("value")
+                self._resolve(question, value if value in question.choices else "deny",
+                              won.get("resolved_by") or "user")
+                raise _not_pending(approval_id)
+            self._resolve(question, choice, resolved_by)
         return choice
+
+    def _claim(self, question_id: str, value, resolved_by: str) -> dict | None:
+        """Claim the answer (under ``_cond``): None when it is this one (or no other process
+        can answer: no durable log), else the answer that won."""
+        if self.claims is None:
+            return None
+        try:
+            return self.claims.claim(self.run_id, question_id,
+                                     {"value": value, "resolved_by": resolved_by})
+        except (OSError, ValueError):
+            log.exception("run %s: could not record the answer to %s", self.run_id, question_id)
+            return None
+
+    def _resolve(self, question: Question, value, resolved_by: str) -> None:
+        """Hand ``value`` to the waiting runner and say so on the stream (under ``_cond``)."""
+        del self.questions[question.question_id]
+        self._waiting()
+        if question.kind == "approval":
+            self.emit("approval.responded", approval_id=question.question_id, choice=value,
+                      resolved_by=resolved_by)
+            metrics.approval_answered(resolved_by, value)
+        else:
+            self.emit("clarify.responded", clarify_id=question.question_id,
+                      resolved_by=resolved_by)
+            metrics.approval_answered(resolved_by, "answer" if value is not None else "none")
+        question.future.set_result(value)
 
     def ask_clarify(self, question: str, choices: list[str] | None) -> tuple[str, Future] | None:
         """Put a clarifying question to the user: emits ``clarify.request`` (``choices``:
@@ -269,21 +335,22 @@ class Run:
         return asked.question_id, asked.future
 
     def answer_clarify(self, clarify_id: str, answer: str | None,
-                       resolved_by: str = "user") -> None:
+                       resolved_by: str = "user", claimed: bool = False) -> None:
         """Resolve a pending clarifying question (``answer`` None: nobody answered): emits
         ``clarify.responded`` ``{clarify_id, resolved_by}`` (the answer itself goes to Hermes,
-        which records it; it is not an event). Raises Conflict ``clarify_not_pending``."""
+        which records it; it is not an event). Claimed like :meth:`answer`. Raises Conflict
+        ``clarify_not_pending``."""
         with self._cond:
             question = self.questions.get(clarify_id)
             if question is None or question.kind != "clarify":
-                raise Conflict(f"question {clarify_id} is not pending (never asked, already "
-                               "answered, timed out, or the run ended)",
-                               code="clarify_not_pending")
-            del self.questions[clarify_id]
-            self._waiting()
-            self.emit("clarify.responded", clarify_id=clarify_id, resolved_by=resolved_by)
-            question.future.set_result(answer)
-        metrics.approval_answered(resolved_by, "answer" if answer is not None else "none")
+                raise _not_pending(clarify_id, "clarify")
+            won = None if claimed else self._claim(clarify_id, answer, resolved_by)
+            if won is not None:
+                value = won.get("value")
+                self._resolve(question, value if isinstance(value, str) else None,
+                              won.get("resolved_by") or "user")
+                raise _not_pending(clarify_id, "clarify")
+            self._resolve(question, answer, resolved_by)
 
     def _waiting(self) -> None:
         """The status from the pending questions (under ``_cond``)."""
@@ -361,6 +428,13 @@ class Run:
         finally:
             with self._cond:
                 self._wakers.discard(wake)
+
+
+def _not_pending(question_id: str, kind: str = "approval") -> Conflict:
+    """409 ``approval_not_pending`` / ``clarify_not_pending`` (docs/mnote-client.md §Approvals)."""
+    what = "approval" if kind == "approval" else "question"
+    return Conflict(f"{what} {question_id} is not pending (never asked, already answered, "
+                    "timed out, or the run ended)", code=f"{kind}_not_pending")
 
 
 class RunListener:
@@ -462,11 +536,12 @@ class ForeignRun:
         self.refresh()
         question = self._pending().get(approval_id)
         if question is None or question[0] != "approval":
-            raise Conflict(f"approval {approval_id} is not pending (never asked, already "
-                           "answered, timed out, or the run ended)", code="approval_not_pending")
+            raise _not_pending(approval_id)
         if choice not in question[1]:
             raise BadRequest(f"choice must be one of {', '.join(question[1])}",
                              code="invalid_request")
+        if self._logs.claim(self.run_id, approval_id, {"value": choice, "resolved_by": "user"}):
+            raise _not_pending(approval_id)       # another answer won (any process)
         self._logs.request(self.run_id, {"op": "approval", "approval_id": approval_id,
                                          "choice": choice})
         return choice
@@ -477,8 +552,9 @@ class ForeignRun:
         self.refresh()
         question = self._pending().get(clarify_id)
         if question is None or question[0] != "clarify":
-            raise Conflict(f"question {clarify_id} is not pending (never asked, already "
-                           "answered, timed out, or the run ended)", code="clarify_not_pending")
+            raise _not_pending(clarify_id, "clarify")
+        if self._logs.claim(self.run_id, clarify_id, {"value": answer, "resolved_by": "user"}):
+            raise _not_pending(clarify_id, "clarify")
         self._logs.request(self.run_id, {"op": "clarify", "clarify_id": clarify_id,
                                          "answer": answer})
 
@@ -687,6 +763,7 @@ class RunManager:
                                   headers={"Retry-After": "5"})
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
             if self.logs is not None:
+                run.claims = self.logs
                 run.writer = self.logs.create({
                     "run_id": run.run_id, "session_id": session_id, "session_key": session_key,
                     "actor_id": actor_id, "trace_id": trace_id, "owner": self.owner,
@@ -728,10 +805,14 @@ class RunManager:
         with self._lock:
             return [run_id for run_id, r in self._runs.items() if not r.done]
 
-    def peek(self, run_id: str) -> "Run | None":
-        """The run of ``run_id`` (any actor; for the service's own log lines), or None."""
+    def peek(self, run_id: str) -> "Run | ForeignRun | None":
+        """The run of ``run_id`` (any actor; for the service's own log lines) — from its log
+        once it ended (:meth:`_forget_logged`) —, or None."""
         with self._lock:
-            return self._runs.get(run_id)
+            run = self._runs.get(run_id)
+        if run is None and self.logs is not None:
+            run = self._foreign(run_id)
+        return run
 
     def _work(self, run: Run, execute, log_context: dict) -> None:
         logs.start(**log_context)     # the worker logs with its request's ids (and the run's)
@@ -741,6 +822,8 @@ class RunManager:
             with run._cond:      # atomic with abort(): no run.failed after abort.started
                 if run.cancel.is_set():
                     run.emit("run.cancelled")
+                elif run.overflow:
+                    run.fail_overflow()
                 else:
                     run.emit("run.failed", code=err.code, error=err.detail)
         except Exception as exc:   # never leave a run "running"
@@ -755,7 +838,18 @@ class RunManager:
             if not run.done:
                 run.emit("run.failed", code=ServiceError.code, error="the run ended without a result")
             run.process = None
+            self._forget_logged(run)
 
+    def _forget_logged(self, run: Run) -> None:
+        """A finished run whose whole log is on disk is served from it from now on (as any
+        process serves it: :class:`ForeignRun`), so its events leave this process's memory:
+        finished runs cost no memory during their retention. Streams already following it
+        keep the object until they end."""
+        if self.logs is None or run.writer is None or not run.done:
+            return
+        with self._lock:
+            if self._runs.get(run.run_id) is run:
+                del self._runs[run.run_id]
     def get(self, run_id: str, actor_id: str) -> "Run | ForeignRun":
         """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail
         leaked). A run of another process comes from its log (:class:`ForeignRun`); if its
@@ -823,12 +917,14 @@ class RunManager:
                 self.abort(run)
                 for hook in self.on_abort:
                     hook(run)
-            elif kind == "approval":
-                run.answer(str(op.get("approval_id")), str(op.get("choice")), "user")
+            elif kind == "approval":   # claimed by the process that took the answer
+                run.answer(str(op.get("approval_id")), str(op.get("choice")), "user",
+                           claimed=True)
             elif kind == "clarify":
                 answer = op.get("answer")
                 run.answer_clarify(str(op.get("clarify_id")),
-                                   answer if isinstance(answer, str) else None, "user")
+                                   answer if isinstance(answer, str) else None, "user",
+                                   claimed=True)
         except ServiceError as err:
             log.info("run %s: dropped a %s request from another process: %s", run.run_id,
                      kind, err.detail)

@@ -14,8 +14,12 @@ so that every module of the extension may read it (tests/unit/test_layers_import
 """
 from __future__ import annotations
 
+import ipaddress
+import os
+import shutil
 from dataclasses import dataclass
 from typing import Callable
+from urllib.parse import urlsplit
 
 from ..config import (POS_INT, POS_NUM, STR_LIST, Check, Config, ConfigSection, ThreadNeed,
                       object_schema, settings_from)
@@ -34,7 +38,17 @@ DEFAULTS = {
     "default_capability_scope": ["page.read", "page.write", "artifact.write"],
     "service_url": None,
     "runner": "acp",
+    "page_store": {"kind": "embedded", "url": None, "command": None, "credential_env": None,
+                   "ca_file": None, "timeout_seconds": 15},
 }
+
+#: ``mnote.page_store.kind``: the service's own SQLite store, or mnote's kernel spoken to in
+#: the tool contract's envelopes (docs/mnote-tools.md §The kernel adapter)
+PAGE_STORE_KINDS = ("embedded", "command", "http")
+#: the longest ``mnote.page_store.timeout_seconds``: the mnote Hermes plugin waits 60 s for the
+#: tool endpoint (users_template/plugins/mnote), which must answer first
+MAX_KERNEL_TIMEOUT_SECONDS = 50
+_ENV_NAME = {"type": ["string", "null"], "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
 SCHEMA = object_schema({
     "enabled": {"type": "boolean"},
@@ -49,7 +63,30 @@ SCHEMA = object_schema({
     "default_capability_scope": STR_LIST,
     "service_url": {"type": ["string", "null"]},
     "runner": {"enum": ["cli", "acp"]},
+    "page_store": object_schema({
+        "kind": {"enum": list(PAGE_STORE_KINDS)},
+        "url": {"type": ["string", "null"]},
+        "command": {"type": ["array", "null"], "minItems": 1,
+                    "items": {"type": "string", "minLength": 1}},
+        "credential_env": _ENV_NAME,
+        "ca_file": {"type": ["string", "null"]},
+        "timeout_seconds": {**POS_NUM, "maximum": MAX_KERNEL_TIMEOUT_SECONDS},
+    }),
 })
+
+
+@dataclass(frozen=True, slots=True)
+class PageStoreSettings:
+    """``mnote.page_store.*``: where the tools' pages live (docs/mnote-tools.md §The kernel
+    adapter). ``command``: an argv (never a shell); ``credential_env``: the name of the
+    variable holding the kernel credential (its value is read from the service's environment
+    at each call, never stored)."""
+    kind: str                        # "embedded" | "command" | "http"
+    url: str | None
+    command: tuple[str, ...] | None
+    credential_env: str | None
+    ca_file: str | None
+    timeout_seconds: float           # one tool call's kernel budget, retries included
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +110,7 @@ class MnoteSettings:
     default_capability_scope: tuple[str, ...]
     service_url: str | None
     runner: str                      # the client routes' runner: "cli" | "acp"
+    page_store: PageStoreSettings
 
     @property
     def model_ids(self) -> list[str]:
@@ -84,7 +122,8 @@ def build(mapping: dict, valid: Callable[[str], bool]) -> MnoteSettings:
     # a refused entry stays in the list (its index names it); only a partial config has one
     models = tuple(MnoteModel(**m) for i, m in enumerate(mapping["models"])
                    if valid(f"mnote.models.{i}"))
-    return settings_from(MnoteSettings, mapping, models=models)
+    return settings_from(MnoteSettings, mapping, models=models,
+                         page_store=settings_from(PageStoreSettings, mapping["page_store"]))
 
 
 def default_model_listed(cfg: Config) -> list[str]:
@@ -95,13 +134,80 @@ def default_model_listed(cfg: Config) -> list[str]:
     return []
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def page_store_usable(cfg: Config) -> list[str]:
+    """``mnote.page_store``: a kind's address is complete and safe to use. http: an
+    ``http(s)://host[:port]/path`` URL without user info (a credential never sits in
+    config.yaml), https whenever a credential would leave this host; command: an argv whose
+    program is found (on ``PATH`` or as a path); ``credential_env``: set, one header-safe
+    token, and never a variable a Hermes process gets (``hermes.model.api_key_env``,
+    ``hermes.extra_env``); ``timeout_seconds`` below ``hermes.stall_timeout_seconds``."""
+    ps, where = cfg.section(NAME).page_store, f"{cfg.source}:mnote.page_store"
+    if ps.kind == "embedded":
+        return []
+    out = []
+    if ps.kind == "http":
+        parts = urlsplit(ps.url or "")
+        try:
+            parts.port
+        except ValueError as exc:
+            out.append(f"{where}.url: {exc}")
+        if not ps.url:
+            out.append(f"{where}.url: kind http needs the kernel's URL (https://host/path)")
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            out.append(f"{where}.url: not an http(s)://host/path URL")
+        elif parts.username is not None or parts.password is not None:
+            out.append(f"{where}.url: no user or password in the URL: name the variable "
+                       "holding the credential in mnote.page_store.credential_env")
+        elif parts.scheme == "http" and ps.credential_env and not _loopback(parts.hostname):
+            out.append(f"{where}.url: the credential would cross the network in clear: use "
+                       "https:// for a kernel on another host")
+        if ps.ca_file and not os.access(ps.ca_file, os.R_OK):
+            out.append(f"{where}.ca_file: {ps.ca_file} cannot be read")
+    if ps.kind == "command":
+        if not ps.command:
+            out.append(f"{where}.command: kind command needs the kernel command as an argv "
+                       "list, e.g. [\"mnote-cli\", \"hermes-tool\", \"--json\"]")
+        elif shutil.which(ps.command[0]) is None:
+            out.append(f"{where}.command: {ps.command[0]!r} is not an executable found on PATH "
+                       "or at that path")
+    name = ps.credential_env
+    if name:
+        value = os.environ.get(name)
+        hermes = cfg.hermes
+        if not value:
+            out.append(f"{where}.credential_env: {name} is not set in the service's environment")
+        elif not (value.isascii() and value.isprintable() and " " not in value):
+            out.append(f"{where}.credential_env: the value of {name} is not one header-safe "
+                       "token (visible ASCII, no spaces)")
+        if name == hermes.model.api_key_env or name in hermes.extra_env:
+            out.append(f"{where}.credential_env: {name} is also given to every Hermes process "
+                       "(hermes.model.api_key_env / hermes.extra_env): use a variable of its own")
+    if ps.timeout_seconds >= cfg.hermes.stall_timeout_seconds:
+        out.append(f"{where}.timeout_seconds: {ps.timeout_seconds:g} must be below "
+                   f"hermes.stall_timeout_seconds ({cfg.hermes.stall_timeout_seconds:g}): a slow "
+                   "kernel would otherwise end the run as stalled")
+    return out
+
+
 SECTION = ConfigSection(
     NAME, SCHEMA, DEFAULTS, build,
     checks=(Check("default_model_listed", ("mnote.models", "mnote.default_model"),
-                  default_model_listed),),
-    # fixed for the life of the process: the tool callback URL handed to runs, the runner
-    # and whether the extension is on (its routes are registered at start)
-    restart_only=("service_url", "runner", "enabled"),
+                  default_model_listed),
+            Check("page_store_usable", ("mnote.page_store", "hermes.model", "hermes.extra_env",
+                                        "hermes.stall_timeout_seconds"), page_store_usable)),
+    # fixed for the life of the process: the tool callback URL handed to runs, the runner,
+    # whether the extension is on (its routes are registered at start) and the page store
+    # the tool gateway was built with
+    restart_only=("service_url", "runner", "enabled", "page_store"),
     # every open event stream holds a waitress thread
     threads=(ThreadNeed("mnote.max_event_streams", "event streams",
                         lambda m: m.max_event_streams),))

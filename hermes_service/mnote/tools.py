@@ -10,8 +10,13 @@ turns a unified input envelope (§2) into a unified output envelope (§3):
 or input fails the schema, oversized field; message starts with the JSON
 pointer, e.g. ``/args/content/0/type``), ``mnote_tool_unknown_tool``,
 ``mnote_tool_permission_denied``, ``mnote_tool_conflict``,
-``mnote_tool_idempotency_conflict``, ``mnote_tool_unsupported_option`` and
-``mnote_tool_internal_error`` (unexpected failure; generic message).
+``mnote_tool_idempotency_conflict``, ``mnote_tool_unsupported_option``,
+``mnote_tool_internal_error`` (unexpected failure; generic message) and, with mnote's kernel
+as the page store, ``mnote_tool_kernel_unavailable`` and any code the kernel answers.
+
+The executor's backend runs the validated call: :class:`StoreBackend` against a
+:class:`PageStore` (the embedded SQLite store), or :class:`~.kernel_adapter.KernelBackend`
+against mnote's kernel (docs/mnote-tools.md §The kernel adapter).
 """
 from __future__ import annotations
 
@@ -19,13 +24,14 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from ..errors import json_pointer, schema_error
 from .schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
+from .kernel_wire import KERNEL_UNAVAILABLE
 from .page_store import (CMD_AI_NOTE, CMD_PAGE_SAVE, CMD_SUMMARY, CMD_UPDATE_OPTIONS, CMD_UPDATE_TITLE,
                          BadToolInput, CommandContext, CommandResult, PageStore, PermissionDenied,
                          ToolError, MSG_NO_ACTOR)
@@ -37,6 +43,12 @@ DEFAULT_MAX_CONTENT_BYTES = 256 * 1024
 BODY_SUMMARY_CHARS = 200
 CODE_UNKNOWN_TOOL = "mnote_tool_unknown_tool"
 CODE_INTERNAL = "mnote_tool_internal_error"
+#: every error code this service gives a tool call (docs/mnote-tools.md); a kernel's own
+#: codes pass through as well
+ERROR_CODES = frozenset({
+    "mnote_tool_bad_request", CODE_UNKNOWN_TOOL, "mnote_tool_permission_denied",
+    "mnote_tool_conflict", "mnote_tool_idempotency_conflict", "mnote_tool_unsupported_option",
+    CODE_INTERNAL, "mnote_tool_unauthorized", KERNEL_UNAVAILABLE})
 
 
 class _UnknownTool(ToolError):
@@ -145,18 +157,20 @@ def body_summary(blocks: list[dict], limit: int = BODY_SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[:limit].rstrip() + "…"
 
 
-class ToolExecutor:
-    """Executes contract §4 tools against a :class:`PageStore`.
+class Backend(Protocol):
+    """Runs one validated call: ``run(spec, env, args)`` → :class:`CommandResult`, or raises
+    :class:`ToolError` (``env``: the envelope in the §2 form with the run's fields, ``args``
+    the validated tool fields)."""
 
-    Checks, in order: envelope schema (§2) → known tool → field sizes → ``args``
-    schema (unknown fields rejected) → merged tool input schema (§4 ``required``) →
-    actor present → ``capabilityScope`` contains the tool scope → the store's
-    member / page read / page write / artifact write checks, idempotency and dryRun.
-    """
+    def run(self, spec: ToolSpec, env: dict, args: dict) -> CommandResult: ...
 
-    def __init__(self, store: PageStore, *, max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES):
+
+class StoreBackend:
+    """The tools against a :class:`PageStore` (the embedded store): its commands, and the
+    contract's page.get result shaped from the page (:meth:`shape_page`)."""
+
+    def __init__(self, store: PageStore):
         self.store = store
-        self.max_content_bytes = max_content_bytes
         self._handlers: dict[str, Callable[[CommandContext, dict], CommandResult]] = {
             "mnote.page.get": lambda ctx, a: store.page_get(ctx),
             "mnote.page.save": lambda ctx, a: store.page_save(
@@ -168,6 +182,50 @@ class ToolExecutor:
             "mnote.artifact.create_summary": lambda ctx, a: store.create_summary(ctx, summary=a["summary"]),
             "mnote.artifact.create_ai_note": lambda ctx, a: store.create_ai_note(ctx, content=a["content"]),
         }
+
+    def run(self, spec: ToolSpec, env: dict, args: dict) -> CommandResult:
+        ctx = CommandContext(
+            actor_id=env["actorId"], workspace_id=env["workspaceId"], document_id=env["documentId"],
+            tool_name=spec.name, session_id=env["sessionId"], run_id=env["runId"],
+            tool_call_id=env["toolCallId"], trace_id=env["traceId"],
+            idempotency_key=env.get("idempotencyKey"), dry_run=spec.writes and env.get("dryRun", False))
+        res = self._handlers[spec.name](ctx, args)
+        if spec.name == "mnote.page.get":
+            res = CommandResult(self.shape_page(res.result, args), res.effect)
+        return res
+
+    @staticmethod
+    def shape_page(page: dict, args: dict) -> dict:
+        """contract §4 page.get result; includeBody/includeOptions/includeBlocks drop
+        bodySummary/pageOptions/blocks.  ``revision`` is added for ``baseRevision``."""
+        out = {k: page[k] for k in ("documentId", "workspaceId", "title", "revision")}
+        if args.get("includeBody", True):
+            out["bodySummary"] = body_summary(page["blocks"])
+        if args.get("includeOptions", True):
+            out["pageOptions"] = page["pageOptions"]
+        if args.get("includeBlocks", True):
+            out["blocks"] = page["blocks"]
+        return out
+
+
+class ToolExecutor:
+    """Executes contract §4 tools against a :class:`PageStore` (``store``) or another
+    :class:`Backend` (``backend``: mnote's kernel).
+
+    Checks, in order: envelope schema (§2) → known tool → field sizes → ``args``
+    schema (unknown fields rejected) → merged tool input schema (§4 ``required``) →
+    actor present → ``capabilityScope`` contains the tool scope → the backend: the store's
+    member / page read / page write / artifact write checks, idempotency and dryRun, or the
+    kernel's.
+    """
+
+    def __init__(self, store: PageStore | None = None, *, backend: Backend | None = None,
+                 max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES):
+        if (store is None) == (backend is None):
+            raise TypeError("ToolExecutor needs a store or a backend")
+        self.store = store
+        self.backend = backend or StoreBackend(store)
+        self.max_content_bytes = max_content_bytes
 
     def invoke(self, envelope: dict) -> dict:
         """Run one tool call (contract §2 in, §3 out). Never raises.
@@ -188,14 +246,7 @@ class ToolExecutor:
                 raise PermissionDenied(MSG_NO_ACTOR)
             if spec.scope not in env.get("capabilityScope", ()):
                 raise PermissionDenied(f"capabilityScope 未授予 {spec.scope}")
-            ctx = CommandContext(
-                actor_id=env["actorId"], workspace_id=env["workspaceId"], document_id=env["documentId"],
-                tool_name=spec.name, session_id=env["sessionId"], run_id=env["runId"],
-                tool_call_id=env["toolCallId"], trace_id=env["traceId"],
-                idempotency_key=env.get("idempotencyKey"), dry_run=spec.writes and env.get("dryRun", False))
-            res = self._handlers[spec.name](ctx, args)
-            if spec.name == "mnote.page.get":
-                res = CommandResult(self._shape_page(res.result, args), res.effect)
+            res = self.backend.run(spec, env, args)
         except ToolError as exc:
             return self._envelope(echo, None, error={"code": exc.code, "message": exc.message})
         except Exception:  # noqa: BLE001 - the contract wants an envelope, never a 500
@@ -229,19 +280,6 @@ class ToolExecutor:
         _first_error(_INPUT_VALIDATORS[spec.name], merged,
                      lambda p: ["args", *p] if p and p[0] in args else p)
         return spec, env, args
-
-    @staticmethod
-    def _shape_page(page: dict, args: dict) -> dict:
-        """contract §4 page.get result; includeBody/includeOptions/includeBlocks drop
-        bodySummary/pageOptions/blocks.  ``revision`` is added for ``baseRevision``."""
-        out = {k: page[k] for k in ("documentId", "workspaceId", "title", "revision")}
-        if args.get("includeBody", True):
-            out["bodySummary"] = body_summary(page["blocks"])
-        if args.get("includeOptions", True):
-            out["pageOptions"] = page["pageOptions"]
-        if args.get("includeBlocks", True):
-            out["blocks"] = page["blocks"]
-        return out
 
     def denied(self, envelope: dict, message: str) -> dict:
         """A ``mnote_tool_permission_denied`` envelope for a call refused before the store."""

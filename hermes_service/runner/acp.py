@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -143,6 +144,11 @@ CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clari
 CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
 CLARIFY_TOOLSET = "clarify"
 STDERR_TAIL_BYTES = 16384
+#: The largest JSON-RPC message read from a Hermes process (bytes, one line). A longer one
+#: ends the connection: the process is retired and its turn fails ``hermes_failed``
+#: (docs/mnote-client.md §Sizes of events). Hermes's own largest messages — a replayed tool result of a
+#: session/load — stay far below it.
+ACP_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -372,6 +378,7 @@ class AcpProcess:
         self.sessions: set[str] = set()
         self.loading: dict[str, asyncio.Future] = {}  # session/load in flight, by session
         self.seen: dict[str, tuple | None] = {}   # session -> its record after our last turn
+        self.record_file: tuple | None = None   # its state.db (device, inode) after that turn
         self.inflight: dict[str, _Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
@@ -397,7 +404,7 @@ class AcpProcess:
                 *self.launch.argv, env=self.launch.env, cwd=self.launch.cwd,
                 pass_fds=self.launch.pass_fds, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                start_new_session=True, limit=50 * 1024 * 1024)
+                start_new_session=True, limit=ACP_MESSAGE_BYTES)
         except OSError:
             self.launch.close()
             raise
@@ -499,6 +506,15 @@ class AcpProcess:
     def env_model_url(self) -> str | None:
         """The model pass-through this process was started with (None: the provider direct)."""
         return (self.launch.env.get(MODEL_URL_ENV) or None) if self.launch is not None else None
+
+
+def _record_file(home) -> tuple | None:
+    """``(device, inode)`` of the home's ``state.db`` (not followed), None when missing."""
+    try:
+        st = os.lstat(home.hermes_home / "state.db")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _ended(reason: str) -> RunError:
@@ -618,6 +634,7 @@ class AcpRunner:
         try:
             answer, reasoning = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
+            proc.record_file = _record_file(req.home)
         except RunError as err:
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
@@ -828,6 +845,12 @@ class AcpRunner:
                 raise _ended(reason)
             proc = acquiring.result()
             sid = req.resume_id
+            if proc.record_file not in (None, _record_file(req.home)):
+                # its state.db was replaced (the service removed what the agent planted
+                # there): the process still writes to the old one, whose turns nobody reads
+                self._retire(proc, "its state.db was replaced")
+                self._release(proc)
+                continue
             if lost or sid not in proc.seen or proc.seen[sid] == record:
                 break
             # the record changed since this process's last turn there (another service

@@ -20,6 +20,9 @@ KILLED = {   # why we ended a process group -> (status, code, detail)
     "cancelled": (409, "run_cancelled", "the run was aborted"),
     "shutdown": (503, "service_stopping", "the service is shutting down; retry"),
     "limit": (422, "run_limit_exceeded", "the Hermes run exceeded a limit of its sandbox"),
+    # the listener's output budget (a client run's events: docs/mnote-client.md §Sizes of events)
+    "output": (422, "run_limit_exceeded", "the run's output passed its size limit and the "
+                                          "run was ended"),
 }
 #: The limit names of ``run_limit_exceeded`` (``hermes.sandbox.limits``), for its detail.
 LIMIT_NAMES = {"memory": "memory (hermes.sandbox.limits.memory_mb)",

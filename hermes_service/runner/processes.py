@@ -54,6 +54,12 @@ KILL_GRACE_SECONDS = 1.0
 #: how Hermes reports a model request the pass-through refused for a spent budget
 _MAYBE_BUDGET = frozenset({"upstream_empty_answer", "upstream_rate_limited",
                            "upstream_unavailable", "hermes_failed"})
+#: What the service keeps of a Hermes process's output (bytes): the first STDOUT_BYTES of its
+#: standard output (Hermes's own error text; the answer is read from its record) and the last
+#: STDERR_BYTES of its standard error (its last line names the session). The rest is read
+#: and dropped, so a process writing without end costs the service no memory.
+STDOUT_BYTES = 1024 * 1024
+STDERR_BYTES = 64 * 1024
 
 
 @dataclass
@@ -84,7 +90,8 @@ class CliProcess:
         self.last_activity = self.started
         self.killed: str | None = None
         self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
-        self._max = max_output_bytes
+        self._max = STDOUT_BYTES if max_output_bytes is None else max_output_bytes
+        self._tail = STDERR_BYTES if max_output_bytes is None else max_output_bytes
         self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._truncated = False
         self._kill_lock = threading.Lock()
@@ -105,10 +112,18 @@ class CliProcess:
             t.start()
 
     def _read(self, name: str, stream) -> None:
+        """Read one stream to its end: stdout's head (up to ``_max``), stderr's tail (up to
+        ``_tail``)."""
         buf = self._out[name]
         for chunk in iter(lambda: stream.read1(65536), b""):
             self.last_activity = time.monotonic()
-            room = len(chunk) if self._max is None else max(0, self._max - len(buf))
+            if name == "stderr":
+                buf.extend(chunk)
+                if len(buf) > self._tail:
+                    del buf[:-self._tail]
+                    self._truncated = True
+                continue
+            room = max(0, self._max - len(buf))
             if room < len(chunk):
                 self._truncated = True
             buf.extend(chunk[:room])
@@ -457,6 +472,7 @@ class Processes:
         self.timeout = float(hermes.timeout_seconds)
         self.stall_timeout = float(hermes.stall_timeout_seconds)
         self.queue_wait = float(hermes.queue_wait_seconds)
-        self.toolsets = list(hermes.toolsets)
+        self.toolsets = (self.sandbox.allowed_toolsets(hermes.toolsets) if self.sandbox
+                         else list(hermes.toolsets))
         self._slots.resize(hermes.cli_slots)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,20 @@ TOOLS = ["terminal", "file", "code_execution"]
 def terminal(command: str) -> str:
     """A message that makes the scripted model call Hermes's terminal tool once."""
     return "[[tools:terminal " + json.dumps({"command": command}) + "]]"
+
+
+INSIDE_PORTS = (3128, 9401, 9402)      # the sandbox's own: sandbox_net.PORTS
+
+
+def host_listening_ports() -> list[int]:
+    """Every TCP port something listens on in this (the host's) network namespace."""
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(set(ports))
 
 
 def checks(answer: str) -> dict[str, str]:
@@ -77,6 +92,48 @@ try:
     print(u.urlopen('$URL/api/v1/sessions/$BSID', timeout=10).status)
 except Exception as e:
     print(getattr(e, 'code', type(e).__name__))")"
+check inside_api "$(python -c "
+import os, urllib.request as u
+try:
+    print(u.urlopen(os.environ['HERMES_SERVICE_URL'] + '/api/v1/sessions/$BSID', timeout=10).status)
+except Exception as e:
+    print(getattr(e, 'code', type(e).__name__))")"
+cat > ports.py <<'PY'
+import socket, sys
+reached = []
+for host in ('127.0.0.1', '127.0.0.2', '::1'):
+    for port in map(int, sys.argv[1:]):
+        s = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET)
+        s.settimeout(2)
+        try:
+            s.connect((host, port))
+            reached.append(f'{host}:{port}')
+        except OSError:
+            pass
+        s.close()
+print(' '.join(reached) or 'none')
+PY
+check host_ports "$(python ports.py $HOST_PORTS)"
+check abstract "$(python -c "
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect('\\0$ABSTRACT'); print('reached')
+except OSError as e:
+    print(type(e).__name__)")"
+check listeners "$(grep -h ' 0A ' /proc/net/tcp /proc/net/tcp6 | awk '{print $2}' | sed 's/.*://' | sort | xargs)"
+check internet "$(python -c "
+import socket
+try:
+    socket.create_connection(('1.1.1.1', 443), timeout=3); print('reached')
+except OSError as e:
+    print(type(e).__name__)")"
+check proxy "$(python -c "
+import urllib.request as u
+try:
+    u.urlopen('http://example.com/', timeout=10); print('reached')
+except Exception as e:
+    print(getattr(e, 'code', type(e).__name__), getattr(e, 'headers', {}).get('X-Hermes-Egress-Refused'))")"
 """
 
 
@@ -109,14 +166,25 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     t.start()
     bpids = wait_for(lambda: hermes_processes(marker), "B's tool process", 120)
 
+    # every port something listens on here (this service, the model pass-through, the scripted
+    # model, …), one on 127.0.0.2 and an abstract Unix socket: none is reachable from inside
+    extra = socket.create_server(("127.0.0.2", 0))
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0hermes-test-{time.monotonic_ns()}")
+    abstract.listen(1)
+    ports = sorted(set(host_listening_ports()) - set(INSIDE_PORTS))
+    assert svc.port in ports and extra.getsockname()[1] in ports
     script = "\n".join([f"B='{bhome}'", f"D='{tmp_path / 'data'}'", f"R='{ROOT}'",
                         f"C='{svc.config_path}'", f"URL='{svc.url}'", f"BSID='{sid_b}'",
-                        f"BPID={bpids[0]}", ATTACK])
+                        f"BPID={bpids[0]}", f"HOST_PORTS='{' '.join(map(str, ports))}'",
+                        f"ABSTRACT='{abstract.getsockname()[1:].decode()}'", ATTACK])
     (users / "alice" / "attack.sh").write_text(script)
     res = svc.post(f"/api/v1/sessions/{sid_a}/messages", json={"message": terminal("sh attack.sh")})
     assert res.status_code == 200, res.text
     got = checks(res.json()["response"])
-    assert len(got) == 19, res.json()["response"]
+    extra.close()
+    abstract.close()
+    assert len(got) == 25, res.json()["response"]
     assert got["b_state"] == "0" and got["b_config"] == "0" and got["b_listed"] == "0", got
     assert got["b_by_glob"] == "/home/hermes", got          # one home, the same for every user
     assert got["svc_config"] == "0" and got["data_dir"] == "0" and got["repo"] == "0", got
@@ -126,7 +194,16 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     assert got["home"] == "/home/hermes /home/hermes", got
     assert got["uid"] != "0" and int(got["caps"], 16) == 0, got
     assert got["kill_b"] in ("ProcessLookupError", "PermissionError"), got
-    assert got["api"] == "401", got                         # no key, no API
+    # a network of its own: the host's loopback, this service's port, an abstract socket of
+    # the host, the internet — none reachable; only its own three ports listen; this service
+    # through its own port asks for a key like anyone; tools reach the internet only through
+    # the egress proxy, which allows nothing by default
+    assert got["api"] == "URLError" and got["host_ports"] == "none", got
+    assert got["abstract"] == "ConnectionRefusedError", got
+    assert got["listeners"] == "0C38 24B9 24BA", got       # 3128, 9401, 9402
+    assert got["internet"] not in ("reached", ""), got
+    assert got["proxy"] == "403 not_allowed", got
+    assert got["inside_api"] == "401", got                  # no key, no API
     assert 0 < int(got["tmp_free"]) <= 256 * 1024, got      # a private, capped /tmp
     for f in (Path("/usr/pwned"), ROOT / "pwned", tmp_path / "data" / "pwned", Path("/pwned"),
               Path("/etc/pwned")):

@@ -17,7 +17,8 @@ With ``HERMES_HOME`` set the agent keeps ``state.db`` as Hermes 0.19.0 does
 starts, and, on an honoured cancel, the streamed text as the interrupted reply; a prompt
 without ``FAKE_ACP_STREAM`` ends at once, answered with ``FAKE_ACP_ANSWER`` (an assistant row)
 or, without it, with no answer recorded (what a model's empty reply or a provider error
-leaves)."""
+leaves). ``FAKE_ACP_BIG_CHUNK`` (characters): a prompt sends one message chunk that long and
+ends (the reader's bound, docs/mnote-client.md §Sizes of events)."""
 import asyncio
 import os
 import sys
@@ -60,6 +61,10 @@ class FakeAgent:
         return None
 
     async def prompt(self, prompt, session_id, **_kw):
+        big = int(os.environ.get("FAKE_ACP_BIG_CHUNK", "0"))
+        if big:                  # one message chunk of that many characters (a forged one)
+            await self.conn.session_update(session_id, update_agent_message_text("x" * big))
+            return PromptResponse(stop_reason="end_turn")
         pieces = [p for p in os.environ.get("FAKE_ACP_STREAM", "").split("|") if p]
         if not pieces:
             if _home():                # a turn Hermes answered with FAKE_ACP_ANSWER, or not at all

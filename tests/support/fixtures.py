@@ -91,8 +91,10 @@ def model():
 class ServiceProcess:
     """``python3 main.py --config <file> --port <free>`` as a subprocess."""
 
-    def __init__(self, tmp: Path, cfg: dict, env_extra: dict | None = None):
+    def __init__(self, tmp: Path, cfg: dict, env_extra: dict | None = None,
+                 wrap: list[str] | None = None):
         self.tmp = tmp
+        self.wrap = list(wrap or [])     # a command the service runs under (e.g. unshare)
         self.cfg = cfg
         self.config_path = tmp / f"config-{time.monotonic_ns()}.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
@@ -108,8 +110,8 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "main.py"), "--config", str(self.config_path),
-             "--port", str(self.port)], cwd=str(ROOT), env=self.env,
+            [*self.wrap, sys.executable, str(ROOT / "main.py"), "--config",
+             str(self.config_path), "--port", str(self.port)], cwd=str(ROOT), env=self.env,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -182,12 +184,14 @@ class ServiceProcess:
 
 @pytest.fixture
 def start_service(tmp_path, model):
-    """Factory: ``start_service(overrides: dict = {}, env=None, tmp=None)`` → a started ServiceProcess."""
+    """Factory: ``start_service(overrides: dict = {}, env=None, tmp=None, wrap=None)`` → a
+    started ServiceProcess (``wrap``: a command prefix the service runs under)."""
     started = []
 
-    def start(overrides: dict | None = None, env: dict | None = None, tmp: Path | None = None):
+    def start(overrides: dict | None = None, env: dict | None = None, tmp: Path | None = None,
+              wrap: list[str] | None = None):
         cfg = deep_merge(base_config(tmp or tmp_path, model.base_url), overrides or {})
-        svc = ServiceProcess(tmp or tmp_path, cfg, env).start()
+        svc = ServiceProcess(tmp or tmp_path, cfg, env, wrap).start()
         started.append(svc)
         return svc
 

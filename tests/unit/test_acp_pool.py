@@ -496,3 +496,18 @@ def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_pat
     wait_for(lambda: warm.dead, "the retired process to close")      # replacement is started
     assert runner.process_count() == 0 and alive(runner) == []
     assert len(agent_log(runner, "new")) == 1        # u1's spare, made before the drain
+
+
+def test_a_message_over_the_readers_bound_ends_the_process_and_the_turn(pool, tmp_path):
+    """A JSON-RPC line longer than ACP_MESSAGE_BYTES (a forged or runaway message) is never
+    buffered whole: the connection ends, the turn fails hermes_failed, the process goes."""
+    from hermes_service.runner import TurnRequest
+    from hermes_service.runner.acp import ACP_MESSAGE_BYTES
+    runner = pool(max_processes=1)
+    runner.env["FAKE_ACP_BIG_CHUNK"] = str(ACP_MESSAGE_BYTES + 1024)
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                      family="mnote")
+    with pytest.raises(RunError) as failed:
+        runner.run_turn(req)
+    assert failed.value.code == "hermes_failed"
+    wait_for(lambda: not runner._procs, "the process to be retired", WAIT)

@@ -22,7 +22,7 @@ def test_shipped_config_is_valid(monkeypatch, tmp_path):
     monkeypatch.setenv("HERMES_SERVICE_API_KEY", "x" * 32)
     cfg = load_config(shipped_file("config.yaml", tmp_path / "config.yaml"))
     assert cfg.service.port == 9123 and cfg.service.host == "127.0.0.1"
-    assert cfg.hermes.toolsets == ()
+    assert cfg.hermes.toolsets == ("terminal", "file", "code_execution", "todo", "memory")
     assert cfg.security.api_keys[0].sha256 == hashlib.sha256(b"x" * 32).hexdigest()
 
 

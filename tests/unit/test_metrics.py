@@ -175,6 +175,7 @@ def test_gauges_report_processes_registry_and_runs(c):
 ALLOWED_LABELS = {"route", "method", "status", "runner", "family", "outcome", "tool", "le",
                   "kind",    # hermes_service_model_tokens_total: prompt | completion
                   "resolved_by", "choice",    # approvals_answered: fixed sets of values
+                  "transport",    # kernel_calls, kernel_retries: http | command
                   # standard collectors
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 

@@ -52,3 +52,40 @@ def test_a_terminal_event_releases_questions_nobody_answered():
     assert r.status == "waiting_for_approval"
     r.emit("run.failed", code="x", error="y")
     assert fa.result(0) == "deny" and fc.result(0) is None and not r.questions
+
+
+def test_each_answer_route_takes_only_its_own_kind_of_question():
+    """The approval answer refuses a clarifying question's id and the clarify answer an
+    approval's (else ``always`` would get through a question that does not offer it)."""
+    r = run()
+    a, fa = r.ask_approval("command", "t", "d", ["once", "deny"])
+    c, fc = r.ask_clarify("Which?", ["always"])
+    with pytest.raises(Conflict) as wrong:
+        r.answer(c, "once")
+    assert wrong.value.code == "approval_not_pending"
+    with pytest.raises(Conflict) as wrong:
+        r.answer_clarify(a, "always")
+    assert wrong.value.code == "clarify_not_pending"
+    with pytest.raises(BadRequest):
+        r.answer(a, "always")                   # not one of its choices
+    assert not fa.done() and not fc.done()
+    assert r.answer(a, "deny") == "deny" and fa.result(0) == "deny"
+
+
+def test_the_terminal_event_is_fsynced_and_deltas_are_not(tmp_path, monkeypatch):
+    import os
+    from hermes_service.mnote import run_log
+    logs = run_log.RunLogs(tmp_path)
+    r = run()
+    r.writer = logs.create({"run_id": "run_" + "0" * 24, "owner": "x"})
+    synced = []
+    monkeypatch.setattr(run_log.os, "fsync", lambda fd: synced.append(fd))
+    r.emit("message.delta", delta="a")
+    r.emit("message.delta", delta="b")
+    assert synced == []
+    fd = r.writer.fd
+    r.emit("run.completed", output="ab", usage={})
+    assert synced == [fd] and r.writer.fd == -1          # fsynced, then closed
+    lines = (tmp_path / ("run_" + "0" * 24 + ".jsonl")).read_text().splitlines()
+    assert os.path.getsize(tmp_path / ("run_" + "0" * 24 + ".jsonl")) > 0
+    assert '"run.completed"' in lines[-1]

@@ -293,3 +293,71 @@ def test_a_delta_with_a_lone_surrogate_is_kept_with_its_id(tmp_path, other):
     run = a.start("key_1", "s_1", "alice", "t", execute)
     wait_for(lambda: run.done, "the run")
     assert b.get(run.run_id, "alice").events == run.events
+
+
+def test_twenty_answers_at_once_on_two_processes_exactly_one_wins(tmp_path, other):
+    """Answers to one approval sent at once to the owning and the other process: exactly one
+    is told 200 — and it is the choice applied —, every other gets 409; a timeout at the
+    owner after that applies the winner, not a deny."""
+    a, b = managers(tmp_path, other)
+    applied = {}
+
+    def execute(run):
+        run.listener().started(None)
+        _, future = run.ask_approval("command", "rm", "$ rm x", ["once", "session", "deny"])
+        applied["choice"] = future.result(20)
+        run.finish([("run.completed", {"output": "ok", "usage": {}})])
+    run = a.start("key_20", "s_20", "alice", "t", execute)
+    wait_for(lambda: run.questions, "the approval question")
+    [approval_id] = run.questions
+    start = threading.Barrier(20)
+    outcomes = [None] * 20
+
+    def answer(i):
+        view = a.get(run.run_id, "alice") if i % 2 else b.get(run.run_id, "alice")
+        choice = ("deny", "once", "session")[i % 3]
+        start.wait()
+        try:
+            outcomes[i] = ("ok", view.answer(approval_id, choice))
+        except ServiceError as err:
+            outcomes[i] = (err.code, choice)
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    wins = [o for o in outcomes if o[0] == "ok"]
+    assert len(wins) == 1, outcomes
+    assert all(o[0] == "approval_not_pending" for o in outcomes if o[0] != "ok"), outcomes
+    wait_for(lambda: "choice" in applied, "the answer at the owner")
+    assert applied["choice"] == wins[0][1]
+    wait_for(lambda: run.done, "the run's end")
+    [responded] = [e for e in run.events if e["event"] == "approval.responded"]
+    assert responded["choice"] == wins[0][1]
+
+
+def test_an_answer_claimed_elsewhere_wins_over_the_owners_timeout(tmp_path, other):
+    a, b = managers(tmp_path, other)
+    seen = {}
+
+    def execute(run):
+        run.listener().started(None)
+        approval_id, future = run.ask_approval("command", "rm", "$ rm x", ["once", "deny"])
+        seen["id"] = approval_id
+        seen["go"].wait(10)
+        try:                                   # what the runner does when its wait times out
+            run.answer(approval_id, "deny", "timeout")
+        except Conflict:
+            pass
+        seen["choice"] = future.result(5)
+        run.finish([("run.completed", {"output": "ok", "usage": {}})])
+    seen["go"] = threading.Event()
+    run = a.start("key_t", "s_t", "alice", "t", execute)
+    wait_for(lambda: "id" in seen, "the question")
+    # the other process claims "once" but its request line has not been applied yet
+    assert b.logs.claim(run.run_id, seen["id"], {"value": "once", "resolved_by": "user"}) is None
+    seen["go"].set()
+    wait_for(lambda: "choice" in seen, "the owner's timeout")
+    assert seen["choice"] == "once"
+    with pytest.raises(Conflict):
+        b.get(run.run_id, "alice").answer(seen["id"], "deny")

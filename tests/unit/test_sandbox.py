@@ -53,12 +53,40 @@ def test_bwrap_mode_on_a_host_without_bubblewrap_is_a_problem_naming_the_package
     assert "bubblewrap" in line and "apt-get install bubblewrap" in line
 
 
-def test_auto_without_bubblewrap_warns_and_refuses_host_toolsets(tmp_path):
-    config = cfg(tmp_path, sandbox={"mode": "auto", "bwrap": NO_BWRAP})
+def test_auto_without_bubblewrap_warns_and_leaves_host_toolsets_out(tmp_path):
+    config = cfg(tmp_path, toolsets=["terminal", "web", "hermes-cli", "todo"],
+                 sandbox={"mode": "auto", "bwrap": NO_BWRAP})
     [warning] = [w for w in config.warnings if "sandbox" in w]
     assert "auto found no usable sandbox" in warning and "unconfined" in warning
-    [line] = problems_of(tmp_path, toolsets=["terminal"], sandbox={"bwrap": NO_BWRAP})
-    assert "auto found no usable sandbox" in line
+    assert "no toolset that reaches the host is offered" in warning
+    launcher = sandbox.Sandbox(config.hermes.sandbox, tmp_path, tmp_path)
+    assert not launcher.active
+    assert launcher.allowed_toolsets(config.hermes.toolsets) == ["web", "todo"]
+    # the shipped coding toolsets are no problem there: they are left out, and said so
+    assert problems_of(tmp_path, toolsets=["terminal"], sandbox={"bwrap": NO_BWRAP}) == []
+
+
+def test_a_working_sandbox_keeps_every_toolset(tmp_path):
+    if not sandbox.probe().usable:
+        pytest.skip(f"no usable bubblewrap here: {sandbox.probe().reason}")
+    launcher = sandbox.Sandbox(sandbox.Settings(), tmp_path, tmp_path)
+    assert launcher.allowed_toolsets(["terminal", "file"]) == ["terminal", "file"]
+
+
+def test_the_hosts_network_needs_its_own_allow_key_for_host_toolsets(tmp_path):
+    if not sandbox.probe().usable:
+        pytest.skip(f"no usable bubblewrap here: {sandbox.probe().reason}")
+    [line] = problems_of(tmp_path, toolsets=["terminal"], sandbox={"network": "host"})
+    assert "hermes.sandbox.network: host" in line and "allow_host_network" in line
+    assert problems_of(tmp_path, toolsets=["terminal"],
+                       sandbox={"network": "host", "allow_host_network": True}) == []
+    assert problems_of(tmp_path, toolsets=["todo"], sandbox={"network": "host"}) == []
+
+
+@pytest.mark.parametrize("entry", ["*", "a b", "x.com:99999", "[::1"])
+def test_an_egress_entry_the_policy_cannot_read_is_a_problem(tmp_path, entry):
+    [line] = problems_of(tmp_path, sandbox={"egress": {"deny": [entry]}})
+    assert line.startswith("<dict>:hermes.sandbox.egress.deny:") and repr(entry) in line
 
 
 def test_the_limits_have_floors_that_let_a_turn_through(tmp_path):

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
@@ -53,6 +54,16 @@ def _run(task_id=None) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _reachable(url):
+    """``url`` with its origin replaced by ``$HERMES_SERVICE_URL`` when the service sets one
+    (a sandbox with a network of its own reaches the service on its own loopback port)."""
+    origin = os.environ.get("HERMES_SERVICE_URL")
+    if not url or not origin:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    return origin.rstrip("/") + urllib.parse.urlunsplit(("", "", parts.path, parts.query, ""))
 
 
 def _tool_call_id():
@@ -113,7 +124,7 @@ def _handler(definition):
     def handle(args, task_id=None, **_kw):
         call_id = _tool_call_id()
         run = _run(task_id)
-        url, token = run.get("toolUrl"), run.get("runToken")
+        url, token = _reachable(run.get("toolUrl")), run.get("runToken")
         if not url or not token:
             return _error(tool, call_id, "mnote_tool_unavailable",
                           "mnote tools are only available in runs started by mnote")
