@@ -24,6 +24,8 @@ answered here, in the shape of the OpenAI API's own errors (``{"error": {"messag
 * a body by ``Content-Length`` (RFC 9112 §6.2), at most ``Policy.max_body`` bytes
   (:func:`~hermes_service.model_policy.max_request_bytes` of ``hermes.model.context_length``;
   more → **413**); ``Transfer-Encoding`` → **411** (Hermes's client, httpx, sends a length);
+  a refused request's body is read and dropped first (up to :data:`DRAIN_BYTES`, within
+  :data:`LINGER_SECONDS`), so the refusal reaches the caller whole;
   a GET with a body → **400**;
 * a chat body: UTF-8 JSON whose fields are allowlisted and whose ``model`` the config offers
   (**400** / **404** ``model_not_found`` / **415**), re-encoded from what was checked, with
@@ -164,6 +166,8 @@ USER_BODY_BUDGET = 16 * 1024 * 1024   # request body bytes held at once for one 
 BODY_BUDGET = 256 * 1024 * 1024       # request body bytes held at once, every user (503 above)
 BODY_SECONDS = 60.0                   # a body must arrive whole within this (408)
 PARSES = 2                            # request bodies parsed (checked) at once
+LINGER_SECONDS = 2.0                  # reading what a refused caller still sends (s)
+DRAIN_BYTES = 64 * 1024 * 1024        # ... at most this much of its body
 READ_CHUNK = 64 * 1024                # largest piece relayed per read1()
 POOL_SIZE = 8                         # idle upstream connections kept per origin
 CONNECT_TIMEOUT = 10.0
@@ -371,8 +375,26 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self):
         try:
             super().finish()
+            if getattr(self, "_linger", False):
+                self._lingering_close()
         finally:
             self.server.proxy._track(self.connection, False)
+
+    def _lingering_close(self) -> None:
+        """After refusing a request whose body was not read: stop writing and read (and
+        drop) what the caller still sends, for up to :data:`LINGER_SECONDS`, before the
+        connection is closed — closing with unread data makes the kernel reset the
+        connection, which can destroy the refusal on its way (RFC 9112 §9.6)."""
+        conn = self.connection
+        try:
+            conn.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER_SECONDS
+            while (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
+                if not conn.recv(1 << 16):
+                    return
+        except OSError:
+            return
 
     def do_GET(self):
         self._handle()
@@ -504,17 +526,39 @@ class _Handler(BaseHTTPRequestHandler):
                     refusal.headers)
 
     def _drain_or_close(self) -> None:
-        """Refusing a request: read a small body so the connection stays usable, else close."""
-        if self.close_connection:
-            return
+        """Refusing a request whose body was not read: read and drop the body first (up to
+        :data:`DRAIN_BYTES`, within :data:`LINGER_SECONDS`), so the caller has sent it all
+        before the refusal comes — closing with unread data makes the kernel reset the
+        connection, which can destroy the refusal on its way at any hop (the sandbox's
+        forwarder, RFC 9112 §9.6). A body of 1 MiB or less keeps the connection usable;
+        anything else closes it (a body without a length: after a lingering close)."""
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if self.headers.get("Transfer-Encoding") or length < 0 or length > 1024 * 1024:
+        if self.headers.get("Transfer-Encoding") or length < 0:
             self.close_connection = True
-        elif length:
-            self.rfile.read(length)
+            self._linger = True
+            return
+        if not length:
+            return
+        if length > 1024 * 1024:
+            self.close_connection = True
+        left, deadline = min(length, DRAIN_BYTES), time.monotonic() + LINGER_SECONDS
+        try:
+            while left > 0 and (room := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(room)
+                chunk = self.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    break
+                left -= len(chunk)
+            self.connection.settimeout(CLIENT_TIMEOUT)
+        except OSError:
+            self.close_connection = True
+            return
+        if left > 0 or length > DRAIN_BYTES:
+            self.close_connection = True
+            self._linger = True
 
     # -- forwarding -----------------------------------------------------------------
     def _forward(self, s: _Settings | None, user: str, suffix: str, body: bytes,

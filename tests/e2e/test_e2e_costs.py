@@ -117,7 +117,8 @@ def test_an_agent_with_its_credential_uses_the_account_only_for_the_configured_m
     assert got["other_model"] == "404:model_not_found", got
     for name in ("files", "tuning", "admin", "embeddings", "responses", "escape", "query"):
         assert got[name] == "404:not_found", (name, got)
-    assert got["big"] == "413:request_too_large" and got["n"] == "400:unsupported_parameter", got
+    assert got["big"] == "413:request_too_large" and got["n"] == "400:unsupported_parameter", \
+        res.json()["response"][-1500:]
     assert got["tier"] == "400:unsupported_parameter", got
     assert got["headers"] == "200" and got["no_usage"] == "200:False" and got["dropped"] == "200"
     # what reached the provider: only the configured model, never the agent's headers

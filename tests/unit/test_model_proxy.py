@@ -385,7 +385,9 @@ def test_configure_reloads_the_upstream_and_key_for_new_requests(scripted, gated
     assert status == 502 and "model provider unreachable" in json.loads(raw)["error"]["message"]
 
 
-def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy):
+def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy, monkeypatch):
+    from hermes_service import model_proxy
+    monkeypatch.setattr(model_proxy, "LINGER_SECONDS", 0.2)    # the body never comes here
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("alice")
     assert Client(proxy).call("GET", "/admin", credential=cred)[0] == 404
@@ -395,7 +397,8 @@ def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy):
                   b"Authorization: Bearer " + cred.encode() + b"\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
         assert s.recv(100).startswith(b"HTTP/1.1 411 ")
-    # over the cap → 413 before the body is read; two lengths that differ → 400
+    # over the cap → 413 (after the body sent is read and dropped); two lengths that differ
+    # → 400
     for head in (b"Content-Length: %d\r\n" % (proxy.policy.max_body + 1),
                  b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Content-Length: +2\r\n"):
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
