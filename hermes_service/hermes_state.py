@@ -41,6 +41,7 @@ from pathlib import Path
 
 from .state_db import (STATE_DB_SECONDS, STATE_FILES, bounded,  # noqa: F401
                        planted_state_files, repair_state_files)
+from .state_db import check_triggers
 from .state_db import connect as _connect
 
 #: Hermes's failure sentinel for a turn whose model returned no content (agent/conversation_loop.py).
@@ -273,7 +274,7 @@ def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> b
             return False
         if "base_url" in meta:
             meta["base_url"] = base_url
-        with conn:
+        with _write_transaction(conn):
             conn.execute("UPDATE sessions SET model_config = ?, billing_base_url = ? WHERE id = ?",
                          (json.dumps(meta), base_url if row["billing_base_url"] else None,
                           session_id))
@@ -287,6 +288,7 @@ def _write_transaction(conn):
     nothing), ROLLBACK and re-raise when it raises."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        check_triggers(conn)        # again, the write lock held (state_db.py)
         yield
     except BaseException:
         if conn.in_transaction:

@@ -230,12 +230,18 @@ def _check_schema(conn: StateConn, hermes_home: Path, write: bool) -> set[str]:
                           "Hermes never makes")
         found.add(name)
     if write:
-        for name, sql in conn.execute("SELECT name, sql FROM sqlite_master "
-                                      "WHERE type = 'trigger'"):
-            if _norm(sql or "") not in HERMES_TRIGGERS:
-                raise _refuse(hermes_home, f"trigger {name} is not one of Hermes's; the "
-                              "service does not write through it")
+        check_triggers(conn)
     return found
+
+
+def check_triggers(conn: "StateConn") -> None:
+    """Refuse (409) unless every trigger in the file is one of :data:`HERMES_TRIGGERS`: done
+    when a connection to write is made and again inside each write transaction (the lock
+    held: no trigger can be added between the check and the write)."""
+    for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"):
+        if _norm(sql or "") not in HERMES_TRIGGERS:
+            raise _refuse(conn.home, f"trigger {name} is not one of Hermes's; the service does "
+                          "not write through it")
 
 
 def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
@@ -305,6 +311,8 @@ def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
             for pragma in (f"cache_size = -{CACHE_KIB}", "mmap_size = 0",
                            "cell_size_check = ON", *(() if write else ("trusted_schema = OFF",))):
                 conn.execute(f"PRAGMA {pragma}")
+            if not write:     # one snapshot for the check and every read after it
+                conn.execute("BEGIN")
             tables = _check_schema(conn, hermes_home, write)
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):

@@ -277,3 +277,30 @@ def test_reads_of_one_home_wait_for_their_places_and_other_homes_go_on(tmp_path,
             conn.close()
     assert state_db._SLOTS._total == 0 and not state_db._SLOTS._per
     assert hermes_state.transcript(hog, SID)
+
+
+def test_a_trigger_added_after_the_check_is_caught_in_the_write_transaction(tmp_path):
+    home = tmp_path / "alice" / ".hermes"
+    record_turn(home, SID, "question")
+    conn = state_db.connect(home, write=True)            # checked: no trigger yet
+    try:
+        sql(home, "CREATE TRIGGER late AFTER UPDATE ON messages BEGIN SELECT 1; END")
+        conn.execute("BEGIN IMMEDIATE")
+        with pytest.raises(HomeTampered, match="trigger late"):
+            state_db.check_triggers(conn)               # what each write transaction runs
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+def test_a_read_sees_one_snapshot(tmp_path):
+    home = home_with_turn(tmp_path)
+    sql(home, "PRAGMA journal_mode = WAL")               # as Hermes keeps it
+    conn = state_db.connect(home)
+    try:
+        before = conn.rows("SELECT count(*) FROM messages")[0][0]
+        sql(home, f"INSERT INTO messages (session_id, role, content, timestamp) VALUES "
+                  f"('{SID}', 'user', 'later', 1)")
+        assert conn.rows("SELECT count(*) FROM messages")[0][0] == before
+    finally:
+        conn.close()
