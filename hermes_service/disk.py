@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import disk_btrfs
+from .disk_btrfs import BTRFS
 from .errors import RunError, StorageFull
 from .sandbox import Launch, Settings, home_size_mb, signal_tree
 
@@ -71,7 +71,6 @@ RUN_FOLDER_MB = 16
 #: the qgroup of a home is refused a turn this close to its limit (MiB): Hermes must still
 #: be able to write its state.db
 QUOTA_HEADROOM_MB = 4
-BTRFS = "btrfs"
 
 
 #: how long a measured home's usage is reused before a turn when its walk was slow (s): a
@@ -140,67 +139,6 @@ def space(path: Path) -> Space | None:
     return Space(st.f_bavail * st.f_frsize, st.f_favail, st.f_files)
 
 
-def fs_type(path: Path) -> str | None:
-    """The file system type of the mount holding ``path`` (``/proc/self/mountinfo``: the
-    longest mount point that is a prefix of its real path)."""
-    try:
-        real = os.path.realpath(path)
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    best, kind = "", None
-    for line in lines:
-        parts = line.split(" ")
-        try:
-            point, fstype = parts[4], parts[parts.index("-") + 1]
-        except (IndexError, ValueError):
-            continue
-        point = point.encode().decode("unicode_escape")
-        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-            best, kind = point, fstype
-    return kind
-
-
-class _NoBtrfs(Exception):
-    """A btrfs-progs command failed (its message)."""
-
-
-def _btrfs(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["btrfs", *args], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"})
-
-
-def btrfs_quota_problem(root: Path) -> str | None:
-    """Why homes under ``root`` cannot get btrfs qgroup limits here, or None when they can:
-    a btrfs, btrfs-progs installed, quotas enabled (``btrfs quota enable``), and the service
-    may set limits (``CAP_SYS_ADMIN``). A ``root`` not made yet is judged by the nearest
-    folder above it that exists (where it will be made)."""
-    root = Path(root)
-    while not root.exists() and root != root.parent:
-        root = root.parent
-    if fs_type(root) != BTRFS:
-        return f"{root} is not on btrfs ({fs_type(root) or 'unknown'})"
-    if shutil.which("btrfs", path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
-        return "btrfs-progs is not installed (apt-get install btrfs-progs)"
-    if not _cap_sys_admin():
-        return "the service may not set qgroup limits (needs CAP_SYS_ADMIN, e.g. root)"
-    res = _btrfs("qgroup", "show", "-f", str(root))
-    if res.returncode != 0:
-        why = (res.stderr.strip().splitlines() or ["btrfs qgroup show failed"])[-1]
-        return f"quotas are not usable on {root} ({why}; `btrfs quota enable <mount>`)"
-    return None
-
-
-def _cap_sys_admin() -> bool:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 21))
-    except (OSError, ValueError):
-        pass
-    return False
-
-
 @dataclass
 class _Watched:
     launch: Launch
@@ -240,7 +178,7 @@ class Disk:
         self.max_home_mb = float(settings.max_home_mb)
         self.min_free = int(settings.min_free_mb * MIB)
         self.mode = settings.quota
-        self.why_not = btrfs_quota_problem(self.homes) if settings.quota != "watch" else \
+        self.why_not = disk_btrfs.quota_problem(self.homes) if settings.quota != "watch" else \
             "hermes.sandbox.quota is watch"
         self.backend = BTRFS if self.why_not is None else "watch"
 
@@ -320,55 +258,28 @@ class Disk:
 
     def make_folder(self, path: Path, mode: int = 0o700, run_folder: bool = False) -> None:
         """Make a home (or, ``run_folder``, a run folder) that does not exist yet, where the
-        backend is btrfs: a subvolume with ``mode`` and its qgroup limits (module doc: a
-        home's ``.hermes`` is made a subvolume in it, both in a level-1 qgroup); nothing
-        otherwise (the caller makes plain folders). Never raises: what it could not make is
-        made plain by the caller, and watched."""
+        backend is btrfs: subvolumes with ``mode`` and their qgroup limits
+        (:func:`~hermes_service.disk_btrfs.make_home`, :func:`~.disk_btrfs.make_run_folder`);
+        nothing otherwise (the caller makes plain folders). Never raises: what it could not
+        make is made plain by the caller, and watched."""
         if self.backend != BTRFS or os.path.lexists(path):
             return
         try:
             if run_folder:
-                self._subvolume(path, mode, RUN_FOLDER_MB)
-                return
-            home = self._subvolume(path, mode, self.files_cap_mb)
-            state = self._subvolume(Path(path) / STATE_FOLDER, mode, None)
-            group = f"1/{home}"
-            for args in (("create", group), ("assign", f"0/{home}", group),
-                         ("assign", f"0/{state}", group),
-                         ("limit", str(int(self.max_home_mb * MIB)), group)):
-                self._run("qgroup", *args, str(path))
-        except _NoBtrfs as exc:
+                disk_btrfs.make_run_folder(path, mode, RUN_FOLDER_MB * MIB)
+            else:
+                disk_btrfs.make_home(path, STATE_FOLDER, mode, int(self.files_cap_mb * MIB),
+                                     int(self.max_home_mb * MIB))
+        except disk_btrfs.BtrfsFailed as exc:
             log.warning("disk: %s not made a limited btrfs subvolume: %s", path, exc)
-
-    def _subvolume(self, path: Path, mode: int, limit_mb: float | None) -> int:
-        self._run("subvolume", "create", str(path))
-        try:
-            os.chmod(path, mode)
-        except OSError:
-            pass
-        if limit_mb is not None:
-            self._run("qgroup", "limit", str(int(limit_mb * MIB)), str(path))
-        return int(self._run("inspect-internal", "rootid", str(path)).strip())
-
-    @staticmethod
-    def _run(*args: str) -> str:
-        res = _btrfs(*args)
-        if res.returncode != 0:
-            raise _NoBtrfs(f"btrfs {' '.join(args[:2])}: "
-                           f"{(res.stderr.strip().splitlines() or ['failed'])[-1]}")
-        return res.stdout
 
     def set_limit(self, path: Path) -> None:
         """Bring the qgroup limits of an existing home subvolume to ``max_home_mb`` (made by
-        an earlier process, or a reload changed it); nothing on a plain folder (``btrfs``
-        refuses it: not a subvolume) or without btrfs."""
-        if self.backend != BTRFS:
-            return
-        res = _btrfs("inspect-internal", "rootid", str(path))
-        if res.returncode == 0 and _btrfs("qgroup", "limit", str(int(self.files_cap_mb * MIB)),
-                                          str(path)).returncode == 0:
-            _btrfs("qgroup", "limit", str(int(self.max_home_mb * MIB)),
-                   f"1/{res.stdout.strip()}", str(path))
+        an earlier process, or a reload changed it); nothing on a plain folder or without
+        btrfs."""
+        if self.backend == BTRFS:
+            disk_btrfs.set_home_limits(path, int(self.files_cap_mb * MIB),
+                                       int(self.max_home_mb * MIB))
 
     # -- during a turn ---------------------------------------------------------------------
     def watch(self, launch: Launch, user_id: str, home_root: Path, run_dir: Path,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.fixtures import wait_for
-from hermes_service import disk, errors
+from hermes_service import disk, disk_btrfs, errors
 from hermes_service.disk import Disk, Space, Usage, reserve_mb, usage
 from hermes_service.errors import RunError, StorageFull
 from hermes_service.sandbox import Launch, Settings
@@ -109,7 +109,7 @@ def test_what_the_operator_is_told(tmp_path):
     found = moved.problems("c.yaml")
     assert any(p.startswith("c.yaml:hermes.sandbox.quota: btrfs, but") for p in found), found
     assert any("paths.homes_dir: the users' homes are still in" in p for p in found), found
-    assert "not on btrfs" in disk.btrfs_quota_problem(tmp_path / "not" / "made" / "yet")
+    assert "not on btrfs" in disk_btrfs.quota_problem(tmp_path / "not" / "made" / "yet")
     moved.make_folder(tmp_path / "homes" / "users" / "x")       # no btrfs: the caller makes it
     assert not (tmp_path / "homes" / "users" / "x").exists()
 
