@@ -14,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from . import hooks, installed, openapi, ops, routing
 from .api_v1 import bp as v1
 from .config import Config
-from .errors import ServiceError, TooLarge
+from .errors import ServiceError, StorageFull, TooLarge, storage_full
 from .services import build_services
 from .web import render_error
 
@@ -92,6 +92,11 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     @app.errorhandler(Exception)
     def on_unexpected(err):
         from flask import g
+        if storage_full(err):      # a full disk is expected, never a 500 (docs/sandbox.md §Disk)
+            log.error("a write failed for want of space rid=%s: %s", g.get("request_id"), err)
+            return render_error(StorageFull("the service's disk is full; retry when an "
+                                            "operator has freed space",
+                                            headers={"Retry-After": "60"}))
         log.exception("unhandled error rid=%s", g.get("request_id"))
         return render_error(ServiceError("internal error", code="internal_error"))
 

@@ -128,6 +128,8 @@ class Settings:
     max_home_mb: float = 2048
     bwrap: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    quota: str = "auto"              # how max_home_mb holds during a turn (disk.py)
+    min_free_mb: float = 512         # the free-space floor of the data and homes file systems
     network: str = "isolated"
     allow_host_network: bool = False
     egress: Egress = field(default_factory=Egress)
@@ -140,7 +142,8 @@ class Settings:
                    limits=Limits(**section["limits"]), network=section["network"],
                    allow_host_network=section["allow_host_network"],
                    egress=Egress(tuple(eg["allow"]), tuple(eg["deny"]),
-                                 eg["max_connections"]))
+                                 eg["max_connections"]),
+                   quota=section["quota"], min_free_mb=section["min_free_mb"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -472,6 +475,8 @@ class Launch:
     cgroup: Cgroup | None = None
     cpu_limit: float | None = None      # seconds per turn (hermes.sandbox.limits.cpu_seconds)
     pid: int | None = None              # the launched process (set by the runner)
+    #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
+    over: str | None = None
     net: "sandbox_net.Attachment | None" = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
@@ -499,7 +504,10 @@ class Launch:
     def limit_hit(self) -> str | None:
         """``"memory"`` or ``"processes"`` when the sandbox hit its cgroup limit, ``"cpu"``
         when the turn used more than :attr:`cpu_limit` seconds of CPU since :meth:`mark`;
-        None otherwise (only the CPU budget without a cgroup)."""
+        None otherwise (only the CPU budget without a cgroup). ``"home_quota"`` or ``"disk"``
+        when the disk watcher ended it (:attr:`over`)."""
+        if self.over is not None:
+            return self.over
         if self.cgroup is not None:
             now = self.cgroup.events()
             for key in ("memory", "processes"):
@@ -611,12 +619,13 @@ class Sandbox:
         return HOME if self.active else str(home.root)
 
     def prepare(self, args: list[str], env: dict, home, run_dir: Path | None,
-                command_path: str) -> Launch:
+                command_path: str, fsize_bytes: int | None = None) -> Launch:
         """A :class:`Launch` of ``<command_path> <args>`` for ``home`` (a
         :class:`~hermes_service.user_homes.UserHome`). ``env`` is the process's whole
         environment with host paths; in a sandbox they are mapped to the sandbox's
-        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). Raises OSError when a cgroup
-        cannot be made."""
+        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). ``fsize_bytes``: the largest file
+        (``RLIMIT_FSIZE``) instead of ``limits.file_size_mb`` (what is left of the home's
+        quota). Raises OSError when a cgroup cannot be made."""
         env = {**env, **hermes_policy.HERMES_ENV}
         args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
@@ -638,7 +647,8 @@ class Sandbox:
             env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None,
                                               bool(self.settings.egress.allow)))
         try:
-            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net)
+            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net,
+                                 fsize_bytes)
         except BaseException:
             for fn in on_close:
                 fn()
@@ -646,7 +656,8 @@ class Sandbox:
         launch.net = net
         return launch
 
-    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net) -> Launch:
+    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net,
+               fsize_bytes=None) -> Launch:
         # bwrap follows a symlink given as a bind source: never bind one a user's agent could
         # have planted (the home, its run folder; homefs repairs them before a turn)
         for path in (home.root, run_dir):
@@ -692,7 +703,7 @@ class Sandbox:
         bargs += ["--remount-ro", "/", "--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
-                   f"--fsize={lim.file_size_mb * 1024 * 1024}",
+                   f"--fsize={fsize_bytes or lim.file_size_mb * 1024 * 1024}",
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
