@@ -223,6 +223,9 @@ def test_the_seccomp_filter_denies_ptrace_and_the_rest_of_the_list():
             a, b = socket.socketpair()
             a.close()
             b.close()
+            with open("/dev/null", "rb") as fh:        # no space reserved without writing
+                assert libc.fallocate(fh.fileno(), 0, 0, 1 << 20) == -1
+                assert ctypes.get_errno() == errno.EOPNOTSUPP
             assert os.getpid() > 0                       # the rest works
         except BaseException:      # noqa: BLE001 - report through the exit code
             code = 1
