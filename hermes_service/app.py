@@ -11,7 +11,7 @@ import types
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, installed, openapi, ops
+from . import hooks, installed, openapi, ops, routing
 from .api_v1 import bp as v1
 from .config import Config
 from .errors import ServiceError, StorageFull, TooLarge, storage_full
@@ -105,6 +105,9 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     for ext in installed.enabled(config):
         ext.init_app(app, svc)
     app.register_blueprint(openapi.bp)
+    # what a sandbox may call here through its own socket: the routes that take a run token
+    svc.sandbox.sandbox_routes(path for family in routing.registered(app)
+                               if family.auth == routing.RUN_TOKEN for path in family.paths)
     # every route must declare its contract: an undocumented one stops the app here
     # (UndocumentedRoute), so no test and no start passes with it (docs/api-description.md)
     openapi.build_document(app, config)

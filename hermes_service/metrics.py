@@ -86,6 +86,10 @@ EGRESS_CONNECTIONS = Counter(
     "ok, or the refusal's reason (not_allowed, denied, ip_literal, denied_address, "
     "unresolvable, bad_request, unreachable; docs/sandbox.md §Network).", ["outcome"],
     namespace=NAMESPACE, registry=REGISTRY)
+SANDBOX_REFUSED = Counter(
+    "sandbox_requests_refused", "Requests from inside a sandbox to this service refused before "
+    "any route, by reason: not_a_sandbox_route, bad_request, length_required, unreachable "
+    "(docs/sandbox.md §Network).", ["reason"], namespace=NAMESPACE, registry=REGISTRY)
 EGRESS_BYTES = Counter(
     "egress_bytes", "Bytes through the egress proxy, by direction: up (sandbox to the "
     "internet) or down.", ["direction"], namespace=NAMESPACE, registry=REGISTRY)
@@ -254,6 +258,11 @@ def model_tokens(prompt: int, completion: int) -> None:
         MODEL_TOKENS.labels("prompt").inc(prompt)
     if completion > 0:
         MODEL_TOKENS.labels("completion").inc(completion)
+
+
+def sandbox_request_refused(reason: str) -> None:
+    """A request from inside a sandbox to this service refused before it reached a route."""
+    SANDBOX_REFUSED.labels(reason).inc()
 
 
 def model_tokens_estimated(prompt: int, completion: int) -> None:

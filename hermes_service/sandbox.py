@@ -207,7 +207,31 @@ def _base_args() -> list[str]:
             "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "hermes", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--as-pid-1",
-            *_runtime_args(), "--proc", "/proc", "--dev", "/dev"]
+            *_runtime_args(), "--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
+
+
+#: Kernel settings under the sandbox's /proc that a process owning them could change:
+#: when the service runs as root, the sandbox's user *is* the host's uid 0 (without
+#: capabilities), and files such as /proc/sys/kernel/core_pattern check only their owner.
+#: /proc/sys is the host's, read-only (its values are the kernel's either way); the rest is
+#: covered by an empty read-only folder or /dev/null.
+PROC_READ_ONLY = ("/proc/sys",)
+PROC_HIDDEN_DIRS = ("/proc/irq", "/proc/bus", "/proc/fs", "/proc/pressure")
+PROC_HIDDEN_FILES = ("/proc/sysrq-trigger", "/proc/mtrr", "/proc/kcore", "/proc/timer_list")
+
+
+@functools.lru_cache(maxsize=1)
+def _proc_covers() -> tuple[str, ...]:
+    args: list[str] = []
+    for path in PROC_READ_ONLY:
+        args += ["--ro-bind", path, path]
+    for path in PROC_HIDDEN_DIRS:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+    for path in PROC_HIDDEN_FILES:
+        if os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return tuple(args)
 
 
 @functools.lru_cache(maxsize=1)
@@ -548,6 +572,11 @@ class Sandbox:
         self.net.set_target("service", parts.hostname or "127.0.0.1",
                             parts.port or (443 if parts.scheme == "https" else 80))
 
+    def sandbox_routes(self, paths) -> None:
+        """The path prefixes a sandbox may call through its service port (the run-token
+        routes, from the app factory; :mod:`hermes_service.service_gate`)."""
+        self.net.service_paths = tuple(paths)
+
     def allowed_toolsets(self, toolsets) -> list[str]:
         """``toolsets`` without those that reach the host when ``auto`` found no sandbox (the
         fallback keeps none: :func:`warnings` says so)."""
@@ -575,12 +604,13 @@ class Sandbox:
         return f"auto -> unconfined ({self.probe.reason})"
 
     def warnings(self) -> list[str]:
-        """The ``auto`` fallback, said at ``check-config``, start and in ``/health``."""
+        """What ``check-config`` and the start log warn of (:func:`warnings`)."""
         return warnings(self.settings)
 
     def health(self) -> str | None:
-        """``/health``'s ``sandbox`` check: None when sandboxed or deliberately ``none``."""
-        w = self.warnings()
+        """``/health``'s ``sandbox`` check: the ``auto`` fallback; None when sandboxed or
+        deliberately ``none``."""
+        w = fallback_warnings(self.settings)
         return w[0] if w else None
 
     # -- paths -------------------------------------------------------------------
@@ -667,7 +697,10 @@ class Sandbox:
             bargs += ["--unshare-net", "--ro-bind", str(net.folder), sandbox_net.INSIDE_DIR,
                       "--ro-bind", str(sandbox_net.hosts_file(self.data_dir / "sandbox")),
                       "/etc/hosts"]
-        bargs += ["--chdir", HOME]
+        # nothing outside the binds above is writable: the sandbox's own root and /etc (a
+        # tmpfs bubblewrap made) would otherwise take an /etc/hermes/config.yaml, Hermes's
+        # managed settings, over the home's (the mounts made writable stay so)
+        bargs += ["--remount-ro", "/", "--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
                    f"--fsize={fsize_bytes or lim.file_size_mb * 1024 * 1024}",
@@ -841,6 +874,19 @@ def limit_signal(returncode: int | None) -> str | None:
 
 
 def warnings(settings: Settings, source: str | None = None) -> list[str]:
+    """Warning lines for ``check-config`` and the start log: the ``auto`` fallback
+    (:func:`fallback_warnings`, also ``/health``'s), and a service running as root."""
+    where = f"{source}:" if source else ""
+    out = fallback_warnings(settings, source)
+    if settings.mode != "none" and os.geteuid() == 0:
+        out.append(f"{where}hermes.sandbox: the service runs as root, so each sandbox's user "
+                   "is the host's uid 0 (without capabilities, its kernel settings read-only "
+                   "to it); run the service as an unprivileged account (deploy/systemd does) "
+                   "so that no sandbox is ever the host's root")
+    return out
+
+
+def fallback_warnings(settings: Settings, source: str | None = None) -> list[str]:
     """The ``auto`` fallback as a warning line (``check-config``, the start log, ``/health``);
     empty when sandboxed or deliberately ``none``."""
     if settings.mode != "auto":
