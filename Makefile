@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -16,7 +16,7 @@ setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
 
 # What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/
 # tests, and the client generators (docs/api-description.md §Generating a client).
-setup: setup-service $(VENV)/.dev-installed nginx promtool client-tools
+setup: setup-service $(VENV)/.dev-installed nginx promtool btrfs client-tools
 
 # the pinned lock, then this package itself (pyproject.toml; editable, no other dependency:
 # the lock decides the versions), which puts the `hermes-service` command into .venv/bin
@@ -83,6 +83,11 @@ nginx:
 # (On a machine with systemd running, the package also enables a Prometheus server on :9090.)
 promtool:
 	$(call apt-install,command -v promtool >/dev/null 2>&1,prometheus,the deploy/prometheus tests,the promtool checks of deploy/prometheus will skip)
+
+# Debian's btrfs-progs for tests/e2e/test_e2e_disk.py (a btrfs with quotas in a loop file,
+# made by deploy/homes-btrfs.sh, as root); without it that test skips and says why.
+btrfs:
+	$(call apt-install,command -v mkfs.btrfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.btrfs ],btrfs-progs,the btrfs quota test,the btrfs quota test will skip)
 
 # Debian's wrk for bench/request_cost.py (make bench-requests); not needed by make test.
 wrk:

@@ -67,21 +67,28 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, default=20)
     ap.add_argument("--slow", type=float, default=0.0)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--tools", type=int, default=200,
+                    help="tool schemas in each request (200: ~53 KB, a Hermes turn's size)")
     args = ap.parse_args()
 
     os.environ[KEY_ENV] = "sk-bench"
     model = ScriptedModel("scripted-model").start()
     tmp = Path(tempfile.mkdtemp(prefix="bench-model-proxy-"))
-    proxy = ModelProxy(model.base_url, KEY_ENV, tmp / "model_usage.db").start()
+    proxy = ModelProxy(model.base_url, KEY_ENV, tmp / "model_usage.db",
+                       models={"scripted-model"}).start()
     cred = proxy.issue("bench")
     try:
         mport = int(model.base_url.rsplit(":", 1)[1].split("/")[0])
         direct = http.client.HTTPConnection("127.0.0.1", mport, timeout=30)
         proxied = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
         text = "bench " + "x" * 400
+        # a real Hermes turn sends ~53 KB (its tool schemas): checked and re-encoded each time
+        tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "d" * 200,
+                                                   "parameters": {"type": "object"}}}
+                 for i in range(args.tools)]
         slow = f" [[slow:{args.slow}:{args.pieces}]]" if args.slow else ""
-        body = json.dumps({"model": "scripted-model", "stream": True, "scripted_main": True,
-                           "stream_options": {"include_usage": True},
+        body = json.dumps({"model": "scripted-model", "stream": True,
+                           "stream_options": {"include_usage": True}, "tools": tools,
                            "messages": [{"role": "user", "content": text + slow}]}).encode()
         hd = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
         hp = {"Content-Type": "application/json", "Authorization": f"Bearer {cred}"}

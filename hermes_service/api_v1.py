@@ -124,12 +124,13 @@ EXECUTE_RESULT = {"type": "object",
 
 _SESSION_ID = Param("session_id", "path", ID_SCHEMA, "a v1 session id")
 # what a turn may answer (docs/v1-api.md, error table)
-_TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",), 429: ("too_many_runs",),
+_TURN_ERRORS = {409: ("session_busy",), 422: ("run_limit_exceeded",),
+                429: ("too_many_runs", "token_budget_exceeded"),
                 502: ("upstream_unauthorized", "upstream_empty_answer", "upstream_unavailable",
                       "hermes_failed"),
                 503: ("upstream_rate_limited", "hermes_unavailable", "hermes_unconfigured",
                       "service_draining", "service_stopping"),
-                504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded",)}
+                504: ("run_timeout", "run_stalled"), 507: ("home_quota_exceeded", "storage_full")}
 _NEW_SESSION = {"session_id": "$response.body#/session_id"}
 #: docs/v1-api.md §Idempotent retries
 IDEMPOTENCY_KEY = Param(IDEMPOTENCY_HEADER, "header", KEY_SCHEMA,
@@ -228,6 +229,7 @@ def _checks(svc) -> dict[str, str | None]:
     checks = health_checks(config)
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
+    checks["disk"] = svc.disk.health() if svc.disk is not None else None
     _health_checked[0] = (config, now, checks)
     return dict(checks)
 

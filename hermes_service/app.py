@@ -11,10 +11,10 @@ import types
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, installed, openapi, ops
+from . import hooks, installed, openapi, ops, routing
 from .api_v1 import bp as v1
 from .config import Config
-from .errors import ServiceError, TooLarge
+from .errors import ServiceError, StorageFull, TooLarge, storage_full
 from .services import build_services
 from .web import render_error
 
@@ -92,6 +92,11 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     @app.errorhandler(Exception)
     def on_unexpected(err):
         from flask import g
+        if storage_full(err):      # a full disk is expected, never a 500 (docs/sandbox.md §Disk)
+            log.error("a write failed for want of space rid=%s: %s", g.get("request_id"), err)
+            return render_error(StorageFull("the service's disk is full; retry when an "
+                                            "operator has freed space",
+                                            headers={"Retry-After": "60"}))
         log.exception("unhandled error rid=%s", g.get("request_id"))
         return render_error(ServiceError("internal error", code="internal_error"))
 
@@ -100,6 +105,9 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     for ext in installed.enabled(config):
         ext.init_app(app, svc)
     app.register_blueprint(openapi.bp)
+    # what a sandbox may call here through its own socket: the routes that take a run token
+    svc.sandbox.sandbox_routes(path for family in routing.registered(app)
+                               if family.auth == routing.RUN_TOKEN for path in family.paths)
     # every route must declare its contract: an undocumented one stops the app here
     # (UndocumentedRoute), so no test and no start passes with it (docs/api-description.md)
     openapi.build_document(app, config)

@@ -167,6 +167,7 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     record.write()
     log.info("serving on %s (pid %d): %s", record.data["url"], record.data["pid"],
              running(config, svc.sandbox))
+    log.info("disk: %s", svc.disk.describe())
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
@@ -200,8 +201,10 @@ def check_config(ctx):
         sys.exit(2)
     from .sandbox import Sandbox
     from .user_homes import HERMES_SITE
+    from .disk import Disk
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
+    click.echo(f"disk: {Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).describe()}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))
 
@@ -334,11 +337,12 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
 def usage(ctx, user_id, days, daily):
     """Print model token usage per user, as the provider reported it in its own ``usage``
     fields on the model pass-through endpoint (data/model_usage.db): requests, prompt and
-    completion tokens, with a total line. Exit 0 (also when nothing is recorded yet); 3 if
-    the usage db cannot be read."""
+    completion tokens, with a total line; ``estimated``: the requests whose tokens the
+    pass-through estimated (the provider reported none: docs/sandbox.md §Token usage).
+    Exit 0 (also when nothing is recorded yet); 3 if the usage db cannot be read."""
     import sqlite3
 
-    from .model_proxy import read_usage, usage_db_path
+    from .model_usage import read_usage, usage_db_path
     config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     path = usage_db_path(config.data_dir)
     try:
@@ -351,16 +355,17 @@ def usage(ctx, user_id, days, daily):
         click.echo(f"no model usage recorded in {span}" + (f" for {user_id}" if user_id else ""))
         return
     head = ["user", *(["day"] if daily else []), "requests", "prompt_tokens",
-            "completion_tokens", "total_tokens"]
+            "completion_tokens", "total_tokens", "estimated"]
     table = [[r.user_id, *([r.day] if daily else []), str(r.requests), str(r.prompt_tokens),
-              str(r.completion_tokens), str(r.prompt_tokens + r.completion_tokens)]
-             for r in rows]
+              str(r.completion_tokens), str(r.prompt_tokens + r.completion_tokens),
+              str(r.estimated_requests)] for r in rows]
     if len(rows) > 1:
         tot = [sum(getattr(r, k) for r in rows)
                for k in ("requests", "prompt_tokens", "completion_tokens")]
-        table.append(["(total)", *([""] if daily else []), *map(str, tot), str(tot[1] + tot[2])])
+        table.append(["(total)", *([""] if daily else []), *map(str, tot), str(tot[1] + tot[2]),
+                      str(sum(r.estimated_requests for r in rows))])
     widths = [max(len(x) for x in col) for col in zip(head, *table)]
-    nums = len(head) - 4
+    nums = len(head) - 5
 
     def line(cells):
         return "  ".join(c.ljust(w) if i < nums else c.rjust(w)

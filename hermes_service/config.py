@@ -96,12 +96,13 @@ DEFAULTS: dict[str, Any] = {
         "max_message_bytes": 122880,
         "toolsets": ["terminal", "file", "code_execution", "todo", "memory"],
         "sandbox": {"mode": "auto", "allow_host_tools": False, "max_home_mb": 2048,
-                    "bwrap": "bwrap",
+                    "quota": "auto", "min_free_mb": 512, "bwrap": "bwrap",
                     "limits": {"memory_mb": 2048, "processes": 256, "cpu_seconds": 600,
                                "file_size_mb": 512, "open_files": 1024, "tmp_mb": 256},
                     "network": "isolated", "allow_host_network": False,
                     "egress": {"allow": [], "deny": [], "max_connections": 64}},
         "extra_env": {},
+        "limits": {"daily_tokens": None},
         "model": {"provider": "custom", "base_url": None, "default": None,
                   "api_key_env": "HERMES_PROVIDER_API_KEY", "context_length": 128000},
         "execute": {
@@ -111,7 +112,7 @@ DEFAULTS: dict[str, Any] = {
             "max_output_bytes": 65536,
         },
     },
-    "paths": {"data_dir": "data", "users_template": "users_template"},
+    "paths": {"data_dir": "data", "users_template": "users_template", "homes_dir": None},
     "retention": {
         "interval_seconds": 3600,
         "sessions_older_than": None,
@@ -228,6 +229,8 @@ SCHEMA = object_schema({
             "mode": {"enum": ["auto", "bwrap", "none"]},
             "allow_host_tools": {"type": "boolean"},
             "max_home_mb": POS_NUM,
+            "quota": {"enum": ["auto", "btrfs", "watch"]},
+            "min_free_mb": {"type": "number", "minimum": 0},
             "bwrap": {"type": "string", "minLength": 1},
             "limits": object_schema({
                 "memory_mb": {"type": "integer", "minimum": 256},
@@ -246,6 +249,7 @@ SCHEMA = object_schema({
             }),
         }),
         "extra_env": {"type": "object", "additionalProperties": {"type": "string"}},
+        "limits": object_schema({"daily_tokens": {"type": ["integer", "null"], "minimum": 1}}),
         "model": object_schema({
             "provider": {"type": "string"},
             "base_url": {"type": ["string", "null"]},
@@ -259,7 +263,8 @@ SCHEMA = object_schema({
             "max_output_bytes": POS_INT,
         }),
     }),
-    "paths": object_schema({"data_dir": {"type": "string"}, "users_template": {"type": "string"}}),
+    "paths": object_schema({"data_dir": {"type": "string"}, "users_template": {"type": "string"},
+                            "homes_dir": {"type": ["string", "null"]}}),
     "retention": object_schema({
         "interval_seconds": {"type": "number", "minimum": 0},
         "sessions_older_than": {"type": ["string", "null"], "pattern": DURATION_PATTERN},
@@ -433,6 +438,13 @@ class ModelSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageLimits:
+    """``hermes.limits.*``: what one user may spend. ``daily_tokens``: model tokens (prompt +
+    completion) per UTC day through the pass-through, None for no limit."""
+    daily_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ExecuteSettings:
     """``hermes.execute.*``: ``allowed`` is a tuple of argv prefixes (tuples of words)."""
     allowed: tuple[tuple[str, ...], ...]
@@ -457,6 +469,7 @@ class HermesSettings:
     toolsets: tuple[str, ...]
     sandbox: sandbox.Settings
     extra_env: Mapping[str, str]     # read-only
+    limits: UsageLimits
     model: ModelSettings
     execute: ExecuteSettings
 
@@ -484,9 +497,17 @@ class HermesSettings:
 
 @dataclass(frozen=True, slots=True)
 class PathsSettings:
-    """``paths.*``, resolved against the config file's folder (absolute)."""
+    """``paths.*``, resolved against the config file's folder (absolute). ``homes_dir``: where
+    the users' homes, their run folders and the service's own home live (everything a
+    sandbox can write: docs/sandbox.md §Disk); the data dir when ``paths.homes_dir`` is
+    null."""
     data_dir: Path
     users_template: Path
+    homes_dir: Path | None = None
+
+    @property
+    def homes(self) -> Path:
+        return self.homes_dir if self.homes_dir is not None else self.data_dir
 
 
 @dataclass(frozen=True, slots=True)
@@ -759,13 +780,16 @@ def _resolve(raw: dict, source: str, base_dir: Path, res: _Resolver,
         approvals=settings_from(ApprovalSettings, h["approvals"]),
         sandbox=sandbox.Settings.from_config(h["sandbox"]),
         extra_env=MappingProxyType(dict(h["extra_env"])),
+        limits=settings_from(UsageLimits, h["limits"]),
         model=settings_from(ModelSettings, h["model"]),
         execute=settings_from(ExecuteSettings, h["execute"]))
     return dict(
         source=source, security=security, nginx=nginx,
         service=settings_from(ServiceSettings, raw["service"]),
         cors=settings_from(CorsSettings, raw["cors"]), hermes=hermes,
-        paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"])),
+        paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"]),
+                            path(raw["paths"]["homes_dir"]) if raw["paths"]["homes_dir"]
+                            else None),
         retention=settings_from(RetentionSettings, raw["retention"]))
 
 
@@ -1104,7 +1128,8 @@ def keep_running(running: Config, new: Config) -> Config:
 RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
                 ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
-                ("paths", "data_dir"), ("cors", None), ("hermes", "runner"))
+                ("paths", "data_dir"), ("paths", "homes_dir"), ("cors", None),
+                ("hermes", "runner"))
 
 
 def load_config(path: str | os.PathLike | None = None, need_keys: bool = True,

@@ -38,7 +38,7 @@ CONNECT_TIMEOUT = 10.0          # seconds to reach an origin (each resolved addr
 IDLE_TIMEOUT = 300.0            # seconds without a byte either way closes a tunnel
 CHUNK = 64 * 1024
 REFUSED_HEADER = "X-Hermes-Egress-Refused"
-_DROP = ("proxy-authorization", "proxy-connection", "connection", "keep-alive")
+_DROP = ("proxy-authorization", "proxy-connection", "connection", "keep-alive", "host")
 
 
 @dataclass
@@ -93,8 +93,12 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes] | None:
     path = url.path or "/"
     if url.query:
         path += "?" + url.query
+    # the origin is told the host the proxy checked, whatever Host the request carried (no
+    # fronting another name behind an allowed one)
     fields = [ln for ln in lines[1:] if ln and ln.split(":", 1)[0].strip().lower() not in _DROP]
-    out = "\r\n".join([f"{method} {path} {version}", *fields, "Connection: close"]) + "\r\n\r\n"
+    host = url.netloc.rpartition("@")[2]
+    out = "\r\n".join([f"{method} {path} {version}", f"Host: {host}", *fields,
+                        "Connection: close"]) + "\r\n\r\n"
     return method, url.hostname, port, out.encode("latin-1")
 
 

@@ -55,6 +55,34 @@ class TooLarge(ServiceError):
     status, code = 413, "payload_too_large"
 
 
+class StorageFull(ServiceError):
+    """A file system the service writes to is full, or below its free-space floor
+    (``hermes.sandbox.min_free_mb``): 507 Insufficient Storage (RFC 4918 §11.5), never a
+    500; nothing was half-written (docs/sandbox.md §Disk)."""
+    status, code = 507, "storage_full"
+
+
+#: SQLite's errors of a write the disk (or a quota) refused: ``SQLITE_FULL``, and the I/O
+#: errors of growing a file (a WAL's shared memory on a full tmpfs is ``IOERR_SHMSIZE``)
+SQLITE_FULL_ERRORS = frozenset({"SQLITE_FULL", "SQLITE_IOERR_SHMSIZE", "SQLITE_IOERR_WRITE",
+                                "SQLITE_IOERR_FSYNC", "SQLITE_IOERR_TRUNCATE",
+                                "SQLITE_IOERR_SHMMAP"})
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Is ``exc`` (or what caused it) a write refused for want of space: ``ENOSPC``,
+    ``EDQUOT`` (a quota), SQLite's :data:`SQLITE_FULL_ERRORS`?"""
+    import errno
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if getattr(exc, "sqlite_errorname", None) in SQLITE_FULL_ERRORS:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 class TooManyRuns(ServiceError):
     """All CLI slots busy for longer than ``hermes.queue_wait_seconds``."""
     status, code = 429, "too_many_runs"

@@ -16,6 +16,8 @@ which the core calls at fixed points — the way flaskr's ``db.init_app(app)`` w
 * :meth:`Extension.families` — the route families its turns use (:class:`Family`: runner,
   start-line label, how its Hermes plugin finds a turn's run file), read before the runners
   are built;
+* :meth:`Extension.model_names` — the model names its turns may ask Hermes for (the model
+  pass-through forwards only the configured ones);
 * :meth:`Extension.init_services` — build its objects from ``services.config`` and attach
   them (``services.extensions[name]``); register its retention steps, drain source, reload
   hook and metrics on the :class:`~hermes_service.services.Services` (called by
@@ -99,6 +101,12 @@ class Extension:
         return True
 
     def families(self, config: "Config") -> list[Family]:
+        return []
+
+    def model_names(self, config: "Config") -> list[str]:
+        """Model names its turns may pass to Hermes (``hermes chat -m``) besides
+        ``hermes.model.default``: the model pass-through forwards those too
+        (:mod:`hermes_service.model_policy`)."""
         return []
 
     def init_services(self, services: "ServiceObjects") -> None:

@@ -26,14 +26,13 @@ This module is the service's one place that understands it:
 These two, and :func:`repoint_model`, are the only writes the service makes.
 
 Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
-in a folder the user's agent can write: it is opened so that a symlink, hardlink, FIFO or
-directory planted there is refused (409 ``home_tampered``), never followed (:func:`_connect`).
+in a folder the user's agent can write: it is opened by :mod:`hermes_service.state_db`, so that
+what was planted there is refused (409 ``home_tampered``), never followed, and what a hostile
+file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy``).
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
 import sqlite3
 import time
@@ -41,7 +40,10 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import homefs
+from .state_db import (STATE_DB_SECONDS, STATE_FILES, bounded,  # noqa: F401
+                       planted_state_files, repair_state_files)
+from .state_db import check_triggers
+from .state_db import connect as _connect
 
 #: Hermes's failure sentinel for a turn whose model returned no content (agent/conversation_loop.py).
 EMPTY_SENTINEL = "(empty)"
@@ -68,167 +70,12 @@ def _db(hermes_home: Path) -> Path:
     return Path(hermes_home) / "state.db"
 
 
-#: The files SQLite opens next to ``state.db`` (WAL mode: ``-wal``, ``-shm``; a database put
-#: back in rollback mode: ``-journal``) — https://sqlite.org/tempfiles.html §2.
-STATE_FILES = ("state.db", "state.db-wal", "state.db-shm", "state.db-journal")
-
-
-def planted_state_files(dir_fd: int) -> list[str]:
-    """Names of :data:`STATE_FILES` in the folder ``dir_fd`` (a HERMES_HOME) that are there
-    but are not a regular file with one link (a symlink, a hardlink, a directory, a FIFO, a
-    socket): SQLite must not open them. Hermes never makes such entries."""
-    return [n for n in STATE_FILES
-            if (st := homefs.lstat(dir_fd, n)) is not None and not homefs.plain(st)]
-
-
-def repair_state_files(dir_fd: int) -> list[str]:
-    """Remove the :func:`planted_state_files` of the HERMES_HOME open at ``dir_fd`` (done
-    before every turn by :meth:`UserHomes.ensure`: a planted ``-wal``/``-shm`` holds no
-    data of Hermes's; a planted ``state.db`` hides none either, the real one being gone).
-    Returns the names removed."""
-    planted = planted_state_files(dir_fd)
-    for name in planted:
-        homefs.remove(dir_fd, name)
-    return planted
-
-
-def _refuse(hermes_home: Path, what: str, repaired: bool = False) -> homefs.HomeTampered:
-    """409 ``home_tampered``. ``repaired``: the next turn (v1 or client run) removes what
-    was planted (:func:`repair_state_files`); otherwise the file itself is damaged, which no
-    turn repairs."""
-    then = ("the next turn removes what was planted" if repaired else
-            "no turn repairs this: an operator moves that state.db aside (its transcripts "
-            "are then gone) or restores it")
-    return homefs.HomeTampered(f"{Path(hermes_home) / 'state.db'}: {what}; the service does not "
-                               f"open it (the user's agent changed its Hermes home; {then})")
-
-
-def _same(conn, hermes_home: Path, db: str, real_dir: str, dfd: int, before) -> None:
-    """Refuse unless SQLite resolved ``db`` itself, ``real_dir`` still leads to the pinned
-    folder ``dfd`` and its ``state.db`` is still inode ``before``, with every state file plain."""
-    opened = conn.execute("PRAGMA database_list").fetchone()[2]
-    now = homefs.lstat(dfd, "state.db")
-    try:
-        here = os.path.samestat(os.stat(real_dir), os.fstat(dfd))
-    except OSError:
-        here = False
-    if opened != db or not here or now is None or not os.path.samestat(now, before) \
-            or planted_state_files(dfd):
-        raise _refuse(hermes_home, "it was replaced while it was opened", repaired=True)
-
-
-def _connect(hermes_home: Path, write: bool = False) -> sqlite3.Connection | None:
-    """Open the user's ``state.db`` (``mode=ro``, or ``rw`` with ``write``) so that nothing
-    the user's agent plants in its home redirects a read or a write; None when there is no
-    home, no ``state.db`` or no Hermes tables in it (reads as empty).
-
-    SQLite 3.40 (measured with this Python's sqlite3) resolves a symlinked database name, and
-    every symlinked folder on its path, component by component (``lstat``/``readlink``), then
-    opens the result with ``O_NOFOLLOW``, and opens ``<resolved>-wal``/``-shm`` (even
-    ``mode=ro``: ``O_RDWR|O_CREAT|O_NOFOLLOW``) and ``-journal`` by name next to it: a
-    symlinked ``state.db`` or ``.hermes`` is followed, a symlinked ``-wal``/``-shm``/
-    ``-journal`` fails the open, a FIFO at ``state.db`` blocks the open forever. So:
-
-    1. the home and ``.hermes`` are walked with ``O_NOFOLLOW`` from the trusted users folder
-       (:func:`homefs.open_dirs`) and every entry of :data:`STATE_FILES` is checked through
-       that pinned folder: anything not a regular one-link file is refused
-       (:class:`~hermes_service.homefs.HomeTampered`, 409) before SQLite sees a name;
-    2. SQLite is given the folder's real path as the kernel reports it for the pinned fd
-       (``/proc/self/fd``), which holds no symlink when it is read;
-    3. a first read opens the database, its WAL and shared memory; then the name SQLite
-       resolved (``PRAGMA database_list``) must be that path, the path must still lead to
-       the pinned folder, and ``state.db`` must still be the same inode, one link, with every
-       state file plain — else the connection is closed and refused.
-
-    What this cannot see: an entry swapped for a symlink just before SQLite's own ``open``
-    and swapped back before step 3 (SQLite re-resolves by name). The sandbox closes that by
-    making the home and ``.hermes`` mount points (not renamable from inside: ``EBUSY``) and
-    by confining hardlinks to the mount (``EXDEV``); see docs/sandbox.md."""
-    hermes_home = Path(hermes_home)
-    try:
-        dfd = homefs.open_dirs(hermes_home.parent.parent, hermes_home.parent.name,
-                               hermes_home.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        planted = planted_state_files(dfd)
-        if planted:
-            raise _refuse(hermes_home, f"{', '.join(planted)} is not a plain file "
-                          f"({homefs.kind(homefs.lstat(dfd, planted[0]))})", repaired=True)
-        before = homefs.lstat(dfd, "state.db")
-        if before is None:
-            return None
-        real_dir = os.readlink(f"/proc/self/fd/{dfd}")
-        db = os.path.join(real_dir, "state.db")
-        mode = "rw" if write else "ro"
-        conn = sqlite3.connect(Path(db).as_uri() + f"?mode={mode}", uri=True, timeout=10,
-                               isolation_level=None)
-        try:
-            # before anything is read (the main file is open, its WAL not yet): is it ours?
-            _same(conn, hermes_home, db, real_dir, dfd, before)
-            # a user's agent owns this file: a view or trigger it wrote could make any query
-            # of ours run for ever (a recursive CTE), in the service, outside every sandbox
-            # limit. Every statement is cut off after STATE_DB_SECONDS (bounded, below).
-            deadline = time.monotonic() + STATE_DB_SECONDS
-            conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
-            try:
-                tables = {r[0] for r in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'table' AND "
-                    "name IN ('sessions', 'messages')")}
-                views = [r[0] for r in conn.execute(
-                    "SELECT name FROM sqlite_master WHERE type = 'view' AND "
-                    "name IN ('sessions', 'messages')")]
-                if views:
-                    raise _refuse(hermes_home, f"{views[0]} is a view, not Hermes's table")
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc) or "busy" in str(exc):
-                    raise
-                raise _refuse(hermes_home, f"SQLite could not open it ({exc})") from None
-            except sqlite3.DatabaseError as exc:       # "file is not a database"
-                raise _refuse(hermes_home, f"it is not a SQLite database ({exc})") from None
-            _same(conn, hermes_home, db, real_dir, dfd, before)    # and with its WAL open
-            if tables != {"sessions", "messages"}:
-                conn.close()
-                return None
-        except BaseException:
-            conn.close()
-            raise
-    finally:
-        os.close(dfd)
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
-#: The longest the service lets one use of a user's ``state.db`` run (seconds): Hermes's
-#: own queries of a session take milliseconds.
-STATE_DB_SECONDS = 10.0
-
-
-def bounded(fn):
-    """Turn a statement cut off by :func:`_connect`'s deadline (SQLite ``interrupted``), or a
-    write refused by a trigger the user's agent planted (``RAISE``: SQLite ``constraint``;
-    Hermes's own tables have no constraint the service's writes hit), into
-    :class:`~hermes_service.homefs.HomeTampered` (409) naming the home, not a 500."""
-    @functools.wraps(fn)
-    def wrapper(hermes_home, *args, **kwargs):
-        try:
-            return fn(hermes_home, *args, **kwargs)
-        except sqlite3.IntegrityError as exc:
-            raise _refuse(hermes_home, f"a trigger refused the service's write ({exc})") from None
-        except sqlite3.OperationalError as exc:
-            if "interrupted" not in str(exc):
-                raise
-            raise _refuse(hermes_home, f"a query of it ran longer than {STATE_DB_SECONDS:g} s "
-                          "(a view or trigger the user's agent wrote?)") from None
-    return wrapper
-
-
 def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[sqlite3.Row]:
     """Session rows from the oldest ancestor to ``session_id`` (empty if unknown)."""
     rows, seen, current = [], set(), session_id
     while current and current not in seen and len(rows) < limit:
         seen.add(current)
-        row = conn.execute(f"SELECT {_SUMMARY_COLS} FROM sessions WHERE id = ?", (current,)).fetchone()
+        row = conn.row(f"SELECT {_SUMMARY_COLS} FROM sessions WHERE id = ?", (current,))
         if row is None:
             break
         rows.append(row)
@@ -254,7 +101,7 @@ def session_source(hermes_home: Path, session_id: str | None) -> str | None:
     if conn is None:
         return None
     with closing(conn):
-        row = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
     return row["source"] if row else None
 
 
@@ -360,8 +207,8 @@ def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
     lock, so the newest real user message is its own."""
     ids = [r["id"] for r in lineage(conn, session_id)] or [session_id]
     marks = ",".join("?" * len(ids))
-    rows = conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
-                        "AND active = 1 ORDER BY id", ids).fetchall()
+    rows = conn.rows(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
+                     "AND active = 1 ORDER BY id", ids)
     for i in range(len(rows) - 1, -1, -1):
         r = rows[i]
         if r["role"] != "user" or not isinstance(r["content"], str) \
@@ -449,8 +296,8 @@ def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> b
     if conn is None:
         return False
     with closing(conn):
-        row = conn.execute("SELECT model_config, billing_base_url, billing_provider FROM sessions "
-                           "WHERE id = ?", (session_id,)).fetchone()
+        row = conn.row("SELECT model_config, billing_base_url, billing_provider FROM sessions "
+                       "WHERE id = ?", (session_id,))
         if row is None:
             return False
         try:
@@ -465,7 +312,7 @@ def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> b
             return False
         if "base_url" in meta:
             meta["base_url"] = base_url
-        with conn:
+        with _write_transaction(conn):
             conn.execute("UPDATE sessions SET model_config = ?, billing_base_url = ? WHERE id = ?",
                          (json.dumps(meta), base_url if row["billing_base_url"] else None,
                           session_id))
@@ -479,6 +326,7 @@ def _write_transaction(conn):
     nothing), ROLLBACK and re-raise when it raises."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        check_triggers(conn)        # again, the write lock held (state_db.py)
         yield
     except BaseException:
         if conn.in_transaction:
@@ -545,8 +393,7 @@ def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown:
         before = TOOL_BREAK.join(t for t in steps if t)
         rest = shown[len(before):].strip() if shown.startswith(before) else shown
         target = rows[0]["session_id"] if rows else session_id
-        if not rest or conn.execute("SELECT 1 FROM sessions WHERE id = ?",
-                                    (target,)).fetchone() is None:
+        if not rest or conn.row("SELECT 1 FROM sessions WHERE id = ?", (target,)) is None:
             return False
         now = time.time()
         new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
@@ -598,7 +445,7 @@ def session_state(hermes_home: Path, session_id: str | None) -> tuple[str | None
     if conn is None:
         return None, None
     with closing(conn):
-        row = conn.execute("SELECT source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
         if row is None:
             return None, None
         return row["source"], _fingerprint(conn, session_id)
@@ -609,8 +456,8 @@ def _fingerprint(conn, session_id: str) -> tuple | None:
     if not ids:
         return None
     marks = ",".join("?" * len(ids))
-    row = conn.execute(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
-                       " AND active = 1", ids).fetchone()
+    row = conn.row(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
+                   " AND active = 1", ids)
     return (row[0], row[1])
 
 
@@ -655,8 +502,8 @@ def _transcript(conn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
     if not ids:
         return [], chain
     marks = ",".join("?" * len(ids))
-    rows = conn.execute(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
-                        "AND active = 1 ORDER BY id", ids).fetchall()
+    rows = conn.rows(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
+                     "AND active = 1 ORDER BY id", ids)
     out: list[dict] = []
     for r in rows:
         content = display_content(r["role"], r["content"])

@@ -63,6 +63,12 @@ def route_families(config: "Config") -> list["Family"]:
             *(f for ext in enabled(config) for f in ext.families(config))]
 
 
+def model_names(config: "Config") -> list[str]:
+    """The model names the enabled extensions' turns may ask for
+    (:meth:`~hermes_service.extensions.Extension.model_names`), besides the core's."""
+    return [name for ext in enabled(config) for name in ext.model_names(config)]
+
+
 def demo():
     """The demo module of the first installed extension offering one, or None."""
     return next((ext.demo for ext in extensions() if ext.demo is not None), None)

@@ -72,14 +72,24 @@ TURN_QUEUE_WAIT = Histogram(
     "(waiting for a CLI slot); a turn refused or aborted while waiting counts its whole wait.",
     ["runner", "family"], namespace=NAMESPACE, buckets=WAIT_BUCKETS, registry=REGISTRY)
 MODEL_TOKENS = Counter(
-    "model_tokens", "Model tokens the provider reported in its own usage fields, for "
-    "requests through the model pass-through endpoint, by kind (prompt | completion).",
+    "model_tokens", "Model tokens of requests through the model pass-through endpoint, by "
+    "kind (prompt | completion): the provider's own usage fields, or the pass-through's "
+    "estimate when the provider reported none (model_tokens_estimated counts that part).",
+    ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+MODEL_TOKENS_ESTIMATED = Counter(
+    "model_tokens_estimated", "The part of model_tokens the pass-through estimated (a stream "
+    "cut before its usage chunk, an answer without usage): prompt = a quarter of the "
+    "request's bytes, completion = a quarter of the answer's characters.",
     ["kind"], namespace=NAMESPACE, registry=REGISTRY)
 EGRESS_CONNECTIONS = Counter(
     "egress_connections", "Connections of sandboxed tools through the egress proxy, by outcome: "
     "ok, or the refusal's reason (not_allowed, denied, ip_literal, denied_address, "
     "unresolvable, bad_request, unreachable; docs/sandbox.md §Network).", ["outcome"],
     namespace=NAMESPACE, registry=REGISTRY)
+SANDBOX_REFUSED = Counter(
+    "sandbox_requests_refused", "Requests from inside a sandbox to this service refused before "
+    "any route, by reason: not_a_sandbox_route, bad_request, length_required, unreachable "
+    "(docs/sandbox.md §Network).", ["reason"], namespace=NAMESPACE, registry=REGISTRY)
 EGRESS_BYTES = Counter(
     "egress_bytes", "Bytes through the egress proxy, by direction: up (sandbox to the "
     "internet) or down.", ["direction"], namespace=NAMESPACE, registry=REGISTRY)
@@ -87,9 +97,11 @@ MODEL_REQUESTS = Counter(
     "model_requests", "Requests of Hermes processes on the model pass-through endpoint, by "
     "outcome: ok (provider status < 400), provider_error (the provider's 4xx/5xx, passed "
     "through), unreachable (502/504 from the endpoint itself), unauthorized (unknown or "
-    "revoked credential, never forwarded).", ["outcome"], namespace=NAMESPACE,
-    registry=REGISTRY)
-MODEL_OUTCOMES = frozenset({"ok", "provider_error", "unreachable", "unauthorized"})
+    "revoked credential, never forwarded), refused (answered by the endpoint itself: a "
+    "method, field, model, size or header it does not forward, a spent token budget; never "
+    "forwarded). Unknown paths (Hermes's own local-server probes) are not counted.",
+    ["outcome"], namespace=NAMESPACE, registry=REGISTRY)
+MODEL_OUTCOMES = frozenset({"ok", "provider_error", "unreachable", "unauthorized", "refused"})
 DRAINING = Gauge(
     "draining", "1 while this process drains (after SIGTERM/Ctrl-C: no new turns, running "
     "ones finish for up to service.drain_seconds), else 0.", namespace=NAMESPACE,
@@ -246,6 +258,19 @@ def model_tokens(prompt: int, completion: int) -> None:
         MODEL_TOKENS.labels("prompt").inc(prompt)
     if completion > 0:
         MODEL_TOKENS.labels("completion").inc(completion)
+
+
+def sandbox_request_refused(reason: str) -> None:
+    """A request from inside a sandbox to this service refused before it reached a route."""
+    SANDBOX_REFUSED.labels(reason).inc()
+
+
+def model_tokens_estimated(prompt: int, completion: int) -> None:
+    """Tokens of one model request the pass-through estimated (also in :func:`model_tokens`)."""
+    if prompt > 0:
+        MODEL_TOKENS_ESTIMATED.labels("prompt").inc(prompt)
+    if completion > 0:
+        MODEL_TOKENS_ESTIMATED.labels("completion").inc(completion)
 
 
 def egress_connection(outcome: str, up: int, down: int) -> None:

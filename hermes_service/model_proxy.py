@@ -8,30 +8,47 @@ real key on the way out and relays the provider's answer unchanged, chunk by chu
 Standard library only: :class:`http.server.ThreadingHTTPServer` (one daemon thread per client
 connection, HTTP/1.1 keep-alive) in front, :mod:`http.client` / :mod:`ssl` behind.
 
-Requests (any method, any path under ``/v1``)
----------------------------------------------
+Requests (docs/sandbox.md §What the pass-through forwards)
+------------------------------------------------------------
+The credential is readable in its process's sandbox: every request is the user's agent's
+own. Only what :mod:`hermes_service.model_policy` allows is forwarded; everything else is
+answered here, in the shape of the OpenAI API's own errors (``{"error": {"message", "type",
+"param": null, "code"}}``, https://platform.openai.com/docs/guides/error-codes), never sent:
+
+* ``POST /v1/chat/completions`` and ``GET /v1/models``, the target exactly so (no query) —
+  anything else **404** ``not_found`` (not counted: Hermes's own local-server probes), another
+  method **405**;
 * ``Authorization: Bearer <credential>`` (RFC 6750 §2.1) naming a credential issued and not
-  revoked, else **401** ``{"error": {"message", "type": "invalid_request_error", "param":
-  null, "code": "invalid_api_key"}}`` (the shape of the OpenAI API's own errors,
-  https://platform.openai.com/docs/guides/error-codes) — never forwarded. Credentials are
-  kept as SHA-256 digests only; the lookup is by digest, so the raw credential is compared
-  nowhere.
-* A body is read by ``Content-Length`` (RFC 9112 §6.2), at most :data:`MAX_BODY_BYTES`
-  (32 MiB; more → **413**). A request with ``Transfer-Encoding`` → **411** (RFC 9110 §15.5.12;
-  Hermes's client, httpx, sends ``Content-Length`` for its JSON bodies).
-* A path outside ``/v1`` → **404** (same error shape, ``code: "not_found"``).
+  revoked, else **401** ``invalid_api_key``. Credentials are kept as SHA-256 digests only;
+  the lookup is by digest, so the raw credential is compared nowhere;
+* a body by ``Content-Length`` (RFC 9112 §6.2), at most ``Policy.max_body`` bytes
+  (:func:`~hermes_service.model_policy.max_request_bytes` of ``hermes.model.context_length``;
+  more → **413**); ``Transfer-Encoding`` → **411** (Hermes's client, httpx, sends a length);
+  a refused request's body is read and dropped first (up to :data:`DRAIN_BYTES`, within
+  :data:`LINGER_SECONDS`), so the refusal reaches the caller whole;
+  a GET with a body → **400**;
+* a chat body: UTF-8 JSON whose fields are allowlisted and whose ``model`` the config offers
+  (**400** / **404** ``model_not_found`` / **415**), re-encoded from what was checked, with
+  ``stream_options.include_usage`` on a streamed call;
+* at most :data:`MAX_USER_REQUESTS` requests of one user at once (**429**
+  ``too_many_requests``), :data:`USER_BODY_BUDGET` body bytes held for one user (429) and
+  :data:`BODY_BUDGET` for every user together (**503** ``server_overloaded``); a body not
+  received whole within :data:`BODY_SECONDS` closes the connection (**408**); at most
+  :data:`PARSES` bodies are parsed at once (a JSON body takes up to ~30 times its size in
+  memory while it is checked); with ``hermes.limits.daily_tokens`` a user who spent it
+  today gets **429** ``token_budget_exceeded`` (``Retry-After``: seconds to 00:00 UTC).
+
+Each refusal but the 404 counts as ``refused`` in ``hermes_service_model_requests_total``.
 
 Forwarding
 ----------
-``/v1<suffix>`` goes to ``<upstream_base_url><suffix>`` (query string kept): the upstream base
-already names its API root (``https://api.example.com/v1``, ``…/api/v1``). Request headers go
-as sent except: the caller's ``Authorization``; ``Host`` (http.client sends the upstream's);
-hop-by-hop headers (RFC 9110 §7.6.1: ``Connection`` and the fields it names, ``Keep-Alive``,
-``Proxy-*``, ``TE``, ``Trailer``, ``Transfer-Encoding``, ``Upgrade``); ``Content-Length``
-(recomputed). ``Accept-Encoding`` is narrowed to ``gzip``/``deflate``/``identity`` (so the
-usage reader below can read any answer; brotli/zstd offers are dropped). The real key is read
-from ``os.environ[api_key_env]`` at each request and sent as ``Authorization: Bearer <key>``
-(no header when ``api_key_env`` is None or the variable is unset or empty).
+``/v1<suffix>`` goes to ``<upstream_base_url><suffix>``: the upstream base already names its
+API root (``https://api.example.com/v1``, ``…/api/v1``). The provider gets only the caller's
+headers of :data:`~hermes_service.model_policy.FORWARD_HEADERS` (an allowlist: ``Accept``,
+``Content-Type``, ``User-Agent``, the OpenAI SDK's ``X-Stainless-*``), ``Accept-Encoding:
+identity``, ``Content-Length`` (recomputed) and ``Authorization: Bearer <key>`` with the real
+key read from ``os.environ[api_key_env]`` at each request (no header when ``api_key_env`` is
+None or the variable is unset or empty).
 
 Upstream connections are kept alive and reused (at most :data:`POOL_SIZE` idle per upstream
 origin and proxy: proxied and direct connections are never mixed); a request whose reused
@@ -68,14 +85,16 @@ Answers
 -------
 Status, reason, headers (minus hop-by-hop and ``Content-Length``/``Transfer-Encoding``) and
 body exactly as the provider sent them, error statuses included (a 401/429/500 looks to Hermes
-as it would from the provider itself). One rewrite: a ``Location``/``Content-Location`` under
-the upstream base (absolute, or an absolute path) is pointed back at this endpoint, so a
-redirect never sends the caller to the provider itself. The body is relayed as it arrives — each
-:meth:`http.client.HTTPResponse.read1` (at most 64 KiB) is written and flushed at once, no
-buffering of the whole body — with the provider's ``Content-Length`` when it sent one, else
-HTTP/1.1 chunked framing (RFC 9112 §7.1; close-delimited to an HTTP/1.0 caller). A provider
-stream that breaks mid-answer ends the caller's connection without the final chunk, so the
-caller sees the same broken stream.
+as it would from the provider itself). Two rewrites: a ``Location``/``Content-Location``
+under the upstream base (absolute, or an absolute path) is pointed back at this endpoint, so a
+redirect never sends the caller to the provider itself; and the usage chunk the pass-through
+asked for is taken out of a stream whose caller did not ask for it
+(:class:`~hermes_service.model_policy.UsageStripper`; that stream then goes chunked). The
+body is relayed as it arrives — each :meth:`http.client.HTTPResponse.read1` (at most 64 KiB)
+is written and flushed at once, no buffering of the whole body — with the provider's
+``Content-Length`` when it sent one, else HTTP/1.1 chunked framing (RFC 9112 §7.1;
+close-delimited to an HTTP/1.0 caller). A provider stream that breaks mid-answer ends the
+caller's connection without the final chunk, so the caller sees the same broken stream.
 
 * provider unreachable (DNS, refused, reset, TLS failure, broken answer before its headers),
   or no upstream configured → **502** ``{"error": {"message": "model provider unreachable:
@@ -90,17 +109,19 @@ disconnects (a killed Hermes process) drops the upstream request too.
 
 Usage
 -----
-Token counts come from the provider's own ``usage`` objects only: the JSON body's ``usage``
-(OpenAI chat completions / responses, Anthropic messages), or in a ``text/event-stream`` the
-``data:`` lines that contain ``"usage"`` (OpenAI sends it in the last chunk when the request
-has ``stream_options.include_usage``; Anthropic splits it over ``message_start`` and
-``message_delta``): per key the largest value seen counts, which is right both for one final
-usage object and for running totals. ``prompt_tokens`` (or ``input_tokens``) and
-``completion_tokens`` (or ``output_tokens``) are counted in
+Token counts come from the provider's own ``usage`` objects
+(:class:`~hermes_service.model_usage.UsageReader`): the JSON body's ``usage`` (OpenAI chat
+completions / responses, Anthropic messages), or in a ``text/event-stream`` the ``data:``
+lines' (per key the largest value seen counts, right both for one final usage object and for
+running totals). A 2xx chat answer that carried none — a stream cut before its usage chunk,
+a provider that does not report usage — is counted by estimate: a quarter of the request's
+bytes as prompt tokens, a quarter of the answer's characters that went through as
+completion tokens (``hermes_service_model_tokens_estimated_total``, and
+``estimated_requests`` per user and day). Tokens go to
 :func:`hermes_service.metrics.model_tokens` (``hermes_service_model_tokens_total{kind}``, no
-user label) and per user and UTC day in :class:`UsageStore` (SQLite, written by a background
-thread off the request path). Every request that got an answer from the provider counts as one
-request, whatever its status.
+user label) and per user and UTC day to :class:`~hermes_service.model_usage.UsageStore`
+(SQLite, written by a background thread off the request path). Every forwarded request that
+got an answer from the provider counts as one request, whatever its status.
 
 Connections: one thread per caller connection, at most :data:`MAX_CONNECTIONS` at once (more
 are closed at accept), each closed after :data:`CLIENT_TIMEOUT` seconds without a request or
@@ -112,13 +133,11 @@ method, status, duration in ms); neither the key nor a credential is ever logged
 from __future__ import annotations
 
 import base64
-import datetime as _dt
 import hashlib
 import http.client
 import json
 import logging
 import os
-import queue
 import secrets
 import select
 import socket
@@ -127,7 +146,7 @@ import ssl
 import sys
 import threading
 import time
-import zlib
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Mapping, NamedTuple
@@ -135,14 +154,22 @@ from urllib.parse import unquote, urlsplit
 from urllib.request import proxy_bypass_environment
 
 from . import metrics
+from .model_policy import (Policy, Prepared, Refusal, UsageStripper, forward_headers,
+                           max_request_bytes, route)
+from .model_usage import (UsageReader, UsageStore, budget_message, seconds_to_midnight,
+                          usage_db_path)  # noqa: F401  (usage_db_path: re-exported)
 
 log = logging.getLogger("hermes_service.model_proxy")
 
-USAGE_DB_NAME = "model_usage.db"      # in the data dir; see usage_db_path()
-MAX_BODY_BYTES = 32 * 1024 * 1024     # request bodies (413 above)
+MAX_USER_REQUESTS = 16               # one user's requests in flight at once (429 above)
+USER_BODY_BUDGET = 16 * 1024 * 1024   # request body bytes held at once for one user (429)
+BODY_BUDGET = 256 * 1024 * 1024       # request body bytes held at once, every user (503 above)
+BODY_SECONDS = 60.0                   # a body must arrive whole within this (408)
+PARSES = 2                            # request bodies parsed (checked) at once
+LINGER_SECONDS = 2.0                  # reading what a refused caller still sends (s)
+DRAIN_BYTES = 64 * 1024 * 1024        # ... at most this much of its body
 READ_CHUNK = 64 * 1024                # largest piece relayed per read1()
 POOL_SIZE = 8                         # idle upstream connections kept per origin
-USAGE_SCAN_LIMIT = 16 * 1024 * 1024   # bytes of a JSON answer (decoded) kept to read its usage
 CONNECT_TIMEOUT = 10.0
 CLIENT_TIMEOUT = 120.0                # idle keep-alive / a caller that stops reading or sending
 MAX_CONNECTIONS = 512                 # client connections at once (one thread each); more: closed
@@ -150,28 +177,7 @@ MAX_CONNECTIONS = 512                 # client connections at once (one thread e
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
                         "proxy-authorization", "te", "trailer", "trailers",
                         "transfer-encoding", "upgrade"})
-# Expect: http.server already answered any 100-continue itself
-_DROP_REQUEST = HOP_BY_HOP | {"host", "authorization", "content-length", "accept-encoding",
-                              "expect"}
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
-_ENCODINGS = ("gzip", "deflate", "identity")
-
-
-def _leaves_root(path: str) -> bool:
-    """Could ``path`` name something outside ``/v1`` once a server normalises it? A ``.`` or
-    ``..`` segment, or an encoded dot, slash or backslash (RFC 3986 §5.2.4 dot-segment
-    removal; a provider or gateway in front of it may decode first): the real key must
-    never go with such a request."""
-    target = path.split("?", 1)[0]
-    if any(seg in (".", "..") for seg in target.split("/")):
-        return True
-    low = target.lower()
-    return any(enc in low for enc in ("%2e", "%2f", "%5c", "\\"))
-
-
-def usage_db_path(data_dir: Path) -> Path:
-    """Where the service keeps per-user model usage: ``<data_dir>/model_usage.db``."""
-    return Path(data_dir) / USAGE_DB_NAME
 
 
 def _digest(credential: str) -> bytes:
@@ -318,243 +324,6 @@ def _warn_unusable(s: _Settings | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# usage: from the provider's own `usage` objects
-
-
-class UsageReader:
-    """Reads the provider's ``usage`` out of an answer body fed piece by piece.
-
-    ``content_type``/``content_encoding``: the answer's headers. ``feed(data)`` with each raw
-    piece as relayed; :meth:`tokens` then gives ``(prompt_tokens, completion_tokens)`` (0 for
-    what the provider did not report). Event streams are scanned line by line (only lines
-    containing ``"usage"`` are decoded); a JSON body is kept (decoded, up to
-    :data:`USAGE_SCAN_LIMIT` bytes) and parsed once at the end. Any other type, an unknown
-    content encoding or a body that does not parse counts no tokens.
-    """
-
-    def __init__(self, content_type: str | None, content_encoding: str | None):
-        ctype = (content_type or "").split(";", 1)[0].strip().lower()
-        self.kind = ("sse" if ctype == "text/event-stream"
-                     else "json" if ctype == "application/json" or ctype.endswith("+json")
-                     else None)
-        enc = (content_encoding or "identity").strip().lower()
-        self._inflate = None
-        if enc in ("gzip", "x-gzip"):
-            self._inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif enc == "deflate":
-            self._inflate = zlib.decompressobj()     # zlib-wrapped (RFC 9110 §8.4.1.2)
-        elif enc != "identity":
-            self.kind = None
-        self._buf = bytearray()
-        self._usage: dict[str, int] = {}
-
-    def feed(self, data: bytes) -> None:
-        if self.kind is None or not data:
-            return
-        if self._inflate is not None:
-            try:
-                data = self._inflate.decompress(data)
-            except zlib.error:
-                self.kind = None
-                return
-        if self.kind == "json":
-            if len(self._buf) + len(data) > USAGE_SCAN_LIMIT:
-                self.kind = None
-                return
-            self._buf += data
-            return
-        self._buf += data
-        if b"\n" not in data:
-            return
-        *lines, rest = bytes(self._buf).split(b"\n")
-        self._buf = bytearray(rest)
-        for line in lines:
-            if b'"usage"' in line and line.startswith(b"data:"):
-                try:
-                    obj = json.loads(line[5:])
-                except ValueError:
-                    continue
-                self._take(obj)
-        if len(self._buf) > USAGE_SCAN_LIMIT:          # one endless line: give up on it
-            self._buf.clear()
-
-    def _take(self, obj) -> None:
-        if not isinstance(obj, dict):
-            return
-        usage = obj.get("usage")
-        if not isinstance(usage, dict):           # Anthropic message_start: {"message": {usage}}
-            inner = obj.get("message") or obj.get("response")
-            usage = inner.get("usage") if isinstance(inner, dict) else None
-        if not isinstance(usage, dict):
-            return
-        for key in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"):
-            v = usage.get(key)
-            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                self._usage[key] = max(v, self._usage.get(key, 0))
-
-    def tokens(self) -> tuple[int, int]:
-        if self.kind == "json" and self._buf:
-            try:
-                self._take(json.loads(bytes(self._buf)))
-            except ValueError:
-                pass
-            self._buf.clear()
-        u = self._usage
-        return (u.get("prompt_tokens", u.get("input_tokens", 0)),
-                u.get("completion_tokens", u.get("output_tokens", 0)))
-
-
-class UsageStore:
-    """Per-user, per-UTC-day model usage in SQLite: table ``usage(user_id, day, requests,
-    prompt_tokens, completion_tokens)``, primary key ``(user_id, day)``, ``day`` as
-    ``YYYY-MM-DD``.
-
-    :meth:`add` only queues; a background thread writes what is queued in one transaction
-    (an upsert per user and day, ``INSERT … ON CONFLICT DO UPDATE``:
-    https://www.sqlite.org/lang_upsert.html). WAL journal and a 10 s busy timeout
-    (https://www.sqlite.org/wal.html), so two service processes sharing the data dir add to
-    the same rows without losing counts. :meth:`flush` waits until everything queued is
-    written; :meth:`close` flushes and stops the thread. A write that fails is logged and
-    dropped (the metric still counted it).
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        with _connect(self.path, create=True):
-            pass
-
-    def add(self, user_id: str, prompt_tokens: int, completion_tokens: int,
-            day: str | None = None) -> None:
-        """Count one request of ``user_id`` (today, UTC, unless ``day`` is given)."""
-        day = day or _dt.datetime.now(_dt.timezone.utc).date().isoformat()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._writer, name="model-usage-writer",
-                                                daemon=True)
-                self._thread.start()
-        self._queue.put((user_id, day, int(prompt_tokens), int(completion_tokens)))
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every queued count is written (or failed); False on timeout."""
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            with self._queue.all_tasks_done:
-                self._queue.all_tasks_done.wait(0.05)
-        return True
-
-    def close(self, timeout: float = 10.0) -> None:
-        self.flush(timeout)
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout)
-
-    def _writer(self) -> None:
-        conn = None
-        while True:
-            item = self._queue.get()
-            batch = [item]
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            rows: dict[tuple[str, str], list[int]] = {}
-            stop = False
-            for it in batch:
-                if it is None:
-                    stop = True
-                    continue
-                r = rows.setdefault((it[0], it[1]), [0, 0, 0])
-                r[0] += 1
-                r[1] += it[2]
-                r[2] += it[3]
-            try:
-                if rows:
-                    if conn is None:
-                        conn = _connect(self.path, create=True)
-                    with conn:
-                        conn.executemany(
-                            "INSERT INTO usage (user_id, day, requests, prompt_tokens, "
-                            "completion_tokens) VALUES (?, ?, ?, ?, ?) "
-                            "ON CONFLICT (user_id, day) DO UPDATE SET "
-                            "requests = requests + excluded.requests, "
-                            "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
-                            "completion_tokens = completion_tokens + excluded.completion_tokens",
-                            [(u, d, *v) for (u, d), v in rows.items()])
-            except sqlite3.Error as exc:
-                log.warning("model usage: %d count(s) not written to %s: %s",
-                            sum(v[0] for v in rows.values()), self.path, exc)
-                if conn is not None:
-                    conn.close()
-                    conn = None
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-            if stop:
-                if conn is not None:
-                    conn.close()
-                return
-
-
-def _connect(path: Path, create: bool) -> sqlite3.Connection:
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(path), timeout=10.0, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS usage (user_id TEXT NOT NULL, "
-                     "day TEXT NOT NULL, requests INTEGER NOT NULL DEFAULT 0, "
-                     "prompt_tokens INTEGER NOT NULL DEFAULT 0, "
-                     "completion_tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (user_id, day))")
-        return conn
-    return sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=10.0)
-
-
-class UsageRow(NamedTuple):
-    user_id: str
-    day: str | None          # None in totals over several days
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-
-
-def read_usage(path: Path, user_id: str | None = None, days: int = 30,
-               daily: bool = False, today: _dt.date | None = None) -> list[UsageRow]:
-    """Usage of the last ``days`` UTC days (today included), per user (``daily``: per user
-    and day), sorted by user (then day). ``user_id`` limits it to one user. A db that does not
-    exist yet reads as no rows. Raises ValueError for ``days < 1``, sqlite3.Error for an
-    unreadable db."""
-    if days < 1:
-        raise ValueError("days must be >= 1")
-    path = Path(path)
-    if not path.exists():
-        return []
-    today = today or _dt.datetime.now(_dt.timezone.utc).date()
-    since = (today - _dt.timedelta(days=days - 1)).isoformat()
-    where, args = "day >= ?", [since]
-    if user_id is not None:
-        where += " AND user_id = ?"
-        args.append(user_id)
-    day_col, group = ("day", "user_id, day") if daily else ("NULL", "user_id")
-    conn = _connect(path, create=False)
-    try:
-        rows = conn.execute(
-            f"SELECT user_id, {day_col}, SUM(requests), SUM(prompt_tokens), "
-            f"SUM(completion_tokens) FROM usage WHERE {where} GROUP BY {group} "
-            f"ORDER BY {group}", args).fetchall()
-    finally:
-        conn.close()
-    return [UsageRow(*r) for r in rows]
-
-
-# ---------------------------------------------------------------------------------------
 # the server
 
 
@@ -606,8 +375,26 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self):
         try:
             super().finish()
+            if getattr(self, "_linger", False):
+                self._lingering_close()
         finally:
             self.server.proxy._track(self.connection, False)
+
+    def _lingering_close(self) -> None:
+        """After refusing a request whose body was not read: stop writing and read (and
+        drop) what the caller still sends, for up to :data:`LINGER_SECONDS`, before the
+        connection is closed — closing with unread data makes the kernel reset the
+        connection, which can destroy the refusal on its way (RFC 9112 §9.6)."""
+        conn = self.connection
+        try:
+            conn.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + LINGER_SECONDS
+            while (left := deadline - time.monotonic()) > 0:
+                conn.settimeout(left)
+                if not conn.recv(1 << 16):
+                    return
+        except OSError:
+            return
 
     def do_GET(self):
         self._handle()
@@ -629,66 +416,153 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         proxy = self.server.proxy
-        path = self.path
-        if not (path == "/v1" or path.startswith(("/v1/", "/v1?"))) or _leaves_root(path):
-            self._drain_or_close()
-            self._reply(404, f"no such route: {self.command} (only /v1/... is served)",
-                        "invalid_request_error", "not_found")
+        prepared = None
+        try:
+            path = route(self.command, self.path)
+            user = proxy._user_for(self.headers.get("Authorization"))
+            if user is None:
+                self._drain_or_close()
+                metrics.model_request("unauthorized")
+                self._reply(401, "Incorrect API key provided: this endpoint needs the credential "
+                            "issued to this Hermes process.", "invalid_request_error",
+                            "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="model"'})
+                return
+            length = self._length(proxy.policy.max_body)
+            if self.command == "GET" and length:
+                raise Refusal(400, "invalid_request_body", "GET takes no body")
+            proxy.check_budget(user)
+        except Refusal as refusal:
+            self._refuse(refusal)
             return
-        user = proxy._user_for(self.headers.get("Authorization"))
-        if user is None:
-            self._drain_or_close()
-            metrics.model_request("unauthorized")
-            self._reply(401, "Incorrect API key provided: this endpoint needs the credential "
-                        "issued to this Hermes process.", "invalid_request_error",
-                        "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="model"'})
-            return
+        with proxy._admit(user, length) as refusal:
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+            body = self._read_body(length)
+            if body is None:
+                return
+            if self.command == "POST":
+                try:
+                    with proxy._parses:
+                        prepared = proxy.policy.prepare_chat(body,
+                                                             self.headers.get("Content-Type"))
+                except Refusal as refusal:
+                    self._refuse(refusal, read=True)
+                    return
+                body = prepared.body
+            settings = proxy._settings
+            started = time.perf_counter()
+            status = None
+            try:
+                status = self._forward(settings, user, path[len("/v1"):], body, prepared)
+            finally:
+                ms = (time.perf_counter() - started) * 1000
+                log.debug("model request user=%s %s %s status=%s ms=%.1f", user, self.command,
+                          path, status if status is not None else "aborted", ms,
+                          extra={"status": status, "duration_ms": round(ms, 1)})
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The request body, received whole within :data:`BODY_SECONDS` (else 408 and the
+        connection closed: a caller trickling a body holds a share of the body budget);
+        None when it did not come."""
+        if not length:
+            return b""
+        deadline = time.monotonic() + BODY_SECONDS
+        parts, got = [], 0
+        while got < length:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close_connection = True
+                self._reply(408, f"the request body did not arrive within {BODY_SECONDS:g} s",
+                            "invalid_request_error", "request_timeout")
+                return None
+            self.connection.settimeout(min(left, CLIENT_TIMEOUT))
+            try:
+                chunk = self.rfile.read1(min(length - got, 1 << 20))
+            except (socket.timeout, OSError):
+                chunk = b""
+            if not chunk:
+                self.close_connection = True
+                if time.monotonic() >= deadline:
+                    continue           # answered above, on the next turn of the loop
+                return None
+            parts.append(chunk)
+            got += len(chunk)
+        self.connection.settimeout(CLIENT_TIMEOUT)
+        return b"".join(parts)
+
+    def _length(self, cap: int) -> int:
+        """The request's ``Content-Length`` (0 without one). Raises :class:`Refusal`: 411 for
+        ``Transfer-Encoding`` (Hermes's client sends a length), 400 for a bad length, 413
+        above ``cap``."""
         if self.headers.get("Transfer-Encoding"):
             self.close_connection = True
-            self._reply(411, "a request body must be sent with Content-Length",
-                        "invalid_request_error", "length_required")
-            return
+            raise Refusal(411, "length_required", "a request body must be sent with "
+                          "Content-Length")
+        values = self.headers.get_all("Content-Length") or []
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length < 0:
+            if len(set(v.strip() for v in values)) > 1 or \
+                    any(not v.strip().isdigit() for v in values):
                 raise ValueError
+            length = int(values[0]) if values else 0
         except ValueError:
             self.close_connection = True
-            self._reply(400, "invalid Content-Length", "invalid_request_error", "bad_request")
-            return
-        if length > MAX_BODY_BYTES:
+            raise Refusal(400, "bad_request", "invalid Content-Length") from None
+        if length > cap:
             self.close_connection = True
-            self._reply(413, f"request body over {MAX_BODY_BYTES} bytes",
-                        "invalid_request_error", "request_too_large")
-            return
-        body = self.rfile.read(length) if length else b""
-        if len(body) < length:
-            self.close_connection = True
-            return
-        settings = proxy._settings
-        started = time.perf_counter()
-        status = None
-        try:
-            status = self._forward(settings, user, path[len("/v1"):], body)
-        finally:
-            ms = (time.perf_counter() - started) * 1000
-            log.debug("model request user=%s %s status=%s ms=%.1f", user, self.command,
-                      status if status is not None else "aborted", ms,
-                      extra={"status": status, "duration_ms": round(ms, 1)})
+            raise Refusal(413, "request_too_large", f"request body over {cap} bytes (the "
+                          "pass-through's cap: docs/sandbox.md)")
+        return length
+
+    def _refuse(self, refusal: Refusal, read: bool = False) -> None:
+        """Answer a refused request here (never forwarded); ``refused`` in the metric unless
+        it is an unknown route (Hermes's own local-server probes). ``read``: its body was
+        read already."""
+        if not read:
+            self._drain_or_close()
+        if refusal.counted:
+            metrics.model_request("refused")
+        self._reply(refusal.status, refusal.message, refusal.etype, refusal.code,
+                    refusal.headers)
 
     def _drain_or_close(self) -> None:
-        """Refusing a request: read a small body so the connection stays usable, else close."""
+        """Refusing a request whose body was not read: read and drop the body first (up to
+        :data:`DRAIN_BYTES`, within :data:`LINGER_SECONDS`), so the caller has sent it all
+        before the refusal comes — closing with unread data makes the kernel reset the
+        connection, which can destroy the refusal on its way at any hop (the sandbox's
+        forwarder, RFC 9112 §9.6). A body of 1 MiB or less keeps the connection usable;
+        anything else closes it (a body without a length: after a lingering close)."""
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if self.headers.get("Transfer-Encoding") or length < 0 or length > 1024 * 1024:
+        if self.headers.get("Transfer-Encoding") or length < 0:
             self.close_connection = True
-        elif length:
-            self.rfile.read(length)
+            self._linger = True
+            return
+        if not length:
+            return
+        if length > 1024 * 1024:
+            self.close_connection = True
+        left, deadline = min(length, DRAIN_BYTES), time.monotonic() + LINGER_SECONDS
+        try:
+            while left > 0 and (room := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(room)
+                chunk = self.rfile.read1(min(left, 1 << 20))
+                if not chunk:
+                    break
+                left -= len(chunk)
+            self.connection.settimeout(CLIENT_TIMEOUT)
+        except OSError:
+            self.close_connection = True
+            return
+        if left > 0 or length > DRAIN_BYTES:
+            self.close_connection = True
+            self._linger = True
 
     # -- forwarding -----------------------------------------------------------------
-    def _forward(self, s: _Settings | None, user: str, suffix: str, body: bytes) -> int | None:
+    def _forward(self, s: _Settings | None, user: str, suffix: str, body: bytes,
+                 prepared: Prepared | None) -> int | None:
         proxy = self.server.proxy
         if s is None:
             metrics.model_request("unreachable")
@@ -731,29 +605,39 @@ class _Handler(BaseHTTPRequestHandler):
             return 502
         metrics.model_request("ok" if resp.status < 400 else "provider_error")
         reader = UsageReader(resp.getheader("Content-Type"), resp.getheader("Content-Encoding"))
+        strip = (prepared is not None and prepared.stream and not prepared.usage_asked
+                 and 200 <= resp.status < 300 and reader.kind == "sse"
+                 and (resp.getheader("Content-Encoding") or "identity").lower() == "identity")
         complete = False
         try:
-            complete = self._relay(resp, reader)
+            complete = self._relay(resp, reader, UsageStripper() if strip else None)
         finally:
             if complete and not resp.will_close:
                 proxy._pool_put(s, conn)
             else:
                 conn.close()
             prompt, completion = reader.tokens()
+            estimated = False
+            if prepared is not None and 200 <= resp.status < 300 and not reader.reported:
+                # the provider's usage never came (a stream cut before its usage chunk, a
+                # provider that does not report it): counted from what went through
+                prompt, completion = prepared.prompt_estimate, reader.estimate_completion()
+                estimated = True
+                metrics.model_tokens_estimated(prompt, completion)
             metrics.model_tokens(prompt, completion)
-            proxy.usage.add(user, prompt, completion)
+            proxy.usage.add(user, prompt, completion, estimated=estimated)
         return resp.status
 
     def _upstream_headers(self, s: _Settings, body: bytes) -> list[tuple[str, str]]:
-        named = {t.strip().lower() for v in self.headers.get_all("Connection", [])
-                 for t in v.split(",")}
-        out = [(k, v) for k, v in self.headers.items()
-               if k.lower() not in _DROP_REQUEST and k.lower() not in named]
-        accept = self.headers.get("Accept-Encoding")
-        if accept is not None:
-            offered = [t.strip() for t in accept.split(",")
-                       if t.split(";", 1)[0].strip().lower() in _ENCODINGS]
-            out.append(("Accept-Encoding", ", ".join(offered) or "identity"))
+        """What the provider gets: the allowlisted headers of the caller
+        (:func:`~hermes_service.model_policy.forward_headers`), ``Content-Type:
+        application/json`` on a body, ``Accept-Encoding: identity``, the service's key and
+        the body's length."""
+        out = [(k, v) for k, v in forward_headers(self.headers.items())
+               if k.lower() != "content-type"]
+        if self.command == "POST":
+            out.append(("Content-Type", "application/json"))
+        out.append(("Accept-Encoding", "identity"))
         key = os.environ.get(s.api_key_env) if s.api_key_env else None
         if key:
             out.append(("Authorization", f"Bearer {key}"))
@@ -819,8 +703,10 @@ class _Handler(BaseHTTPRequestHandler):
                     poller.unregister(self.connection)      # pipelined bytes: stop watching
                     watch_client = False
 
-    def _relay(self, resp: http.client.HTTPResponse, reader: UsageReader) -> bool:
-        """Relay status, headers and body; True when the whole body went through."""
+    def _relay(self, resp: http.client.HTTPResponse, reader: UsageReader,
+               stripper: UsageStripper | None = None) -> bool:
+        """Relay status, headers and body (through ``stripper`` when given: the body then
+        goes chunked); True when the whole body went through."""
         no_body = (self.command == "HEAD" or resp.status in (204, 304)
                    or 100 <= resp.status < 200)
         named = {t.strip().lower() for v in resp.headers.get_all("Connection", [])
@@ -831,7 +717,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if k.lower() in ("location", "content-location"):
                     v = self.server.proxy._local_location(v)
                 self.send_header(k, v)
-        length = resp.getheader("Content-Length") if not resp.chunked else None
+        length = resp.getheader("Content-Length") \
+            if not resp.chunked and (stripper is None or no_body) else None
         chunked = False
         if no_body:
             if length is not None:
@@ -865,16 +752,27 @@ class _Handler(BaseHTTPRequestHandler):
             if not data:
                 break
             reader.feed(data)
+            if stripper is not None:
+                data = stripper.feed(data)
+                if not data:
+                    continue
             try:
                 write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             except OSError:
                 self.close_connection = True
                 return False
-        if resp.length not in (None, 0) and not chunked:     # shorter than it said
+        if resp.length not in (None, 0):     # shorter than it said
             self._cut()
             return False
         if not resp.isclosed():
             resp.read()          # a Content-Length body fully read: mark the response done
+        rest = stripper.flush() if stripper is not None else b""
+        try:
+            if rest:
+                write(b"%x\r\n%s\r\n" % (len(rest), rest) if chunked else rest)
+        except OSError:
+            self.close_connection = True
+            return False
         if chunked:
             try:
                 write(b"0\r\n\r\n")
@@ -908,15 +806,22 @@ class ModelProxy:
 
     def __init__(self, upstream_base_url: str | None, api_key_env: str | None, usage_db: Path,
                  read_timeout: float = 300.0, host: str = "127.0.0.1",
-                 upstream_proxy: str | None = None):
+                 upstream_proxy: str | None = None, models=(), context_length: int = 128000,
+                 daily_tokens: int | None = None):
         self._settings = _settings(upstream_base_url, api_key_env, read_timeout, upstream_proxy)
         _warn_unusable(self._settings)
+        self.policy = Policy(frozenset(models), max_request_bytes(context_length))
+        self.daily_tokens = daily_tokens
         self.host = host
         self.usage = UsageStore(Path(usage_db))
         self._creds: dict[bytes, str] = {}
         self._lock = threading.Lock()
         self._pool: dict[tuple, list[http.client.HTTPConnection]] = {}
         self._conns: set[socket.socket] = set()
+        self._inflight: dict[str, int] = {}        # user -> requests in flight
+        self._body_bytes = 0                       # request body bytes held now
+        self._user_bytes: dict[str, int] = {}      # ... per user
+        self._parses = threading.BoundedSemaphore(PARSES)
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._ssl: ssl.SSLContext | None = None
@@ -969,14 +874,81 @@ class ModelProxy:
         return f"http://{host}:{self.port}/v1"
 
     def configure(self, upstream_base_url: str | None, api_key_env: str | None,
-                  read_timeout: float = 300.0, upstream_proxy: str | None = None) -> None:
+                  read_timeout: float = 300.0, upstream_proxy: str | None = None,
+                  models=None, context_length: int | None = None,
+                  daily_tokens: int | None = None) -> None:
         """Live reload: requests that start from now on use these settings (ones in flight
-        finish with the old). Raises ValueError like the constructor (the old settings stay)."""
+        finish with the old). ``models``/``context_length`` None keep the current policy's.
+        Raises ValueError like the constructor (the old settings stay)."""
         new = _settings(upstream_base_url, api_key_env, read_timeout, upstream_proxy)
         _warn_unusable(new)
         old, self._settings = self._settings, new
+        self.policy = Policy(
+            self.policy.models if models is None else frozenset(models),
+            self.policy.max_body if context_length is None else max_request_bytes(context_length))
+        self.daily_tokens = daily_tokens
         if new != old:
             self._clear_pool()
+
+    # -- what a user may spend -----------------------------------------------------------
+    def check_budget(self, user_id: str) -> None:
+        """Raise :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``
+        when ``user_id`` has used ``daily_tokens`` tokens today (UTC; every service process
+        on the data dir counted). Nothing without a budget; a usage db that cannot be read
+        does not stop a request (logged)."""
+        budget = self.daily_tokens
+        if not budget:
+            return
+        try:
+            spent = self.usage.spent(user_id)
+        except sqlite3.Error as exc:
+            log.warning("model usage of user=%s not readable: %s", user_id, exc)
+            return
+        if spent >= budget:
+            raise Refusal(429, "token_budget_exceeded", budget_message(spent, budget),
+                          etype="insufficient_quota",
+                          headers={"Retry-After": str(seconds_to_midnight())})
+
+    @contextmanager
+    def _admit(self, user_id: str, length: int):
+        """Hold one of ``user_id``'s :data:`MAX_USER_REQUESTS` places and ``length`` bytes of
+        :data:`BODY_BUDGET` (and of :data:`USER_BODY_BUDGET`) while a request is read and
+        answered; yields None, or the
+        :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
+        with self._lock:
+            if self._inflight.get(user_id, 0) >= MAX_USER_REQUESTS or \
+                    self._user_bytes.get(user_id, 0) + length > USER_BODY_BUDGET:
+                refusal = Refusal(429, "too_many_requests", f"more than {MAX_USER_REQUESTS} "
+                                  "model requests (or their bodies over "
+                                  f"{USER_BODY_BUDGET // (1024 * 1024)} MiB) of this user at "
+                                  "once", etype="rate_limit_error", headers={"Retry-After": "1"})
+            elif self._body_bytes + length > BODY_BUDGET:
+                refusal = Refusal(503, "server_overloaded", "the pass-through holds too many "
+                                  "request bodies now; retry", etype="server_error",
+                                  headers={"Retry-After": "1"})
+            else:
+                refusal = None
+                self._inflight[user_id] = self._inflight.get(user_id, 0) + 1
+                self._user_bytes[user_id] = self._user_bytes.get(user_id, 0) + length
+                self._body_bytes += length
+        if refusal is not None:
+            yield refusal
+            return
+        try:
+            yield None
+        finally:
+            with self._lock:
+                left = self._inflight.get(user_id, 1) - 1
+                if left:
+                    self._inflight[user_id] = left
+                else:
+                    self._inflight.pop(user_id, None)
+                held = self._user_bytes.get(user_id, length) - length
+                if held > 0:
+                    self._user_bytes[user_id] = held
+                else:
+                    self._user_bytes.pop(user_id, None)
+                self._body_bytes -= length
 
     # -- credentials --------------------------------------------------------------------
     def issue(self, user_id: str) -> str:

@@ -66,6 +66,15 @@ def data_dir_problem(config: Config) -> str | None:
     return None
 
 
+def disk_problem(config: Config) -> str | None:
+    """``hermes.sandbox.quota: btrfs`` where it cannot hold; a ``paths.homes_dir`` apart from
+    the data dir while the homes are still in the data dir (:meth:`Disk.problems`)."""
+    from .disk import Disk
+    found = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).problems(
+        config.source)
+    return "; ".join(found) if found else None
+
+
 def store_problem(config: Config) -> str | None:
     """The session registry must open: its layout file and a legacy ``sessions.json`` still to
     migrate, when present, must parse (checked without writing; a damaged user shard stops
@@ -103,7 +112,8 @@ def raise_fd_limit(config: Config) -> None:
 
 #: each check and the config key it judges (skipped when that key did not validate)
 _CHECKS = ((command_problem, "hermes.command"), (template_problem, "paths.users_template"),
-           (data_dir_problem, "paths.data_dir"), (fd_problem, "service.connection_limit"))
+           (data_dir_problem, "paths.data_dir"), (fd_problem, "service.connection_limit"),
+           (disk_problem, "hermes.sandbox"))
 
 
 def problems(config: Config, store: bool = True, invalid: frozenset = frozenset()) -> list[str]:

@@ -130,6 +130,8 @@ class Settings:
     max_home_mb: float = 2048
     bwrap: str = "bwrap"
     limits: Limits = field(default_factory=Limits)
+    quota: str = "auto"              # how max_home_mb holds during a turn (disk.py)
+    min_free_mb: float = 512         # the free-space floor of the data and homes file systems
     network: str = "isolated"
     allow_host_network: bool = False
     egress: Egress = field(default_factory=Egress)
@@ -142,7 +144,8 @@ class Settings:
                    limits=Limits(**section["limits"]), network=section["network"],
                    allow_host_network=section["allow_host_network"],
                    egress=Egress(tuple(eg["allow"]), tuple(eg["deny"]),
-                                 eg["max_connections"]))
+                                 eg["max_connections"]),
+                   quota=section["quota"], min_free_mb=section["min_free_mb"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -206,7 +209,31 @@ def _base_args() -> list[str]:
             "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--hostname", "hermes", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session", "--as-pid-1",
-            *_runtime_args(), "--proc", "/proc", "--dev", "/dev"]
+            *_runtime_args(), "--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
+
+
+#: Kernel settings under the sandbox's /proc that a process owning them could change:
+#: when the service runs as root, the sandbox's user *is* the host's uid 0 (without
+#: capabilities), and files such as /proc/sys/kernel/core_pattern check only their owner.
+#: /proc/sys is the host's, read-only (its values are the kernel's either way); the rest is
+#: covered by an empty read-only folder or /dev/null.
+PROC_READ_ONLY = ("/proc/sys",)
+PROC_HIDDEN_DIRS = ("/proc/irq", "/proc/bus", "/proc/fs", "/proc/pressure")
+PROC_HIDDEN_FILES = ("/proc/sysrq-trigger", "/proc/mtrr", "/proc/kcore", "/proc/timer_list")
+
+
+@functools.lru_cache(maxsize=1)
+def _proc_covers() -> tuple[str, ...]:
+    args: list[str] = []
+    for path in PROC_READ_ONLY:
+        args += ["--ro-bind", path, path]
+    for path in PROC_HIDDEN_DIRS:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+    for path in PROC_HIDDEN_FILES:
+        if os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return tuple(args)
 
 
 @functools.lru_cache(maxsize=1)
@@ -450,6 +477,8 @@ class Launch:
     cgroup: Cgroup | None = None
     cpu_limit: float | None = None      # seconds per turn (hermes.sandbox.limits.cpu_seconds)
     pid: int | None = None              # the launched process (set by the runner)
+    #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
+    over: str | None = None
     net: "sandbox_net.Attachment | None" = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
@@ -477,7 +506,10 @@ class Launch:
     def limit_hit(self) -> str | None:
         """``"memory"`` or ``"processes"`` when the sandbox hit its cgroup limit, ``"cpu"``
         when the turn used more than :attr:`cpu_limit` seconds of CPU since :meth:`mark`;
-        None otherwise (only the CPU budget without a cgroup)."""
+        None otherwise (only the CPU budget without a cgroup). ``"home_quota"`` or ``"disk"``
+        when the disk watcher ended it (:attr:`over`)."""
+        if self.over is not None:
+            return self.over
         if self.cgroup is not None:
             now = self.cgroup.events()
             for key in ("memory", "processes"):
@@ -542,6 +574,11 @@ class Sandbox:
         self.net.set_target("service", parts.hostname or "127.0.0.1",
                             parts.port or (443 if parts.scheme == "https" else 80))
 
+    def sandbox_routes(self, paths) -> None:
+        """The path prefixes a sandbox may call through its service port (the run-token
+        routes, from the app factory; :mod:`hermes_service.service_gate`)."""
+        self.net.service_paths = tuple(paths)
+
     def allowed_toolsets(self, toolsets) -> list[str]:
         """``toolsets`` without those that reach the host when ``auto`` found no sandbox (the
         fallback keeps none: :func:`warnings` says so)."""
@@ -569,12 +606,13 @@ class Sandbox:
         return f"auto -> unconfined ({self.probe.reason})"
 
     def warnings(self) -> list[str]:
-        """The ``auto`` fallback, said at ``check-config``, start and in ``/health``."""
+        """What ``check-config`` and the start log warn of (:func:`warnings`)."""
         return warnings(self.settings)
 
     def health(self) -> str | None:
-        """``/health``'s ``sandbox`` check: None when sandboxed or deliberately ``none``."""
-        w = self.warnings()
+        """``/health``'s ``sandbox`` check: the ``auto`` fallback; None when sandboxed or
+        deliberately ``none``."""
+        w = fallback_warnings(self.settings)
         return w[0] if w else None
 
     # -- paths -------------------------------------------------------------------
@@ -583,12 +621,13 @@ class Sandbox:
         return HOME if self.active else str(home.root)
 
     def prepare(self, args: list[str], env: dict, home, run_dir: Path | None,
-                command_path: str) -> Launch:
+                command_path: str, fsize_bytes: int | None = None) -> Launch:
         """A :class:`Launch` of ``<command_path> <args>`` for ``home`` (a
         :class:`~hermes_service.user_homes.UserHome`). ``env`` is the process's whole
         environment with host paths; in a sandbox they are mapped to the sandbox's
-        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). Raises OSError when a cgroup
-        cannot be made."""
+        (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). ``fsize_bytes``: the largest file
+        (``RLIMIT_FSIZE``) instead of ``limits.file_size_mb`` (what is left of the home's
+        quota). Raises OSError when a cgroup cannot be made."""
         env = {**env, **hermes_policy.HERMES_ENV}
         args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
@@ -610,7 +649,8 @@ class Sandbox:
             env.update(sandbox_net.inside_env(MODEL_URL_ENV if MODEL_URL_ENV in env else None,
                                               bool(self.settings.egress.allow)))
         try:
-            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net)
+            launch = self._bwrap(args, env, home, run_dir, command_path, on_close, net,
+                                 fsize_bytes)
         except BaseException:
             for fn in on_close:
                 fn()
@@ -618,7 +658,8 @@ class Sandbox:
         launch.net = net
         return launch
 
-    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net) -> Launch:
+    def _bwrap(self, args, env, home, run_dir, command_path, on_close, net,
+               fsize_bytes=None) -> Launch:
         # bwrap follows a symlink given as a bind source: never bind one a user's agent could
         # have planted (the home, its run folder; homefs repairs them before a turn)
         for path in (home.root, run_dir):
@@ -658,10 +699,13 @@ class Sandbox:
             bargs += ["--unshare-net", "--ro-bind", str(net.folder), sandbox_net.INSIDE_DIR,
                       "--ro-bind", str(sandbox_net.hosts_file(self.data_dir / "sandbox")),
                       "/etc/hosts"]
-        bargs += ["--chdir", HOME]
+        # nothing outside the binds above is writable: the sandbox's own root and /etc (a
+        # tmpfs bubblewrap made) would otherwise take an /etc/hermes/config.yaml, Hermes's
+        # managed settings, over the home's (the mounts made writable stay so)
+        bargs += ["--remount-ro", "/", "--chdir", HOME]
         cgroup = self.cgroups.create(lim) if self.cgroups else None
         rlimits = [f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
-                   f"--fsize={lim.file_size_mb * 1024 * 1024}",
+                   f"--fsize={fsize_bytes or lim.file_size_mb * 1024 * 1024}",
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
@@ -832,6 +876,19 @@ def limit_signal(returncode: int | None) -> str | None:
 
 
 def warnings(settings: Settings, source: str | None = None) -> list[str]:
+    """Warning lines for ``check-config`` and the start log: the ``auto`` fallback
+    (:func:`fallback_warnings`, also ``/health``'s), and a service running as root."""
+    where = f"{source}:" if source else ""
+    out = fallback_warnings(settings, source)
+    if settings.mode != "none" and os.geteuid() == 0:
+        out.append(f"{where}hermes.sandbox: the service runs as root, so each sandbox's user "
+                   "is the host's uid 0 (without capabilities, its kernel settings read-only "
+                   "to it); run the service as an unprivileged account (deploy/systemd does) "
+                   "so that no sandbox is ever the host's root")
+    return out
+
+
+def fallback_warnings(settings: Settings, source: str | None = None) -> list[str]:
     """The ``auto`` fallback as a warning line (``check-config``, the start log, ``/health``);
     empty when sandboxed or deliberately ``none``."""
     if settings.mode != "auto":

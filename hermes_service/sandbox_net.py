@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import egress_proxy, metrics
+from . import egress_proxy, metrics, service_gate
 from .hermes_site import netforward
 from .egress_policy import Policy
 
@@ -98,9 +98,10 @@ def hosts_file(folder: Path) -> Path:
 
 @dataclass(frozen=True)
 class Caps:
-    """Connections one sandbox may hold open at once, per socket."""
-    model: int = 32
-    service: int = 16
+    """Connections one sandbox may hold open at once, per socket (Hermes itself keeps one or
+    two to the model and opens one per tool call to this service)."""
+    model: int = 8
+    service: int = 8
     egress: int = 64
 
 
@@ -115,6 +116,7 @@ class Attachment:
     egress_up: int = 0
     egress_down: int = 0
     run_id: str | None = None           # the run its Hermes works on now (set by the runner)
+    pace: service_gate.Pace = field(default_factory=service_gate.Pace)
     tasks: set = field(default_factory=set)
     room: dict = field(default_factory=lambda: {n: asyncio.Event() for n in SOCKETS})
     closed: bool = False
@@ -133,6 +135,8 @@ class SandboxNet:
         self.on_egress = on_egress
         self.resolver = egress_proxy.default_resolver     # the policy's own name check
         self.targets: dict[str, tuple[str, int]] = {}
+        #: the path prefixes a sandbox may call through ``service.sock`` (service_gate.py)
+        self.service_paths: tuple[str, ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -260,7 +264,7 @@ class SandboxNet:
                 if self.on_egress is not None:
                     self.on_egress(att, out)
             else:
-                await self._relay(name, reader, writer)
+                await self._relay(name, reader, writer, att)
         except asyncio.CancelledError:
             pass
         except Exception:          # noqa: BLE001 - one connection never stops the loop
@@ -273,9 +277,15 @@ class SandboxNet:
             else:
                 conn.close()
 
-    async def _relay(self, name: str, reader, writer) -> None:
+    async def _relay(self, name: str, reader, writer, att: Attachment) -> None:
         target = self.targets.get(name)
         if target is None:
+            return
+        if name == "service":
+            refused = await service_gate.forward(reader, writer, target, self.service_paths,
+                                                 att.pace)
+            if refused:
+                metrics.sandbox_request_refused(refused)
             return
         try:
             o_reader, o_writer = await asyncio.wait_for(asyncio.open_connection(*target), 10)

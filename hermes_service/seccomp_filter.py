@@ -13,8 +13,11 @@ beyond what an unprivileged program needs: another process's memory and file des
 (``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``, ``process_madvise``,
 ``kcmp``), terminal input injection (``ioctl`` ``TIOCSTI``/``TIOCLINUX``), namespaces and
 mounts, kernel keyrings, BPF, perf events, ``userfaultfd``, ``io_uring``, modules, kexec,
-file handles (``open_by_handle_at``), raw I/O ports, clock and swap and reboot calls, and
-the personality flags that turn address-space randomisation off. System calls of another
+file handles (``open_by_handle_at``), raw I/O ports, clock and swap and reboot calls, the
+personality flags that turn address-space randomisation off, and every socket family but
+Unix, IPv4, IPv6 and netlink (:data:`SOCKET_FAMILIES`: ``AF_VSOCK`` reaches the hypervisor
+past any network namespace). ``fallocate`` fails with ``EOPNOTSUPP`` (space reserved without
+writing would outrun the home quota's watcher, hermes_service/disk.py). System calls of another
 architecture (the i386 ABI from an x86-64 process) kill the caller (libseccomp's default
 for a foreign architecture), so no second system call table bypasses the list.
 
@@ -51,6 +54,13 @@ DENIED = (
     "lookup_dcookie", "nfsservctl", "vhangup", "uselib", "ustat", "sysfs", "_sysctl",
     "vm86", "vm86old",
 )
+#: The socket families a sandbox may open (``socket``/``socketpair``): Unix, IPv4, IPv6
+#: (its own loopback, nothing else in its network namespace) and netlink (interface
+#: lists for name lookups). Every other family — AF_VSOCK (the hypervisor, which a network
+#: namespace does not confine), AF_PACKET, AF_BLUETOOTH, AF_ALG, … — fails with
+#: EAFNOSUPPORT, as on a kernel built without it.
+SOCKET_FAMILIES = (1, 2, 10, 16)          # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+AF_MAX = 46                               # Linux 6.x: families are 0 .. AF_MAX - 1
 #: ``ioctl`` requests refused: pushing input into a terminal, the Linux console ioctl
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 #: personality(2) flags refused: ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO, READ_IMPLIES_EXEC
@@ -80,6 +90,15 @@ def program() -> bytes:
         filt.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     for flag in PERSONALITY_FLAGS:
         filt.add_rule(eperm, "personality", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    # space reserved at once, without writing, outruns the quota watcher (disk.py): refused as
+    # by a file system without it (glibc's posix_fallocate then writes the zeros itself)
+    filt.add_rule(sc.ERRNO(errno.EOPNOTSUPP), "fallocate")
+    no_family = sc.ERRNO(errno.EAFNOSUPPORT)
+    for call in ("socket", "socketpair"):
+        for family in range(AF_MAX):
+            if family not in SOCKET_FAMILIES:
+                filt.add_rule(no_family, call, sc.Arg(0, sc.EQ, family))
+        filt.add_rule(no_family, call, sc.Arg(0, sc.GE, AF_MAX))
     fd = os.memfd_create("seccomp-build", os.MFD_CLOEXEC)
     try:
         with open(fd, "wb", closefd=False) as fh:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ContextManager, Protocol
 if TYPE_CHECKING:
     from .config import Config
     from .conversations import Conversations
+    from .disk import Disk
     from .idempotency import IdempotencyStore
     from .limits import Limiter
     from .model_proxy import ModelProxy
@@ -38,6 +39,7 @@ class ServiceObjects(Protocol):
     conversations: Conversations
     admitted: Limiter
     sandbox: Sandbox
+    disk: Disk
     model_proxy: ModelProxy
     idempotency: IdempotencyStore
     service_url: str | None

@@ -15,12 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import installed, metrics
-from .config import Config, HermesSettings
+from .config import Config
 from .conversations import Conversations
+from .disk import Disk
 from .errors import ServiceError, TooManyRuns, Unconfigured
 from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
 from .limits import Limiter
-from .model_proxy import ModelProxy, upstream_proxy_for, usage_db_path
+from .model_policy import offered_models
+from .model_proxy import ModelProxy, upstream_proxy_for
+from .model_usage import usage_db_path
 from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox
 from .security import Guard
@@ -46,6 +49,7 @@ class Services:
     conversations: Conversations
     admitted: Limiter = field(repr=False, default=None)
     sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
+    disk: Disk = field(repr=False, default=None)           # quotas, floor, the disk watcher
     model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
     idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
     #: where Hermes processes call this service back (the serve command's address), or None
@@ -92,7 +96,8 @@ class Services:
         before = (self.config.hermes, self.homes.configured)
         self.homes.configure(config.paths, h)
         self.sandbox.configure(h.sandbox)
-        self.model_proxy.configure(**model_proxy_settings(h))
+        self.disk.configure(h.sandbox)
+        self.model_proxy.configure(**model_proxy_settings(config, self.homes))
         self.processes.configure(h)
         if self.runners.acp is not None:
             # warm processes run with the old settings and template: retire them only when
@@ -195,13 +200,23 @@ def default_service_url(config: Config, host: str | None = None, port: int | Non
     return f"http://{'[::1]' if ':' in host else '127.0.0.1'}:{port}"
 
 
-def model_proxy_settings(hermes: HermesSettings) -> dict:
-    """:meth:`ModelProxy.configure`'s arguments for a ``hermes`` section: the provider, its
-    key's variable, the read timeout (a turn's hard limit) and the HTTP proxy
-    ``hermes.extra_env`` names for it."""
+def model_proxy_settings(config: Config, homes: UserHomes) -> dict:
+    """:meth:`ModelProxy.configure`'s arguments for ``config``: the provider, its key's
+    variable, the read timeout (a turn's hard limit), the HTTP proxy ``hermes.extra_env``
+    names for it, the model names a home may ask for (its rendered config's and the enabled
+    extensions': :func:`~hermes_service.model_policy.offered_models`), the context length
+    (the body cap) and ``hermes.limits.daily_tokens``."""
+    hermes = config.hermes
+    try:
+        rendered = homes.render_config()
+    except Unconfigured:               # no template: the central model only
+        rendered = {"model": {"default": hermes.model.default}}
     return {"upstream_base_url": hermes.model.base_url, "api_key_env": hermes.model.api_key_env,
             "read_timeout": float(hermes.timeout_seconds),
-            "upstream_proxy": upstream_proxy_for(hermes.extra_env, hermes.model.base_url)}
+            "upstream_proxy": upstream_proxy_for(hermes.extra_env, hermes.model.base_url),
+            "models": offered_models(rendered, installed.model_names(config)),
+            "context_length": hermes.model.context_length,
+            "daily_tokens": hermes.limits.daily_tokens}
 
 
 
@@ -223,10 +238,12 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     store = SessionStore(data_dir)
     homes = UserHomes(config.paths, hermes)
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
-    proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(hermes))
+    disk = Disk(hermes.sandbox, data_dir, config.paths.homes)
+    homes.make_folder = disk.make_folder
+    proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(config, homes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
-    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=data_dir / "runs",
-                          sandbox=sandbox)
+    processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=config.paths.homes / "runs",
+                          sandbox=sandbox, disk=disk)
     processes.families = {f.name: f for f in installed.route_families(config)}
     families = acp_families(processes.families.values())
     def process_env(user_id: str):
@@ -240,7 +257,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         processes=processes, runner=runners.cli, runners=runners,
         conversations=Conversations(config, store, homes, processes, runners),
         admitted=Limiter(hermes.admission_places),
-        sandbox=sandbox, model_proxy=proxy,
+        sandbox=sandbox, disk=disk, model_proxy=proxy,
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
                                      config.service.idempotency_ttl_seconds),
         service_url=service_url or default_service_url(config))

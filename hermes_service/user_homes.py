@@ -1,9 +1,10 @@
 """One isolated Hermes home per user (spec §用户隔离; docs/sandbox.md).
 
-Layout under ``paths.data_dir``::
+Layout under ``paths.homes_dir`` (the data dir unless set: docs/sandbox.md §Disk)::
 
     users/<user_id>/            HOME of the user's Hermes processes (cwd too); /home/hermes
-                                inside the user's sandbox
+                                inside the user's sandbox; a btrfs subvolume with a qgroup
+                                limit where the disk backend is btrfs (hermes_service/disk.py)
     users/<user_id>/.hermes/    HERMES_HOME: config.yaml, state.db, plugins/, ...
     users/<user_id>/.hermes-service.json   fingerprint of what was last applied
 
@@ -61,8 +62,11 @@ class UserHomes:
     """Creates and refreshes user homes; builds the CLI environment."""
 
     def __init__(self, paths: PathsSettings, hermes: HermesSettings):
-        self.base = paths.data_dir / "users"
+        self.base = paths.homes / "users"
         self.locks = paths.data_dir / "locks"
+        #: ``fn(path, mode)`` making a home before it is first written (the disk's: a btrfs
+        #: subvolume with its quota, :meth:`hermes_service.disk.Disk.make_folder`), or None
+        self.make_folder = None
         self.configure(paths, hermes)
         self.base.mkdir(parents=True, exist_ok=True)
         self.locks.mkdir(parents=True, exist_ok=True)
@@ -220,6 +224,9 @@ class UserHomes:
         template belongs is removed and the folder made; a file of the service's is replaced
         by a rename inside its pinned folder, whatever had its name; planted SQLite state
         files are removed (:func:`hermes_state.repair_state_files`)."""
+        if self.make_folder is not None and not os.path.lexists(home.root):
+            home.root.parent.mkdir(parents=True, exist_ok=True)
+            self.make_folder(home.root, 0o777)
         root = homefs.open_dirs(home.root.parent, home.root.name, create=True, mode=0o777)
         try:
             hfd = homefs.open_dir(home.hermes_home.name, root, create=True, repair=True,

@@ -86,7 +86,10 @@ EXTRA_CODES = {   # cases the contract does not cover
     "service_draining": "hermes_client_service_draining",     # 503 stopping: no new runs
     "run_limit_exceeded": "hermes_client_run_limit_exceeded",  # run.failed: a sandbox limit
     "home_quota_exceeded": "hermes_client_home_quota_exceeded",  # run.failed: home over its cap
+    "storage_full": "hermes_client_storage_full",             # 507 / run.failed: disk full
+    "token_budget_exceeded": "hermes_client_token_budget_exceeded",  # 429 / run.failed
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
+    "home_busy": "hermes_client_busy",                        # 503 the user's state.db locked
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
     # 409 Idempotency-Key reused for another request / its first request still in progress
     "idempotency_key_conflict": "hermes_client_idempotency_conflict",

@@ -114,6 +114,10 @@ class MnoteExtension(Extension):
                        run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
                        own_tool_prefix="mnote_")]
 
+    def model_names(self, config: "Config") -> list[str]:
+        """The ``hermes_model`` of each of ``mnote.models`` (a run passes it with ``-m``)."""
+        return [m.hermes_model for m in settings(config).models if m.hermes_model]
+
     def init_services(self, services: "ServiceObjects") -> None:
         """Build the page store (or the kernel adapter), tool gateway and run manager. Raises
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""

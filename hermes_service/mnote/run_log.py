@@ -120,13 +120,27 @@ class RunWriter:
 
     def append(self, event: dict, durable: bool = False) -> None:
         """Append one event line (one ``write``); ``durable``: fsync before returning (the
-        terminal event), then the file is closed."""
-        data = _line(event)
+        terminal event), then the file is closed. A line that cannot be written whole (a
+        full disk) is cut off again, so the file still ends with a whole line, and OSError
+        raised: the caller may append it again later."""
+        self.append_line(_line(event), durable)
+
+    def append_line(self, data: bytes, durable: bool = False) -> None:
+        """:meth:`append` of a line already encoded."""
+        start = os.lseek(self.fd, 0, os.SEEK_END)
         view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+        try:
+            while view:
+                view = view[os.write(self.fd, view):]
+            if durable:
+                os.fsync(self.fd)
+        except OSError:
+            try:
+                os.ftruncate(self.fd, start)
+            except OSError:
+                pass
+            raise
         if durable:
-            os.fsync(self.fd)
             self.close()
 
     def close(self) -> None:
@@ -170,9 +184,14 @@ class RunLogs:
             raise ValueError(f"not a run id: {meta['run_id']!r}")
         fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
         writer = RunWriter(fd)
-        writer.append({"meta": meta})
-        os.fsync(fd)
-        self._fsync_dir()
+        try:
+            writer.append({"meta": meta})
+            os.fsync(fd)
+            self._fsync_dir()
+        except BaseException:          # a full disk: no run, and no empty file left
+            writer.close()
+            path.unlink(missing_ok=True)
+            raise
         return writer
 
     def _fsync_dir(self) -> None:
@@ -375,8 +394,12 @@ class RunLogs:
                     else:
                         self.close_interrupted(current)
             tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
-            tmp.write_text(run_id)
-            os.replace(tmp, index)
+            try:
+                tmp.write_text(run_id)
+                os.replace(tmp, index)
+            except BaseException:      # a full disk: nothing half-written left behind
+                tmp.unlink(missing_ok=True)
+                raise
         return None
 
     # -- exactly one answer per question -------------------------------------------------------
@@ -421,7 +444,11 @@ class RunLogs:
         path = self._requests_path(run_id)
         fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            os.write(fd, _line(op))
+            os.write(fd, _line(op))    # other processes append here too: never cut back
+        except OSError:                # a full disk: no empty request file left behind
+            if os.fstat(fd).st_size == 0:
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
 

@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from .. import instance, logs
-from ..errors import BadRequest, Conflict, NotFound, ServiceError, TooManyRuns
+from ..errors import (BadRequest, Conflict, NotFound, ServiceError, StorageFull,
+                      TooManyRuns, storage_full)
 from ..limits import Limiter
 from . import event_bounds, metrics
 from .run_log import LogState, RunLogs, RunWriter
@@ -72,6 +73,8 @@ from .run_log import LogState, RunLogs, RunWriter
 log = logging.getLogger("hermes_service.runs")
 
 TERMINAL = ("run.completed", "run.failed", "run.cancelled")
+#: how often a run whose log hit a full disk tries to write its waiting events again (s)
+LOG_RETRY_SECONDS = 1.0
 #: How often :class:`ClientWatch` asks whether the clients of open event streams are still
 #: connected (seconds): a vanished client's slot is freed within about this long.
 DISCONNECT_CHECK_SECONDS = 1.0
@@ -118,6 +121,7 @@ class Run:
     _wakers: set = field(default_factory=set)      # the wake Event of each follower
     _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
     writer: RunWriter | None = field(default=None, repr=False)   # its durable log (run_log.py)
+    _unwritten: list = field(default_factory=list, repr=False)  # events waiting for disk room
     requests_offset: int = 0        # how far the owner has read the run's request file
     claims: RunLogs | None = field(default=None, repr=False)   # exactly one answer (run_log)
     event_bytes: int = 0            # the size of its events so far (event_bounds.RUN_EVENT_BYTES)
@@ -139,12 +143,7 @@ class Run:
                 return len(self.events)
             self.event_bytes += event_bounds.size(payload)
             if self.writer is not None:     # durable first; the terminal event fsynced
-                try:
-                    self.writer.append(payload, durable=event in TERMINAL)
-                except (OSError, ValueError):
-                    log.exception("run %s: could not write its event log", self.run_id)
-                    self.writer.close()
-                    self.writer = None
+                self._log(payload, durable=event in TERMINAL)
             self.events.append(payload)
             if event in TERMINAL:
                 self.status = {"run.completed": "completed", "run.failed": "failed",
@@ -158,6 +157,51 @@ class Run:
             for wake in self._wakers:
                 wake.set()
             return len(self.events)
+
+    def _log(self, payload: dict, durable: bool) -> None:
+        """Append ``payload`` to the run's log (caller holds ``_cond``). On a full disk the
+        event waits in memory with every later one, in order, and a thread writes them as
+        soon as there is room again (every :data:`LOG_RETRY_SECONDS`): the log ends up with
+        the same events, the same ids and the same terminal event as the live stream, and
+        other processes see the run as running meanwhile (docs/data-and-durability.md §Runs
+        and their events)."""
+        if self._unwritten:
+            self._unwritten.append((payload, durable))
+            return
+        try:
+            self.writer.append(payload, durable=durable)
+        except OSError as exc:
+            if not storage_full(exc):
+                log.exception("run %s: could not write its event log", self.run_id)
+                self.writer.close()
+                self.writer = None
+                return
+            log.warning("run %s: the disk is full: its events wait in memory and are written "
+                        "when there is room", self.run_id)
+            self._unwritten.append((payload, durable))
+            threading.Thread(target=self._write_later, name=f"{self.run_id}-log",
+                             daemon=True).start()
+        except ValueError:
+            log.exception("run %s: could not write its event log", self.run_id)
+            self.writer.close()
+            self.writer = None
+
+    def _write_later(self) -> None:
+        while True:
+            time.sleep(LOG_RETRY_SECONDS)
+            with self._cond:
+                while self._unwritten and self.writer is not None:
+                    payload, durable = self._unwritten[0]
+                    try:
+                        self.writer.append(payload, durable=durable)
+                    except OSError:
+                        break
+                    self._unwritten.pop(0)
+                if not self._unwritten or self.writer is None:
+                    if self.writer is not None or not self._unwritten:
+                        log.info("run %s: its event log is whole again", self.run_id)
+                    self._unwritten.clear()
+                    return
 
     def finish(self, events: list[tuple[str, dict]]) -> None:
         """Emit the closing events of a successful run — unless an abort came first, in which
@@ -725,9 +769,14 @@ class RunManager:
                     "run_id": run.run_id, "session_id": session_id, "session_key": session_key,
                     "actor_id": actor_id, "trace_id": trace_id, "owner": self.owner,
                     "created": time.time()})
-                other = self.logs.claim_session(
-                    session_key, run.run_id, self.owner,
-                    lambda rid: rid in self._runs and not self._runs[rid].done)
+                try:
+                    other = self.logs.claim_session(
+                        session_key, run.run_id, self.owner,
+                        lambda rid: rid in self._runs and not self._runs[rid].done)
+                except BaseException:      # a full disk: no run, no file left behind
+                    run.writer.close()
+                    self.logs.path(run.run_id).unlink(missing_ok=True)
+                    raise
                 if other is not None:
                     run.writer.close()
                     self.logs.path(run.run_id).unlink(missing_ok=True)
@@ -778,9 +827,14 @@ class RunManager:
                     run.fail_overflow()
                 else:
                     run.emit("run.failed", code=err.code, error=err.detail)
-        except Exception:   # never leave a run "running"
-            log.exception("run %s crashed", run.run_id)
-            run.emit("run.failed", code=ServiceError.code, error="internal error")
+        except Exception as exc:   # never leave a run "running"
+            if storage_full(exc):       # a full disk is expected: its own code
+                log.error("run %s: a write failed for want of space: %s", run.run_id, exc)
+                err = StorageFull("the service's disk is full")
+                run.emit("run.failed", code=err.code, error=err.detail)
+            else:
+                log.exception("run %s crashed", run.run_id)
+                run.emit("run.failed", code=ServiceError.code, error="internal error")
         finally:
             if not run.done:
                 run.emit("run.failed", code=ServiceError.code, error="the run ended without a result")

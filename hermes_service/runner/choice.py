@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..errors import RunError
 from .protocol import TurnRequest, TurnResult, UseCli
 
 if TYPE_CHECKING:
@@ -47,12 +48,20 @@ class RunnerChoice:
     def run_turn(self, req: TurnRequest, clock) -> TurnResult:
         """Run ``req`` on its runner; ``clock.runner`` (a
         :class:`~hermes_service.metrics.TurnClock`) is set to the name of the runner that
-        takes it. Raises what that runner raises."""
-        if req.family in self.families:
-            clock.runner = self.acp.name
-            try:
-                return self.acp.run_turn(req)
-            except UseCli as why:
-                log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
-        clock.runner = self.cli.name
-        return self.cli.run_turn(req)
+        takes it. Raises what that runner raises — a turn that failed because its user's
+        token budget ran out during it as ``token_budget_exceeded``
+        (:meth:`~hermes_service.runner.processes.Processes.explain`)."""
+        try:
+            if req.family in self.families:
+                clock.runner = self.acp.name
+                try:
+                    return self.acp.run_turn(req)
+                except UseCli as why:
+                    log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
+            clock.runner = self.cli.name
+            return self.cli.run_turn(req)
+        except RunError as err:
+            better = self.cli.processes.explain(err, req.home)
+            if better is err:
+                raise
+            raise better from None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import RunError, ServiceError, Unconfigured
+from ..model_usage import BUDGET_MARK, budget_error
 from .processes import Outcome
 
 _SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
@@ -31,7 +32,15 @@ LIMIT_NAMES = {"memory": "memory (hermes.sandbox.limits.memory_mb)",
 
 
 def limit_error(which: str | None) -> RunError:
-    """``run_limit_exceeded`` (422) naming the limit (docs/sandbox.md)."""
+    """``run_limit_exceeded`` (422) naming the limit (docs/sandbox.md); the disk watcher's
+    ``home_quota`` is ``home_quota_exceeded`` (507), its ``disk`` ``storage_full`` (507)."""
+    if which == "home_quota":
+        return RunError("the user's home grew past its quota (hermes.sandbox.max_home_mb) "
+                        "during the turn and the turn was ended; remove files from it",
+                        code="home_quota_exceeded", status=507)
+    if which == "disk":
+        return RunError("the disk fell below hermes.sandbox.min_free_mb while this turn "
+                        "wrote to it, and the turn was ended", code="storage_full", status=507)
     status, code, detail = KILLED["limit"]
     if which in LIMIT_NAMES:
         detail = f"the Hermes run exceeded its sandbox's {LIMIT_NAMES[which]} and was ended"
@@ -73,6 +82,8 @@ def classify_text(text: str) -> ServiceError:
     code                   status  cause
     =====================  ======  ================================================
     upstream_unauthorized  502     provider answered HTTP 401/403
+    token_budget_exceeded  429     the user's hermes.limits.daily_tokens are spent (the
+                                   pass-through's 429; Retry-After: to 00:00 UTC)
     upstream_rate_limited  503     provider answered HTTP 429 (Retry-After set)
     upstream_unavailable   502     connection error, provider 5xx or timeout
     hermes_unconfigured    503     no provider configured, or Hermes refused the
@@ -84,6 +95,8 @@ def classify_text(text: str) -> ServiceError:
                  text, re.I):
         return RunError("the model provider rejected the service's credentials",
                         code="upstream_unauthorized", status=502)
+    if BUDGET_MARK in text:
+        return budget_error()
     if re.search(r"HTTP 429\b|RateLimitError|rate limit", text, re.I):
         return RunError("the model provider is rate limiting requests", code="upstream_rate_limited",
                         status=503, headers={"Retry-After": "30"})

@@ -7,7 +7,10 @@ one owner of the turn slots, the process groups and the launcher; both runners, 
 :mod:`hermes_service.sandbox` (one rule): in a bubblewrap sandbox of its own, or unconfined
 under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
 ``run_limit_exceeded`` (422); a home over ``hermes.sandbox.max_home_mb`` is refused with
-``home_quota_exceeded`` (507) before Hermes starts.
+``home_quota_exceeded`` (507) before Hermes starts, a disk below its floor with
+``storage_full`` (507), a user whose ``hermes.limits.daily_tokens`` are spent with
+``token_budget_exceeded`` (429); every sandbox is watched while it lives
+(:mod:`hermes_service.disk`).
 
 **Limits.** At most ``hermes.max_concurrent_runs`` turns run at once on both runners (per
 service process); a caller waits up to ``hermes.queue_wait_seconds`` for a slot, then gets
@@ -18,6 +21,7 @@ next start reaps what a crashed service left.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,27 +35,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import HermesSettings
+from ..disk import Disk
 from ..errors import RunError, TooManyRuns, Unconfigured
+from ..files import atomic_write
+from ..model_policy import Refusal
+from ..model_usage import budget_error
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
-from ..sandbox import Launch, Sandbox, home_size_mb, limit_signal, signal_tree
+from ..sandbox import Launch, Sandbox, limit_signal, signal_tree
 from .run_files import RunFiles
 
 if TYPE_CHECKING:
     from ..user_homes import UserHome
 
+log = logging.getLogger("hermes_service.runner")
+
 KILL_GRACE_SECONDS = 1.0
+#: how Hermes reports a model request the pass-through refused for a spent budget
+_MAYBE_BUDGET = frozenset({"upstream_empty_answer", "upstream_rate_limited",
+                           "upstream_unavailable", "hermes_failed"})
 #: What the service keeps of a Hermes process's output (bytes): the first STDOUT_BYTES of its
 #: standard output (Hermes's own error text; the answer is read from its record) and the last
 #: STDERR_BYTES of its standard error (its last line names the session). The rest is read
 #: and dropped, so a process writing without end costs the service no memory.
 STDOUT_BYTES = 1024 * 1024
 STDERR_BYTES = 64 * 1024
-#: A home whose size took longer than this to add up is not walked again for
-#: HOME_SIZE_REUSE_SECONDS (``hermes.sandbox.max_home_mb``: a turn per second must not walk
-#: 100 000 files each time).
-HOME_WALK_SLOW_SECONDS = 0.05
-HOME_SIZE_REUSE_SECONDS = 30.0
 
 
 @dataclass
@@ -175,13 +183,6 @@ class CliProcess:
                        self.limit)
 
 
-def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
-    """``home_quota_exceeded`` (507): the home is over ``hermes.sandbox.max_home_mb``."""
-    return RunError(f"the user's home uses {size_mb:.0f} MB, over its quota of {cap_mb:g} MB "
-                    "(hermes.sandbox.max_home_mb); remove files from it", code="home_quota_exceeded",
-                    status=507)
-
-
 def _stopping() -> RunError:
     return RunError("the service is shutting down; retry", code="service_stopping", status=503,
                     headers={"Retry-After": "5"})
@@ -203,9 +204,13 @@ class ProcessGroups:
         with self._lock:
             self._live.add(member)
         if self.pid_dir is not None:
-            (self.pid_dir / f"{member.pgid}.json").write_text(json.dumps({
-                "service_pid": os.getpid(), "service_start": proc_start(os.getpid()),
-                "leader_start": proc_start(member.pgid), "home": home}))
+            try:            # whole or not at all: a full disk leaves no empty record
+                atomic_write(self.pid_dir / f"{member.pgid}.json", json.dumps({
+                    "service_pid": os.getpid(), "service_start": proc_start(os.getpid()),
+                    "leader_start": proc_start(member.pgid), "home": home}), durable=False)
+            except OSError as exc:   # the group is still killed at shutdown (in memory)
+                log.warning("no pid record for process group %d (%s): if this process "
+                            "crashes, the next start cannot reap it", member.pgid, exc)
 
     def forget(self, member) -> None:
         with self._lock:
@@ -307,8 +312,10 @@ class Processes:
     """
 
     def __init__(self, hermes: HermesSettings, pid_dir: Path | None = None,
-                 run_dir: Path | None = None, sandbox: Sandbox | None = None):
+                 run_dir: Path | None = None, sandbox: Sandbox | None = None,
+                 disk: Disk | None = None):
         self.sandbox = sandbox
+        self.disk = disk
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
         #: route family name -> its :class:`~hermes_service.extensions.Family` (set by
@@ -319,7 +326,8 @@ class Processes:
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self.draining = False       # set at a drain: routes take no new turn, the ACP pool
                                     # starts no process (docs/operations.md §Process lifetime)
-        self._home_sizes: dict[str, tuple[float, float]] = {}   # user -> (reuse until, MiB)
+        self.run_files.make_folder = (lambda path: disk.make_folder(path, 0o700, True)) \
+            if disk is not None else None
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
 
@@ -358,17 +366,26 @@ class Processes:
     def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
         """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
         (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
-        visible to it. Raises Unconfigured when the command is missing, RunError
-        ``hermes_failed`` when its sandbox cannot be made."""
+        visible to it; a sandbox gets ``RLIMIT_FSIZE`` of what is left of the home's quota and
+        is watched by the disk watcher while it lives (:mod:`hermes_service.disk`). Raises
+        Unconfigured when the command is missing, RunError ``hermes_failed`` when its sandbox
+        cannot be made."""
         command = self.command_path()
         if self.sandbox is None:
             return Launch([command, *args], env, str(home.root))
+        run_dir = self.run_files.user_dir(home.user_id)
+        used = self.disk.measure(home.root, run_dir) \
+            if self.disk is not None and self.sandbox.active else None
+        fsize = None if used is None else self.disk.fsize_bytes(
+            used, self.sandbox.settings.limits.file_size_mb)
         try:
-            return self.sandbox.prepare(args, env, home, self.run_files.user_dir(home.user_id),
-                                        command)
+            launch = self.sandbox.prepare(args, env, home, run_dir, command, fsize_bytes=fsize)
         except OSError as exc:
             raise RunError(f"the sandbox of a Hermes process could not be made ({exc})",
                            code="hermes_failed") from None
+        if used is not None:
+            self.disk.watch(launch, home.user_id, home.root, run_dir, used)
+        return launch
 
     @property
     def sandboxed(self) -> bool:
@@ -376,27 +393,36 @@ class Processes:
         return self.sandbox is not None and self.sandbox.active
 
     def check_home_quota(self, home: "UserHome") -> None:
-        """Raise ``home_quota_exceeded`` (507) when the home is over
-        ``hermes.sandbox.max_home_mb`` — before Hermes starts."""
-        if self.sandbox is None:
+        """Before Hermes starts a turn for ``home``: raise ``home_quota_exceeded`` (507) when
+        the home and its run folder are over ``hermes.sandbox.max_home_mb``,
+        ``storage_full`` (507) when the data or homes file system is below
+        ``hermes.sandbox.min_free_mb`` (:meth:`hermes_service.disk.Disk.check_turn`), and
+        ``token_budget_exceeded`` (429) when the user has spent its
+        ``hermes.limits.daily_tokens`` today."""
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
+        if proxy is not None:
+            try:
+                proxy.check_budget(home.user_id)
+            except Refusal:
+                raise budget_error() from None
+        if self.sandbox is None or self.disk is None:
             return
-        cap = self.sandbox.settings.max_home_mb
-        now = time.monotonic()
-        cached = self._home_sizes.get(home.user_id)
-        if cached is not None and now < cached[0]:
-            size = cached[1]
-        else:
-            # the run folder is the user's too (writable in its sandbox)
-            size = home_size_mb(home.root, stop_above=cap)
-            size += home_size_mb(self.run_files.root / home.user_id, stop_above=cap)
-            took = time.monotonic() - now
-            # a home of many files costs a walk of every entry: then reuse it for a while
-            if took > HOME_WALK_SLOW_SECONDS:
-                self._home_sizes[home.user_id] = (now + HOME_SIZE_REUSE_SECONDS, size)
-            else:
-                self._home_sizes.pop(home.user_id, None)
-        if size > cap:
-            raise home_quota_error(size, cap)
+        self.disk.check_turn(home.root, self.run_files.root / home.user_id)
+
+    def explain(self, err: RunError, home: "UserHome") -> RunError:
+        """``err`` of a failed turn, or ``token_budget_exceeded`` when its user's
+        ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the pass-through's
+        429 as a failed or empty answer); the Hermes session id it carries is kept."""
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
+        if proxy is None or err.code not in _MAYBE_BUDGET:
+            return err
+        try:
+            proxy.check_budget(home.user_id)
+        except Refusal:
+            better = budget_error()
+            better.hermes_session_id = getattr(err, "hermes_session_id", None)
+            return better
+        return err
 
     def spawn(self, args: list[str], env: dict, home: "UserHome",
               max_output_bytes: int | None = None) -> CliProcess:

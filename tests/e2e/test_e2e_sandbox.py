@@ -128,6 +128,14 @@ try:
     socket.create_connection(('1.1.1.1', 443), timeout=3); print('reached')
 except OSError as e:
     print(type(e).__name__)")"
+check kernel_settings "$( (echo '|/home/hermes/x' > /proc/sys/kernel/core_pattern) 2>&1 | grep -c 'Read-only')"
+check own_etc "$( { mkdir /etc/hermes; touch /pwned-root; } 2>&1 | grep -c 'Read-only')"
+check vsock "$(python -c "
+import socket
+try:
+    socket.socket(40, socket.SOCK_STREAM); print('opened')
+except OSError as e:
+    print(e.errno)")"
 check proxy "$(python -c "
 import urllib.request as u
 try:
@@ -184,7 +192,7 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     got = checks(res.json()["response"])
     extra.close()
     abstract.close()
-    assert len(got) == 25, res.json()["response"]
+    assert len(got) == 28, res.json()["response"]
     assert got["b_state"] == "0" and got["b_config"] == "0" and got["b_listed"] == "0", got
     assert got["b_by_glob"] == "/home/hermes", got          # one home, the same for every user
     assert got["svc_config"] == "0" and got["data_dir"] == "0" and got["repo"] == "0", got
@@ -203,7 +211,10 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     assert got["listeners"] == "0C38 24B9 24BA", got       # 3128, 9401, 9402
     assert got["internet"] not in ("reached", ""), got
     assert got["proxy"] == "403 not_allowed", got
-    assert got["inside_api"] == "401", got                  # no key, no API
+    assert got["inside_api"] == "403", got    # only the run-token routes (service_gate.py)
+    # the kernel's settings, its own root and /etc read-only; no socket to the hypervisor
+    assert got["kernel_settings"] == "1" and got["own_etc"] == "2", got
+    assert got["vsock"] == "97", got                        # EAFNOSUPPORT
     assert 0 < int(got["tmp_free"]) <= 256 * 1024, got      # a private, capped /tmp
     for f in (Path("/usr/pwned"), ROOT / "pwned", tmp_path / "data" / "pwned", Path("/pwned"),
               Path("/etc/pwned")):

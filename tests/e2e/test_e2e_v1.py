@@ -42,11 +42,13 @@ def test_conversation_continues_across_messages_and_restarts(start_service, tmp_
     assert "alpha" not in log and "--beta" not in log               # no message text at info
 
 
-def test_users_are_isolated_and_offered_no_builtin_tools(service, tmp_path, model):
+def test_users_are_isolated_and_offered_the_coding_tools(service, tmp_path, model):
     a, b = create(service, "alice"), create(service, "bob")
     ra = send(service, a, "[[tools-offered]] from alice")
     assert ra.status_code == 200, ra.text
-    assert ra.json()["response"] == "(none)"        # no terminal/file/code tool by default
+    # the shipped toolsets, each user in its own sandbox: commands, files, code, todo, memory
+    offered = set(ra.json()["response"].split(","))
+    assert {"terminal", "read_file", "write_file", "execute_code", "todo", "memory"} <= offered
     rb = send(service, b, "hi from bob")
     assert rb.json()["response"] == "echo #1: hi from bob"     # bob's own, fresh conversation
     users = tmp_path / "data" / "users"
@@ -54,7 +56,7 @@ def test_users_are_isolated_and_offered_no_builtin_tools(service, tmp_path, mode
     assert b"from bob" not in (users / "alice/.hermes/state.db").read_bytes()
     assert [s["local_session_id"] for s in service.get("/api/v1/sessions?user_id=bob").json()["sessions"]] == [b]
     tools = [t["function"]["name"] for r in model.requests_with("from alice") for t in r.get("tools", [])]
-    assert "terminal" not in tools and tools == []
+    assert set(tools) == offered
 
 
 @pytest.mark.parametrize("directive, status, code", [

@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from support.fixtures import ROOT, free_port, hermes_bin, wait_for
-from hermes_service.model_proxy import read_usage
+from hermes_service.model_usage import read_usage
 from hermes_service.runner import classify_text
 from unit.test_model_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)
-    REAL_KEY, make_proxy, provider_key, scripted, tokens)
+    REAL_KEY, make_proxy, outcome_count, provider_key, scripted, tokens)
 
 
 # -- the real hermes CLI through the endpoint -----------------------------------------------
@@ -46,8 +46,12 @@ def test_hermes_chat_answers_through_the_endpoint(scripted, make_proxy, tmp_path
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("dave")
     p0 = tokens("prompt")
+    errors0, refused0 = outcome_count("provider_error"), outcome_count("refused")
     res = run_hermes(hermes_home(tmp_path, proxy.base_url), cred, "hi")
     assert res.returncode == 0, (res.stdout, res.stderr)
+    # Hermes's local-server probes (GET /v1/props …) are answered by the endpoint: nothing
+    # counts as a provider error or a refusal on a healthy turn
+    assert (outcome_count("provider_error"), outcome_count("refused")) == (errors0, refused0)
     assert res.stdout == "echo #1: hi\n"
     [req] = scripted.main_requests()
     assert req["stream"] is True and req["stream_options"] == {"include_usage": True}

@@ -94,13 +94,14 @@ def test_connect_to_an_allowed_name_tunnels_to_the_checked_address(origin):
 
 def test_plain_http_goes_in_origin_form_without_proxy_fields(origin):
     Origin.seen.clear()
-    got, out = exchange(ALLOW, b"GET http://example.org:8080/a/b?q=1 HTTP/1.1\r\nHost: example.org"
+    got, out = exchange(ALLOW, b"GET http://example.org:8080/a/b?q=1 HTTP/1.1\r\nHost: evil.cdn.test"
                         b"\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\n"
                         b"X-Tool: curl\r\n\r\n", to_loopback(origin))
     assert got.startswith(b"HTTP/1.1 200"), got
     line, headers = Origin.seen[-1]
     assert line == "GET /a/b?q=1 HTTP/1.1"
     assert headers.get("X-Tool") == "curl" and headers.get("Connection") == "close"
+    assert headers.get("Host") == "example.org:8080"        # the checked name, not the sent one
     assert "Proxy-Authorization" not in headers and "Proxy-Connection" not in headers
     assert out.refused is None
 

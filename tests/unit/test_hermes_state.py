@@ -159,9 +159,9 @@ def test_a_trigger_the_agent_planted_on_messages_ends_keep_partial_with_409(tmp_
     refuses the partial row or runs for ever is a tampered home (409 home_tampered), never a
     raw SQLite error or a hang, and nothing of the turn is half-written."""
     import sqlite3
-    from hermes_service import hermes_state
+    from hermes_service import hermes_state, state_db
     from hermes_service.homefs import HomeTampered
-    monkeypatch.setattr(hermes_state, "STATE_DB_SECONDS", 0.5)
+    monkeypatch.setattr(state_db, "STATE_DB_SECONDS", 0.5)
     home = tmp_path / ".hermes"
     record_turn(home, SID, "question 1")
     with sqlite3.connect(home / "state.db") as db:

@@ -29,8 +29,9 @@ from click.testing import CliRunner
 
 from support.fixtures import ROOT, base_config, free_port, wait_for
 from hermes_service import metrics
-from hermes_service.model_proxy import (MAX_BODY_BYTES, ModelProxy, UsageReader, UsageStore,
-                                        read_usage, upstream_proxy_for, usage_db_path)
+from hermes_service.model_policy import ROUTES
+from hermes_service.model_proxy import ModelProxy, upstream_proxy_for
+from hermes_service.model_usage import UsageReader, UsageStore, read_usage, usage_db_path
 from hermes_service.runner import classify_text
 from hermes_service.scripted_model import ScriptedModel
 from support.recording_proxy import RecordingProxy
@@ -61,7 +62,7 @@ def outcome_count(outcome):
 
 
 def chat_body(text, stream=False, usage=True, **kw):
-    body = {"model": "scripted-model", "stream": stream, "scripted_main": True,
+    body = {"model": "scripted-model", "stream": stream,
             "messages": [{"role": "user", "content": text}], **kw}
     if stream and usage:
         body["stream_options"] = {"include_usage": True}
@@ -102,12 +103,15 @@ def sse_usage(raw: bytes) -> dict:
 
 
 class Gated:
-    """Test upstream: records each request (method, path, headers, body); routes:
+    """Test upstream: records each request (method, path, headers, body); answers:
 
-    * ``POST …/gated``: an SSE answer, chunked; the first event at once, the second only after
-      :attr:`release` is set, then a usage event and ``[DONE]``; :attr:`finished` is set after
-      the last byte.
-    * ``…/redirect``: 307 to ``<base>/api/v1/elsewhere?x=1``;
+    * a POST whose body holds ``"gated"``: an SSE answer, chunked; the first event at once,
+      the second only after :attr:`release` is set, then a usage event and ``[DONE]``;
+      :attr:`finished` is set after the last byte;
+    * a POST whose body holds ``"cut"``: an SSE answer with two content events (``"0123456789"``
+      each), then the connection is closed without the usage event or the last chunk; one
+      holding ``"nousage"``: a whole JSON answer without ``usage``;
+    * any request while :attr:`redirect` is true: 307 to ``<base>/api/v1/elsewhere?x=1``;
     * anything else: 200 JSON ``{"method", "path", "headers"}`` (what it received).
 
     ``tls``: a server-side SSL context to serve HTTPS with (``base`` is then ``https://…``).
@@ -117,6 +121,7 @@ class Gated:
         self.seen: list[dict] = []
         self.release = threading.Event()
         self.finished = threading.Event()
+        self.redirect = False
         gated = self
 
         class H(BaseHTTPRequestHandler):
@@ -130,7 +135,28 @@ class Gated:
                 body = self.rfile.read(n) if n else b""
                 gated.seen.append({"method": self.command, "path": self.path,
                                    "headers": self.headers.items(), "body": body})
-                if self.path.endswith("/gated"):
+                if self.command == "POST" and b"cut" in body:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for _ in range(2):
+                        b = b'data: {"choices": [{"delta": {"content": "0123456789"}}]}\n\n'
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if self.command == "POST" and b"nousage" in body:
+                    out = json.dumps({"choices": [{"message": {"role": "assistant",
+                                                               "content": "x" * 40}}]}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
+                if self.command == "POST" and b"gated" in body:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Transfer-Encoding", "chunked")
@@ -148,7 +174,7 @@ class Gated:
                     chunk(b"")
                     gated.finished.set()
                     return
-                if self.path.endswith("/redirect"):
+                if gated.redirect:
                     self.send_response(307)
                     self.send_header("Location", gated.base + "/api/v1/elsewhere?x=1")
                     self.send_header("Content-Length", "0")
@@ -221,6 +247,7 @@ def make_proxy(tmp_path):
     started = []
 
     def make(upstream, key_env=KEY_ENV, **kw):
+        kw.setdefault("models", {"scripted-model"})
         p = ModelProxy(upstream, key_env, usage_db_path(tmp_path / "data"), **kw).start()
         started.append(p)
         return p
@@ -268,7 +295,7 @@ def test_credentials_stay_valid_across_many_requests_until_revoked(scripted, mak
 
 
 # -- forwarding -----------------------------------------------------------------------------
-def test_the_upstream_sees_the_real_key_and_never_the_credential(scripted, make_proxy):
+def test_the_upstream_sees_the_real_key_and_only_the_headers_it_needs(scripted, make_proxy):
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("alice")
     status, _, _ = Client(proxy).call(
@@ -276,37 +303,61 @@ def test_the_upstream_sees_the_real_key_and_never_the_credential(scripted, make_
         headers={"X-Stainless-Lang": "python", "Connection": "keep-alive, X-Hop-Named",
                  "X-Hop-Named": "drop me", "Keep-Alive": "timeout=5", "TE": "trailers",
                  "Proxy-Authorization": "Basic c2VjcmV0", "Upgrade": "h2c",
-                 "Accept-Encoding": "gzip, deflate, br, zstd"})
+                 "Accept-Encoding": "gzip, deflate, br, zstd", "x-api-key": "sk-other",
+                 "api-key": "sk-other", "X-Forwarded-For": "10.0.0.1", "X-Forwarded-Host": "a",
+                 "Forwarded": "for=10.0.0.1", "Cookie": "s=1", "OpenAI-Organization": "org-x",
+                 "OpenAI-Project": "proj-x", "Anthropic-Version": "2023-06-01",
+                 "Content-Type": "application/json; charset=utf-8"})
     assert status == 200
     [headers] = scripted.request_headers
     assert headers["Authorization"] == f"Bearer {REAL_KEY}"
     assert all(cred not in v for v in headers.values()), headers
-    assert headers["X-Stainless-Lang"] == "python"                      # end-to-end headers kept
+    assert headers["X-Stainless-Lang"] == "python"                      # the SDK's own kept
     assert headers["Host"] == scripted.base_url.split("/")[2]          # the upstream's host
-    assert headers["Accept-Encoding"] == "gzip, deflate"                # what usage can read
-    lower = {k.lower() for k in headers}
-    assert not lower & {"x-hop-named", "keep-alive", "te", "proxy-authorization", "upgrade",
-                        "transfer-encoding"}, headers
-    assert headers.get("Connection", "keep-alive").lower() != "x-hop-named"
+    assert headers["Accept-Encoding"] == "identity"                     # what usage can read
+    assert headers["Content-Type"] == "application/json"
+    assert {k.lower() for k in headers} <= {
+        "host", "authorization", "content-length", "content-type", "accept-encoding",
+        "accept", "user-agent", "x-stainless-lang"}, headers
 
 
-def test_paths_and_queries_join_the_upstream_base_and_the_key_is_read_per_request(
+def test_only_the_model_routes_are_forwarded_and_the_key_is_read_per_request(
         gated, make_proxy, monkeypatch):
     proxy = make_proxy(gated.base + "/api/v1")
     cred = proxy.issue("alice")
     c = Client(proxy)
-    status, _, raw = c.call("GET", "/v1/models/x?limit=2&after=a%2Fb", credential=cred)
+    before = outcome_count("refused")
+    for method, path in (("GET", "/v1/models/x"), ("GET", "/v1/models?limit=2"),
+                         ("GET", "/v1/models/"), ("GET", "/v1//models"), ("GET", "/v1/Models"),
+                         ("GET", "/v1/%6dodels"), ("GET", "/v1/props"), ("GET", "/props"),
+                         ("DELETE", "/v1/files/f1"), ("POST", "/v1/files"),
+                         ("POST", "/v1/fine_tuning/jobs"), ("GET", "/v1/organization/admin_api_keys"),
+                         ("POST", "/v1/responses"), ("POST", "/v1/embeddings"),
+                         ("POST", "/v1/chat/completions?x=1"), ("GET", "/v1/../v1/models"),
+                         ("GET", "/v1/./models"), ("GET", "/v1/models%2F..%2Fadmin"),
+                         ("GET", "http://127.0.0.1/v1/models")):
+        status, _, raw = c.call(method, path, credential=cred)
+        assert (status, json.loads(raw)["error"]["code"]) == (404, "not_found"), path
+    for method, path in (("POST", "/v1/models"), ("GET", "/v1/chat/completions"),
+                         ("DELETE", "/v1/models"), ("HEAD", "/v1/models")):
+        resp = c.request(method, path, credential=cred)
+        resp.read()
+        assert (resp.status, resp.getheader("Allow")) == (405, ROUTES[path]), (method, path)
+    assert gated.seen == []                                  # none reached the provider
+    assert outcome_count("refused") == before + 4            # the 404s are not counted
+    status, _, raw = c.call("GET", "/v1/models", credential=cred)
     assert status == 200
     got = json.loads(raw)
-    assert (got["method"], got["path"]) == ("GET", "/api/v1/models/x?limit=2&after=a%2Fb")
+    assert (got["method"], got["path"]) == ("GET", "/api/v1/models")
     assert ["Authorization", f"Bearer {REAL_KEY}"] in got["headers"]
     monkeypatch.setenv(KEY_ENV, "sk-rotated")                          # read at request time
-    got = json.loads(c.call("DELETE", "/v1/files/f1", credential=cred)[2])
-    assert got["method"] == "DELETE" and ["Authorization", "Bearer sk-rotated"] in got["headers"]
+    got = json.loads(c.call("GET", "/v1/models", credential=cred)[2])
+    assert ["Authorization", "Bearer sk-rotated"] in got["headers"]
     monkeypatch.delenv(KEY_ENV)                                        # unset: no header at all
     got = json.loads(c.call("GET", "/v1/models", credential=cred)[2])
     assert not [h for h in got["headers"] if h[0].lower() == "authorization"]
-    status, headers, _ = c.call("GET", "/v1/redirect", credential=cred)  # back to us, not them
+    gated.redirect = True
+    status, headers, _ = c.call("GET", "/v1/models", credential=cred)  # back to us, not them
     assert (status, headers["Location"]) == (307, proxy.base_url + "/elsewhere?x=1")
 
 
@@ -334,7 +385,9 @@ def test_configure_reloads_the_upstream_and_key_for_new_requests(scripted, gated
     assert status == 502 and "model provider unreachable" in json.loads(raw)["error"]["message"]
 
 
-def test_paths_outside_v1_and_bad_bodies_are_refused(scripted, make_proxy):
+def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy, monkeypatch):
+    from hermes_service import model_proxy
+    monkeypatch.setattr(model_proxy, "LINGER_SECONDS", 0.2)    # the body never comes here
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("alice")
     assert Client(proxy).call("GET", "/admin", credential=cred)[0] == 404
@@ -344,12 +397,15 @@ def test_paths_outside_v1_and_bad_bodies_are_refused(scripted, make_proxy):
                   b"Authorization: Bearer " + cred.encode() + b"\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
         assert s.recv(100).startswith(b"HTTP/1.1 411 ")
-    # over the cap → 413 before the body is read
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                  b"Authorization: Bearer " + cred.encode() + b"\r\n"
-                  b"Content-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1))
-        assert s.recv(100).startswith(b"HTTP/1.1 413 ")
+    # over the cap → 413 (after the body sent is read and dropped); two lengths that differ
+    # → 400
+    for head in (b"Content-Length: %d\r\n" % (proxy.policy.max_body + 1),
+                 b"Content-Length: 2\r\nContent-Length: 3\r\n", b"Content-Length: +2\r\n"):
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Authorization: Bearer " + cred.encode() + b"\r\n" + head + b"\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.1 4"), head
+    assert proxy.policy.max_body == 4 * 1024 * 1024          # 32 bytes x 128 000 tokens
     assert scripted.requests == []
 
 
@@ -358,7 +414,7 @@ def test_a_stream_is_relayed_chunk_by_chunk_before_the_provider_finishes(gated, 
     proxy = make_proxy(gated.base + "/v1")
     cred = proxy.issue("alice")
     c = Client(proxy, timeout=10)      # a buffering proxy would never give the first chunk
-    resp = c.request("POST", "/v1/gated", chat_body("stream", stream=True), cred)
+    resp = c.request("POST", "/v1/chat/completions", chat_body("gated", stream=True), cred)
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
     assert resp.getheader("X-Upstream") == "gated"
     first = resp.read1(65536)
@@ -368,7 +424,7 @@ def test_a_stream_is_relayed_chunk_by_chunk_before_the_provider_finishes(gated, 
     rest = resp.read()
     assert b"second" in rest and rest.endswith(b"data: [DONE]\n\n")
     assert gated.finished.wait(10)      # (set just after its last byte)
-    assert usage_rows(proxy, 1) == [("alice", None, 1, 11, 7)]
+    assert usage_rows(proxy, 1) == [("alice", None, 1, 11, 7, 0)]
 
 
 def test_a_scripted_stream_and_json_answers_come_back_byte_for_byte(scripted, make_proxy):
@@ -453,24 +509,32 @@ def test_usage_is_counted_per_user_in_the_db_and_the_counter(scripted, make_prox
             ("alice", a, chat_body("one", stream=True), True),
             ("alice", a, chat_body("two [[usage:5000]]", stream=True), True),
             ("bob", b, chat_body("three"), False),
-            ("bob", b, chat_body("no usage asked", stream=True, usage=False), None),
+            ("bob", b, chat_body("no usage asked", stream=True, usage=False), "hidden"),
             ("bob", b, chat_body("[[status:429]]", stream=True), None)):
         status, _, raw = c.call("POST", "/v1/chat/completions", body, cred)
+        if streamed == "hidden":      # counted all the same; the caller did not ask to see it
+            assert b'"usage": {' not in raw and raw.endswith(b"data: [DONE]\n\n"), raw
+            asked = json.loads(body)
+            asked["stream_options"] = {"include_usage": True}
+            status, _, raw = Client(proxy).call("POST", "/v1/chat/completions",
+                                                json.dumps(asked).encode(), proxy.issue("x"))
         u = (sse_usage(raw) if streamed else json.loads(raw)["usage"]) if streamed is not None \
             else {"prompt_tokens": 0, "completion_tokens": 0}
         w = want[user]
         w[0] += 1
         w[1] += u["prompt_tokens"]
         w[2] += u["completion_tokens"]
+        if streamed == "hidden":
+            hidden = u["prompt_tokens"]          # counted twice: for bob and for x
     assert want["alice"][1] > 5000
-    rows = {r.user_id: list(r[2:]) for r in usage_rows(proxy, 5)}
+    rows = {r.user_id: list(r[2:5]) for r in usage_rows(proxy, 6) if r.user_id != "x"}
     assert rows == want
-    assert tokens("prompt") - p0 == want["alice"][1] + want["bob"][1]
-    assert tokens("completion") - c0 == want["alice"][2] + want["bob"][2]
+    assert tokens("prompt") - p0 == want["alice"][1] + want["bob"][1] + hidden
     assert [r.user_id for r in read_usage(proxy.usage.path, user_id="bob", daily=True)] == ["bob"]
     # one debug line per forwarded request, without the key or any credential
     lines = [r.getMessage() for r in caplog.records if r.name == "hermes_service.model_proxy"]
-    assert len(lines) == 5 and "user=bob POST status=429" in lines[-1] and " ms=" in lines[-1]
+    assert len(lines) == 6 and "user=bob POST /v1/chat/completions status=429" in lines[-1]
+    assert " ms=" in lines[-1]
     assert all(s not in caplog.text for s in (a, b, REAL_KEY))
 
 
@@ -501,14 +565,14 @@ def test_the_usage_reader_takes_gzip_streams_split_usage_and_json_bodies():
 def test_two_processes_add_to_one_usage_db_without_losing_counts(tmp_path):
     db = tmp_path / "data" / "model_usage.db"
     code = ("import sys; from pathlib import Path; "
-            "from hermes_service.model_proxy import UsageStore; "
+            "from hermes_service.model_usage import UsageStore; "
             "s = UsageStore(Path(sys.argv[1]))\n"
             "for i in range(300): s.add('carol', 2, 3); s.flush() if i % 7 == 0 else None\n"
             "s.close()")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], cwd=str(ROOT))
              for _ in range(2)]
     assert [p.wait(60) for p in procs] == [0, 0]
-    assert read_usage(db) == [("carol", None, 600, 1200, 1800)]
+    assert read_usage(db) == [("carol", None, 600, 1200, 1800, 0)]
 
 
 def test_the_usage_command_prints_a_table_per_user(tmp_path):
@@ -530,14 +594,15 @@ def test_the_usage_command_prints_a_table_per_user(tmp_path):
     res = runner.invoke(cli, ["--config", str(path), "usage", "--days", "7"])
     assert res.exit_code == 0, res.output
     table = [ln.split() for ln in res.output.splitlines()[1:]]
-    assert table == [["user", "requests", "prompt_tokens", "completion_tokens", "total_tokens"],
-                     ["alice", "2", "150", "25", "175"], ["bob", "1", "7", "3", "10"],
-                     ["(total)", "3", "157", "28", "185"]]
+    assert table == [["user", "requests", "prompt_tokens", "completion_tokens", "total_tokens",
+                      "estimated"],
+                     ["alice", "2", "150", "25", "175", "0"], ["bob", "1", "7", "3", "10", "0"],
+                     ["(total)", "3", "157", "28", "185", "0"]]
     res = runner.invoke(cli, ["--config", str(path), "usage", "--user", "bob", "--days", "30",
                               "--daily"])
     table = [ln.split() for ln in res.output.splitlines()[2:]]
     assert [r[0] for r in table] == ["bob", "bob", "(total)"], res.output
-    assert table[0][1] < table[1][1] and table[-1][1:] == ["2", "1007", "1003", "2010"]
+    assert table[0][1] < table[1][1] and table[-1][1:] == ["2", "1007", "1003", "2010", "0"]
     assert runner.invoke(cli, ["--config", str(path), "usage", "--days", "0"]).exit_code == 2
 
 
@@ -587,7 +652,8 @@ def test_an_http_upstream_goes_through_the_proxy_with_the_absolute_uri_and_crede
                            upstream_proxy=rp.url.replace("http://", "http://svc:p%40ss%3Aw@"))
         cred = proxy.issue("alice")
         c = Client(proxy, timeout=10)
-        resp = c.request("POST", "/v1/gated", chat_body("via proxy", stream=True), cred)
+        resp = c.request("POST", "/v1/chat/completions", chat_body("via proxy gated",
+                                                                   stream=True), cred)
         assert resp.status == 200 and resp.getheader("X-Upstream") == "gated"
         first = resp.read1(65536)                   # still relayed chunk by chunk
         assert b"first" in first and b"second" not in first and not gated.finished.is_set()
@@ -600,10 +666,10 @@ def test_an_http_upstream_goes_through_the_proxy_with_the_absolute_uri_and_crede
             b"svc:p@ss:w").decode()
         [seen] = gated.seen
         headers = {k.lower(): v for k, v in seen["headers"]}
-        assert seen["path"] == "/v1/gated" and headers["host"] == netloc
+        assert seen["path"] == "/v1/chat/completions" and headers["host"] == netloc
         assert headers["authorization"] == f"Bearer {REAL_KEY}"
         assert all(cred not in v for v in headers.values())
-        assert usage_rows(proxy, 1) == [("alice", None, 1, 11, 7)]
+        assert usage_rows(proxy, 1) == [("alice", None, 1, 11, 7, 0)]
 
 
 def test_an_https_upstream_is_tunnelled_with_connect_and_not_pooled_with_direct_ones(
@@ -615,10 +681,10 @@ def test_an_https_upstream_is_tunnelled_with_connect_and_not_pooled_with_direct_
         cred = proxy.issue("alice")
         c = Client(proxy)
         for _ in range(2):
-            status, _, raw = c.call("GET", "/v1/models?x=1", credential=cred)
+            status, _, raw = c.call("GET", "/v1/models", credential=cred)
             assert status == 200, raw
             got = json.loads(raw)
-            assert got["path"] == "/v1/models?x=1"
+            assert got["path"] == "/v1/models"
             headers = {k.lower(): v for k, v in got["headers"]}
             assert headers["host"] == netloc and headers["authorization"] == f"Bearer {REAL_KEY}"
             assert "proxy-authorization" not in headers       # the CONNECT's only
@@ -651,11 +717,3 @@ def test_an_unusable_or_unreachable_proxy_gets_502_and_nothing_goes_direct(gated
         assert "s3cret" not in err["message"]
     assert gated.seen == []
     assert "unusable upstream proxy" in caplog.text and "s3cret" not in caplog.text
-
-
-@pytest.mark.parametrize("path", ["/v1/../../admin/keys", "/v1/./models", "/v1/%2e%2e/admin",
-                                  "/v1/models%2F..%2Fadmin", "/v1/a%5c..%5cb"])
-def test_a_path_that_could_leave_the_api_root_is_never_forwarded(path):
-    from hermes_service.model_proxy import _leaves_root
-    assert _leaves_root(path)
-    assert not _leaves_root("/v1/chat/completions") and not _leaves_root("/v1/models?x=..")

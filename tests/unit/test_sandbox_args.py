@@ -51,7 +51,8 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--unshare-user", "--uid", "1000", "--gid", "1000", "--disable-userns",
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--hostname", "hermes", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-        "--as-pid-1", "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev",
+        "--as-pid-1", "--ro-bind", "/usr", "/usr", "--proc", "/proc",
+        *sandbox._proc_covers(), "--dev", "/dev",
         "--size", tmp_bytes, "--tmpfs", "/tmp",
         "--ro-bind", f"{data}/sandbox/passwd", "/etc/passwd",
         "--ro-bind", f"{data}/sandbox/group", "/etc/group",
@@ -70,9 +71,15 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--bind", f"{tmp}/runs/alice", "/run/hermes-service",
         "--unshare-net", "--ro-bind", str(made.net.folder), "/run/hermes-net",
         "--ro-bind", f"{data}/sandbox/hosts", "/etc/hosts",
-        "--chdir", "/home/hermes",
+        "--remount-ro", "/", "--chdir", "/home/hermes",
         "--seccomp", str(filter_fd),
     ]
+    # the kernel's settings read-only, the rest of /proc that a host root could write hidden
+    covers = sandbox._proc_covers()
+    assert covers[:3] == ("--ro-bind", "/proc/sys", "/proc/sys")
+    for hidden in ("/proc/irq", "/proc/bus"):
+        assert ("--tmpfs", hidden, "--remount-ro", hidden) == covers[
+            covers.index(hidden) - 1:covers.index(hidden) + 3]
     assert made.net.folder.parent == data / "sandbox" / "net"
     assert made.argv == [
         "/usr/bin/bwrap", "--args", str(args_fd), "--", "/usr/bin/prlimit",
@@ -204,6 +211,21 @@ def test_the_seccomp_filter_denies_ptrace_and_the_rest_of_the_list():
                 assert libc.syscall(310, os.getppid(), 0, 0, 0, 0, 0) == -1
                 assert ctypes.get_errno() == errno.EPERM
             assert libc.unshare(0) == -1 and ctypes.get_errno() == errno.EPERM
+            import socket
+            for family in (40, 17, 38, 31, 99):    # AF_VSOCK, AF_PACKET, AF_ALG, BT, beyond
+                try:
+                    socket.socket(family, socket.SOCK_STREAM).close()
+                    raise AssertionError(f"family {family} opened")
+                except OSError as exc:
+                    assert exc.errno == errno.EAFNOSUPPORT, (family, exc)
+            for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+                socket.socket(family, socket.SOCK_STREAM).close()
+            a, b = socket.socketpair()
+            a.close()
+            b.close()
+            with open("/dev/null", "rb") as fh:        # no space reserved without writing
+                assert libc.fallocate(fh.fileno(), 0, 0, 1 << 20) == -1
+                assert ctypes.get_errno() == errno.EOPNOTSUPP
             assert os.getpid() > 0                       # the rest works
         except BaseException:      # noqa: BLE001 - report through the exit code
             code = 1

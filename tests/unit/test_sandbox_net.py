@@ -81,7 +81,11 @@ def test_each_socket_relays_to_its_target_and_detach_removes_everything(net, ser
     assert sorted(p.name for p in att.folder.iterdir()) == ["egress.sock", "model.sock",
                                                              "service.sock"]
     m, s = connect(att, "model"), connect(att, "service")
-    assert ping(m) == b"pong" and ping(s) == b"pong"
+    assert ping(m) == b"pong"
+    # the service socket takes HTTP requests to the run-token routes only (service_gate.py)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(200).startswith(b"HTTP/1.1 403")
+    assert server.accepted == 1                          # only the model relay got through
     net.detach(att)
     assert not att.folder.exists()
     assert m.recv(10) == b""               # relays closed with the sandbox

@@ -1,0 +1,146 @@
+"""The disk rules (hermes_service/disk.py; docs/sandbox.md §Disk) without Hermes: what a
+home uses and what is kept for Hermes's record, the checks before a turn, the watcher ending a
+sandbox past its quota or below the floor, what the operator is told — and a full disk
+answered 507 by the app, never 500. On real file systems with real sandboxes:
+tests/e2e/test_e2e_disk.py."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from support.fixtures import wait_for
+from hermes_service import disk, disk_btrfs, errors
+from hermes_service.disk import Disk, Space, Usage, reserve_mb, usage
+from hermes_service.errors import RunError, StorageFull
+from hermes_service.sandbox import Launch, Settings
+
+MIB = 1024 * 1024
+
+
+def write(path: Path, mib: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(b"\1" * int(mib * MIB))
+
+
+def make(tmp_path, **kw) -> Disk:
+    settings = Settings(quota="watch", **{"max_home_mb": 32, "min_free_mb": 0, **kw})
+    return Disk(settings, tmp_path / "data", tmp_path / "data")
+
+
+def test_a_home_is_its_files_and_hermess_record_and_a_reserve_is_kept_for_the_record(tmp_path):
+    home, run = tmp_path / "users" / "u", tmp_path / "runs" / "u"
+    write(home / "a.bin", 3)
+    write(home / ".hermes" / "state.db", 2)
+    write(run / "r.json", 1)
+    used = usage(home, run)
+    assert 4 <= used.files_mb < 4.2 and 2 <= used.state_mb < 2.2
+    assert used.total_mb == used.files_mb + used.state_mb
+    assert (reserve_mb(32), reserve_mb(2048), reserve_mb(1 << 20)) == (4, 256, 256)
+    d = make(tmp_path)
+    assert d.files_cap_mb == 28
+    assert d.fsize_bytes(Usage(27.5, 1), 512) == MIB               # at least 1 MiB
+    assert d.fsize_bytes(Usage(8, 1), 512) == 20 * MIB             # what is left of the cap
+    assert d.fsize_bytes(Usage(0, 0), 8) == 8 * MIB                # file_size_mb first
+
+
+def test_a_turn_is_refused_at_the_whole_quota_or_below_the_floor_not_for_full_files(
+        tmp_path, monkeypatch):
+    home, run = tmp_path / "data" / "users" / "u", tmp_path / "data" / "runs" / "u"
+    write(home / "files.bin", 27)                  # its files at their cap: turns go on
+    d = make(tmp_path)
+    assert d.check_turn(home, run).files_mb >= 27
+    write(home / ".hermes" / "state.db", 3)        # the whole home at its quota: refused
+    with pytest.raises(RunError) as err:
+        d.check_turn(home, run)
+    assert (err.value.status, err.value.code) == (507, "home_quota_exceeded")
+    (home / ".hermes" / "state.db").unlink()
+    d = make(tmp_path, min_free_mb=64)
+    monkeypatch.setattr(disk, "space", lambda p: Space(10 * MIB, 1000, 100000))
+    with pytest.raises(StorageFull) as err:
+        d.check_turn(home, run)
+    assert (err.value.status, err.value.code) == (507, "storage_full")
+    assert d.health() == "the data dir below hermes.sandbox.min_free_mb"
+    monkeypatch.setattr(disk, "space", lambda p: Space(1 << 40, 500, 100000))   # no inodes
+    assert d.health() is not None
+    monkeypatch.setattr(disk, "space", lambda p: Space(1 << 40, None))          # btrfs: none
+    assert d.health() is None and d.check_turn(home, run)
+
+
+def test_the_watcher_ends_a_sandbox_past_its_quota_and_forgets_it_when_it_closes(tmp_path):
+    home, run = tmp_path / "data" / "users" / "u", tmp_path / "data" / "runs" / "u"
+    write(home / "start.bin", 1)
+    d = make(tmp_path)
+    launch = Launch(["true"], {}, "/")
+    d.watch(launch, "u", home, run, d.measure(home, run))
+    write(home / "grow.bin", 40)                   # faster than its room: measured at once
+    wait_for(lambda: launch.limit_hit() == "home_quota", "the sandbox ended", 10)
+    launch.close()
+    assert not d._watched
+
+
+def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=4096, min_free_mb=64)
+    homes = {n: (tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n)
+             for n in ("small", "big")}
+    launches = {}
+    for n, (home, run) in homes.items():
+        write(home / "x.bin", 1)
+        launches[n] = Launch(["true"], {}, "/")
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    write(homes["small"][0] / "more.bin", 2)
+    write(homes["big"][0] / "more.bin", 40)
+    monkeypatch.setattr(disk, "space", lambda p: Space(MIB, None))
+    wait_for(lambda: launches["big"].limit_hit() == "disk", "the big writer ended", 10)
+    assert launches["small"].limit_hit() is None       # grew by less than GROWTH_MB: spared
+    for launch in launches.values():
+        launch.close()
+
+
+def test_what_the_operator_is_told(tmp_path):
+    d = make(tmp_path)
+    assert "watched during turns" in d.describe() and "floor 0 MiB" in d.describe()
+    assert d.problems("c.yaml") == []
+    moved = Disk(Settings(quota="btrfs"), tmp_path / "data", tmp_path / "homes")
+    write(tmp_path / "data" / "users" / "old" / "f", 0.01)
+    found = moved.problems("c.yaml")
+    assert any(p.startswith("c.yaml:hermes.sandbox.quota: btrfs, but") for p in found), found
+    assert any("paths.homes_dir: the users' homes are still in" in p for p in found), found
+    assert "not on btrfs" in disk_btrfs.quota_problem(tmp_path / "not" / "made" / "yet")
+    moved.make_folder(tmp_path / "homes" / "users" / "x")       # no btrfs: the caller makes it
+    assert not (tmp_path / "homes" / "users" / "x").exists()
+
+
+def test_a_full_disk_is_recognised_whatever_raised_it():
+    import sqlite3
+    assert errors.storage_full(OSError(errno.ENOSPC, "full"))
+    assert errors.storage_full(OSError(errno.EDQUOT, "quota"))
+    e = sqlite3.OperationalError("disk I/O error")
+    e.sqlite_errorname = "SQLITE_IOERR_SHMSIZE"
+    assert errors.storage_full(e)
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "full")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert errors.storage_full(outer)
+    assert not errors.storage_full(OSError(errno.EACCES, "no"))
+    assert not errors.storage_full(ValueError("x"))
+
+
+def test_a_write_that_meets_a_full_disk_is_507_not_500(stubbed_app, monkeypatch):
+    from support.fixtures import API_KEY
+    app = stubbed_app()
+    store = app.extensions["hermes_service"].store
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(store, "create", full)
+    res = app.test_client().post("/api/v1/sessions", json={"user_id": "u"},
+                                 headers={"X-API-Key": API_KEY})
+    assert res.status_code == 507 and res.get_json()["code"] == "storage_full", res.get_json()
+    assert res.headers["Retry-After"] == "60"
