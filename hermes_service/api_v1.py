@@ -22,7 +22,7 @@ from .web import (V1_ERRORS, Param, Reply, documented, has_body, idempotent, jso
 from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
 from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from .preflight import describe, health_checks
-from .runner import classify_failure
+from .runner import FINISH_REASON, classify_failure
 from .security import acting_user
 
 log = logging.getLogger("hermes_service")
@@ -103,10 +103,12 @@ SESSION_DELETED = {"type": "object", "required": ["session_id", "status"],
                                   "status": {"const": "deleted"}}}
 MESSAGE_REPLY = {"type": "object",
                  "required": ["session_id", "response", "success", "hermes_session_id", "resumed",
-                              "reasoning"],
+                              "reasoning", "finish_reason"],
                  "properties": {"session_id": {"type": "string"},
                                 "response": {"type": "string",
-                                             "description": "the answer Hermes recorded"},
+                                             "description": "the answer Hermes recorded: "
+                                             "everything the model wrote in the turn"},
+                                "finish_reason": FINISH_REASON,
                                 "success": {"const": True},
                                 "hermes_session_id": {"type": ["string", "null"]},
                                 "resumed": {"type": "boolean"},
@@ -340,9 +342,11 @@ def delete_session(session_id):
             wait=lambda: services().admission())
 def send_message(session_id):
     """Spec §5: ``{"session_id", "response", "success": true}`` plus ``hermes_session_id``,
-    ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``)
-    and, when an unknown Hermes session had to be replaced, ``notice``. ``response`` is the
-    answer Hermes recorded for this turn.
+    ``resumed``, ``reasoning`` (the model's reasoning, or null; never part of ``response``),
+    ``finish_reason`` (why the answer ended: ``length`` = cut at the provider's output limit;
+    :data:`FINISH_REASON`) and, when an unknown Hermes session had to be replaced,
+    ``notice``. ``response`` is the answer Hermes recorded for this turn (everything the model
+    wrote in it, docs/v1-api.md).
 
     Errors: 400/404/409 ``session_busy``/413 ``message_too_large``/429/502 (incl.
     ``upstream_empty_answer``)/503/504.
@@ -365,7 +369,7 @@ def send_message(session_id):
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": rec.get("hermes_session_id"), "resumed": result.resumed,
-           "reasoning": result.reasoning}
+           "reasoning": result.reasoning, "finish_reason": result.finish_reason}
     if result.notice:
         out["notice"] = result.notice
     return jsonify(out)

@@ -130,6 +130,11 @@ DEFAULT_SCOPES = ("v1", "client")
 HERMES_MIN_CONTEXT_LENGTH = 64000
 #: The example provider shipped in early versions of config.yaml: not a provider.
 PLACEHOLDER_PROVIDERS = {("http://127.0.0.1:8000/v1", "gpt-4o-mini")}
+#: The development API key: ``make run`` exports :data:`DEV_KEY_ENV` (the key variable of the
+#: shipped config.yaml) from :data:`DEV_KEY_FILE`, which it generates once, when the variable
+#: is unset (the Makefile's ``DEV_KEY``; README, Quick start).
+DEV_KEY_ENV = "HERMES_SERVICE_API_KEY"
+DEV_KEY_FILE = "data/dev-api-key"
 #: Connections beyond those that hold a thread (idle keep-alive, queued requests).
 SPARE_CONNECTIONS = 100
 # service.node_id: the tag new v1 session ids carry (``<node_id>.<uuid>``) so a proxy in
@@ -725,7 +730,7 @@ class _Resolver:
                         continue
                     self.problems.append(f"{where}.key_env: environment variable "
                                          f"{entry['key_env']} is unset or shorter than 16 "
-                                         "characters")
+                                         "characters" + dev_key_hint(entry["key_env"]))
                     continue
             if plain is not None and plain != plain.strip():
                 what = f"the value of {entry['key_env']}" if entry.get("key_env") else "key"
@@ -1054,10 +1059,28 @@ def provider_issues(model: ModelSettings, source: str = "<dict>") -> list[str]:
                    "hermes.model.default")
     key_env = model.api_key_env
     if key_env and not os.environ.get(key_env):
-        out.append(f"{source}:hermes.model.api_key_env: {key_env} is not set in the service's "
-                   f"environment: export {key_env}=<your provider key> (or set "
+        out.append(f"{source}:hermes.model.api_key_env: {env_unset(key_env)}: export "
+                   f"{key_env}=<your provider key> where the service is started (or set "
                    "hermes.model.api_key_env: null for a provider without keys)")
     return out
+
+
+def dev_key_hint(name: str) -> str:
+    """What to add to "``name`` is unset" when ``name`` is the development key's variable:
+    where ``make run`` takes it from, and how to do the same without make."""
+    if name != DEV_KEY_ENV:
+        return ""
+    return (f" (`make run` sets it from {DEV_KEY_FILE}, a development key it generates once; "
+            f"without make: export {DEV_KEY_ENV}=\"$(cat {DEV_KEY_FILE})\", or a key of your own)")
+
+
+def env_unset(name: str) -> str:
+    """How a problem line says the variable ``name`` is unset: the environment read is the
+    one of the process reading the config — the service at start or reload, but
+    ``check-config`` reads the shell it runs in, which may not be the service's
+    (docs/configuring.md; ``GET /health`` ``checks`` reports the running service's)."""
+    return (f"{name} is not set in the environment of this process (check-config reads "
+            "the shell it runs in, not the running service's: GET /health shows the service's)")
 
 
 def _value(cfg: Config, section: str, key: str | None):

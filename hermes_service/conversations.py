@@ -223,7 +223,7 @@ class Conversations:
             return
         home = self.homes.ensure(user_id)
         acp.prewarm(home, self.homes.cli_env(home, self.processes.command_path()), family,
-                    self.processes.toolset_names(toolsets))
+                    list(toolsets or []))
 
     def _after_failure(self, session_id: str, rec: dict, home: UserHome, err: ServiceError,
                        message: str) -> None:

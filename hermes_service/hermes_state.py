@@ -33,6 +33,7 @@ file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy`
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from contextlib import closing, contextmanager
@@ -145,14 +146,19 @@ def _reasoning(row) -> str | None:
 
 @dataclass
 class TurnRecord:
-    """What Hermes recorded for the newest turn of a session. ``answer`` joins the text of
-    the turn's assistant messages that are not tool-call steps (a reply cut by the provider
-    and continued by Hermes is one answer); ``reasoning`` joins their reasoning; ``found`` is
-    False when the store holds no such turn (then the caller falls back to the CLI's
-    output)."""
+    """What Hermes recorded for the newest turn of a session. ``answer`` is everything the
+    model wrote in the turn (:func:`said`: the text of its tool-call steps too, each piece
+    around a tool call separated by a blank line, as Hermes streams it; a reply cut by the
+    provider and continued by Hermes is one piece) — or "" when the turn has no final text
+    (no answer after its last tool call); ``reasoning`` joins the reasoning of its assistant
+    messages; ``finish_reason`` is the provider's reason its last message ended, as Hermes
+    recorded it (``stop``, ``length``, ``content_filter``, ``tool_calls``…; None when
+    unknown); ``found`` is False when the store holds no such turn (then the caller falls
+    back to the CLI's output)."""
     found: bool = False
     answer: str = ""
     reasoning: str | None = None
+    finish_reason: str | None = None
     assistant_rows: int = 0
     empty_sentinel: bool = False
     row_ids: list[int] = field(default_factory=list)
@@ -216,6 +222,41 @@ def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
     return []
 
 
+#: the paragraph break Hermes streams between the text before a tool call and the text after
+#: it (``run_agent._fire_stream_delta``: ``_stream_needs_break``)
+TOOL_BREAK = "\n\n"
+#: a finish reason worth passing on: a provider's word (``stop``, ``length``, …)
+FINISH_REASON_PATTERN = r"[a-z][a-z_]{0,31}"
+_FINISH_REASON = re.compile(FINISH_REASON_PATTERN)
+
+
+def _calls_tools(r) -> bool:
+    return bool(r["tool_calls"]) and r["tool_calls"] not in ("[]", "null")
+
+
+def said(rows) -> tuple[list[str], str]:
+    """What the model wrote in ``rows`` (a turn's rows after its user message): the text of
+    each tool-call step up to its call, and the text after the last call (its final answer;
+    "" when none), each stripped as Hermes stores it. A turn's whole text is the non-empty
+    ones joined with :data:`TOOL_BREAK` — exactly what the ACP runner streams
+    (docs/mnote-client.md §Events: the deltas add up to ``output``)."""
+    steps, current = [], []
+    for r in rows:
+        if r["role"] != "assistant":
+            continue
+        text = display_content("assistant", r["content"])
+        if isinstance(text, str) and text != EMPTY_SENTINEL:
+            current.append(text)
+        if _calls_tools(r):
+            steps.append("".join(current).strip())
+            current = []
+    return steps, "".join(current).strip()
+
+
+def _finish_reason(value) -> str | None:
+    return value if isinstance(value, str) and _FINISH_REASON.fullmatch(value) else None
+
+
 @bounded
 def turn_record(hermes_home: Path, session_id: str | None, message: str) -> TurnRecord:
     """The turn of ``session_id`` that sent ``message`` (the session's newest turn)."""
@@ -225,23 +266,20 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
     with closing(conn):
         rows = _turn_rows(conn, session_id, message)
     rec = TurnRecord(found=bool(rows), row_ids=[r["id"] for r in rows])
-    parts, thoughts = [], []
+    thoughts = []
     for r in rows[1:]:
         if r["role"] == "tool" and rec.tool_limit is None:
             rec.tool_limit = _tool_limit(r["content"])
         if r["role"] != "assistant":
             continue
         rec.assistant_rows += 1
+        rec.finish_reason = _finish_reason(r["finish_reason"])
         if _reasoning(r):
             thoughts.append(_reasoning(r))
-        if r["tool_calls"] and r["tool_calls"] not in ("[]", "null"):
-            continue                       # a tool-call step, not the answer
-        text = display_content("assistant", r["content"])
-        if text == EMPTY_SENTINEL:
+        if not _calls_tools(r) and display_content("assistant", r["content"]) == EMPTY_SENTINEL:
             rec.empty_sentinel = True
-        elif isinstance(text, str):
-            parts.append(text)
-    rec.answer = "".join(parts).strip()
+    steps, final = said(rows[1:])
+    rec.answer = TOOL_BREAK.join(t for t in (*steps, final) if t) if final else ""
     rec.reasoning = "\n\n".join(thoughts) or None
     return rec
 
@@ -349,17 +387,11 @@ def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown:
         return False
     with closing(conn), _write_transaction(conn):
         rows = _turn_rows(conn, session_id, message)
-        said = ""
-        for r in rows[1:]:
-            if r["role"] != "assistant":
-                continue
-            text = display_content("assistant", r["content"])
-            if not isinstance(text, str) or text.strip() in ("", EMPTY_SENTINEL):
-                continue
-            if not (r["tool_calls"] and r["tool_calls"] not in ("[]", "null")):
-                return False               # Hermes kept the reply itself
-            said += text
-        rest = shown[len(said.strip()):].strip() if shown.startswith(said.strip()) else shown
+        steps, final = said(rows[1:])
+        if final:
+            return False                   # Hermes kept the reply itself
+        before = TOOL_BREAK.join(t for t in steps if t)
+        rest = shown[len(before):].strip() if shown.startswith(before) else shown
         target = rows[0]["session_id"] if rows else session_id
         if not rest or conn.row("SELECT 1 FROM sessions WHERE id = ?", (target,)) is None:
             return False

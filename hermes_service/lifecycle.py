@@ -114,6 +114,16 @@ def _write_json(path: Path, data: dict) -> None:
     atomic_write(path, json.dumps(data), durable=False)
 
 
+def drain_line(signum: int, seconds: float, turns: list[str]) -> str:
+    """The log line that starts a drain (docs/operations.md §Process lifetime): the turns in
+    progress it waits for, or — with none — that the stop goes on at once."""
+    if not turns:
+        return f"signal {signum}: draining: no new turns; no turn in progress: stopping now"
+    return (f"signal {signum}: draining: no new turns; waiting up to {seconds:g} s "
+            "(service.drain_seconds; a second signal stops at once) for "
+            f"{len(turns)} turn(s) in progress: {', '.join(turns)}")
+
+
 class ServiceRecord:
     """``<data_dir>/service-pids/<pid>.json`` of this serving process:
     ``{"pid", "start", "config", "url", "reload": {"seq", "ok", "lines", "at"}}``."""
@@ -289,16 +299,14 @@ class Lifecycle:
         started = time.monotonic()
         svc.drain()
         left = svc.in_flight()
-        log.info("signal %d: draining: no new turns; waiting up to %g s (service.drain_seconds; "
-                 "a second signal stops at once) for %d turn(s) in progress%s", signum, seconds,
-                 len(left), f": {', '.join(left.values())}" if left else "")
+        log.info("%s", drain_line(signum, seconds, list(left.values())))
         deadline = started + seconds
         while left and not self._hurry.is_set() and time.monotonic() < deadline:
             self._hurry.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             now = svc.in_flight()
             for key in [k for k in left if k not in now]:
-                log.info("draining: %s ended (%s); %d turn(s) left", left[key],
-                         svc.outcome(key), len(now))
+                log.info("draining: %s ended (%s); %s", left[key], svc.outcome(key),
+                         f"{len(now)} turn(s) left" if now else "no turn left")
             left = now
         took = time.monotonic() - started
         if not left:

@@ -26,10 +26,12 @@ filter (:mod:`hermes_service.seccomp_filter`), and Hermes itself as the sandbox'
 itself non-dumpable and its streams private at start, hermes_site/sitecustomize.py), so no
 tool process reaches Hermes's memory or descriptors, nor a process that holds them; the
 policy files of the home read-only or empty (:mod:`hermes_service.hermes_policy`). The
-network is shared (the provider pass-through and the tool endpoint are on loopback).
-bwrap's own arguments reach it through a memfd (``--args``), so ``/proc/1/cmdline`` inside
-shows no host path, and bwrap is started with the sandbox's own clean environment, so
-``/proc/1/environ`` holds nothing of the service's.
+network is the sandbox's own or the host's (``hermes.sandbox.network``; docs/sandbox.md
+§Network). bwrap's own arguments (the host paths it binds) reach it through a memfd
+(``--args``), never its command line; ``/proc/1/cmdline`` inside is Hermes's, which names
+the Hermes venv by its host path (bound read-only at that same path) and, on the CLI
+runner, holds the message. bwrap is started with the sandbox's own clean environment, so
+no process there holds anything of the service's environment.
 
 **Limits** (``hermes.sandbox.limits``): rlimits set inside the sandbox by util-linux
 ``prlimit`` for every process there (CPU seconds, largest file, open files, no core

@@ -52,6 +52,9 @@ Directives (in the last user message; first match in this order wins)
     ``tools done: <result1> || <result2> ...`` (each tool message's content
     verbatim, in order).  If the tool to call next is not in the request's
     ``tools`` array the reply is the text ``tool not offered: NAME``.
+``[[narrate]]``
+    Modifier of ``[[tools:…]]``: each tool-call reply also carries the text ``calling
+    NAME.`` before its call (streamed first, as models say what they are about to do).
 ``[[then-hang]]``
     Modifier of ``[[tools:…]]``: once every call has its result, hang (as
     ``[[hang]]``) instead of replying.
@@ -84,6 +87,12 @@ Directives (in the last user message; first match in this order wins)
     a ``finish_reason`` and without ``[DONE]`` (a provider stream broken
     mid-answer).  Only the first request carrying the directive is cut; the
     continuation Hermes asks for afterwards is answered normally.
+``[[length]]``
+    Modifier of a text reply: it ends with ``finish_reason: "length"`` (the provider's
+    output limit reached), streamed or not. It also holds for the continuations Hermes asks
+    for after such a reply: a request whose last user message is Hermes's own ``[System: …``
+    nudge is judged by the last user message before it, so every try is cut; such a
+    continuation's text is ``(continued, part N)`` (N = 2, 3, … for the tries).
 ``[[surrogate]]``
     Modifier: the text ends with a lone high surrogate (half an emoji,
     ``\ud83d`` as a JSON escape) followed by ``!``.
@@ -186,8 +195,12 @@ _THINK_RE = re.compile(r"\[\[think\]\]")
 _EMPTY_RE = re.compile(r"\[\[empty\]\]")
 _CUT_RE = re.compile(r"\[\[cut\]\]")
 _SURROGATE_RE = re.compile(r"\[\[surrogate\]\]")
+_LENGTH_RE = re.compile(r"\[\[length\]\]")
+#: How Hermes's own user-role nudges begin (a continuation after a cut reply, …)
+NUDGE_PREFIX = "[System: "
 _USAGE_RE = re.compile(r"\[\[usage:(\d+)\]\]")
 _THEN_HANG_RE = re.compile(r"\[\[then-hang\]\]")
+_NARRATE_RE = re.compile(r"\[\[narrate\]\]")
 
 #: What ``[[reasoning]]`` / ``[[think]]`` send as the model's private reasoning.
 REASONING_TEXT = "PRIVATE-REASONING: the user wants an answer; think it over step by step first."
@@ -238,6 +251,27 @@ def _last_user_index(msgs: list[dict]) -> int:
         if msgs[i].get("role") == "user":
             return i
     return -1
+
+
+def _asked_text(msgs: list[dict]) -> str:
+    """The last user message that is not one of Hermes's own ``[System: …`` nudges."""
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            text = content_text(m.get("content"))
+            if not text.lstrip().startswith(NUDGE_PREFIX):
+                return text
+    return ""
+
+
+def _nudges(msgs: list[dict]) -> int:
+    """Hermes's ``[System: …`` nudges after the last real user message."""
+    count = 0
+    for m in reversed(msgs):
+        if m.get("role") == "user":
+            if not content_text(m.get("content")).lstrip().startswith(NUDGE_PREFIX):
+                return count
+            count += 1
+    return count
 
 
 def _last_user_text(body: dict) -> str:
@@ -348,6 +382,7 @@ class _Plan:
         self.reasoning: str = kw.get("reasoning", "")   # streamed as reasoning_content
         self.cut: bool = kw.get("cut", False)           # drop the stream mid-answer
         self.prompt_tokens: int | None = kw.get("prompt_tokens")
+        self.finish: str = kw.get("finish", "stop")      # finish_reason of a text reply
 
 
 def plan_reply(body: dict, cut_done: set | None = None) -> _Plan:
@@ -372,6 +407,10 @@ def plan_reply(body: dict, cut_done: set | None = None) -> _Plan:
     m = _USAGE_RE.search(user_text)
     if m:
         plan.prompt_tokens = int(m.group(1))
+    if _LENGTH_RE.search(_asked_text(msgs)):
+        plan.finish = "length"
+        if user_text.lstrip().startswith(NUDGE_PREFIX):      # Hermes asks for the rest
+            plan.text = f"(continued, part {_nudges(msgs) + 1})"
     if _CUT_RE.search(user_text) and cut_done is not None and user_text not in cut_done:
         cut_done.add(user_text)
         plan.cut = True
@@ -402,7 +441,8 @@ def _plan_reply(body: dict) -> _Plan:
             name, args = calls[step]
             if name not in _offered_tools(body):
                 return _Plan("text", text=f"tool not offered: {name}", slow=slow, pieces=pieces)
-            return _Plan("tool_call", tool_name=name, tool_args=args)
+            return _Plan("tool_call", tool_name=name, tool_args=args,
+                         text=f"calling {name}." if _NARRATE_RE.search(user_text) else "")
         if _THEN_HANG_RE.search(user_text):
             return _Plan("hang")
         return _Plan("text", text="tools done: " + " || ".join(results), slow=slow, pieces=pieces)
@@ -554,6 +594,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         message: dict[str, Any] = {"role": "assistant", "content": None}
         if plan.kind == "tool_call":
+            message["content"] = plan.text or None
             message["tool_calls"] = [
                 {
                     "id": _call_id(),
@@ -566,7 +607,7 @@ class _Handler(BaseHTTPRequestHandler):
             message["content"] = plan.text
             if plan.reasoning:
                 message["reasoning_content"] = plan.reasoning
-            finish = "stop"
+            finish = plan.finish
         self._send_json(
             200,
             {
@@ -611,6 +652,8 @@ class _Handler(BaseHTTPRequestHandler):
 
         if plan.kind == "tool_call":
             args = json.dumps(plan.tool_args)
+            for piece in _split(plan.text, 2) if plan.text else []:
+                self._write_chunk(frame({"content": piece}))
             self._write_chunk(frame({"tool_calls": [{
                 "index": 0, "id": _call_id(), "type": "function",
                 "function": {"name": plan.tool_name, "arguments": ""},
@@ -637,7 +680,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 self._write_chunk(frame({"content": piece}))
-            self._write_chunk(frame({}, "stop"))
+            self._write_chunk(frame({}, plan.finish))
             completion = plan.text
 
         opts = body.get("stream_options")

@@ -246,7 +246,11 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
                           sandbox=sandbox, disk=disk)
     processes.families = {f.name: f for f in installed.route_families(config)}
     families = acp_families(processes.families.values())
-    acp = AcpRunner(hermes, processes) if families else None
+    def process_env(user_id: str):
+        """A new warm process's home and environment, from the settings in force."""
+        home = homes.ensure(user_id)
+        return home, homes.cli_env(home, processes.command_path())
+    acp = AcpRunner(hermes, processes, process_env) if families else None
     runners = RunnerChoice(HermesRunner(processes), acp, families)
     services = Services(
         config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,

@@ -40,6 +40,10 @@ connection, its loop and the session) and waits for ``{"answer": text}``. ``{"an
 null}`` (nobody answered in time) becomes what Hermes's own CLI says after its clarify
 timeout: the user did not provide a response, use your best judgement.
 
+**Each tool call names its tool** (``hermes acp``; docs/mnote-client.md §Tool events): the ACP
+adapter's tool-call updates carry a display title only; ``toolcalls.py`` adds the tool's own
+name and its redacted preview in ACP's ``_meta`` field.
+
 **Hermes out of its tools' reach** (``HERMES_SERVICE_GUARD=1``: every Hermes process the
 service starts; docs/sandbox.md §What a tool process cannot reach). The process makes itself
 non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``: no process of the same user may ptrace it, read
@@ -234,6 +238,11 @@ def _patch_clarify(module):
     module.clarify_tool = clarify_tool
 
 
+def _tool_names(module):
+    import toolcalls      # this folder is on the path (PYTHONPATH's)
+    toolcalls.patch(module)
+
+
 def _no_allowlist_save(module):
     if _approval_timeout() is not None and hasattr(module, "save_permanent_allowlist"):
         module.save_permanent_allowlist = lambda patterns: None
@@ -248,6 +257,8 @@ _PATCHES = {
     "acp_adapter.edit_approval": lambda m: _with_timeout(m, "make_acp_edit_approval_requester"),
     "tools.approval": _no_allowlist_save,
     "tools.clarify_tool": _patch_clarify,
+    # imported by name by acp_adapter.events and .server: patch it before they run
+    "acp_adapter.tools": _tool_names,
 }
 
 

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
-from .. import tokens
+from .. import logs, tokens
 from ..routing import ErrorFamily, RouteFamily, declare
 from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
                    services)
@@ -31,8 +31,9 @@ from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFou
                       Unauthorized, check_id)
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
+from . import event_bounds
 from .objects import mnote_of, settings
-from .tools import SCHEMA_VERSION, TOOLS
+from .tools import SCHEMA_VERSION, TOOLS, TOOLS_BY_WIRE_NAME
 from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
@@ -135,10 +136,22 @@ def trace_id() -> str:
                              req.headers.get("X-Trace-Id"))
                  if v not in (None, "")]
         ctx.trace_id = "trace_" + tokens.hex16()
+        ctx.trace_given = bool(given)
         for value in given:
             check_id(value, "traceId")
         if given:
             ctx.trace_id = given[0]
+    return ctx.trace_id
+
+
+def adopt_trace_id(value: str) -> str:
+    """Make ``value`` (a run's traceId) this request's traceId — its access line, its error
+    bodies — unless the caller gave one (:func:`trace_id`); returns the request's traceId."""
+    trace_id()
+    ctx = g._get_current_object()
+    if not ctx.trace_given:
+        ctx.trace_id = value
+    logs.bind(trace_id=ctx.trace_id)
     return ctx.trace_id
 
 
@@ -273,7 +286,9 @@ TRANSCRIPT = _ok(["sessionId", "messages", "usage"], {
         "required": ["messageId", "role", "content", "toolCallId", "toolName", "timestamp",
                      "reasoning"],
         "properties": {"messageId": {"type": "string"}, "role": {"type": "string"},
-                       "content": _NULLABLE, "toolCallId": _NULLABLE, "toolName": _NULLABLE,
+                       "content": _NULLABLE, "toolCallId": _NULLABLE,
+                       "toolName": {**_NULLABLE, "description": "the tool's name as the run's "
+                                    "tool.* events give it (`terminal`, `mnote.page.get`)"},
                        "timestamp": {"type": "integer", "description": "unix seconds"},
                        "reasoning": _NULLABLE}}},
     "usage": {"type": "object", "required": ["inputTokens", "outputTokens", "totalTokens"],
@@ -480,6 +495,7 @@ def get_session(session_id):
     for m in messages:
         if m["role"] == "user":
             m["content"] = strip_context(m["content"])   # sessions from before run files
+        m["toolName"] = tool_name(m["toolName"])
     return ok(sessionId=session_id, messages=messages,
               usage={"inputTokens": inp, "outputTokens": outp, "totalTokens": inp + outp})
 
@@ -634,14 +650,30 @@ def start_run():
         if not result.streamed:      # the CLI runner: the answer arrives whole, at the end
             if result.reasoning:
                 closing.append(("reasoning.delta", {"delta": result.reasoning}))
-            closing.append(("message.delta", {"delta": result.answer}))
-        completed = {"output": result.answer, "usage": _usage_delta(before, after, result.usage)}
+            closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
+        completed = {"output": result.answer, "finish_reason": result.finish_reason,
+                     "usage": _usage_delta(before, after, result.usage)}
         if result.notice:
             completed["notice"] = result.notice
         run.finish(closing + [("run.completed", completed)])
 
     run = mnote_of(svc).runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
+
+
+def tool_name(hermes_name):
+    """A tool's name as the events give it (docs/mnote-client.md §Tool events) from the name
+    Hermes records: an mnote tool's contract name for its function name (``mnote_page_get``
+    → ``mnote.page.get``), any other name as it is."""
+    spec = TOOLS_BY_WIRE_NAME.get(hermes_name) if isinstance(hermes_name, str) else None
+    return spec.name if spec is not None else hermes_name
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` as ``message.delta`` texts of at most a delta's cap each (docs/mnote-client.md
+    §Sizes of events), so that they add up to it whole."""
+    cap = event_bounds.FIELD_CHARS["delta"]
+    return [text[i:i + cap] for i in range(0, len(text), cap)]
 
 
 def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dict:
@@ -701,16 +733,27 @@ def events(run_id):
     sid = request.args.get("sessionId")
     if sid is not None and sid != run.session_id:
         raise NotFound(f"run {run_id} not found", code="run_not_found")
-    after = _last_event_id()
+    # the request is the run's from here: logged under its traceId (unless one was given),
+    # and every answer, an error too, names the run's in X-Trace-Id
+    adopt_trace_id(run.trace_id)
+    named = {"X-Trace-Id": run.trace_id}
+    try:
+        after = _last_event_id()
+    except BadRequest as err:
+        err.headers.update(named)
+        raise
     last, done = run.position()
     if after > last:
         raise BadRequest(
             f"Last-Event-ID {after} was never issued by run {run_id}: its last event id is "
             f"{last}{' (the run has ended)' if done else ' so far'}; reconnect without "
-            "Last-Event-ID to replay the run from its first event", code="invalid_request")
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Trace-Id": run.trace_id}
+            "Last-Event-ID to replay the run from its first event", code="invalid_request",
+            headers=named)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named}
     if done and after == last:      # the client has the terminal event: nothing will follow
-        return Response(status=204, headers=headers)
+        resp = Response(status=204, headers=headers)
+        del resp.headers["Content-Type"]       # no body, so no media type (RFC 9110 §8.3)
+        return resp
     keepalive = float(settings(svc.config).keepalive_seconds)
     # 429 when mnote.max_event_streams are open; waitress tells when the client goes away
     sub = mnote_of(svc).runs.subscribe(run, request.environ.get("waitress.client_disconnected"))

@@ -29,6 +29,7 @@ FIELD_CHARS = {
     "choice": 1000,             # each of clarify.request's choices
     "tool_name": 200,           # tool.*
     "tool_call_id": 200,        # tool.*
+    "preview": 2000,            # tool.*: what the call does (a command, a path)
     "error": 4000,              # run.failed
     "notice": 4000,             # run.completed
 }

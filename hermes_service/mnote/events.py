@@ -6,16 +6,30 @@ GET /events; docs/mnote-client.md, Events).
 schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
 schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
-``reasoning.delta``, ``approval.*`` and ``run.completed``'s ``notice`` are additions to the
-contract. Fields beyond these may be added later; clients ignore what they do not know.
+``reasoning.delta``, ``approval.*``, ``tool.*``'s ``preview`` and ``run.completed``'s
+``finish_reason`` and ``notice`` are additions to the contract. Fields beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
+from ..runner import FINISH_REASON
 from .client import CODE_MAP, EXTRA_CODES, client_code
 
 _STR = {"type": "string"}
 _NULLABLE = {"type": ["string", "null"]}
 _TOKENS = {"type": "integer", "minimum": 0}
+#: docs/mnote-client.md §Tool events
+_TOOL_NAME = {"type": ["string", "null"], "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+              "description": "the tool's own name, never with its arguments: Hermes's tools by "
+                             "Hermes's name (`terminal`, `read_file`, `patch`…), mnote's by "
+                             "their contract name (`mnote.page.get`, as GET /tools lists them); "
+                             "the transcript's `toolName` is the same; null when unknown",
+              "examples": ["terminal", "read_file", "mnote.page.get"]}
+_PREVIEW = {"type": ["string", "null"],
+            "description": "added: what the call does, for people — the command of `terminal`, "
+                           "the path of a file tool, the page of an mnote tool… — with secrets "
+                           "redacted as Hermes redacts commands; null when there is nothing to "
+                           "show",
+            "examples": ["ls -la notes/", "/home/hermes/notes.txt", "doc_1"]}
 #: contract codes a ``run.failed`` may carry (every core code the client maps, and the fallback)
 RUN_FAILED_CODES = sorted({client_code(c) for c in (*CODE_MAP, *EXTRA_CODES)}
                           | {client_code(None)})
@@ -41,14 +55,18 @@ EVENTS = {
         ("delta",), {"delta": _STR})),
     "tool.started": ("ToolStartedEvent", _event(
         "tool.started", "the model called a tool", ("tool_call_id", "tool_name"),
-        {"tool_call_id": _NULLABLE, "tool_name": _NULLABLE})),
+        {"tool_call_id": _NULLABLE, "tool_name": _TOOL_NAME, "preview": _PREVIEW})),
     "tool.completed": ("ToolCompletedEvent", _event(
         "tool.completed", "a tool call ended", ("tool_call_id", "tool_name", "ok", "error_code"),
-        {"tool_call_id": _NULLABLE, "tool_name": _NULLABLE, "ok": {"type": ["boolean", "null"]},
+        {"tool_call_id": _NULLABLE, "tool_name": _TOOL_NAME, "preview": _PREVIEW,
+         "ok": {"type": ["boolean", "null"]},
          "error_code": _NULLABLE})),
     "run.completed": ("RunCompletedEvent", _event(
         "run.completed", "the run answered (ends the stream)", ("output", "usage"),
-        {"output": {"type": "string", "description": "the answer Hermes recorded"},
+        {"output": {"type": "string", "description": "the answer Hermes recorded: everything "
+                    "the model wrote in the turn; the run's message.delta texts add up to it"},
+         "finish_reason": {**FINISH_REASON, "description": "added: "
+                           + FINISH_REASON["description"]},
          "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
                    "properties": {"input_tokens": _TOKENS, "output_tokens": _TOKENS,
                                   "total_tokens": _TOKENS}},

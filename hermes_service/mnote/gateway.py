@@ -13,7 +13,7 @@
    workspace, or a write to another page than the run's, gets
    ``mnote_tool_permission_denied`` (nothing leaked); it forces the token's
    trace and capability scope into the envelope, emits ``tool.started`` /
-   ``tool.completed`` on the run's event stream, marks tool activity for the
+   ``tool.completed`` on the run's event stream (:func:`tool_identity`), marks tool activity for the
    stall watchdog, and hands the envelope to the
    :class:`~hermes_service.mnote.tools.ToolExecutor` (schemas, scope; then the embedded
    store's permissions, idempotency, dryRun and audit, or mnote's kernel's:
@@ -152,14 +152,25 @@ class ToolGateway:
                     "capabilityScope": list(claims.capability_scope)}
         envelope.setdefault("workspaceId", claims.workspace_id)
         envelope.setdefault("documentId", claims.document_id)
-        tool = envelope.get("toolName") if isinstance(envelope.get("toolName"), str) else None
+        tool, preview = tool_identity(envelope)
         call_id = envelope.get("toolCallId") if isinstance(envelope.get("toolCallId"), str) else None
         run.touch()
-        run.emit("tool.started", tool_call_id=call_id, tool_name=tool)
+        run.emit("tool.started", tool_call_id=call_id, tool_name=tool, preview=preview)
         outside = self._outside_binding(claims, envelope)
         result = self.executor.invoke(envelope) if outside is None else \
             self.executor.denied(envelope, outside)
         run.touch()
-        run.emit("tool.completed", tool_call_id=call_id, tool_name=tool, ok=result.get("ok"),
-                 error_code=(result.get("error") or {}).get("code"))
+        run.emit("tool.completed", tool_call_id=call_id, tool_name=tool, preview=preview,
+                 ok=result.get("ok"), error_code=(result.get("error") or {}).get("code"))
         return result
+
+
+def tool_identity(envelope: dict) -> tuple[str | None, str | None]:
+    """``(tool_name, preview)`` of an mnote tool call for its events (docs/mnote-client.md
+    §Tool events): the tool's contract name (``mnote.page.get``, as ``GET /tools`` lists it;
+    None for a name that is no mnote tool — the call is refused) and the page it reads or
+    writes (``documentId``)."""
+    name = envelope.get("toolName")
+    spec = TOOLS_BY_NAME.get(name) if isinstance(name, str) else None
+    page = envelope.get("documentId")
+    return (spec.name if spec else None), (page if isinstance(page, str) and page else None)

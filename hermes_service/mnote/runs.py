@@ -9,9 +9,9 @@ then the live ones. Event payloads follow the contract::
     {"event": "run.started",   "run_id", "session_id"}
     {"event": "message.delta", "run_id", "session_id", "delta"}
     {"event": "reasoning.delta", "run_id", "session_id", "delta"}   (added: the model's reasoning)
-    {"event": "tool.started",  "run_id", "session_id", "tool_call_id", "tool_name"}
-    {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "ok", "error_code"}
-    {"event": "run.completed", "run_id", "session_id", "output", "usage": {input_tokens, output_tokens, total_tokens}[, "notice"]}
+    {"event": "tool.started",  "run_id", "session_id", "tool_call_id", "tool_name", "preview"}
+    {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "preview", "ok", "error_code"}
+    {"event": "run.completed", "run_id", "session_id", "output", "finish_reason", "usage": {input_tokens, output_tokens, total_tokens}[, "notice"]}
     {"event": "run.failed",    "run_id", "session_id", "code", "error"}
     {"event": "abort.started", "run_id"}
     {"event": "run.cancelled", "run_id", "session_id"}
@@ -462,10 +462,11 @@ class RunListener:
         if text:
             self.run.emit("reasoning.delta", delta=text)
 
-    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None) -> None:
-        fields = {"tool_call_id": call_id, "tool_name": name}
-        if event == "tool.completed":
-            fields.update(ok=ok, error_code=None if ok else "tool_failed")
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None,
+             preview: str | None = None) -> None:
+        fields = {"tool_call_id": call_id, "tool_name": name, "preview": preview}
+        if event == "tool.completed":      # ok None: Hermes never said (docs: §Tool events)
+            fields.update(ok=ok, error_code="tool_failed" if ok is False else None)
         self.run.emit(event, **fields)
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from ..config import (POS_INT, POS_NUM, STR_LIST, Check, Config, ConfigSection, ThreadNeed,
-                      object_schema, settings_from)
+                      env_unset, object_schema, settings_from)
 
 #: the extension's name: its config section (:meth:`Config.section`), its key in
 #: ``services.extensions`` and its route family
@@ -184,7 +184,7 @@ def page_store_usable(cfg: Config) -> list[str]:
         value = os.environ.get(name)
         hermes = cfg.hermes
         if not value:
-            out.append(f"{where}.credential_env: {name} is not set in the service's environment")
+            out.append(f"{where}.credential_env: {env_unset(name)}")
         elif not (value.isascii() and value.isprintable() and " " not in value):
             out.append(f"{where}.credential_env: the value of {name} is not one header-safe "
                        "token (visible ASCII, no spaces)")

@@ -7,6 +7,7 @@
 * :mod:`.run_files` — the per-run files the Hermes plugins read;
 * :mod:`.cli` — the CLI runner (``hermes chat --query … -Q --source tool``);
 * :mod:`.acp` — the warm ACP runner (a pool of ``hermes acp`` processes);
+* :mod:`.answer_text` — streamed text that adds up to the recorded answer;
 * :mod:`.choice` — which runner takes a turn.
 """
 from .acp import AcpRunner
@@ -14,9 +15,9 @@ from .choice import RunnerChoice, acp_families
 from .cli import HermesRunner
 from .failures import classify_failure, classify_text
 from .processes import CliProcess, Outcome, Processes, ProcessGroups
-from .protocol import TurnListener, TurnRequest, TurnResult, UseCli
+from .protocol import FINISH_REASON, TurnListener, TurnRequest, TurnResult, UseCli
 from .run_files import RunFiles
 
-__all__ = ["AcpRunner", "CliProcess", "HermesRunner", "Outcome", "Processes", "ProcessGroups",
+__all__ = ["FINISH_REASON", "AcpRunner", "CliProcess", "HermesRunner", "Outcome", "Processes", "ProcessGroups",
            "RunFiles", "RunnerChoice", "TurnListener", "TurnRequest", "TurnResult", "UseCli",
            "acp_families", "classify_failure", "classify_text"]

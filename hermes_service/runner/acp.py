@@ -23,7 +23,8 @@ its running turns end.
 process has not loaded; its history replay is discarded), and ``session/prompt`` with the
 user's text plus an empty image block — Hermes runs slash commands (``/reset``,
 ``/model x``) only for prompts made of text blocks alone, so the message always reaches the
-model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives
+model as text. Every ``agent_message_chunk`` becomes a ``message.delta`` as it arrives —
+through :class:`~.answer_text.AnswerText`, so that the deltas add up to the recorded answer —
 (except a first one that could be the start of Hermes's error text, :data:`ERROR_TEXT_STARTS`,
 held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 sends provider
 errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
@@ -46,7 +47,8 @@ the record (:func:`~hermes_service.hermes_state.keep_partial`). An abort before 
 and leaves the process to finish its start. Timeouts (counted from the turn's start) and
 stalls kill the process. After any other failed or aborted turn the process is retired (its
 in-memory history may hold the turn Hermes's record took back), and a replacement is started
-at once for the next turn.
+at once for the next turn — from the settings in force (:attr:`AcpRunner.process_env`), so a
+reload reaches it, never from the retired process's environment.
 
 **Questions to a human** (docs/mnote-client.md §Approvals). Hermes 0.19.0's ACP adapter asks before a
 dangerous command (and, with edit approval on, before a file edit) with
@@ -89,16 +91,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .. import hermes_state
 from ..config import HermesSettings
 from ..errors import BadRequest, Conflict, RunError, ServiceError
 from ..instance import proc_start
 from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from .answer_text import AnswerText
 from .failures import KILLED, classify_text, failure_reason, limit_error
 from .processes import Processes, _stopping, kill_group
 from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, UseCli, _ctx, answer_from_record
@@ -133,6 +138,7 @@ def could_be_error_text(text: str) -> bool:
         return True
     return any(head.startswith(p) or p.startswith(head) for p in ERROR_TEXT_STARTS)
 POLL_SECONDS = 0.05
+REPLACE_TRIES = 3             # attempts at a replacement process that reloads keep outdating
 APPROVAL_MARGIN = 10.0        # Hermes waits this much longer for an answer than we do (s)
 APPROVAL_TIMEOUT_ENV = "HERMES_SERVICE_APPROVAL_TIMEOUT"   # read by hermes_site/sitecustomize.py
 #: Hermes's permission option id -> the client's choice (Hermes's "deny_always" is a deny there
@@ -143,6 +149,9 @@ CHOICE_OPTIONS = {choice: option for option, choice in OPTION_CHOICES.items()}
 CLARIFY_METHOD = "hermes_service/clarify"   # the extension request of the clarify callback
 CLARIFY_ENV = "HERMES_SERVICE_CLARIFY"      # "1": the import hook installs that callback
 CLARIFY_TOOLSET = "clarify"
+TOOL_META = "hermesService"   # the _meta key of a tool call's name and preview (toolcalls.py)
+#: a tool's name as Hermes registers it (an OpenAI function name: letters, digits, _ and -)
+TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 STDERR_TAIL_BYTES = 16384
 #: The largest JSON-RPC message read from a Hermes process (bytes, one line). A longer one
 #: ends the connection: the process is retired and its turn fails ``hermes_failed``
@@ -157,11 +166,11 @@ class _Sink:
     listener: object | None
     last_activity: float = field(default_factory=time.monotonic)
     held: str | None = None          # the first message chunk, until a second one arrives
-    delivered: int = 0               # message chunks handed to the listener
-    shown: list[str] = field(default_factory=list)  # their text (kept when the turn is stopped)
+    delivered: int = 0               # deltas handed to the listener
+    answer: AnswerText = field(default_factory=AnswerText)   # the deltas, adding up to the answer
     text: list[str] = field(default_factory=list)   # every message chunk (failure reasons)
-    tools_running: dict[str, str | None] = field(default_factory=dict)   # call id -> title, or
-    #                                         None for a tool its family reports (own_tool_prefix)
+    tools_running: dict[str, tuple | None] = field(default_factory=dict)  # call id -> (name,
+    #                    preview), or None for a tool its family reports (own_tool_prefix)
     kill_reason: str | None = None
     ended: bool = False              # the prompt has answered: the runner decides what is shown
     approvals: object = None         # who answers Hermes's questions (TurnRequest.approvals)
@@ -196,11 +205,37 @@ class _Sink:
             held, self.held = self.held, None
             self._deliver(held)
 
+    @property
+    def shown(self) -> str:
+        """The answer text handed to the listener (kept when the turn is stopped)."""
+        return self.answer.text
+
+    def tool_call(self) -> None:
+        """The model called a tool: what it wrote before is one piece of the answer."""
+        self.release()
+        self.answer.tool_call()
+
     def _deliver(self, text: str) -> None:
-        if text and self.listener is not None:
+        if self.listener is not None:
+            self._send(self.answer.feed(text))
+
+    def complete(self, answer: str) -> None:
+        """The turn answered ``answer`` (its record): send what the deltas lack of it."""
+        if self.listener is not None and self.delivered:
+            self._send(self.answer.rest(answer))
+
+    def close_tools(self) -> None:
+        """The prompt is over: a call Hermes never reported ended gets its ``tool.completed``
+        now, ``ok`` unknown (None), so that every reported start has an end."""
+        running, self.tools_running = self.tools_running, {}
+        for call_id, tool in running.items():
+            if tool is not None and self.listener is not None:
+                self.listener.tool("tool.completed", call_id, tool[0], None, tool[1])
+
+    def _send(self, delta: str) -> None:
+        if delta:
             self.delivered += 1
-            self.shown.append(text)
-            self.listener.delta(text)
+            self.listener.delta(delta)
 
 
 class _Handle:
@@ -241,17 +276,20 @@ class _Client:
             if listener is not None and text:
                 listener.reasoning(text)
         elif kind == "tool_call":
-            call_id, title = update.tool_call_id, update.title or "tool"
-            own = title.startswith(self.proc.runner.own_tool_prefixes)
-            sink.tools_running[call_id] = None if own else title
+            sink.tool_call()
+            call_id = update.tool_call_id
+            name, preview = tool_identity(update)
+            own = (name or "").startswith(self.proc.runner.own_tool_prefixes)
+            sink.tools_running[call_id] = None if own else (name, preview)
             if listener is not None and not own:
-                listener.tool("tool.started", call_id, title, None)
+                listener.tool("tool.started", call_id, name, None, preview)
         elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
             known = call_id in sink.tools_running
-            title = sink.tools_running.pop(call_id, None)
-            if listener is not None and known and title is not None:
-                listener.tool("tool.completed", call_id, title, update.status == "completed")
+            tool = sink.tools_running.pop(call_id, None)
+            if listener is not None and known and tool is not None:
+                listener.tool("tool.completed", call_id, tool[0], update.status == "completed",
+                              tool[1])
 
     async def request_permission(self, options, session_id, tool_call, **_kw):
         """Hermes asks before a dangerous command or an edit: the user's answer (the turn's
@@ -342,6 +380,24 @@ class _Client:
         pass
 
 
+def tool_identity(update) -> tuple[str | None, str | None]:
+    """``(tool_name, preview)`` of a ``tool_call`` update (docs/mnote-client.md §Tool events):
+    the tool's own name and the call's redacted detail, from the ``_meta`` the service's
+    import hook adds (``hermes_site/toolcalls.py``). A name that is not a tool name
+    (:data:`TOOL_NAME`) is None, and so is a preview that is not text. Without the field (a
+    Hermes the hook did not reach) the name is the title when it is a bare tool name — Hermes
+    titles other tools with their name — else None, and there is no preview (Hermes's title
+    of a command is not redacted)."""
+    meta = getattr(update, "field_meta", None)
+    ours = meta.get(TOOL_META) if isinstance(meta, dict) else None
+    if isinstance(ours, dict):
+        name, preview = ours.get("toolName"), ours.get("preview")
+    else:
+        name, preview = getattr(update, "title", None), None
+    name = name if isinstance(name, str) and TOOL_NAME.fullmatch(name) else None
+    return name, preview if isinstance(preview, str) and preview else None
+
+
 def _question(tool_call) -> tuple[str, str, str]:
     """``(kind, title, detail)`` of a permission request's tool call: ``command`` (Hermes's
     ``perm-check-*`` calls, kind ``execute``: the description and ``$ command``, which Hermes
@@ -369,8 +425,11 @@ class AcpProcess:
     """One ``hermes acp`` process: its connection, the sessions it has loaded, its running
     prompts. Lives on the runner's loop; :meth:`kill` may be called from any thread."""
 
-    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict):
+    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict,
+                 extra_toolsets: list[str] | None = None):
         self.runner, self.key, self.home, self.env = runner, key, home, env
+        #: the toolsets it was started with beyond ``hermes.toolsets`` (its family's)
+        self.extra_toolsets = list(extra_toolsets or [])
         self.proc: asyncio.subprocess.Process | None = None
         self.pgid: int | None = None
         self.conn = None
@@ -530,12 +589,20 @@ class AcpRunner:
     toolsets."""
     name = "acp"
 
-    def __init__(self, hermes: HermesSettings, processes: Processes):
+    def __init__(self, hermes: HermesSettings, processes: Processes,
+                 process_env: Callable[[str], tuple] | None = None):
+        """``process_env(user_id)`` → ``(home, env)``: the user's home brought up to date and
+        the environment of a new Hermes process, from the settings in force (the
+        composition root gives :class:`~hermes_service.user_homes.UserHomes`'); a
+        replacement process (:meth:`_replace`) is built from it. None: no replacement is
+        started ahead; the user's next turn starts one with its own environment."""
         self.processes = processes
+        self.process_env = process_env
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        self._generation = 0      # counts the reloads that retired every process
         self.configure(hermes, retire=False)
 
     @property
@@ -560,6 +627,8 @@ class AcpRunner:
         self.allow_always = bool(approvals.allow_always)
         self.ask = approvals.mode == "ask"
         self.default_model = hermes.model.default
+        if retire:
+            self._generation += 1
         if retire and self._loop is not None:
             async def retire_all():
                 for proc in list(self._procs.values()):
@@ -586,7 +655,8 @@ class AcpRunner:
     # -- public ----------------------------------------------------------------------
     def prewarm(self, home, env: dict, family: str, toolsets: list[str]) -> None:
         """Start the user's process for ``family`` in the background (no wait, no error);
-        nothing while the service drains (docs/operations.md §Process lifetime)."""
+        nothing while the service drains (docs/operations.md §Process lifetime).
+        ``toolsets``: the family's, offered beside ``hermes.toolsets``."""
         if self.processes.draining or self.processes.stopping:
             return
         if self.process_count() >= self.max_processes and not self._idle():
@@ -615,7 +685,9 @@ class AcpRunner:
                                         record=now))
             try:
                 sid, response, resumed, proc = fut.result()
+                sink.close_tools()
             except (ServiceError, UseCli) as err:
+                sink.close_tools()
                 if self.processes.stopping and isinstance(err, ServiceError) \
                         and err.code not in ("run_cancelled", "service_stopping"):
                     raise _stopping() from None  # the shutdown killed the process it needed
@@ -625,6 +697,7 @@ class AcpRunner:
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
             except Exception as exc:     # the protocol failed (process died mid-request, ...)
+                sink.close_tools()
                 if self.processes.stopping:    # the shutdown killed the process and ended the loop
                     raise _stopping() from None
                 log.warning("hermes acp turn failed %s: %r", _ctx(req.log_ctx), exc)
@@ -632,7 +705,7 @@ class AcpRunner:
                 raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
-            answer, reasoning = answer_from_record(req, sid, limits=self.processes.sandboxed)
+            answer = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
             proc.record_file = _record_file(req.home)
         except RunError as err:
@@ -646,22 +719,23 @@ class AcpRunner:
             self._call(self._retire_key((req.home.user_id, req.family))).result(5)
             raise err from None
         sink.release()
+        sink.complete(answer.text)
         usage = None
         if response is not None and getattr(response, "usage", None) is not None:
             u = response.usage
             usage = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
                      "total_tokens": u.total_tokens or 0}
-        return TurnResult(answer, sid, time.monotonic() - started, runner=self.name,
-                          reasoning=reasoning, resumed=resumed, notice=notice,
-                          streamed=sink.delivered > 0, usage=usage, queue_wait=waited)
+        return TurnResult(answer.text, sid, time.monotonic() - started, runner=self.name,
+                          reasoning=answer.reasoning, resumed=resumed, notice=notice,
+                          streamed=sink.delivered > 0, usage=usage, queue_wait=waited,
+                          finish_reason=answer.finish_reason)
 
     def _keep_shown(self, req: TurnRequest, sid: str | None, sink: _Sink) -> None:
         """A stopped turn keeps the answer text the client was shown (docs/runners.md "A
         stopped turn"): Hermes saved it when ``session/cancel`` ended the prompt, else (the
         process was killed) it is written to the record now."""
         try:
-            if hermes_state.keep_partial(req.home.hermes_home, sid, req.message,
-                                         "".join(sink.shown)):
+            if hermes_state.keep_partial(req.home.hermes_home, sid, req.message, sink.shown):
                 log.info("kept the partial answer of a stopped turn %s", _ctx(req.log_ctx))
         except (ServiceError, sqlite3.Error) as exc:   # the abort stands: a
             # tampered home (409), or a state.db another process keeps locked past its timeout
@@ -698,8 +772,9 @@ class AcpRunner:
 
     async def _acquire(self, key, home, env: dict, toolsets: list[str],
                        reserve: bool = False) -> AcpProcess:
-        """The user's process for ``key``, started if needed. ``reserve``: for a turn, which
-        must release it (``proc.reserved -= 1``); a reserved process is never idle."""
+        """The user's process for ``key``, started if needed (``toolsets``: the family's,
+        beside ``hermes.toolsets``). ``reserve``: for a turn, which must release it
+        (``proc.reserved -= 1``); a reserved process is never idle."""
         while True:       # every await below may change the pool: look again after it
             proc = self._procs.get(key)
             if proc is not None and not proc.dead:
@@ -724,7 +799,8 @@ class AcpRunner:
             proc.reserved += reserve
             return proc
 
-    async def _start(self, key, home, env: dict, toolsets: list[str]) -> AcpProcess:
+    async def _start(self, key, home, env: dict, extra: list[str]) -> AcpProcess:
+        toolsets = self.processes.toolset_names(extra)      # hermes.toolsets in force now
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
@@ -739,7 +815,7 @@ class AcpRunner:
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
                 env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
                 env[CLARIFY_ENV] = "1"
-        proc = AcpProcess(self, key, home, env)
+        proc = AcpProcess(self, key, home, env, extra)
         proc.ready = asyncio.get_running_loop().create_future()
         self._procs[key] = proc
         try:
@@ -804,14 +880,28 @@ class AcpRunner:
             self._replace(proc)
 
     def _replace(self, old: AcpProcess) -> None:
-        """Start a replacement for a retired process in the background (the user is active);
-        none while the service drains."""
-        if self.processes.draining:
+        """Start a replacement for a retired process in the background (the user is active):
+        built from the settings in force (:attr:`process_env`, its family's toolsets), never
+        copied from ``old``; none while the service drains or without ``process_env``."""
+        if self.processes.draining or self.process_env is None:
             return
         task = asyncio.get_running_loop().create_task(
-            self._acquire(old.key, old.home, {k: v for k, v in old.env.items()},
-                          [t for t in old.env.get("HERMES_SERVICE_ACP_TOOLSETS", "").split(",") if t]))
+            self._replacement(old.key, list(old.extra_toolsets)))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _replacement(self, key, extra: list[str]) -> None:
+        """Start ``key``'s process from a fresh :attr:`process_env`; again when a reload
+        retired every process while it was made (at most :data:`REPLACE_TRIES` times)."""
+        loop = asyncio.get_running_loop()
+        for _ in range(REPLACE_TRIES):
+            generation = self._generation
+            home, env = await loop.run_in_executor(None, self.process_env, key[0])
+            if generation != self._generation or self.processes.draining:
+                continue
+            proc = await self._acquire(key, home, env, extra)
+            if generation == self._generation:
+                return
+            self._retire(proc, "the configuration was reloaded while it started")
 
     async def _sweeper(self) -> None:
         while True:
@@ -836,7 +926,7 @@ class AcpRunner:
         deadline = time.monotonic() + self.processes.timeout
         while True:
             acquiring = asyncio.ensure_future(self._acquire(
-                key, req.home, req.env, self.processes.toolset_names(req.toolsets), reserve=True))
+                key, req.home, req.env, req.toolsets, reserve=True))
             reason = await self._wait_open(acquiring, req, deadline)
             if reason is not None:
                 # an abort or the time limit while the process starts: the start goes on (the

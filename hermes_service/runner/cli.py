@@ -107,10 +107,10 @@ class HermesRunner:
                     log.warning("hermes turn failed %s code=%s reason=%s", _ctx(req.log_ctx),
                                 err.code, failure_reason(outcome.stdout + "\n" + outcome.stderr))
                 raise err
-            answer, reasoning = answer_from_record(req, sid, outcome.stdout,
-                                                   limits=self.processes.sandboxed)
-            return TurnResult(answer, sid, outcome.duration, runner=self.name, reasoning=reasoning,
-                              resumed=bool(resume), notice=notice)
+            answer = answer_from_record(req, sid, outcome.stdout, limits=self.processes.sandboxed)
+            return TurnResult(answer.text, sid, outcome.duration, runner=self.name,
+                              reasoning=answer.reasoning, resumed=bool(resume), notice=notice,
+                              finish_reason=answer.finish_reason)
         finally:
             self.processes.run_files.remove(marker)
             if run_file is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .. import hermes_state
 from .failures import empty_answer, limit_error
@@ -26,9 +26,11 @@ class TurnListener(Protocol):
     ``started(handle)``: Hermes began the turn; ``handle.kill(reason)`` ends it,
     ``handle.touch()`` records activity for the stall watchdog. ``delta(text)``: a piece of
     the answer as the model generates it (ACP runner). ``reasoning(text)``: a piece of the
-    model's reasoning. ``tool(event, call_id, name, ok)``: a builtin tool call started
-    (``event="tool.started"``) or finished (``"tool.completed"``); the tool calls a family
-    reports itself (``Family.own_tool_prefix``) are not.
+    model's reasoning. ``tool(event, call_id, name, ok, preview)``: a builtin tool call
+    started (``event="tool.started"``) or finished (``"tool.completed"``): ``name`` the tool's
+    own name (``terminal``, ``read_file``…, None when unknown), ``preview`` what the call does
+    (its command, path…, secrets redacted; or None); the tool calls a family reports itself
+    (``Family.own_tool_prefix``) are not.
     """
 
     def started(self, handle) -> None: ...
@@ -37,7 +39,8 @@ class TurnListener(Protocol):
 
     def reasoning(self, text: str) -> None: ...
 
-    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None) -> None: ...
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None,
+             preview: str | None = None) -> None: ...
 
 
 @dataclass
@@ -65,9 +68,11 @@ class TurnRequest:
 
 @dataclass
 class TurnResult:
-    """A finished, answered turn. ``answer`` and ``reasoning`` come from Hermes's record;
-    ``streamed`` says the answer already reached the listener as deltas; ``duration`` and
-    ``queue_wait`` are seconds; ``usage`` is the runner's own token report (ACP) or None."""
+    """A finished, answered turn. ``answer``, ``reasoning`` and ``finish_reason`` (why the
+    answer ended: ``stop``, ``length`` — cut at the provider's output limit —, …; None when
+    Hermes recorded none) come from Hermes's record; ``streamed`` says the answer already
+    reached the listener as deltas (which add up to it); ``duration`` and ``queue_wait`` are
+    seconds; ``usage`` is the runner's own token report (ACP) or None."""
     answer: str
     hermes_session_id: str | None
     duration: float
@@ -78,6 +83,24 @@ class TurnResult:
     streamed: bool = False
     usage: dict | None = None
     queue_wait: float = 0.0
+    finish_reason: str | None = None
+
+
+#: why an answer ended, in a reply (docs/v1-api.md; the client proxy's run.completed)
+FINISH_REASON = {"type": ["string", "null"],
+                 "pattern": f"^{hermes_state.FINISH_REASON_PATTERN}$",
+                 "description": "why the answer ended, as the provider said and Hermes recorded "
+                                "it: `stop` (whole), `length` (cut at the provider's output "
+                                "limit, also after the continuations Hermes asked for: the "
+                                "answer is incomplete), `content_filter`, …; null when unknown",
+                 "examples": ["stop", "length"]}
+
+
+class Answer(NamedTuple):
+    """A turn's answer as :func:`answer_from_record` reads it."""
+    text: str
+    reasoning: str | None
+    finish_reason: str | None
 
 
 class UseCli(Exception):
@@ -90,25 +113,26 @@ LOST_HISTORY_NOTICE = ("the earlier Hermes conversation could not be found; "
 
 
 def answer_from_record(req: TurnRequest, session_id: str | None, fallback: str = "",
-                       limits: bool = False) -> tuple[str, str | None]:
-    """(answer, reasoning) of the turn from Hermes's record; ``fallback`` (the CLI's stdout)
-    only when the store holds no row of the turn. Raises ``upstream_empty_answer``, and with
-    ``limits`` (the turn ran in a sandbox) ``run_limit_exceeded`` when one of its tool
-    commands was ended by a sandbox rlimit (CPU time, file size)."""
+                       limits: bool = False) -> Answer:
+    """The turn's :class:`Answer` from Hermes's record; ``fallback`` (the CLI's stdout) only
+    when the store holds no row of the turn (then no reasoning, no finish reason). Raises
+    ``upstream_empty_answer``, and with ``limits`` (the turn ran in a sandbox)
+    ``run_limit_exceeded`` when one of its tool commands was ended by a sandbox rlimit (CPU
+    time, file size)."""
     record = hermes_state.turn_record(req.home.hermes_home, session_id, req.message)
     if limits and record.tool_limit:
         err = limit_error(record.tool_limit)
         err.hermes_session_id = session_id
         raise err
     if record.found:
-        answer, reasoning = record.answer, record.reasoning
+        answer = Answer(record.answer, record.reasoning, record.finish_reason)
     else:
-        answer, reasoning = fallback.strip(), None
-    if not answer:
+        answer = Answer(fallback.strip(), None, None)
+    if not answer.text:
         err = empty_answer()
         err.hermes_session_id = session_id
         raise err
-    return answer, reasoning
+    return answer
 
 
 def _ctx(log_ctx: dict | None) -> str:

@@ -106,8 +106,13 @@ def test_broken_characters_and_slash_commands_reach_the_answer_as_text(svc):
     body = say(svc, sid, "[[surrogate]] half").json()
     assert body["response"] == "echo #1: [[surrogate]] half\ufffd!"
     body = say(svc, sid, "/reset").json()         # a slash command is text for the model
-    assert body["response"] == "echo #2: /reset"
+    assert body["response"] == "echo #2: /reset" and body["finish_reason"] == "stop"
     assert say(svc, sid, "/model other-model").json()["response"] == "echo #3: /model other-model"
+    # an answer the provider cut at its output limit on every try says so (docs/v1-api.md)
+    body = say(svc, sid, "[[length]] cut").json()
+    assert body["finish_reason"] == "length" and body["success"] is True
+    assert body["response"] == ("echo #4: [[length]] cut(continued, part 2)(continued, part 3)"
+                                "(continued, part 4)")
 
 
 def test_a_message_naming_a_local_image_file_is_text_not_an_attachment(svc, model, tmp_path):

@@ -121,13 +121,13 @@ def test_make_demo_walks_through_the_panel_with_no_provider(demo, tmp_path):
     names = [f["event"] for f in frames]
     assert names[0] == "run.started" and names[-1] == "run.completed", (frames, log())
     tools = [(f["tool_name"], f["ok"]) for f in frames if f["event"] == "tool.completed"]
-    assert [n.replace("_", ".") for n, _ in tools] == ["mnote.page.get", "mnote.page.save"], tools
+    assert [n for n, _ in tools] == ["mnote.page.get", "mnote.page.save"], tools
     assert all(ok for _, ok in tools), frames
     deltas = [f["delta"] for f in frames if f["event"] == "message.delta"]
     assert len(deltas) >= 3, frames                          # streamed in pieces
-    answer = "".join(deltas).strip()    # (Hermes puts a blank line after its tool calls)
+    answer = "".join(deltas)    # exactly the output (no blank line Hermes put after its tools)
     assert answer.startswith("[demo model] Done: I called mnote_page_get, mnote_page_save")
-    assert frames[-1]["output"].strip() == answer
+    assert frames[-1]["output"] == answer and frames[-1]["finish_reason"] == "stop"
     blocks = export_page(config)["blocks"]
     assert blocks[-1]["text"].startswith("[demo model] summary: “项目计划”"), blocks[-1]
     assert len(blocks) == 5

@@ -83,6 +83,11 @@ def test_model_reads_and_appends_to_its_page_through_the_cli(seeded):
     assert [e["tool_name"] for e in events if e["event"] == "tool.completed"] == \
         ["mnote.page.get", "mnote.page.save"]
     got, saved = tool_results(events[-1]["output"])
+    # the deltas after the tool calls add up to the output (docs/mnote-client.md §Answers and
+    # deltas), and the answer ended whole
+    assert "".join(e["delta"] for e in events if e["event"] == "message.delta") == \
+        events[-1]["output"]
+    assert events[-1]["finish_reason"] == "stop"
     assert got["ok"] and got["result"]["title"] == "项目计划" and got["audit"]["effect"] == "read"
     assert saved["ok"] and saved["result"] == {"commandName": "page.body.save", "revision": 2}
 
@@ -99,6 +104,8 @@ def test_model_reads_and_appends_to_its_page_through_the_cli(seeded):
     # the toolCallId is Hermes's own: the transcript links to the audit row and the events
     messages = seeded.get(f"{P}/sessions/mnote_doc_1_tools", headers=A).json()["messages"]
     assert saved["toolCallId"] in {m["toolCallId"] for m in messages}
+    # ... and names the tools as the events do (§Tool events)
+    assert {m["toolName"] for m in messages} - {None} == {"mnote.page.get", "mnote.page.save"}
     assert saved["toolCallId"] in {e.get("tool_call_id") for e in events}
     # a success reaches Hermes without "error": null (Hermes reads "error" as a failed call)
     assert "error" not in got and "error" not in saved

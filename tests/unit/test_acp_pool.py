@@ -42,7 +42,9 @@ def pool(tmp_path):
             "hermes": {"command": str(AGENT), "runner": "acp",
                        "acp": {"max_processes": max_processes, "start_timeout_seconds": WAIT}}}))
         h = cfg.hermes
-        runner = AcpRunner(h, Processes(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"))
+        # a replacement's home and environment, as the composition root's: the ones in force
+        runner = AcpRunner(h, Processes(h, pid_dir=tmp_path / "pids", run_dir=tmp_path / "runs"),
+                           lambda user: (home(tmp_path, user), dict(runner.env)))
         runner.env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
                       "FAKE_ACP_NEW_SESSION_DELAY": str(new_session_delay),
                       "FAKE_ACP_LOG": str(tmp_path / f"agent-{len(made)}.log")}
@@ -507,7 +509,57 @@ def test_a_message_over_the_readers_bound_ends_the_process_and_the_turn(pool, tm
     runner.env["FAKE_ACP_BIG_CHUNK"] = str(ACP_MESSAGE_BYTES + 1024)
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
                       family="mnote")
+    first = acquire(runner, tmp_path, "u1").result(WAIT)        # the process the turn gets
     with pytest.raises(RunError) as failed:
         runner.run_turn(req)
     assert failed.value.code == "hermes_failed"
-    wait_for(lambda: not runner._procs, "the process to be retired", WAIT)
+    wait_for(lambda: first.dead and runner._procs.get(("u1", "mnote")) is not first,
+             "the process to be retired and ended", WAIT)
+
+
+def test_a_replacement_is_built_from_the_settings_in_force(pool, tmp_path):
+    """A process replaced after a failed or aborted turn is started from the settings a
+    reload put in force (environment, toolsets, approvals) — never copied from the process it
+    replaces, which still had the old ones."""
+    from hermes_service.installed import build_config
+    runner = pool(max_processes=2)
+    old = runner._call(runner._acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env,
+                                       ["mnote"])).result(WAIT)
+    assert old.env["HERMES_SERVICE_ACP_TOOLSETS"].split(",")[-1] == "mnote"
+    assert "RELOADED_SETTING" not in old.env and "terminal" in old.env["HERMES_SERVICE_ACP_TOOLSETS"]
+    # a reload: other toolsets, another approval timeout, an extra variable in the environment
+    cfg = build_config(deep_merge(base_config(tmp_path), {
+        "hermes": {"command": runner.processes.command, "runner": "acp", "toolsets": ["file"],
+                   "approvals": {"timeout_seconds": 33},
+                   "acp": {"max_processes": 2, "start_timeout_seconds": WAIT}}}))
+    runner.processes.configure(cfg.hermes)
+    runner.configure(cfg.hermes)                       # retires the warm process
+    runner.env = {**runner.env, "RELOADED_SETTING": "1"}
+    assert old.retired
+
+    async def aborted():          # what ending its turn early does (AcpRunner._end): replace it
+        runner._replace(old)
+    runner._call(aborted()).result(WAIT)
+    new = wait_for(lambda: (p := runner._procs.get(("u1", "mnote"))) is not None
+                   and p is not old and p.ready is not None and p.ready.done() and p,
+                   "the replacement process")
+    assert new.env["RELOADED_SETTING"] == "1"
+    assert new.env["HERMES_SERVICE_ACP_TOOLSETS"].split(",") == ["file", "mnote"]
+    assert new.env["HERMES_SERVICE_APPROVAL_TIMEOUT"] == "43.0" and new.extra_toolsets == ["mnote"]
+
+
+def test_a_replacement_outdated_by_a_reload_while_it_starts_is_made_again(pool, tmp_path):
+    runner = pool(max_processes=2)
+    runner._call(runner._acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env, [])
+                 ).result(WAIT)
+    made = []
+
+    def slow_env(user):
+        made.append(user)
+        if len(made) == 1:
+            runner._generation += 1          # a reload lands while the first env is made
+        return home(tmp_path, user), dict(runner.env)
+    runner.process_env = slow_env
+    runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)
+    wait_for(lambda: len(made) == 2 and runner._procs.get(("u1", "mnote")) is not None,
+             "a second, current environment and its process")

@@ -264,6 +264,32 @@ def test_check_config_prints_warnings_and_passes(tmp_path):
     assert f"warning: {path}:hermes.model.api_key_env: SURELY_UNSET_PROVIDER_KEY is not set" in res.stderr
 
 
+def test_an_unset_key_variable_is_named_as_this_process_s_not_the_service_s(tmp_path):
+    """check-config from another shell cannot see the running service's environment: the
+    line says whose environment it read, and where the service's own state is."""
+    cfg = base_config(tmp_path)
+    cfg["hermes"]["model"]["api_key_env"] = "SURELY_UNSET_PROVIDER_KEY"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = run_main("--config", str(path), "check-config")
+    [line] = [ln for ln in res.stderr.splitlines() if "SURELY_UNSET_PROVIDER_KEY" in ln]
+    assert "service's environment" not in line
+    assert "not set in the environment of this process" in line and "GET /health" in line
+
+
+def test_check_config_without_make_points_at_the_development_key(tmp_path):
+    """`make run` exports HERMES_SERVICE_API_KEY from data/dev-api-key; run without make,
+    the refusal says so (and the Makefile and the hint name the same file)."""
+    from hermes_service.config import DEV_KEY_ENV, DEV_KEY_FILE
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"DEV_KEY ?= {DEV_KEY_FILE}\n" in makefile and f"${DEV_KEY_ENV}" in makefile
+    res = run_main("--config", str(shipped_file("config.yaml", tmp_path / "config.yaml")),
+                   "check-config", env={DEV_KEY_ENV: ""})
+    assert res.returncode == 2
+    [line] = [ln for ln in res.stderr.splitlines() if f"{DEV_KEY_ENV} is unset" in ln]
+    assert DEV_KEY_FILE in line and f'export {DEV_KEY_ENV}="$(cat {DEV_KEY_FILE})"' in line
+
+
 def test_service_refuses_to_start_on_what_check_config_reports(tmp_path):
     cfg = base_config(tmp_path)
     cfg["paths"]["users_template"] = str(tmp_path / "no-such-template")

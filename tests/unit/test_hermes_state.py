@@ -185,3 +185,83 @@ def test_a_stopped_turn_whose_shown_text_holds_a_lone_surrogate_or_nul_is_kept(t
     assert transcript(home, SID)[-1]["content"] == shown.replace("\ud800", "\ufffd").strip()
     assert not keep_partial(home, SID, "question 1", shown)
     assert session_summary(home, SID)["messageCount"] == 2
+
+
+# -- the turn's whole text and why it ended (docs/mnote-client.md §Events) ----------------
+def _turn(home, rows):
+    """A turn written as Hermes writes it: ``rows`` of (role, content, tool call name or
+    None, finish_reason)."""
+    import json
+    import sqlite3
+    import time
+    from support.hermes_record import SCHEMA
+    home.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(home / "state.db") as db:
+        db.executescript(SCHEMA)
+        db.execute("INSERT OR IGNORE INTO sessions (id, source, started_at) VALUES (?, 'tool', ?)",
+                   (SID, time.time()))
+        for role, content, tool, finish in rows:
+            calls = json.dumps([{"id": "call_1", "type": "function",
+                                 "function": {"name": tool, "arguments": "{}"}}]) if tool else None
+            db.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp, "
+                       "finish_reason) VALUES (?, ?, ?, ?, ?, ?)",
+                       (SID, role, content, calls, time.time(), finish))
+
+
+def test_the_answer_is_everything_the_model_wrote_separated_at_each_tool_call(tmp_path):
+    """What the model wrote before a tool call is part of the turn's text, as the stream
+    shows it: Hermes's paragraph break between the pieces, none where a step said nothing."""
+    home = tmp_path / ".hermes"
+    _turn(home, [("user", "q", None, None),
+                 ("assistant", "calling terminal.", "terminal", "tool_calls"),
+                 ("tool", "{}", None, None),
+                 ("assistant", "", "read_file", "tool_calls"),
+                 ("tool", "{}", None, None),
+                 ("assistant", "calling mnote_page_get.", "mnote_page_get", "tool_calls"),
+                 ("tool", "{}", None, None),
+                 ("assistant", "the answer", None, "stop")])
+    rec = turn_record(home, SID, "q")
+    assert rec.answer == "calling terminal.\n\ncalling mnote_page_get.\n\nthe answer"
+    assert rec.finish_reason == "stop"
+    # the transcript still has each message on its own
+    assert [m["content"] for m in transcript(home, SID)][1:] == [
+        "calling terminal.", "{}", "", "{}", "calling mnote_page_get.", "{}", "the answer"]
+
+
+def test_a_turn_with_no_text_after_its_last_tool_call_has_no_answer(tmp_path):
+    home = tmp_path / ".hermes"
+    _turn(home, [("user", "q", None, None),
+                 ("assistant", "calling terminal.", "terminal", "tool_calls"),
+                 ("tool", "{}", None, None),
+                 ("assistant", "(empty)", None, "stop")])
+    rec = turn_record(home, SID, "q")
+    assert rec.answer == "" and rec.empty_sentinel
+
+
+def test_a_reply_cut_at_the_output_limit_on_every_try_says_length(tmp_path):
+    home = tmp_path / ".hermes"
+    nudge = "[System: Your previous response was truncated by the output length limit.]"
+    _turn(home, [("user", "q", None, None),
+                 ("assistant", "part one", None, "length"), ("user", nudge, None, None),
+                 ("assistant", "part two", None, "length")])
+    rec = turn_record(home, SID, "q")
+    assert rec.answer == "part onepart two" and rec.finish_reason == "length"
+
+
+@pytest.mark.parametrize("stored", ["STOP", "x" * 40, "stop; DROP", "", "1length", None])
+def test_a_finish_reason_that_is_no_provider_word_is_unknown(tmp_path, stored):
+    """state.db is the agent's to write: only a plain lower-case word is passed on."""
+    home = tmp_path / ".hermes"
+    _turn(home, [("user", "q", None, None), ("assistant", "a", None, stored)])
+    assert turn_record(home, SID, "q").finish_reason is None
+
+
+def test_a_stopped_turn_keeps_only_what_its_tool_steps_did_not_say(tmp_path):
+    from hermes_service.hermes_state import keep_partial
+    home = tmp_path / ".hermes"
+    _turn(home, [("user", "q", None, None),
+                 ("assistant", "calling a.", "a", "tool_calls"), ("tool", "{}", None, None),
+                 ("assistant", "calling b.", "b", "tool_calls"), ("tool", "{}", None, None)])
+    assert keep_partial(home, SID, "q", "calling a.\n\ncalling b.\n\nhalf an ans")
+    assert [m["content"] for m in transcript(home, SID)][-1] == "half an ans"
+    assert turn_record(home, SID, "q").answer == "calling a.\n\ncalling b.\n\nhalf an ans"

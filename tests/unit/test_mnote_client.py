@@ -110,7 +110,7 @@ def test_run_example_and_events_example(c, stub):
     delta, done = frames[1]["data"], frames[2]["data"]
     assert delta == {"event": "message.delta", "run_id": run_id, "session_id": "mnote_doc_1_trace_1",
                      "delta": "当前页标题是项目计划"}
-    assert set(done) == {"event", "run_id", "session_id", "output", "usage"}
+    assert set(done) == {"event", "run_id", "session_id", "output", "finish_reason", "usage"}
     assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
     # the message goes to Hermes as typed; the page context travels in the run file, which
     # the mnote plugin hands to Hermes for this run only
@@ -426,6 +426,36 @@ def test_reconnect_after_the_terminal_event_gets_204_so_eventsource_stops(make):
     assert c.svc.extensions["mnote"].runs.streams.held == 0
     _, frames = events_of(c, run_id, last=2)        # one before the end: the terminal event
     assert [f["data"]["event"] for f in frames] == ["run.completed"]
+
+
+def test_the_event_stream_request_is_the_run_s_in_its_log_and_every_answer(c, caplog):
+    """Logged under the run's traceId (unless the caller gave one), an answer without a body
+    has no media type, and a refusal of a known run names its trace like the stream does."""
+    caplog.set_level("INFO", logger="hermes_service.access")
+    run_id = start(c)
+    wait_done(c, run_id)
+
+    def access_trace(res):
+        [rec] = [r for r in caplog.records if r.name == "hermes_service.access"
+                 and r.request_id == res.headers["X-Request-Id"]]
+        return rec.trace_id
+    res, _ = events_of(c, run_id)
+    assert res.headers["X-Trace-Id"] == "trace_1" and access_trace(res) == "trace_1"
+    done = c.get(f"{P}/events/{run_id}", headers={**A, "Last-Event-ID": "3"})
+    assert done.status_code == 204 and "Content-Type" not in done.headers
+    assert access_trace(done) == "trace_1"
+    for headers in ({**A, "Last-Event-ID": "9"}, {**A, "Last-Event-ID": "x"}):
+        bad = c.get(f"{P}/events/{run_id}", headers=headers)
+        assert bad.status_code == 400 and bad.headers["X-Trace-Id"] == "trace_1"
+        assert bad.json["traceId"] == "trace_1" and access_trace(bad) == "trace_1"
+    # a trace of the caller's own is kept for its request; the header still names the run's
+    mine = c.get(f"{P}/events/{run_id}?traceId=trace_mine", headers={**A, "Last-Event-ID": "9"})
+    assert mine.json["traceId"] == "trace_mine" and mine.headers["X-Trace-Id"] == "trace_1"
+    assert access_trace(mine) == "trace_mine"
+    # a run of the actor on another session is "not found": its trace is not told
+    other = c.get(f"{P}/events/{run_id}?sessionId=mnote_other", headers=A)
+    assert other.status_code == 404 and "X-Trace-Id" not in other.headers
+    assert other.json["traceId"] != "trace_1"
 
 
 def test_an_event_with_a_lone_surrogate_does_not_break_the_stream(c, stub):

@@ -206,6 +206,21 @@ def test_non_stream_json_completion(model):
     assert r.json()["choices"][0]["message"]["content"] == "echo #1: plain"
 
 
+def test_length_cuts_every_try_of_the_message(model):
+    """[[length]]: the reply ends at the provider's output limit, and so does every
+    continuation Hermes asks for with its own [System: …] nudge; a later question is whole."""
+    asked = {"role": "user", "content": "[[length]] write a lot"}
+    assert stream_reply(model, [SYSTEM, asked])["finish"] == "length"
+    nudge = {"role": "user", "content": "[System: Your previous response was truncated by the "
+                                        "output length limit. Continue exactly where you left off.]"}
+    again = [SYSTEM, asked, {"role": "assistant", "content": "echo #1: [[length]]"}, nudge]
+    assert stream_reply(model, again)["finish"] == "length"
+    r = chat(model, again, stream=False)
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    later = [*again, {"role": "assistant", "content": "x"}, {"role": "user", "content": "next"}]
+    assert stream_reply(model, later)["finish"] == "stop"
+
+
 # -- errors / hang / slow ---------------------------------------------------------
 
 
@@ -337,6 +352,16 @@ def test_tool_call_sequence(model):
     final = stream_reply(model, msgs, tools=tools)
     assert final["finish"] == "stop" and final["calls"] == []
     assert final["text"] == "tools done: RESULT-1 || RESULT-2"
+
+
+def test_narrate_says_what_each_tool_call_is_for(model):
+    tools = [tool_def("terminal")]
+    msgs = [SYSTEM, {"role": "user", "content": '[[narrate]] [[tools:terminal {"command": "ls"}]]'}]
+    step = stream_reply(model, msgs, tools=tools)
+    assert step["text"] == "calling terminal." and step["finish"] == "tool_calls"
+    assert [c["name"] for c in step["calls"]] == ["terminal"]
+    r = chat(model, msgs, stream=False, tools=tools)
+    assert r.json()["choices"][0]["message"]["content"] == "calling terminal."
 
 
 def test_tool_call_non_stream(model):

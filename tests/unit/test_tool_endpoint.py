@@ -339,16 +339,24 @@ def test_tool_events_name_the_call_and_its_outcome(env):
     post(app, envelope(run_env, "mnote.page.save", documentId="doc_2", toolCallId="call_2",
                        idempotencyKey="k", dryRun=False, args={"content": []}), run_env["runToken"])
     post(app, envelope(run_env, toolName=123, toolCallId=456), run_env["runToken"])
+    # a name that is no mnote tool (a forged envelope) never shows as some other tool
+    post(app, envelope(run_env, toolName="terminal: rm -rf /", toolCallId="call_3"),
+         run_env["runToken"])
     assert events(run) == [
-        {"event": "tool.started", "tool_call_id": "call_1", "tool_name": "mnote.page.get"},
+        {"event": "tool.started", "tool_call_id": "call_1", "tool_name": "mnote.page.get",
+         "preview": "doc_1"},
         {"event": "tool.completed", "tool_call_id": "call_1", "tool_name": "mnote.page.get",
-         "ok": True, "error_code": None},
-        {"event": "tool.started", "tool_call_id": "call_2", "tool_name": "mnote.page.save"},
+         "preview": "doc_1", "ok": True, "error_code": None},
+        {"event": "tool.started", "tool_call_id": "call_2", "tool_name": "mnote.page.save",
+         "preview": "doc_2"},
         {"event": "tool.completed", "tool_call_id": "call_2", "tool_name": "mnote.page.save",
-         "ok": False, "error_code": "mnote_tool_permission_denied"},
-        {"event": "tool.started", "tool_call_id": None, "tool_name": None},
-        {"event": "tool.completed", "tool_call_id": None, "tool_name": None, "ok": False,
-         "error_code": "mnote_tool_bad_request"},
+         "preview": "doc_2", "ok": False, "error_code": "mnote_tool_permission_denied"},
+        {"event": "tool.started", "tool_call_id": None, "tool_name": None, "preview": "doc_1"},
+        {"event": "tool.completed", "tool_call_id": None, "tool_name": None, "preview": "doc_1",
+         "ok": False, "error_code": "mnote_tool_bad_request"},
+        {"event": "tool.started", "tool_call_id": "call_3", "tool_name": None, "preview": "doc_1"},
+        {"event": "tool.completed", "tool_call_id": "call_3", "tool_name": None,
+         "preview": "doc_1", "ok": False, "error_code": "mnote_tool_unknown_tool"},
     ]
 
 
