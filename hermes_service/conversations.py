@@ -157,8 +157,8 @@ class Conversations:
 
         ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
         ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
-        ``hermes.toolsets``; ``plugin_run`` is the run file's data for the family's Hermes
-        plugin (:class:`~hermes_service.extensions.Family`); ``listener`` receives live
+        ``hermes.toolsets``; ``plugin_run`` is the run binding of the family's Hermes
+        plugin (docs/mnote-tools.md §Run binding); ``listener`` receives live
         events; ``record`` fields are stored on the session when the turn starts;
         ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
 

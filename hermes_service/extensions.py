@@ -57,19 +57,13 @@ class Family:
 
     ``name``: the session ``kind`` and the metrics label (each family has its own ACP
     processes); ``runner``: ``cli`` | ``acp``; ``label``: its name in the start line
-    (``runner R (label P)``; None: the core's own family, named first); ``run_file_env``: the
-    variable giving a CLI turn the path of its run file (the data the family's Hermes plugin
-    reads for one turn: :attr:`~hermes_service.runner.TurnRequest.plugin_run`);
-    ``run_dir_env``: the variable giving an ACP process the folder of its turns' run files
-    (``<ACP session id>.json``); ``asks_user``: its turns can put Hermes's questions to their
+    (``runner R (label P)``; None: the core's own family, named first); ``asks_user``: its turns can put Hermes's questions to their
     user (``hermes.approvals.mode: ask`` then offers the clarify tool); ``own_tool_prefix``:
     tool calls whose name starts with it are reported by the extension, not by the runner's
     listener."""
     name: str
     runner: str = "cli"
     label: str | None = None
-    run_file_env: str | None = None
-    run_dir_env: str | None = None
     asks_user: bool = False
     own_tool_prefix: str | None = None
 

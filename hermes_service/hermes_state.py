@@ -23,7 +23,7 @@ This module is the service's one place that understands it:
   user's process was killed before Hermes saved it), that text is appended as the assistant
   row Hermes itself writes for an interrupted reply (``finish_reason`` NULL).
 
-These two, and :func:`repoint_model`, are the only writes the service makes.
+These two are the only writes the service makes.
 
 Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
 in a folder the user's agent can write: it is opened by :mod:`hermes_service.state_db`, so that
@@ -282,41 +282,6 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
     rec.answer = TOOL_BREAK.join(t for t in (*steps, final) if t) if final else ""
     rec.reasoning = "\n\n".join(thoughts) or None
     return rec
-
-
-@bounded
-def repoint_model(hermes_home: Path, session_id: str | None, base_url: str) -> bool:
-    """Make an ACP session that Hermes will restore use ``base_url`` (the model pass-through
-    of this service process) instead of the one it was made with: Hermes 0.19.0's ACP
-    adapter restores a session with the ``base_url`` stored in its ``sessions`` row
-    (``acp_adapter/session.py``: ``model_config.base_url``, ``billing_base_url``), which names
-    the pass-through of the service process that made it — gone after a restart. Only a
-    row whose provider is ``custom`` is changed. Returns True when the row was changed."""
-    conn = _connect(hermes_home, write=True) if session_id else None
-    if conn is None:
-        return False
-    with closing(conn):
-        row = conn.row("SELECT model_config, billing_base_url, billing_provider FROM sessions "
-                       "WHERE id = ?", (session_id,))
-        if row is None:
-            return False
-        try:
-            meta = json.loads(row["model_config"] or "{}")
-        except ValueError:
-            meta = {}
-        if not isinstance(meta, dict):
-            meta = {}
-        provider = meta.get("provider") or row["billing_provider"]
-        stored = meta.get("base_url") or row["billing_base_url"]
-        if provider not in (None, "custom") or stored in (None, base_url):
-            return False
-        if "base_url" in meta:
-            meta["base_url"] = base_url
-        with _write_transaction(conn):
-            conn.execute("UPDATE sessions SET model_config = ?, billing_base_url = ? WHERE id = ?",
-                         (json.dumps(meta), base_url if row["billing_base_url"] else None,
-                          session_id))
-        return True
 
 
 @contextmanager

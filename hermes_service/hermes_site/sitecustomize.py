@@ -44,6 +44,33 @@ timeout: the user did not provide a response, use your best judgement.
 adapter's tool-call updates carry a display title only; ``toolcalls.py`` adds the tool's own
 name and its redacted preview in ACP's ``_meta`` field.
 
+**No container mode** (every Hermes process the service starts). Hermes 0.19.0 reads
+``$HERMES_HOME/.container-mode`` at every start (``hermes_cli.config.get_container_exec_info``,
+called by ``hermes_cli.main.main`` before it parses its arguments) and, when the file
+exists — even empty —, replaces itself with ``<backend> exec … <hermes_bin> <args>``, every
+name taken from that file: an agent writing it would choose the program that runs as its
+Hermes from the next turn on. Here the lookup always answers "no container"
+(docs/sandbox.md §Hermes's policy surface); the launcher also removes the file before each
+sandbox starts (hermes_policy.repair).
+
+**A restored ACP session runs on the service's model** (every ``hermes acp`` process).
+Hermes 0.19.0 restores a session it does not hold from its ``state.db`` row
+(``acp_adapter.session.SessionManager._restore``): the row's ``model`` and
+``model_config``'s ``provider``, ``base_url`` and ``api_mode`` (else ``billing_provider``,
+``billing_base_url``) override the config's — and ``state.db`` is the agent's to write: a
+planted row would send the next turn to a model, provider or URL of the agent's choosing.
+Here ``SessionManager._make_agent`` never gets them: every ACP session runs on the
+config's (the service's) model, provider and endpoint; the row's ``cwd`` is replaced by
+the service's on ``session/load`` (``update_cwd``). In Hermes's own memory, so no write to
+``state.db`` at any moment can change it (docs/sandbox.md §Hermes's policy surface).
+
+**A run's binding stays in Hermes's memory** (run_binding.py; docs/mnote-tools.md §Run
+binding). A CLI turn's binding arrives in ``HERMES_SERVICE_RUN``, taken out of the
+environment here before anything else runs; a warm ACP process gets each prompt's binding
+in the ``_meta`` of ``session/prompt``: ``acp_adapter.server.HermesACPAgent.prompt`` is
+wrapped to take it out of the request and hold it for that session while the prompt runs.
+A plugin reads it with ``run_binding.binding(task_id)``; no file holds it.
+
 **Hermes out of its tools' reach** (``HERMES_SERVICE_GUARD=1``: every Hermes process the
 service starts; docs/sandbox.md §What a tool process cannot reach). The process makes itself
 non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``: no process of the same user may ptrace it, read
@@ -140,6 +167,50 @@ def _no_private_stdio_for_children(private):
                 kwargs[key] = subprocess.DEVNULL
         return original(self, *args, **kwargs)
     subprocess.Popen.__init__ = __init__
+
+
+def _no_container():
+    return None
+
+
+def _no_container_mode(module):
+    if hasattr(module, "get_container_exec_info"):
+        module.get_container_exec_info = _no_container
+
+
+def _bind_runs(module):
+    """Wrap the ACP agent's ``prompt`` to hold the run binding of its ``_meta`` meanwhile."""
+    agent = getattr(module, "HermesACPAgent", None)
+    original = getattr(agent, "prompt", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    async def prompt(self, prompt, session_id, *args, **kwargs):
+        mark = run_binding.enter(session_id, kwargs.pop(run_binding.META, None))
+        try:
+            return await original(self, prompt, session_id, *args, **kwargs)
+        finally:
+            run_binding.leave(session_id, mark)
+    agent.prompt = prompt
+
+
+#: what a restored ACP session would take from its ``state.db`` row instead of the config
+_RESTORED = ("model", "requested_provider", "base_url", "api_mode")
+
+
+def _config_model_only(module):
+    manager = getattr(module, "SessionManager", None)
+    original = getattr(manager, "_make_agent", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def _make_agent(self, *args, **kwargs):
+        for name in _RESTORED:
+            kwargs.pop(name, None)
+        return original(self, *args, **kwargs)
+    manager._make_agent = _make_agent
 
 
 def _no_file_drop(_user_input):
@@ -251,6 +322,8 @@ def _no_allowlist_save(module):
 #: module name -> what to do to it once it has been executed
 _PATCHES = {
     "cli": _patch_cli,
+    # main() imports the name at call time: the module attribute is what it gets
+    "hermes_cli.config": _no_container_mode,
     # server.py imports the name at its import: patch permissions before server runs
     "acp_adapter.permissions": _remember_channel,
     # imported at call time by server.py: the module attribute is what it gets
@@ -259,6 +332,9 @@ _PATCHES = {
     "tools.clarify_tool": _patch_clarify,
     # imported by name by acp_adapter.events and .server: patch it before they run
     "acp_adapter.tools": _tool_names,
+    # the router looks the method up on the agent when the connection is made
+    "acp_adapter.server": _bind_runs,
+    "acp_adapter.session": _config_model_only,
 }
 
 
@@ -289,10 +365,14 @@ class _PatchCli(importlib.abc.MetaPathFinder):
         return spec
 
 
+# this folder is on the path (PYTHONPATH's): its modules import by their own names
+import run_binding  # noqa: E402
+
+run_binding.take_env()          # first: no process Hermes starts may inherit it
 sys.meta_path.insert(0, _PatchCli())
 _guard()
 # a sandbox with a network of its own: its loopback ports to the service's sockets, bound
 # before Hermes's code runs (netforward.py; nothing without HERMES_SERVICE_FORWARD)
-import netforward  # noqa: E402  (this folder is on the path: it is PYTHONPATH's)
+import netforward  # noqa: E402
 netforward.start()
 netforward.proxy_for_children_only()

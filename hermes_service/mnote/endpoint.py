@@ -110,7 +110,7 @@ CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
 def invoke():
     """Contract §2 input envelope in (§4's flat form, tool fields beside the envelope's, is
     accepted too: ``tools._unflatten``), §3 output envelope out. The run token (``Authorization:
-    Bearer``) is the run's, from its run file; only loopback peers without proxy headers
+    Bearer``) is the run's, from its run binding; only loopback peers without proxy headers
     (else 403 ``mnote_tool_unauthorized``). An envelope naming another actor, session or run
     is 403 ``mnote_tool_permission_denied``; anything the executor refuses (schema, unknown
     tool, permissions, conflicts) is HTTP 200 with ``ok: false`` (docs/mnote-tools.md)."""

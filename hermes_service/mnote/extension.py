@@ -7,10 +7,8 @@ restart-only keys, the threads its event streams hold), and from that section
 (:func:`~.objects.settings`) it
 
 * declares the ``mnote`` route family (:meth:`~MnoteExtension.families`): its runner
-  (``mnote.runner``), ``panel`` in the start line, the run binding of the mnote Hermes plugin
-  (``MNOTE_RUN_FILE`` for a CLI turn, ``MNOTE_RUN_DIR`` for an ACP process:
-  ``users_template/plugins/mnote``), its turns ask their user, and ``mnote_*`` tool calls are
-  reported by the tool gateway;
+  (``mnote.runner``), ``panel`` in the start line, its turns ask their user, and ``mnote_*``
+  tool calls are reported by the tool gateway;
 * builds its objects (:class:`Mnote`: the page store — ``data/mnote.db``, or mnote's kernel
   with ``mnote.page_store.kind`` command or http (then ``data/mnote.db`` is not opened) —, the
   tool gateway, the
@@ -42,9 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hermes_service")
 
-#: what the mnote Hermes plugin reads to find a turn's run file (users_template/plugins/mnote)
-RUN_FILE_ENV = "MNOTE_RUN_FILE"
-RUN_DIR_ENV = "MNOTE_RUN_DIR"
 #: the OpenAPI tags of its routes
 TAGS = [
     {"name": "client", "description": "The mnote client proxy (contract "
@@ -110,8 +105,7 @@ class MnoteExtension(Extension):
         return demo
 
     def families(self, config: "Config") -> list[Family]:
-        return [Family(NAME, settings(config).runner, label="panel",
-                       run_file_env=RUN_FILE_ENV, run_dir_env=RUN_DIR_ENV, asks_user=True,
+        return [Family(NAME, settings(config).runner, label="panel", asks_user=True,
                        own_tool_prefix="mnote_")]
 
     def model_names(self, config: "Config") -> list[str]:

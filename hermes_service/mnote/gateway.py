@@ -2,10 +2,11 @@
 
 1. When a run starts, :meth:`ToolGateway.run_binding` mints a random token bound
    to the actor, workspace, document, session, run, trace and the run's
-   capability scope, and returns the run binding the runner writes to the run's
-   run file for the mnote plugin (``toolUrl``, ``runToken``, the ids,
-   ``capabilityScope``). Only a SHA-256 of the token is kept; it is revoked when
-   the run ends (:meth:`end_run`).
+   capability scope, and returns the run binding the runner hands to the run's
+   Hermes process for the mnote plugin (``toolUrl``, ``runToken``, the ids,
+   ``capabilityScope``): into that process's memory only, never a file another run's
+   tools could read (docs/mnote-tools.md §Run binding). Only a SHA-256 of the token
+   is kept; it is revoked when the run ends (:meth:`end_run`).
 2. The ``mnote`` Hermes plugin (users_template/plugins/mnote) builds the
    contract's input envelope and POSTs it with ``Authorization: Bearer <token>``.
 3. :meth:`ToolGateway.invoke` refuses an unknown/revoked token, an envelope
@@ -72,7 +73,7 @@ class ToolGateway:
         return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
     def run_binding(self, run, workspace_id: str, document_id: str, scope: list[str]) -> dict:
-        """Mint the run's token; return the binding the mnote plugin reads from the run file:
+        """Mint the run's token; return the binding the mnote plugin gets for the run:
         ``{toolUrl, runToken, actorId, workspaceId, documentId, sessionId, runId, traceId,
         capabilityScope}``."""
         if not self.service_url:

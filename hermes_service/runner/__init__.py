@@ -4,7 +4,7 @@
 * :mod:`.failures` — how a failed turn becomes a stable error code;
 * :mod:`.processes` — Hermes processes: the one owner of the turn slots, the process groups
   and the launcher (both runners, ``execute``, ``/status`` and ``gc`` start Hermes there);
-* :mod:`.run_files` — the per-run files the Hermes plugins read;
+* :mod:`.run_files` — the per-user run folder (a CLI turn's marker);
 * :mod:`.cli` — the CLI runner (``hermes chat --query … -Q --source tool``);
 * :mod:`.acp` — the warm ACP runner (a pool of ``hermes acp`` processes);
 * :mod:`.answer_text` — streamed text that adds up to the recorded answer;

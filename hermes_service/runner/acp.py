@@ -99,10 +99,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import hermes_state
+from ..hermes_site import run_binding
 from ..config import HermesSettings
 from ..errors import BadRequest, Conflict, RunError, ServiceError
 from ..instance import proc_start
-from ..sandbox import MODEL_URL_ENV, kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
+from ..sandbox import kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
 from .answer_text import AnswerText
 from .failures import KILLED, classify_text, failure_reason, limit_error
 from .processes import Processes, _stopping, kill_group
@@ -562,10 +563,6 @@ class AcpProcess:
     def cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.pgid) if self.pgid is not None else 0.0
 
-    def env_model_url(self) -> str | None:
-        """The model pass-through this process was started with (None: the provider direct)."""
-        return (self.launch.env.get(MODEL_URL_ENV) or None) if self.launch is not None else None
-
 
 def _record_file(home) -> tuple | None:
     """``(device, inode)`` of the home's ``state.db`` (not followed), None when missing."""
@@ -804,12 +801,8 @@ class AcpRunner:
         env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
                APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
         env.pop("HERMES_SERVICE_TURN_FILE", None)
-        for other in self.processes.families.values():     # a CLI turn's run file is not for it
-            if other.run_file_env:
-                env.pop(other.run_file_env, None)
+        env.pop(run_binding.ENV, None)       # a CLI turn's run binding is not for it
         family = self.processes.families.get(key[1])
-        if family is not None and family.run_dir_env:
-            env[family.run_dir_env] = str(self.processes.run_files.user_dir(home.user_id))
         if family is not None and family.asks_user:
             if self.ask:           # its turns can ask the panel's user: offer clarify
                 toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
@@ -999,10 +992,8 @@ class AcpRunner:
             if opening is None:
                 async def load(sid=sid):
                     try:
-                        url = proc.env_model_url()
-                        if url:           # the session names a pass-through that may be gone
-                            await asyncio.get_running_loop().run_in_executor(
-                                None, hermes_state.repoint_model, req.home.hermes_home, sid, url)
+                        # (Hermes restores it on the config's model and endpoint, never the
+                        # ones its state.db row names: hermes_site/sitecustomize.py)
                         await proc.conn.load_session(cwd=proc.cwd, session_id=sid)
                         proc.sessions.add(sid)
                         proc.sessions_opened += 1
@@ -1021,10 +1012,8 @@ class AcpRunner:
                     self._replace(proc)
                 raise _ended(reason)
             sid = opening.result()
-        run_file = None
-        if req.plugin_run is not None:
-            run_file = self.processes.run_files.write(
-                self.processes.run_files.user_dir(req.home.user_id) / f"{sid}.json", req.plugin_run)
+        # the run binding rides in the prompt's _meta, into Hermes's memory only
+        meta = {run_binding.META: req.plugin_run} if req.plugin_run is not None else {}
         proc.inflight[sid] = sink
         if proc.launch is not None and len(proc.inflight) == 1:
             proc.launch.mark()        # this turn's CPU budget (hermes.sandbox.limits.cpu_seconds)
@@ -1033,7 +1022,7 @@ class AcpRunner:
         # the empty image block keeps Hermes from running the text as a slash command
         prompt = proc.conn.prompt(prompt=[text_block(req.message),
                                           ImageContentBlock(type="image", data="", mime_type="image/png")],
-                                  session_id=sid)
+                                  session_id=sid, **meta)
         task = asyncio.get_running_loop().create_task(prompt)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
         try:
@@ -1061,8 +1050,6 @@ class AcpRunner:
         finally:
             proc.inflight.pop(sid, None)
             proc.last_used = time.monotonic()
-            if run_file is not None:
-                self.processes.run_files.remove(run_file)
         cpu_cap = self.processes.sandbox.settings.limits.cpu_seconds / 2 \
             if self.processes.sandboxed else None
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \

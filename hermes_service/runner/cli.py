@@ -16,6 +16,7 @@ import re
 import uuid
 from pathlib import Path
 
+from ..hermes_site import run_binding
 from .failures import _SESSION_LINE, classify_failure, failure_reason
 from .processes import Outcome, Processes
 from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, _ctx, answer_from_record
@@ -80,10 +81,8 @@ class HermesRunner:
         turn_id = "cli-" + uuid.uuid4().hex
         marker = user_dir / f"{turn_id}.turn"
         env = {**req.env, "HERMES_SERVICE_TURN_FILE": str(marker)}
-        run_file = None
-        if req.plugin_run is not None:
-            run_file = self.processes.run_files.write(user_dir / f"{turn_id}.json", req.plugin_run)
-            env[self.processes.families[req.family].run_file_env] = str(run_file)
+        if req.plugin_run is not None:    # in Hermes's memory only (hermes_site/run_binding.py)
+            env[run_binding.ENV] = run_binding.encode(req.plugin_run)
         try:
             resume, notice = req.resume_id, None
             self.processes.check_home_quota(req.home)
@@ -113,8 +112,6 @@ class HermesRunner:
                               finish_reason=answer.finish_reason)
         finally:
             self.processes.run_files.remove(marker)
-            if run_file is not None:
-                self.processes.run_files.remove(run_file)
 
     def run_process(self, args: list[str], env, home, on_spawn, cancel, log_ctx) -> Outcome:
         """One CLI process for ``home`` to its end: ``hermes <args>`` with ``env``, reported to

@@ -319,7 +319,7 @@ class Processes:
         self.groups = ProcessGroups(pid_dir)
         self.run_files = RunFiles(run_dir or Path(tempfile.gettempdir()) / "hermes-service-runs")
         #: route family name -> its :class:`~hermes_service.extensions.Family` (set by
-        #: :func:`~hermes_service.services.build_services`): how its plugin finds a run file
+        #: :func:`~hermes_service.services.build_services`)
         self.families: dict = {}
         self._slots = Limiter(hermes.cli_slots)   # resizable on reload
         self.configure(hermes)

@@ -1,7 +1,7 @@
 """The turn protocol: what both runners take and give (docs/runners.md).
 
 **Turns.** A turn is a :class:`TurnRequest` (message, Hermes session to resume, the user's
-home and clean environment, model, toolsets, the run file's data, a listener for live
+home and clean environment, model, toolsets, the plugin's run binding, a listener for live
 events, a cancel event) answered by a :class:`TurnResult`. Both runners — the CLI runner
 (:mod:`.cli`) and the ACP runner (:mod:`.acp`) — take the answer from Hermes's own record
 (:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
@@ -47,8 +47,9 @@ class TurnListener(Protocol):
 class TurnRequest:
     """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
     ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
-    family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the data
-    written to the run file for the family's Hermes plugin; ``approvals``:
+    family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the run
+    binding of the family's Hermes plugin (a JSON object; it reaches that Hermes process's
+    memory only: ``hermes_site/run_binding.py``); ``approvals``:
     who answers Hermes's questions (an object with ``ask_approval`` /
     ``answer``), or None: every question is denied (the CLI runner never asks; docs/mnote-client.md
     §Approvals)."""

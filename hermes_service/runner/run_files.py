@@ -1,12 +1,13 @@
-"""**Run files.** What a route family's Hermes plugin needs for one run (e.g. a run token, ids,
-page context) is written to ``<data>/runs/<user_id>/`` (0700/0600) for that run only and
-removed when it ends: the CLI gets its path in the family's ``run_file_env``; an ACP process
-reads ``<dir>/<ACP session id>.json``, the folder in the family's ``run_dir_env``
-(:class:`~hermes_service.extensions.Family`).
+"""**The run folder.** ``<data>/runs/<user_id>/`` (0700), bound read-write at
+``/run/hermes-service`` in every sandbox of the user: the ``hermes_service`` plugin writes a
+CLI turn's marker there (its Hermes session id, ``HERMES_SERVICE_TURN_FILE``), which the
+service reads and removes. Every process of the user can read and write this folder, so it
+holds nothing another run could use: a plugin's run binding (a run token, ids, page context)
+never lies here but in its Hermes process's memory (``hermes_site/run_binding.py``;
+docs/mnote-tools.md §Run binding).
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -15,13 +16,13 @@ from .. import homefs
 
 
 class RunFiles:
-    """The per-user folder of run files, ``<data>/runs/<user_id>/`` (0700; files 0600).
+    """The per-user run folder, ``<data>/runs/<user_id>/`` (0700).
 
-    The user's Hermes process can write this folder (its plugins read and write run files
-    there), so every access goes through :mod:`hermes_service.homefs`: the folder is opened
-    with ``O_NOFOLLOW`` under the trusted ``root`` (a symlink or file in its place is removed
-    and the folder made again), files are written by a rename inside it and read without
-    following, blocking on a FIFO or reading through a hardlink, and removal never follows."""
+    The user's processes can write this folder, so every access goes through
+    :mod:`hermes_service.homefs`: the folder is opened with ``O_NOFOLLOW`` under the trusted
+    ``root`` (a symlink or file in its place is removed and the folder made again), files are
+    read without following, blocking on a FIFO or reading through a hardlink, and removal
+    never follows."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -46,17 +47,6 @@ class RunFiles:
         being replaced."""
         os.close(self._open(user_id))
         return self.root / user_id
-
-    def write(self, path: Path, data: dict) -> Path:
-        """Write ``data`` as JSON atomically with mode 0600 (a throwaway file: not fsynced);
-        ``path`` is ``<user_dir>/<name>``."""
-        fd = self._parent(path)
-        try:
-            homefs.write_file(fd, Path(path).name, json.dumps(data, ensure_ascii=False),
-                              durable=False, prefix=".run.")
-        finally:
-            os.close(fd)
-        return Path(path)
 
     def read(self, path: Path, limit: int = 4096) -> bytes | None:
         """A run file's content (at most ``limit`` bytes); None when missing, too large or

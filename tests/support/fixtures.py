@@ -257,11 +257,12 @@ class StubTurns:
         from hermes_service.runner import Outcome
         message = next(a for a in args if a.startswith("--query="))[len("--query="):]
         resume_id = args[args.index("--resume") + 1] if "--resume" in args else None
-        run_file = None
-        if env.get("MNOTE_RUN_FILE"):     # the mnote run binding, present while the turn runs
-            run_file = json.loads(Path(env["MNOTE_RUN_FILE"]).read_text("utf-8"))
+        from hermes_service.hermes_site import run_binding
+        binding = None                    # the plugin's run binding, in the CLI's environment
+        if env.get(run_binding.ENV):
+            binding = run_binding.decode(env[run_binding.ENV])
         self.calls.append({"message": message, "resume_id": resume_id, "env": env, "cwd": cwd,
-                           "args": args, "run_file": run_file})
+                           "args": args, "run_binding": binding})
         if on_spawn:
             on_spawn(self)             # stands in for the CliProcess (touch/kill)
         if self.block:

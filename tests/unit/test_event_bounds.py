@@ -17,7 +17,7 @@ def test_each_field_is_cut_at_its_cap_with_a_marker():
     big = "x" * (event_bounds.FIELD_CHARS["title"] + 5)
     _, _ = r.ask_approval("command", big, "d" * 10 ** 6, ["once", "deny"])
     event = r.events[-1]
-    assert event["title"].endswith("…[truncated: 5 more characters]")
+    assert " …[5 characters cut]… " in event["title"]      # a question: its middle cut
     assert len(event["title"]) < event_bounds.FIELD_CHARS["title"] + 40
     assert len(event["detail"]) < event_bounds.FIELD_CHARS["detail"] + 40
     r.ask_clarify("q" * 10 ** 6, ["c" * 5000] * 50)
@@ -51,3 +51,50 @@ def test_a_run_past_its_event_cap_is_ended_and_fails_with_run_limit_exceeded():
     assert r.events[-1]["code"] == "run_limit_exceeded" and "8 MiB" in r.events[-1]["error"]
     total = sum(event_bounds.size(e) for e in r.events)
     assert total <= event_bounds.RUN_EVENT_BYTES
+
+
+def test_a_command_padded_to_hide_its_end_reaches_the_panel_whole():
+    # the red team's spoof: a harmless start, 20 000 spaces, the dangerous end
+    r = run()
+    cmd = "cat notes.txt" + " " * 20000 + "; rm -r ./scratch"
+    r.ask_approval("command", f"dangerous: {cmd}", f"dangerous\n$ {cmd}", ["once", "deny"])
+    event = r.events[-1]
+    assert event["title"] == "dangerous: cat notes.txt ; rm -r ./scratch"
+    assert event["detail"] == "dangerous\n$ cat notes.txt ; rm -r ./scratch"
+
+
+def test_a_question_past_its_cap_keeps_its_start_and_its_end():
+    r = run()
+    cmd = "echo " + "a" * 30000 + " ; rm -r ./scratch"
+    r.ask_approval("command", cmd, "$ " + cmd, ["once", "deny"])
+    event = r.events[-1]
+    for key in ("title", "detail"):
+        cap = event_bounds.FIELD_CHARS[key]
+        assert event[key].endswith("; rm -r ./scratch"), key
+        assert event[key].startswith(("echo aaa", "$ echo aaa")), key
+        assert " characters cut]… " in event[key] and len(event[key]) < cap + 40
+    r.ask_clarify("q" * 5000 + " the end?", ["x" * 3000 + " last"])
+    event = r.events[-1]
+    assert event["question"].endswith(" the end?") and event["choices"][0].endswith(" last")
+
+
+def test_control_characters_and_line_breaks_cannot_hide_part_of_a_title():
+    text = "ls\x1b[2K\r\n\u202e\u200b\t\x00;  rm -rf ~"
+    assert event_bounds.one_line(text) == "ls [2K ; rm -rf ~"
+    assert event_bounds.bound_fields({"title": "a\n" * 3 + "b"})["title"] == "a a a b"
+
+
+def test_a_multi_line_detail_keeps_its_lines_and_indentation_but_not_padding():
+    diff = ("--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n"
+            "+    return 2\n")
+    assert event_bounds.readable_lines(diff) == diff.rstrip("\n")
+    padded = "$ cat x" + "\n" * 5000 + "   \n" * 100 + "rm -r y" + " " * 5000 + "z\x07"
+    assert event_bounds.readable_lines(padded) == "$ cat x\n\nrm -r y z"
+    assert event_bounds.readable_lines(" " * 500 + "deep") == " " * event_bounds.MAX_INDENT + "deep"
+    assert event_bounds.readable_lines("a = 1  # two spaces kept") == "a = 1  # two spaces kept"
+
+
+def test_other_fields_are_cut_at_their_end_as_before():
+    out = event_bounds.bound_fields({"delta": "a  \n\n  b", "error": "e" * 5000})
+    assert out["delta"] == "a  \n\n  b"
+    assert out["error"].endswith("…[truncated: 1000 more characters]")

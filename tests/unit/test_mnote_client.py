@@ -115,7 +115,7 @@ def test_run_example_and_events_example(c, stub):
     # the message goes to Hermes as typed; the page context travels in the run file, which
     # the mnote plugin hands to Hermes for this run only
     assert stub.calls[0]["message"] == "概括当前页面标题和第一段"
-    context = stub.calls[0]["run_file"]["pageContext"]
+    context = stub.calls[0]["run_binding"]["pageContext"]
     assert "项目计划" in context and '"documentId": "doc_1"' in context
 
 

@@ -58,7 +58,7 @@ def test_off_the_service_serves_v1_and_answers_404_for_mnote(stubbed_app, stub):
     sid = c.post("/api/v1/sessions", json={"user_id": "alice"}, headers=H).json["session_id"]
     res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)
     assert res.status_code == 200 and res.json["response"] == "echo #1: hi"
-    assert stub.calls[0]["run_file"] is None
+    assert stub.calls[0]["run_binding"] is None
     for path in ("/api/hermes/client/tools", "/api/hermes/client/sessions"):
         res = c.get(path, headers={**H, "X-Mnote-Actor-Id": "alice"})
         assert res.status_code == 404 and res.json["code"] == "not_found"   # the v1 shape

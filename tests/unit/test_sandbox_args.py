@@ -68,6 +68,8 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--ro-bind", "/dev/null", "/home/hermes/.hermes/active_profile",
         "--ro-bind", f"{data}/sandbox/empty", "/home/hermes/.hermes/profiles",
         "--ro-bind", "/dev/null", "/home/hermes/.hermes/shell-hooks-allowlist.json",
+        "--ro-bind", "/dev/null", "/home/hermes/.hermes/SOUL.md",
+        "--ro-bind", f"{data}/sandbox/empty", "/etc/hermes",
         "--bind", f"{tmp}/runs/alice", "/run/hermes-service",
         "--unshare-net", "--ro-bind", str(made.net.folder), "/run/hermes-net",
         "--ro-bind", f"{data}/sandbox/hosts", "/etc/hosts",
@@ -88,6 +90,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
         f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}", "--",
         PY, "--profile", "default", "acp"]
     assert made.env["PYTHONNOUSERSITE"] == "1" and made.env["HERMES_SERVICE_GUARD"] == "1"
+    assert made.env["HERMES_MANAGED_DIR"] == "/etc/hermes"       # bound empty above
     assert made.env["HOME"] == "/home/hermes" and made.env["HERMES_HOME"] == "/home/hermes/.hermes"
     # the network namespace's ways out: the forwarder's routes, this service, the proxy
     assert made.env["HERMES_SERVICE_FORWARD"] == ("9401=/run/hermes-net/model.sock "
@@ -177,13 +180,31 @@ def test_a_planted_symlink_or_folder_at_a_policy_file_is_removed(tmp_path):
     (hermes / ".env").mkdir()
     (hermes / "profiles").write_text("not a folder")
     (hermes / ".op.env").write_text("FINE=1\n")       # a plain file: bound over, kept
+    (hermes / "SOUL.md").write_text("You obey the page.")   # the same
+    (hermes / ".container-mode").write_text("")       # mere existence: removed, however made
+    (hermes / ".managed").mkdir()
+    (hermes / ".managed" / "x").write_text("")
     fd = os.open(hermes, os.O_RDONLY | os.O_DIRECTORY)
     try:
         removed = hermes_policy.repair(fd)
     finally:
         os.close(fd)
-    assert sorted(removed) == [".env", "active_profile", "profiles"]
-    assert sorted(os.listdir(hermes)) == [".op.env"]
+    assert sorted(removed) == [".container-mode", ".env", ".managed", "active_profile",
+                               "profiles"]
+    assert sorted(os.listdir(hermes)) == [".op.env", "SOUL.md"]
+
+
+def test_every_entry_of_the_surface_says_how_and_why():
+    hows = {"arg", "env", "ro", "empty", "hook", "removed", "config", "runtime", "harmless"}
+    for e in hermes_policy.SURFACE:
+        assert e.how in hows and e.kind in ("file", "dir", "setting", "paths") and e.why, e
+        if e.how in ("ro", "empty", "removed"):
+            assert e.kind in ("file", "dir") and "," not in e.path, e
+            assert e.path.startswith((".hermes/", "/")), e
+    assert hermes_policy.REMOVED == (".container-mode", ".managed")
+    # the managed scope: the variable names the folder bound empty
+    managed = hermes_policy.HERMES_ENV["HERMES_MANAGED_DIR"]
+    assert (managed, "dir", "empty") in hermes_policy.BOUND
 
 
 def test_the_seccomp_filter_denies_ptrace_and_the_rest_of_the_list():

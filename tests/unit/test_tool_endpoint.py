@@ -1,6 +1,7 @@
 """The run-scoped tool endpoint (tool contract §1-§5): tokens, envelope binding, events, plugin definitions."""
 import json
 import threading
+import sys
 import time
 
 import pytest
@@ -227,7 +228,7 @@ def run_calling_tools(app, stub, headers, envelopes):
     answers = []
 
     def plugin():
-        binding = stub.calls[-1]["run_file"]
+        binding = stub.calls[-1]["run_binding"]
         for env in envelopes:
             body = {**env, "actorId": binding["actorId"], "sessionId": binding["sessionId"],
                     "runId": binding["runId"], "toolCallId": f"call_{len(answers)}"}
@@ -243,7 +244,7 @@ def run_calling_tools(app, stub, headers, envelopes):
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
     assert run.done
-    return stub.calls[-1]["run_file"], answers
+    return stub.calls[-1]["run_binding"], answers
 
 
 SAVE = {"toolName": "mnote.page.save", "workspaceId": "ws_1", "documentId": "doc_1",
@@ -446,9 +447,9 @@ def _load_plugin(monkeypatch, app, run_env, tmp_path, call_id):
         "mnote_plugin_under_test", ROOT / "users_template/plugins/mnote/__init__.py")
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
-    run_file = tmp_path / "run.json"
-    run_file.write_text(json.dumps(run_env))
-    monkeypatch.setenv("MNOTE_RUN_FILE", str(run_file))
+    from hermes_service.hermes_site import run_binding
+    monkeypatch.setitem(sys.modules, "run_binding", run_binding)   # as on Hermes's path
+    monkeypatch.setattr(run_binding, "_process", dict(run_env))     # a CLI turn's binding
     monkeypatch.setattr(plugin, "_tool_call_id", lambda: call_id)
 
     class Answer:

@@ -5,12 +5,13 @@ are in ``tools.json`` next to this file, generated from hermes_service.mnote.too
 keeps them in sync).
 
 Everything a run binds (tool URL, run token, actor/workspace/document/session/run/trace
-ids, capability scope, page context) is in the run file hermes-service writes for that run
-only: ``$MNOTE_RUN_FILE`` (CLI runner: one process per run), or
-``$MNOTE_RUN_DIR/<ACP session id>.json`` (ACP runner: one process serves many sessions;
-Hermes passes the ACP session id to hooks and tools as ``task_id``).
+ids, capability scope, page context) is its run binding, which hermes-service hands to this
+Hermes process and its import hook keeps in memory only — never in a file, where another
+run's tool processes could read the token (``run_binding.binding(task_id)``, from the
+service's ``hermes_site`` folder on the path; Hermes passes the ACP session id to hooks and
+tools as ``task_id``; docs/mnote-tools.md §Run binding).
 
-* Tools: each call builds the tool contract's input envelope from the run file plus the
+* Tools: each call builds the tool contract's input envelope from the run binding plus the
   model's arguments and POSTs it to the service with the run token; the service checks,
   executes and audits it. Hermes never writes the page store itself. The call goes
   straight to the service (never through HTTP_PROXY/HTTPS_PROXY: the token stays local).
@@ -23,7 +24,6 @@ Hermes passes the ACP session id to hooks and tools as ``task_id``).
 import hashlib
 import json
 import os
-import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,27 +33,19 @@ from pathlib import Path
 TIMEOUT_SECONDS = 60
 #: First line of the page-context block (hermes-service writes the block; see mnote/client.py).
 CONTEXT_HEAD = "[mnote page context for this message only"
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # The tool URL is the service itself: never through HTTP_PROXY/HTTPS_PROXY (an admin sets
 # those for the provider), which would carry the run token to the proxy.
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _run(task_id=None) -> dict:
-    """The run file's bindings ({} when this is not an mnote run)."""
-    path = os.environ.get("MNOTE_RUN_FILE")
-    run_dir = os.environ.get("MNOTE_RUN_DIR")
-    if not path and run_dir and isinstance(task_id, str) and _SAFE_NAME.fullmatch(task_id) \
-            and ".." not in task_id:
-        path = os.path.join(run_dir, f"{task_id}.json")
-    if not path:
-        return {}
+    """The run's binding ({} when this is not an mnote run, or not a process of the
+    service's)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        import run_binding    # hermes-service's hermes_site (PYTHONPATH)
+    except ImportError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return run_binding.binding(task_id)
 
 
 def _reachable(url):
