@@ -531,8 +531,12 @@ def test_usage_is_counted_per_user_in_the_db_and_the_counter(scripted, make_prox
     assert rows == want
     assert tokens("prompt") - p0 == want["alice"][1] + want["bob"][1] + hidden
     assert [r.user_id for r in read_usage(proxy.usage.path, user_id="bob", daily=True)] == ["bob"]
-    # one debug line per forwarded request, without the key or any credential
-    lines = [r.getMessage() for r in caplog.records if r.name == "hermes_service.model_proxy"]
+    # one debug line per forwarded request, without the key or any credential (logged once the
+    # request is over: a moment after its usage is recorded)
+    def lines():
+        return [r.getMessage() for r in caplog.records if r.name == "hermes_service.model_proxy"]
+    wait_for(lambda: len(lines()) >= 6, "six request lines")
+    lines = lines()
     assert len(lines) == 6 and "user=bob POST /v1/chat/completions status=429" in lines[-1]
     assert " ms=" in lines[-1]
     assert all(s not in caplog.text for s in (a, b, REAL_KEY))

@@ -179,9 +179,9 @@ def test_abort_and_answers_reach_the_owning_process(tmp_path, other):
     def execute(run):
         run.listener().started(None)
         approval_id, future = run.ask_approval("command", "rm", "$ rm x", ["once", "deny"])
-        asked["choice"] = future.result(10)
+        asked["choice"] = future.result(60)
         clarify_id, future = run.ask_clarify("which?", None)
-        asked["answer"] = future.result(10)
+        asked["answer"] = future.result(60)
         while not run.cancel.wait(0.02):
             pass
         raise ServiceError("aborted", code="run_cancelled")
