@@ -129,7 +129,7 @@ try:
 except OSError as e:
     print(type(e).__name__)")"
 check kernel_settings "$( (echo '|/home/hermes/x' > /proc/sys/kernel/core_pattern) 2>&1 | grep -c 'Read-only')"
-check own_etc "$( { mkdir /etc/hermes; touch /pwned-root; } 2>&1 | grep -c 'Read-only')"
+check own_etc "$( { mkdir /etc/pwned-dir; touch /pwned-root; } 2>&1 | grep -c 'Read-only')"
 check vsock "$(python -c "
 import socket
 try:
