@@ -23,13 +23,16 @@ executor and the page store. The test prints requests, seconds and CLI processes
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from hermes_service.hermes_site import run_binding
 from support.fixtures import API_KEY
 
 pytestmark = pytest.mark.e2e    # real CLI turns (the hanging run, valid runs)
@@ -125,23 +128,32 @@ checks.positive_data_acceptance.enabled = false
 
 
 def _hanging_run(svc) -> dict:
-    """Start a run whose model never answers; return its run file (ids and run token)."""
+    """Start a run whose model never answers; return its run binding (ids and run token).
+
+    The binding lies in no file (docs/mnote-tools.md §Run binding): it reaches the CLI turn's
+    Hermes in its environment, which this test reads back from ``/proc`` as root (a user's
+    own processes cannot: Hermes is non-dumpable)."""
+    if os.geteuid() != 0:
+        pytest.skip("reading a run token out of Hermes's environment needs root")
     res = svc.post(f"{P}/runs", headers={"X-API-Key": API_KEY, "X-Mnote-Actor-Id": ACTOR},
                    json={"workspaceId": "ws_1", "documentId": "doc_1", "message": "[[hang]]",
                          "sessionId": "mnote_doc_1_hang"})
     assert res.status_code == 200, res.text
-    run_dir = svc.data_dir / "runs" / ACTOR
+    prefix = (run_binding.ENV + "=").encode()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        for f in run_dir.glob("*.json") if run_dir.exists() else ():
+        for environ in Path("/proc").glob("[0-9]*/environ"):
             try:
-                binding = json.loads(f.read_text())
-                if binding.get("runToken"):
-                    return binding
-            except (ValueError, OSError):
-                pass
+                entries = environ.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.startswith(prefix):
+                    binding = run_binding.decode(entry[len(prefix):].decode("ascii", "replace"))
+                    if binding and binding.get("runId") == res.json()["runId"]:
+                        return binding
         time.sleep(0.1)
-    pytest.fail("the hanging run wrote no run file")
+    pytest.fail("the hanging run's Hermes never started with its run binding")
 
 
 @pytest.fixture
