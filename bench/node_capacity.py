@@ -31,9 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import (API_KEY, ServiceProcess, base_config, deep_merge,  # noqa: E402
-                              hermes_processes)
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

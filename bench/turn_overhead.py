@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 
 

@@ -50,11 +50,12 @@ import hashlib
 import ipaddress
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import jsonschema
 import yaml
@@ -289,7 +290,7 @@ class ConfigError(Exception):
     only for checking what the valid keys name (:func:`hermes_service.preflight.problems`);
     never served. None when the file could not be read or parsed."""
 
-    def __init__(self, problems: list[str], partial: "Config | None" = None,
+    def __init__(self, problems: list[str], partial: Config | None = None,
                  invalid: frozenset = frozenset()):
         super().__init__("\n".join(problems))
         self.problems = problems
@@ -315,7 +316,7 @@ def _refused_keys(err: jsonschema.ValidationError) -> list[str]:
     path = [str(p) for p in err.absolute_path]
     if err.validator == "additionalProperties" and isinstance(err.instance, dict):
         known = err.schema.get("properties", {})
-        return [".".join(path + [k]) for k in err.instance if k not in known]
+        return [".".join([*path, k]) for k in err.instance if k not in known]
     return [".".join(path)]
 
 
@@ -330,7 +331,8 @@ def _without(data: Any, invalid: frozenset, prefix: tuple = ()) -> Any:
         if dotted in invalid:
             continue
         if isinstance(value, list):
-            out[key] = [_without(v, invalid, (*prefix, str(key), str(i))) for i, v in enumerate(value)]
+            out[key] = [_without(v, invalid, (*prefix, str(key), str(i)))
+                        for i, v in enumerate(value)]
         else:
             out[key] = _without(value, invalid, (*prefix, str(key)))
     return out
@@ -609,7 +611,7 @@ class Config:
         A check reading a refused key is skipped (the module doc)."""
         return not any(is_invalid(k, self.invalid) for k in keys)
 
-    def override(self, section: str, key: str, value) -> "Config":
+    def override(self, section: str, key: str, value) -> Config:
         """This config with ``section.key`` replaced by a command-line option's ``value``
         (``--threads``); the file's value is kept in :attr:`overrides` for reloads."""
         old = getattr(self.section(section), key)
@@ -678,7 +680,7 @@ def parse_network(text: str):
 
 def _parse_time(text: str) -> datetime:
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _tuple(value):
@@ -717,7 +719,7 @@ class _Resolver:
 
     def api_keys(self, entries: list[dict], need_keys: bool) -> tuple[ApiKey, ...]:
         keys = []
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         for i, entry in enumerate(entries):
             where = f"{self.source}:security.api_keys.{i}"
             if not self.ok(f"security.api_keys.{i}"):

@@ -11,6 +11,7 @@ within ``hermes.queue_wait_seconds`` fails with 409 ``session_busy``.
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import uuid
@@ -108,9 +109,10 @@ class Conversations:
         return rec
 
     def prune_idle_locks(self) -> int:
-        """Drop entries of the in-memory turn-lock table that no turn holds (retention, docs/data-and-durability.md
-        §Retention and cleanup); returns how many. A thread that fetched an entry just before
-        it was dropped still serializes with later turns through the session's file lock."""
+        """Drop entries of the in-memory turn-lock table that no turn holds (retention,
+        docs/data-and-durability.md §Retention and cleanup); returns how many. A thread that fetched
+        an entry just before it was dropped still serializes with later turns through the session's
+        file lock."""
         with self._guard:
             idle = [sid for sid, lock in self._local_locks.items() if not lock.locked()]
             for sid in idle:
@@ -150,7 +152,7 @@ class Conversations:
 
     def send(self, session_id: str, message: str, owner: str | None = None, *,
              kind: str | None = None, wait: float | None = None, model: str | None = None,
-             toolsets: list[str] | None = None, plugin_run: dict | None = None,
+             toolsets: builtins.list[str] | None = None, plugin_run: dict | None = None,
              listener: TurnListener | None = None, cancel: threading.Event | None = None,
              record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (docs/runners.md).
@@ -200,7 +202,8 @@ class Conversations:
                 raise
             clock.finished("ok")
             updated = self.store.update(
-                session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
+                session_id,
+                hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
         if updated is None:
             raise NotFound(f"session {session_id} was deleted during the turn",
@@ -215,7 +218,8 @@ class Conversations:
         if reaped:
             log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
 
-    def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
+    def prewarm(self, user_id: str, family: str,
+                toolsets: builtins.list[str] | None = None) -> None:
         """Start the user's warm Hermes process for ``family`` in the background, when the
         ACP runner is configured (the panel created a session: a run is likely to follow)."""
         acp = self.runners.warm(family)
@@ -231,7 +235,8 @@ class Conversations:
         if not saved:
             return
         hermes_state.rewind_unanswered(home.hermes_home, saved, message)
-        if saved != rec.get("hermes_session_id") and hermes_state.has_messages(home.hermes_home, saved):
+        if saved != rec.get("hermes_session_id") \
+                and hermes_state.has_messages(home.hermes_home, saved):
             # an aborted/failed turn Hermes kept (e.g. tool calls already made): the next
             # turn continues that conversation
             self.store.update(session_id, hermes_session_id=saved)

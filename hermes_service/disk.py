@@ -187,7 +187,7 @@ class Disk:
         """The disk phrase of the start line and ``check-config``."""
         how = (f"btrfs qgroup limit per home ({self.homes})" if self.backend == BTRFS else
                f"watched during turns ({self.why_not})")
-        apart = "" if self._same_fs() else f", homes apart from the data dir"
+        apart = "" if self._same_fs() else ", homes apart from the data dir"
         return (f"max_home_mb {self.max_home_mb:g}: {how}; free-space floor "
                 f"{self.min_free // MIB} MiB{apart}")
 
@@ -314,7 +314,7 @@ class Disk:
                 continue
             try:
                 self._look(watched)
-            except Exception:        # noqa: BLE001 - the watcher must not die
+            except Exception:  # the watcher must not die
                 log.exception("disk watcher")
             time.sleep(WATCH_SECONDS)
 

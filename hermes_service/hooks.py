@@ -48,7 +48,8 @@ def is_loopback(addr: str | None) -> bool:
 
 
 def assign_request_id() -> None:
-    ctx, req = g._get_current_object(), request._get_current_object()
+    ctx = g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     ctx.start = time.perf_counter()
     incoming = req.headers.get("X-Request-Id", "")
     ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + tokens.hex16()
@@ -63,7 +64,7 @@ def route_template() -> str | None:
 
 
 def resolve_client() -> None:
-    req = request._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     g.client_ip = services().guard.client_ip(req.remote_addr, req.headers.get("X-Forwarded-For"))
 
 
@@ -71,7 +72,8 @@ def authenticate() -> None:
     """Raise Forbidden (``ip_not_allowed``, ``insufficient_scope``) or Unauthorized (key
     codes) unless the request may pass; sets ``g.api_key`` (None when keys are disabled or not
     needed)."""
-    svc, ctx, req = services(), g._get_current_object(), request._get_current_object()
+    svc, ctx = services(), g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     ctx.api_key = None
     family = routing.current()
     if family is not None and family.auth == routing.RUN_TOKEN:
@@ -95,7 +97,9 @@ def authenticate() -> None:
 
 
 def access_log(resp):
-    ctx, req = g._get_current_object(), request._get_current_object()   # one lookup each
+    # one lookup each
+    ctx = g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     request_id = ctx.get("request_id")
     resp.headers["X-Request-Id"] = request_id if request_id is not None else ""
     started = ctx.get("start")

@@ -146,18 +146,31 @@ import ssl
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 from urllib.request import proxy_bypass_environment
 
 from . import metrics
-from .model_policy import (Policy, Prepared, Refusal, UsageStripper, forward_headers,
-                           max_request_bytes, route)
-from .model_usage import (UsageReader, UsageStore, budget_message, seconds_to_midnight,
-                          usage_db_path)  # noqa: F401  (usage_db_path: re-exported)
+from .model_policy import (
+    Policy,
+    Prepared,
+    Refusal,
+    UsageStripper,
+    forward_headers,
+    max_request_bytes,
+    route,
+)
+from .model_usage import (
+    UsageReader,
+    UsageStore,
+    budget_message,
+    seconds_to_midnight,
+    usage_db_path,  # noqa: F401  (usage_db_path: re-exported)
+)
 
 log = logging.getLogger("hermes_service.model_proxy")
 
@@ -331,7 +344,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 128          # listen backlog: many Hermes processes connect at once
-    proxy: "ModelProxy"
+    proxy: ModelProxy
 
     def verify_request(self, request, client_address) -> bool:
         return self.proxy._open_connections() < MAX_CONNECTIONS
@@ -479,7 +492,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.settimeout(min(left, CLIENT_TIMEOUT))
             try:
                 chunk = self.rfile.read1(min(length - got, 1 << 20))
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 chunk = b""
             if not chunk:
                 self.close_connection = True
@@ -588,7 +601,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _Abort:
             self.close_connection = True
             return None
-        except socket.timeout:
+        except TimeoutError:
             metrics.model_request("unreachable")
             log.warning("model provider timed out (%s): no answer within %g s", s.where,
                         s.read_timeout)
@@ -645,7 +658,7 @@ class _Handler(BaseHTTPRequestHandler):
             out.append(("Content-Length", str(len(body))))
         return out
 
-    def _exchange(self, proxy: "ModelProxy", s: _Settings, target: str,
+    def _exchange(self, proxy: ModelProxy, s: _Settings, target: str,
                   headers: list[tuple[str, str]], body: bytes):
         """Send the request; return ``(connection, response)`` once the answer's headers are in.
         A pooled connection the provider already closed is retried once on a fresh one."""
@@ -687,7 +700,7 @@ class _Handler(BaseHTTPRequestHandler):
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise socket.timeout("no answer from the model provider")
+                raise TimeoutError("no answer from the model provider")
             for fd, _ev in poller.poll(min(left, 1.0) * 1000):
                 if fd == sock.fileno():
                     return
@@ -827,7 +840,7 @@ class ModelProxy:
         self._ssl: ssl.SSLContext | None = None
 
     # -- lifetime ---------------------------------------------------------------------
-    def start(self) -> "ModelProxy":
+    def start(self) -> ModelProxy:
         """Bind an ephemeral port on ``host`` and serve in daemon threads. Idempotent."""
         if self._server is not None:
             return self
@@ -994,7 +1007,7 @@ class ModelProxy:
             conn = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
             conn.connect()
-        except socket.timeout:          # no connection at all: unreachable (502), not 504
+        except TimeoutError:          # no connection at all: unreachable (502), not 504
             conn.close()
             raise ConnectionError(f"connect timed out after {timeout:g} s") from None
         conn.sock.settimeout(s.read_timeout)

@@ -54,6 +54,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from . import hermes_policy, homefs, sandbox_net, seccomp_filter
@@ -137,7 +138,7 @@ class Settings:
     egress: Egress = field(default_factory=Egress)
 
     @classmethod
-    def from_config(cls, section: dict) -> "Settings":
+    def from_config(cls, section: dict) -> Settings:
         eg = section["egress"]
         return cls(mode=section["mode"], allow_host_tools=section["allow_host_tools"],
                    max_home_mb=section["max_home_mb"], bwrap=section["bwrap"],
@@ -308,7 +309,7 @@ class CgroupBase:
 
     @classmethod
     @functools.lru_cache(maxsize=1)
-    def find(cls) -> "CgroupBase | None":
+    def find(cls) -> CgroupBase | None:
         try:
             lines = Path("/proc/self/cgroup").read_text().splitlines()
         except OSError:
@@ -326,7 +327,7 @@ class CgroupBase:
             found = cls._v2(Path("/sys/fs/cgroup") / v2.lstrip("/"))
             if found:
                 return found
-        dirs = {}
+        dirs: dict[str, Path] = {}
         for ctrl in ("memory", "pids"):
             if ctrl not in v1:
                 return None
@@ -341,7 +342,7 @@ class CgroupBase:
         return cls("v1", dirs)
 
     @classmethod
-    def _v2(cls, own: Path) -> "CgroupBase | None":
+    def _v2(cls, own: Path) -> CgroupBase | None:
         """A delegated v2 cgroup: ``own`` is writable and offers memory and pids. Processes
         may not sit in a cgroup whose children use controllers, so the service moves itself
         into a ``service`` leaf first and sandboxes go beside it."""
@@ -365,7 +366,7 @@ class CgroupBase:
         except OSError:
             return None
 
-    def create(self, limits: Limits) -> "Cgroup":
+    def create(self, limits: Limits) -> Cgroup:
         name = f"hermes-sandbox-{uuid.uuid4().hex[:16]}"
         made: list[Path] = []
         try:
@@ -479,7 +480,7 @@ class Launch:
     pid: int | None = None              # the launched process (set by the runner)
     #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
     over: str | None = None
-    net: "sandbox_net.Attachment | None" = None   # its sockets (network: isolated)
+    net: sandbox_net.Attachment | None = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
     _baseline: dict = field(default_factory=dict)
@@ -528,7 +529,7 @@ class Launch:
         for fn in self._on_close:
             try:
                 fn()
-            except Exception:      # noqa: BLE001 - cleanup must go on
+            except Exception:  # cleanup must go on
                 log.exception("sandbox cleanup failed")
         self._on_close.clear()
         if self.cgroup is not None:
@@ -537,27 +538,46 @@ class Launch:
             self.cgroup = None
 
 
+class Credentials(Protocol):
+    """What the launcher needs of the model pass-through
+    (:class:`~hermes_service.model_proxy.ModelProxy`): a credential per process."""
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+    def start(self) -> object: ...
+    def issue(self, user_id: str) -> str: ...
+    def revoke(self, token: str) -> None: ...
+    def check_budget(self, user_id: str) -> None: ...
+
+
 class Sandbox:
-    """The launcher (see the module doc). ``credentials``: an object with ``issue(user_id)
-    -> str`` / ``revoke(str)`` and ``base_url`` (the model pass-through,
-    :class:`~hermes_service.model_proxy.ModelProxy`), or None when Hermes talks to the
-    provider directly."""
+    """The launcher (see the module doc). ``credentials``: the model pass-through
+    (:class:`Credentials`), or None when Hermes talks to the provider directly."""
 
     def __init__(self, settings: Settings, data_dir: Path, site_dir: Path):
         self.data_dir = Path(data_dir)
         self.site_dir = Path(site_dir)
-        self.credentials = None
+        self.credentials: Credentials | None = None
         self._lock = threading.Lock()
         #: every isolated sandbox's sockets (the pass-through, this service, the egress proxy)
         self.net = sandbox_net.SandboxNet(self.data_dir / "sandbox" / "net",
                                           on_egress=sandbox_net.report_egress)
         self.configure(settings)
 
+    @property
+    def _probed(self) -> Probe:
+        """The bwrap probe (made by :meth:`configure` unless the mode is ``none``)."""
+        if self.probe is None:
+            raise RuntimeError("hermes.sandbox.mode is none: bwrap was not probed")
+        return self.probe
+
     def configure(self, settings: Settings) -> None:
         """Take a (reloaded) ``hermes.sandbox`` section for new processes."""
         self.settings = settings
         self.probe = probe(settings.bwrap) if settings.mode != "none" else None
-        self.active = settings.mode != "none" and self.probe.usable
+        self.active = self.probe is not None and self.probe.usable
         self.cgroups = CgroupBase.find() if self.active else None
         self.net.configure(settings.egress.policy(),
                            sandbox_net.Caps(egress=settings.egress.max_connections))
@@ -600,10 +620,10 @@ class Sandbox:
             net = ("a network namespace each, egress " +
                    (f"to {len(s.egress.allow)} allowed destination(s)" if s.egress.allow
                     else "none") if self.isolated else "the host's network")
-            return f"bwrap ({self.probe.bwrap}; limits: {limits}; network: {net})"
+            return f"bwrap ({self._probed.bwrap}; limits: {limits}; network: {net})"
         if s.mode == "none":
             return "none (unconfined: every Hermes process sees the whole host)"
-        return f"auto -> unconfined ({self.probe.reason})"
+        return f"auto -> unconfined ({self._probed.reason})"
 
     def warnings(self) -> list[str]:
         """What ``check-config`` and the start log warn of (:func:`warnings`)."""
@@ -632,12 +652,13 @@ class Sandbox:
         args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
         if self.credentials is not None and MODEL_KEY_ENV in env:
+            credentials = self.credentials
             with self._lock:
-                self.credentials.start()       # idempotent: the first process starts it
-            token = self.credentials.issue(home.user_id)
+                credentials.start()       # idempotent: the first process starts it
+            token = credentials.issue(home.user_id)
             env[MODEL_KEY_ENV] = token
-            env[MODEL_URL_ENV] = self.credentials.base_url
-            on_close.append(lambda: self.credentials.revoke(token))
+            env[MODEL_URL_ENV] = credentials.base_url
+            on_close.append(lambda: credentials.revoke(token))
         if not self.active:
             return Launch([command_path, *args], env, str(home.root), _on_close=on_close)
         net = None
@@ -672,7 +693,7 @@ class Sandbox:
         env = {k: _map_paths(v, mapping) for k, v in env.items()}
         env["TMPDIR"] = "/tmp"
         env["USER"] = env["LOGNAME"] = "hermes"
-        passwd, group = self._identity_files()
+        passwd, group = self._identity_files
         tmp_bytes = str(lim.tmp_mb * 1024 * 1024)
         # the private /tmp first: a runtime under /tmp (a checkout there) is bound over it
         bargs = [*_base_args(), "--size", tmp_bytes, "--tmpfs", "/tmp",
@@ -690,7 +711,7 @@ class Sandbox:
             _repair_policy(home)
         # Hermes's policy surface (hermes_policy.py): the service's config.yaml and plugins/
         # read-only, the env files, active_profile, profiles/ … read empty
-        bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir()))
+        bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir))
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
         if net is not None:
@@ -719,7 +740,7 @@ class Sandbox:
         # sees anyway, and the user's own message) on the command line
         # the command by its real path: the sandbox binds the resolved venv (runtime_roots), so
         # a command reached through a symlinked folder would not exist inside it
-        argv = [self.probe.bwrap, "--args", str(fd), "--", "/usr/bin/prlimit", *rlimits, "--",
+        argv = [self._probed.bwrap, "--args", str(fd), "--", "/usr/bin/prlimit", *rlimits, "--",
                 _map_paths(os.path.realpath(command_path), mapping), *args]
         if cgroup is not None:
             # join the cgroup(s) before bwrap starts, so nothing it forks escapes them
@@ -730,7 +751,7 @@ class Sandbox:
                       _fds=[fd, filter_fd],
                       _on_close=on_close, cpu_limit=float(lim.cpu_seconds))
 
-    @functools.cache
+    @functools.cached_property
     def _empty_dir(self) -> Path:
         """A service-owned empty folder, bound read-only where the sandbox must see one."""
         d = self.data_dir / "sandbox" / "empty"
@@ -738,7 +759,7 @@ class Sandbox:
         d.chmod(0o555)      # (the data dir is the service's: no agent reaches it)
         return d
 
-    @functools.cache
+    @functools.cached_property
     def _identity_files(self) -> tuple[Path, Path]:
         d = self.data_dir / "sandbox"
         d.mkdir(parents=True, exist_ok=True)
@@ -872,7 +893,7 @@ def limit_signal(returncode: int | None) -> str | None:
     if returncode is None:
         return None
     sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
-    return {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}.get(sig)
+    return {int(signal.SIGXCPU): "cpu", int(signal.SIGXFSZ): "file_size"}.get(sig)
 
 
 def warnings(settings: Settings, source: str | None = None) -> list[str]:
@@ -910,7 +931,7 @@ def problems(settings: Settings, toolsets, source: str) -> list[str]:
     cannot read."""
     out = []
     pr = probe(settings.bwrap) if settings.mode != "none" else None
-    if settings.mode == "bwrap" and not pr.usable:
+    if settings.mode == "bwrap" and pr is not None and not pr.usable:
         out.append(f"{source}:hermes.sandbox.mode: bwrap, but {pr.reason}")
     risky = host_toolsets(toolsets)
     if settings.mode == "none" and risky and not settings.allow_host_tools:
@@ -964,13 +985,29 @@ def home_size_mb(root: Path, stop_above: float | None = None) -> float:
                     seen.add((st.st_dev, st.st_ino))
                 total += max(st.st_blocks * 512, MIN_ENTRY_BYTES)
                 if limit is not None and total > limit:
-                    walk.close()
+                    walk.close()  # type: ignore[attr-defined]
                     return total / 1024 / 1024
     except OSError:
         pass
     return total / 1024 / 1024
 
 
-__all__ = ["Sandbox", "Settings", "Limits", "Launch", "probe", "problems", "host_toolsets",
-           "HOST_TOOLSETS", "HOME", "RUN_DIR", "SITE_DIR", "descendants", "tree_rss_mb",
-           "tree_cpu_seconds", "signal_tree", "limit_signal", "home_size_mb"]
+__all__ = [
+    "HOME",
+    "HOST_TOOLSETS",
+    "RUN_DIR",
+    "SITE_DIR",
+    "Launch",
+    "Limits",
+    "Sandbox",
+    "Settings",
+    "descendants",
+    "home_size_mb",
+    "host_toolsets",
+    "limit_signal",
+    "probe",
+    "problems",
+    "signal_tree",
+    "tree_cpu_seconds",
+    "tree_rss_mb",
+]

@@ -1,8 +1,9 @@
 """Scripted OpenAI-compatible model server: the test suite's model, and the demo's.
 
 The end-to-end tests and benches run the real Hermes CLI against it; ``main.py --demo`` /
-``make demo`` (the installed demo, :func:`hermes_service.installed.demo`) serves it as a labelled stand-in provider with a
-planner of its own (``ScriptedModel(planner=...)``) on top of the directives below.
+``make demo`` (the installed demo, :func:`hermes_service.installed.demo`) serves it as a labelled
+stand-in provider with a planner of its own (``ScriptedModel(planner=...)``) on top of the
+directives below.
 
 Standard library only.  One server can be shared by many concurrent tests:
 the reply to each request is chosen by DIRECTIVES written in the text of the
@@ -158,12 +159,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "ScriptedModel",
-    "write_hermes_config",
-    "hermes_env",
-    "parse_tool_directive",
     "AUX_REPLY",
     "DEFAULT_HERMES_BIN",
+    "ScriptedModel",
+    "hermes_env",
+    "parse_tool_directive",
+    "write_hermes_config",
 ]
 
 # The project's own CLI venv (`make setup`), found from this file, never from one checkout's
@@ -309,7 +310,7 @@ def _offered_tools(body: dict) -> list[str]:
     names = []
     for t in body.get("tools") or []:
         if isinstance(t, dict):
-            fn = t.get("function") if isinstance(t.get("function"), dict) else t
+            fn: dict = t["function"] if isinstance(t.get("function"), dict) else t
             name = fn.get("name")
             if isinstance(name, str):
                 names.append(name)
@@ -462,7 +463,7 @@ def _plan_reply(body: dict) -> _Plan:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    scripted: "ScriptedModel"
+    scripted: ScriptedModel
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -499,7 +500,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _send_error_json(self, status: int, message: str, headers: dict | None = None) -> None:
-        etype, code = _ERROR_TYPES.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+        fallback = ("server_error" if status >= 500 else "invalid_request_error", None)
+        etype, code = _ERROR_TYPES.get(status, fallback)
         self._send_json(
             status,
             {"error": {"message": message, "type": etype, "param": None, "code": code}},
@@ -615,7 +617,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": self.server.scripted.model_id,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                             "logprobs": None}],
                 "usage": self._usage(body, message, plan.prompt_tokens),
             },
         )
@@ -629,7 +632,8 @@ class _Handler(BaseHTTPRequestHandler):
         created = int(time.time())
         model = self.server.scripted.model_id
 
-        def frame(delta: dict | None, finish: str | None = None, usage: dict | None = None) -> bytes:
+        def frame(delta: dict | None, finish: str | None = None,
+                  usage: dict | None = None) -> bytes:
             obj: dict[str, Any] = {
                 "id": cid,
                 "object": "chat.completion.chunk",
@@ -723,7 +727,7 @@ class ScriptedModel:
 
     # public ---------------------------------------------------------------
 
-    def start(self) -> "ScriptedModel":
+    def start(self) -> ScriptedModel:
         if self._server is not None:
             return self
         self._stop_event.clear()
@@ -788,7 +792,7 @@ class ScriptedModel:
         with self._lock:
             return self._gates.setdefault(name, threading.Event())
 
-    def __enter__(self) -> "ScriptedModel":
+    def __enter__(self) -> ScriptedModel:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -806,7 +810,8 @@ class ScriptedModel:
             (self._conns.add if add else self._conns.discard)(conn)
 
     def _model_obj(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": 1700000000, "owned_by": "scripted"}
+        return {"id": self.model_id, "object": "model", "created": 1700000000,
+                "owned_by": "scripted"}
 
 
 # --------------------------------------------------------------------------
@@ -918,7 +923,8 @@ def write_hermes_config(
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     path = home / "config.yaml"
-    path.write_text(_yaml(hermes_config(base_url, model, api_key_env, extra)) + "\n", encoding="utf-8")
+    text = _yaml(hermes_config(base_url, model, api_key_env, extra))
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 

@@ -11,7 +11,8 @@ it lists, and it lists every public one of ``Services``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .config import Config
@@ -65,4 +66,4 @@ class ServiceObjects(Protocol):
 
     def shutdown(self) -> int: ...
 
-    def admission(self, label: str = ...) -> ContextManager[None]: ...
+    def admission(self, label: str = ...) -> AbstractContextManager[None]: ...

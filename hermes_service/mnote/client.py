@@ -24,17 +24,26 @@ from datetime import datetime
 from flask import Blueprint, Response, g, jsonify, request, stream_with_context
 
 from .. import logs, tokens
+from ..errors import (
+    ID_PATTERN,
+    ID_RULE,
+    ID_SCHEMA,
+    NO_NUL,
+    BadRequest,
+    NotFound,
+    ServiceError,
+    Unauthorized,
+    check_id,
+)
+from ..hermes_state import session_summary, token_counts, transcript
+from ..idempotency import HEADER as IDEMPOTENCY_HEADER
+from ..idempotency import KEY_SCHEMA
 from ..routing import ErrorFamily, RouteFamily, declare
-from ..web import (Param, Reply, documented, has_body, idempotent, json_body, parse_json,
-                   services)
-from ..errors import (ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL, BadRequest, NotFound, ServiceError,
-                      Unauthorized, check_id)
-from ..idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
 from ..security import acting_user
+from ..web import Param, Reply, documented, has_body, idempotent, json_body, parse_json, services
 from . import event_bounds
 from .objects import mnote_of, settings
 from .tools import SCHEMA_VERSION, TOOLS, TOOLS_BY_WIRE_NAME
-from ..hermes_state import session_summary, token_counts, transcript
 
 PREFIX = "/api/hermes/client"
 LEGACY_PREFIX = "/api/ai-agent"
@@ -124,11 +133,11 @@ def trace_id() -> str:
     ``invalid_id`` otherwise, even when an earlier one is used); empty counts as not given."""
     ctx = g._get_current_object()
     if "trace_id" not in ctx:
-        req = request._get_current_object()
+        req = request._get_current_object()  # type: ignore[attr-defined]
         try:
             # the body as json_body() reads it: with or without a JSON Content-Type
             body = parse_json(req.get_data()) if has_body() else None
-        except Exception:   # oversized or malformed: the route reports that itself
+        except Exception:  # noqa: BLE001 - oversized or malformed: the route reports it
             body = None
         # (no query string: no query argument, and werkzeug's parse of it is skipped)
         given = [v for v in ((body.get("traceId") if isinstance(body, dict) else None),
@@ -184,7 +193,8 @@ def actor_id(required: bool = True) -> str | None:
         try:
             check_id(header, ACTOR_HEADER)
         except BadRequest:
-            raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id", code="missing_actor") from None
+            raise Unauthorized(f"{ACTOR_HEADER} is not a valid actor id",
+                               code="missing_actor") from None
     actor = acting_user(g.get("api_key"), header)     # the key's actor when bound (401 below)
     if actor is None and required:
         raise Unauthorized(f"{ACTOR_HEADER} is required", code="missing_actor")
@@ -358,8 +368,8 @@ def _own_session(session_id: str, actor: str) -> dict:
 
 
 def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | None) -> None:
-    if workspace_id is not None and workspace_id != rec.get("workspace_id") or \
-            document_id is not None and document_id != rec.get("document_id"):
+    if (workspace_id is not None and workspace_id != rec.get("workspace_id")) or \
+            (document_id is not None and document_id != rec.get("document_id")):
         raise NotFound(f"session {rec['mnote_session_id']} not found", code="session_not_found")
 
 
@@ -375,7 +385,8 @@ def _check_page_args(rec: dict, workspace_id: str | None, document_id: str | Non
                                 SESSIONS_PAGE)},
             errors={**_COMMON, 400: ("invalid_id", "invalid_request")})
 def list_sessions():
-    """§2 GET /sessions: the actor's sessions of one page, newest first (titles, counts from state.db)."""
+    """§2 GET /sessions: the actor's sessions of one page, newest first (titles, counts from
+    state.db)."""
     actor = actor_id()
     ws, doc = request.args.get("workspaceId"), request.args.get("documentId")
     for name, value in (("workspaceId", ws), ("documentId", doc)):
@@ -396,7 +407,8 @@ def list_sessions():
         summary = session_summary(home.hermes_home, rec.get("hermes_session_id")) or {}
         out.append({"sessionId": rec["mnote_session_id"],
                     "title": summary.get("title") or rec.get("title"),
-                    "preview": (strip_context(summary.get("preview")) or "")[:PREVIEW_CHARS] or None,
+                    "preview":
+                        (strip_context(summary.get("preview")) or "")[:PREVIEW_CHARS] or None,
                     "messageCount": summary.get("messageCount", 0),
                     "toolCallCount": summary.get("toolCallCount", 0),
                     "updatedAt": summary.get("updatedAt") or _unix(rec["updated_at"]),
@@ -435,17 +447,19 @@ def create_session():
     """§2 POST /sessions → ``mnote_<documentId>_<traceId>``; the same call again returns the
     same session (idempotent). Chat history is persisted by Hermes on the first run.
 
-    ``Idempotency-Key`` (docs/v1-api.md §Idempotent retries): a retry gets the first answer, byte for
-    byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
+    ``Idempotency-Key`` (docs/v1-api.md §Idempotent retries): a retry gets the first answer, byte
+    for byte, with ``Idempotency-Replayed: true``; 409 ``hermes_client_idempotency_conflict`` for
     the same key with another body, query or ``X-Trace-Id``."""
     actor = actor_id()
     body = json_body()
     tid = trace_id()
-    ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
+    ws = check_id(body["workspaceId"], "workspaceId")
+    doc = check_id(body["documentId"], "documentId")
     sid = f"mnote_{doc}_{tid}"
     if len(sid) > MAX_SESSION_ID:
         raise BadRequest(f"documentId and traceId are too long together: the session id "
-                         f"mnote_<documentId>_<traceId> may have at most {MAX_SESSION_ID} characters",
+                         f"mnote_<documentId>_<traceId> may have at most {MAX_SESSION_ID} "
+                         "characters",
                          code="invalid_request")
     _ensure_session(sid, actor, ws, doc, body.get("title"))
     try:
@@ -602,10 +616,10 @@ def start_run():
     ``GET /events/{runId}``); 429 ``hermes_client_busy`` when every run slot is queued.
 
     Every POST without ``Idempotency-Key`` starts a new run: a repeated ``traceId`` is a trace
-    id, not a retry. With the header (docs/v1-api.md §Idempotent retries) a retry of the same body from
-    the same actor gets the first answer — the same ``runId``, at once, while that run goes on
-    or after it ended — and Hermes runs once; 409 ``hermes_client_idempotency_conflict`` for
-    the same key with another body.
+    id, not a retry. With the header (docs/v1-api.md §Idempotent retries) a retry of the same body
+    from the same actor gets the first answer — the same ``runId``, at once, while that run goes on
+    or after it ended — and Hermes runs once; 409 ``hermes_client_idempotency_conflict`` for the
+    same key with another body.
     """
     actor = actor_id()
     body = json_body()
@@ -619,7 +633,8 @@ def start_run():
     models = {m.id: m for m in mcfg.models}
     if model_id not in models:
         raise BadRequest(f"model must be one of {', '.join(models)}", code="invalid_request")
-    ws, doc = check_id(body["workspaceId"], "workspaceId"), check_id(body["documentId"], "documentId")
+    ws = check_id(body["workspaceId"], "workspaceId")
+    doc = check_id(body["documentId"], "documentId")
     sid = body["sessionId"]
     svc.conversations.check_message(body["message"])
     context = page_context(body)
@@ -630,7 +645,8 @@ def start_run():
     asking = svc.config.hermes.approvals.mode == "ask"
 
     def execute(run):
-        binding = mnote_of(svc).tools.run_binding(run, ws, doc, scope)   # run token + ids for the plugin
+        # run token + ids for the plugin
+        binding = mnote_of(svc).tools.run_binding(run, ws, doc, scope)
         binding["pageContext"] = context
         # the home brought up to date and repaired first, as every turn does (homes.ensure):
         # a FIFO or a folder planted at state.db is removed before anything reads it
@@ -638,7 +654,7 @@ def start_run():
         try:
             known = svc.conversations.get(key, kind="mnote").get("hermes_session_id")
             before = token_counts(home, known) or {}     # (not the transcript: first token)
-            rec, result = svc.conversations.send(
+            _, result = svc.conversations.send(
                 key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
                 toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
                 cancel=run.cancel, record={"model": model_id},
@@ -655,7 +671,7 @@ def start_run():
                      "usage": _usage_delta(before, after, result.usage)}
         if result.notice:
             completed["notice"] = result.notice
-        run.finish(closing + [("run.completed", completed)])
+        run.finish([*closing, ("run.completed", completed)])
 
     run = mnote_of(svc).runs.start(key, sid, actor, tid, execute)
     return ok(sessionId=sid, runId=run.run_id, messageId=None, events=[])
@@ -688,7 +704,9 @@ def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dic
 
 def _capability_scope(svc) -> list[str]:
     key_scope = getattr(g.get("api_key"), "capability_scope", None)
-    return list(key_scope) if key_scope is not None else list(settings(svc.config).default_capability_scope)
+    if key_scope is None:
+        key_scope = settings(svc.config).default_capability_scope
+    return list(key_scope)
 
 
 @bp.get("/events/<run_id>")
@@ -842,7 +860,8 @@ def abort(run_id):
     svc = services()
     run = _own_run(run_id, body)
     events_out = mnote_of(svc).runs.abort(run)
-    mnote_of(svc).tools.end_run(run)        # no tool call of an aborted run gets through, from now on
+    # no tool call of an aborted run gets through, from now on
+    mnote_of(svc).tools.end_run(run)
     return ok(runId=run.run_id, sessionId=run.session_id,
               events=[public_event(e) for e in events_out])
 
@@ -857,7 +876,8 @@ APPROVAL = {"type": "object", "required": ["sessionId", "approvalId", "choice"],
                            "choice": {"enum": list(CHOICES), "description":
                                       "one of approval.request's choices (else 400)"},
                            "workspaceId": {"type": "string",
-                                           "description": "404 unless the run is on this workspace"},
+                                           "description":
+                                               "404 unless the run is on this workspace"},
                            "documentId": {"type": "string",
                                           "description": "404 unless the run is on this page"},
                            "traceId": _TRACE_BODY},
@@ -921,12 +941,11 @@ CLARIFIED = _ok(["runId", "clarifyId"], {"runId": {"type": "string"},
             errors={**_COMMON, 400: ("invalid_id", "invalid_request"), 404: ("run_not_found",),
                     409: ("clarify_not_pending",)})
 def clarify(run_id):
-    """POST /runs/{id}/clarify (docs/mnote-client.md §Approvals → Clarifying questions): answer the run's
-    pending clarifying question ``clarifyId`` with ``answer`` (a suggested choice or any
-    text, 1-4000 characters). Authorised exactly like abort (:func:`_own_run`: 404). 409
-    ``hermes_client_clarify_not_pending`` when ``clarifyId`` is not pending (never asked,
-    answered, timed out, the run ended). Emits ``clarify.responded`` ``{clarify_id,
-    resolved_by: "user"}``."""
+    """POST /runs/{id}/clarify (docs/mnote-client.md §Approvals → Clarifying questions): answer the
+    run's pending clarifying question ``clarifyId`` with ``answer`` (a suggested choice or any text,
+    1-4000 characters). Authorised exactly like abort (:func:`_own_run`: 404). 409
+    ``hermes_client_clarify_not_pending`` when ``clarifyId`` is not pending (never asked, answered,
+    timed out, the run ended). Emits ``clarify.responded`` ``{clarify_id, resolved_by: "user"}``."""
     actor_id()
     body = json_body()
     run = _own_run(run_id, body)

@@ -72,7 +72,8 @@ def _page_summary(results: list[str]) -> str:
         if isinstance(obj, dict):
             if isinstance(obj.get("title"), str) and title is None:
                 title = obj["title"]
-            if obj.get("type") == "paragraph" and isinstance(obj.get("text"), str) and first is None:
+            if obj.get("type") == "paragraph" and isinstance(obj.get("text"), str) \
+                    and first is None:
                 first = obj["text"]
             stack.extend(reversed(list(obj.values())))
         elif isinstance(obj, list):
@@ -94,7 +95,7 @@ def _calls(typed: str, offered: list[str], results: list[str]) -> list[tuple[str
     return calls
 
 
-def plan(body: dict, cut_done: set | None = None) -> "sm._Plan":
+def plan(body: dict, cut_done: set | None = None) -> sm._Plan:
     """The demo model's reply to one chat-completions request (the module doc's rules), as
     the scripted model's plan (:func:`~hermes_service.scripted_model.plan_reply`)."""
     if sm.is_auxiliary(body):            # session titles and other side calls
@@ -148,7 +149,8 @@ def overlay(base_url: str):
             mnote["runner"] = "acp"
         paths = data.setdefault("paths", {})
         if isinstance(paths, dict):
-            base = paths.get("data_dir") if isinstance(paths.get("data_dir"), str) else "data"
+            given = paths.get("data_dir")
+            base = given if isinstance(given, str) else "data"
             paths["data_dir"] = str(Path(base) / DATA_SUBDIR)
         return data
     return apply

@@ -10,24 +10,24 @@ then the live ones. Event payloads follow the contract::
     {"event": "message.delta", "run_id", "session_id", "delta"}
     {"event": "reasoning.delta", "run_id", "session_id", "delta"}   (added: the model's reasoning)
     {"event": "tool.started",  "run_id", "session_id", "tool_call_id", "tool_name", "preview"}
-    {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "preview", "ok", "error_code"}
-    {"event": "run.completed", "run_id", "session_id", "output", "finish_reason", "usage": {input_tokens, output_tokens, total_tokens}[, "notice"]}
-    {"event": "run.failed",    "run_id", "session_id", "code", "error"}
-    {"event": "abort.started", "run_id"}
-    {"event": "run.cancelled", "run_id", "session_id"}
-    {"event": "approval.request", "run_id", "session_id", "approval_id", "kind", "title", "detail", "choices"}
-    {"event": "approval.responded", "run_id", "session_id", "approval_id", "choice", "resolved_by"}
-    {"event": "clarify.request", "run_id", "session_id", "clarify_id", "question", "choices"}
-    {"event": "clarify.responded", "run_id", "session_id", "clarify_id", "resolved_by"}
+    {"event": "tool.completed","run_id", "session_id", "tool_call_id", "tool_name", "preview", "ok",
+    "error_code"} {"event": "run.completed", "run_id", "session_id", "output", "finish_reason",
+    "usage": {input_tokens, output_tokens, total_tokens}[, "notice"]} {"event": "run.failed",
+    "run_id", "session_id", "code", "error"} {"event": "abort.started", "run_id"} {"event":
+    "run.cancelled", "run_id", "session_id"} {"event": "approval.request", "run_id", "session_id",
+    "approval_id", "kind", "title", "detail", "choices"} {"event": "approval.responded", "run_id",
+    "session_id", "approval_id", "choice", "resolved_by"} {"event": "clarify.request", "run_id",
+    "session_id", "clarify_id", "question", "choices"} {"event": "clarify.responded", "run_id",
+    "session_id", "clarify_id", "resolved_by"}
 
-``approval.*`` (added; docs/mnote-client.md §Approvals): a question Hermes asks a human before a dangerous
-command or an edit (:meth:`Run.ask_approval`), and how it was resolved (:meth:`Run.answer`:
-``resolved_by`` ``user`` | ``timeout`` | ``abort``). While a run has a question pending its
-status is ``waiting_for_approval``. Each question has its own ``approval_id``; several may be
-pending at once (parallel tool calls).
-``clarify.*`` (added; docs/mnote-client.md §Approvals → Clarifying questions) the same for a question of
-Hermes's ``clarify`` tool (:meth:`Run.ask_clarify`, :meth:`Run.answer_clarify`); the status
-meanwhile is ``waiting_for_answer``.
+``approval.*`` (added; docs/mnote-client.md §Approvals): a question Hermes asks a human before a
+dangerous command or an edit (:meth:`Run.ask_approval`), and how it was resolved
+(:meth:`Run.answer`: ``resolved_by`` ``user`` | ``timeout`` | ``abort``). While a run has a question
+pending its status is ``waiting_for_approval``. Each question has its own ``approval_id``; several
+may be pending at once (parallel tool calls). ``clarify.*`` (added; docs/mnote-client.md §Approvals
+→ Clarifying questions) the same for a question of Hermes's ``clarify`` tool
+(:meth:`Run.ask_clarify`, :meth:`Run.answer_clarify`); the status meanwhile is
+``waiting_for_answer``.
 
 Exactly one of run.completed / run.failed / run.cancelled ends every run.
 Finished runs stay replayable for ``mnote.events_retention_seconds``.
@@ -57,15 +57,22 @@ from __future__ import annotations
 
 import logging
 import secrets
-from concurrent.futures import Future
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from .. import instance, logs
-from ..errors import (BadRequest, Conflict, NotFound, ServiceError, StorageFull,
-                      TooManyRuns, storage_full)
+from ..errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    ServiceError,
+    StorageFull,
+    TooManyRuns,
+    storage_full,
+)
 from ..limits import Limiter
 from . import event_bounds, metrics
 from .run_log import LogState, RunLogs, RunWriter
@@ -242,7 +249,8 @@ class Run:
     def done(self) -> bool:
         return bool(self.events) and self.events[-1]["event"] in TERMINAL
 
-    # -- questions to the user (docs/mnote-client.md §Approvals) ----------------------------------------
+    # -- questions to the user (docs/mnote-client.md §Approvals)
+    # ----------------------------------------
     def ask_approval(self, kind: str, title: str, detail: str,
                      choices: list[str]) -> tuple[str, Future] | None:
         """Put a question to the user: emits ``approval.request`` and sets the status to
@@ -380,7 +388,7 @@ class Run:
         with self._cond:
             return len(self.events), self.done
 
-    def listener(self) -> "RunListener":
+    def listener(self) -> RunListener:
         """The turn listener that turns a runner's live events into this run's events."""
         return RunListener(self)
 
@@ -478,7 +486,7 @@ class ForeignRun:
     checked against the log here and handed to the owner as a request line."""
     foreign = True
 
-    def __init__(self, manager: "RunManager", state: LogState):
+    def __init__(self, manager: RunManager, state: LogState):
         meta = state.meta
         self.run_id = meta["run_id"]
         self.session_id = meta.get("session_id")
@@ -612,7 +620,7 @@ class LogPoller:
 
     Local streams never go through it: they keep the in-memory wake-up of :meth:`Run.emit`."""
 
-    def __init__(self, manager: "RunManager", interval: float = POLL_SECONDS):
+    def __init__(self, manager: RunManager, interval: float = POLL_SECONDS):
         self.manager = manager
         self.interval = interval
         self._followers: dict[ForeignRun, set] = {}
@@ -712,8 +720,8 @@ class RunManager:
         self._lock = threading.Lock()
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
-        """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how many
-        may be queued or running, how many event streams may be open (open ones stay)."""
+        """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how
+        many may be queued or running, how many event streams may be open (open ones stay)."""
         self.retention = retention_seconds
         self.max_active = max_active
         self.streams.resize(max_streams)
@@ -806,7 +814,7 @@ class RunManager:
         with self._lock:
             return [run_id for run_id, r in self._runs.items() if not r.done]
 
-    def peek(self, run_id: str) -> "Run | ForeignRun | None":
+    def peek(self, run_id: str) -> Run | ForeignRun | None:
         """The run of ``run_id`` (any actor; for the service's own log lines) — from its log
         once it ended (:meth:`_forget_logged`) —, or None."""
         with self._lock:
@@ -837,7 +845,8 @@ class RunManager:
                 run.emit("run.failed", code=ServiceError.code, error="internal error")
         finally:
             if not run.done:
-                run.emit("run.failed", code=ServiceError.code, error="the run ended without a result")
+                run.emit("run.failed", code=ServiceError.code,
+                         error="the run ended without a result")
             run.process = None
             self._forget_logged(run)
 
@@ -851,7 +860,7 @@ class RunManager:
         with self._lock:
             if self._runs.get(run.run_id) is run:
                 del self._runs[run.run_id]
-    def get(self, run_id: str, actor_id: str) -> "Run | ForeignRun":
+    def get(self, run_id: str, actor_id: str) -> Run | ForeignRun:
         """The run if it exists and belongs to ``actor_id``; otherwise NotFound (no detail
         leaked). A run of another process comes from its log (:class:`ForeignRun`); if its
         owner is dead and it has not ended, it is closed here first (``run_interrupted``)."""
@@ -874,7 +883,7 @@ class RunManager:
             return None                       # past retention: as if swept
         return run
 
-    def abort(self, run: "Run | ForeignRun") -> list[dict]:
+    def abort(self, run: Run | ForeignRun) -> list[dict]:
         """Ask a run to stop; returns the events to report (``abort.started``, or the final
         event of a run that already ended). The worker kills the process group and emits
         ``run.cancelled``. A run of another live process gets the abort as a request line
@@ -946,7 +955,7 @@ class RunManager:
                 metrics.stream_closed()
         return release
 
-    def subscribe(self, run: Run, client_gone: Callable[[], bool] | None = None) -> "Subscription":
+    def subscribe(self, run: Run, client_gone: Callable[[], bool] | None = None) -> Subscription:
         """Open an event stream on ``run``: takes a slot (TooManyRuns ``too_many_streams`` when
         ``mnote.max_event_streams`` are open) until :meth:`Subscription.close`.
 
@@ -965,7 +974,7 @@ class Subscription:
     :class:`ClientWatch`)."""
 
     def __init__(self, run: Run, release: Callable[[], None],
-                 client_gone: Callable[[], bool] | None, watch: "ClientWatch"):
+                 client_gone: Callable[[], bool] | None, watch: ClientWatch):
         self.run = run
         self.client_gone = client_gone
         self.gone = False
@@ -1024,7 +1033,7 @@ class ClientWatch:
         for sub in subs:
             try:
                 gone = sub.client_gone()
-            except Exception:      # a broken check never ends a stream
+            except Exception:  # noqa: BLE001 - a broken check never ends a stream
                 gone = False
             if gone:
                 found += 1

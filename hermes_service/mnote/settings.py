@@ -17,18 +17,28 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit
 
-from ..config import (POS_INT, POS_NUM, STR_LIST, Check, Config, ConfigSection, ThreadNeed,
-                      env_unset, object_schema, settings_from)
+from ..config import (
+    POS_INT,
+    POS_NUM,
+    STR_LIST,
+    Check,
+    Config,
+    ConfigSection,
+    ThreadNeed,
+    env_unset,
+    object_schema,
+    settings_from,
+)
 
 #: the extension's name: its config section (:meth:`Config.section`), its key in
 #: ``services.extensions`` and its route family
 NAME = "mnote"
 
-DEFAULTS = {
+DEFAULTS: dict = {
     "enabled": True,
     "default_model": "hermes-agent",
     "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}],
@@ -157,7 +167,7 @@ def page_store_usable(cfg: Config) -> list[str]:
     if ps.kind == "http":
         parts = urlsplit(ps.url or "")
         try:
-            parts.port
+            parts.port  # noqa: B018 - reading it checks it
         except ValueError as exc:
             out.append(f"{where}.url: {exc}")
         if not ps.url:

@@ -18,6 +18,21 @@ from .processes import CliProcess, Outcome, Processes, ProcessGroups
 from .protocol import FINISH_REASON, TurnListener, TurnRequest, TurnResult, UseCli
 from .run_files import RunFiles
 
-__all__ = ["FINISH_REASON", "AcpRunner", "CliProcess", "HermesRunner", "Outcome", "Processes", "ProcessGroups",
-           "RunFiles", "RunnerChoice", "TurnListener", "TurnRequest", "TurnResult", "UseCli",
-           "acp_families", "classify_failure", "classify_text"]
+__all__ = [
+           "FINISH_REASON",
+           "AcpRunner",
+           "CliProcess",
+           "HermesRunner",
+           "Outcome",
+           "ProcessGroups",
+           "Processes",
+           "RunFiles",
+           "RunnerChoice",
+           "TurnListener",
+           "TurnRequest",
+           "TurnResult",
+           "UseCli",
+           "acp_families",
+           "classify_failure",
+           "classify_text",
+]

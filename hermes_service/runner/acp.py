@@ -30,8 +30,8 @@ held until a second one arrives, 0.2 s pass or the turn ends: Hermes 0.19.0 send
 errors and its own hints as one ordinary chunk right at the end of a turn, and a turn that
 recorded no answer must not show them as answer text), ``agent_thought_chunk`` a
 ``reasoning.delta``, builtin ``tool_call``/``tool_call_update`` become ``tool.*`` (the tool
-calls a family reports itself, ``Family.own_tool_prefix``, do not). The answer is read from Hermes's record,
-exactly as for the CLI runner.
+calls a family reports itself, ``Family.own_tool_prefix``, do not). The answer is read from Hermes's
+record, exactly as for the CLI runner.
 
 **Known 0.19.0 faults, designed around.** A ``session/cancel`` that lands when a session
 is idle (or just after a turn) wedges it for good, and one during a tool can raise an
@@ -50,18 +50,18 @@ in-memory history may hold the turn Hermes's record took back), and a replacemen
 at once for the next turn — from the settings in force (:attr:`AcpRunner.process_env`), so a
 reload reaches it, never from the retired process's environment.
 
-**Questions to a human** (docs/mnote-client.md §Approvals). Hermes 0.19.0's ACP adapter asks before a
-dangerous command (and, with edit approval on, before a file edit) with
+**Questions to a human** (docs/mnote-client.md §Approvals). Hermes 0.19.0's ACP adapter asks before
+a dangerous command (and, with edit approval on, before a file edit) with
 ``session/request_permission``. A turn whose request carries ``approvals`` (client runs with
-``hermes.approvals.mode: ask``) puts the question to the run's user
-(``approvals.ask_approval``: e.g. an ``approval.request`` event) and answers Hermes with
-the user's choice — ``once`` / ``session`` / ``always`` / ``deny`` map to Hermes's option ids
-``allow_once`` / ``allow_session`` / ``allow_always`` / ``deny``; only the options Hermes
-offered are choices, ``always`` only with ``hermes.approvals.allow_always`` — or with ``deny``
-after ``hermes.approvals.timeout_seconds`` (``resolved_by: timeout``). The wait does not count
-for the stall watchdog (the hard limit ``hermes.timeout_seconds`` still runs). Every other
-turn (v1, mode ``deny``) has each request denied at once, as before. Hermes's own wait for
-the answer (60 s in ``make_approval_callback``) is lengthened to ours plus
+``hermes.approvals.mode: ask``) puts the question to the run's user (``approvals.ask_approval``:
+e.g. an ``approval.request`` event) and answers Hermes with the user's choice — ``once`` /
+``session`` / ``always`` / ``deny`` map to Hermes's option ids ``allow_once`` / ``allow_session`` /
+``allow_always`` / ``deny``; only the options Hermes offered are choices, ``always`` only with
+``hermes.approvals.allow_always`` — or with ``deny`` after ``hermes.approvals.timeout_seconds``
+(``resolved_by: timeout``). The wait does not count for the stall watchdog (the hard limit
+``hermes.timeout_seconds`` still runs). Every other turn (v1, mode ``deny``) has each request denied
+at once, as before. Hermes's own wait for the answer (60 s in ``make_approval_callback``) is
+lengthened to ours plus
 :data:`APPROVAL_MARGIN` by the service's import hook (``hermes_site/sitecustomize.py``), so
 Hermes never gives up first.
 
@@ -82,9 +82,9 @@ CLI (Hermes cannot open it over ACP), a turn for a model other than
 name; the user's process is retired when it has that session loaded: its in-memory history
 would miss the CLI's turn), a full pool, or a turn accepted before a drain that finds no warm
 process for its user (while the service drains the pool starts no process, makes no spare
-session and pre-warms nothing; docs/operations.md §Process lifetime). Likewise a process whose copy of a session is
-stale (its record changed since the process's last turn there: another service process on the
-data dir) is retired before the turn, which then runs on a fresh process.
+session and pre-warms nothing; docs/operations.md §Process lifetime). Likewise a process whose copy
+of a session is stale (its record changed since the process's last turn there: another service
+process on the data dir) is retired before the turn, which then runs on a fresh process.
 """
 from __future__ import annotations
 
@@ -95,13 +95,13 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .. import hermes_state
-from ..hermes_site import run_binding
 from ..config import HermesSettings
 from ..errors import BadRequest, Conflict, RunError, ServiceError
+from ..hermes_site import run_binding
 from ..instance import proc_start
 from ..sandbox import kill_strays, limit_signal, tree_cpu_seconds, tree_rss_mb
 from .answer_text import AnswerText
@@ -156,8 +156,8 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 STDERR_TAIL_BYTES = 16384
 #: The largest JSON-RPC message read from a Hermes process (bytes, one line). A longer one
 #: ends the connection: the process is retired and its turn fails ``hermes_failed``
-#: (docs/mnote-client.md §Sizes of events). Hermes's own largest messages — a replayed tool result of a
-#: session/load — stay far below it.
+#: (docs/mnote-client.md §Sizes of events). Hermes's own largest messages — a replayed tool result
+#of a : session/load — stay far below it.
 ACP_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
@@ -259,7 +259,7 @@ class _Client:
     someone to ask, else refuses them (no dangerous command runs without a human; see the
     module doc); refuses file/terminal requests (the client offers neither capability)."""
 
-    def __init__(self, proc: "AcpProcess"):
+    def __init__(self, proc: AcpProcess):
         self.proc = proc
 
     async def session_update(self, session_id, update, **_kw) -> None:
@@ -284,7 +284,8 @@ class _Client:
             sink.tools_running[call_id] = None if own else (name, preview)
             if listener is not None and not own:
                 listener.tool("tool.started", call_id, name, None, preview)
-        elif kind == "tool_call_update" and getattr(update, "status", None) in ("completed", "failed"):
+        elif kind == "tool_call_update" \
+                and getattr(update, "status", None) in ("completed", "failed"):
             call_id = update.tool_call_id
             known = call_id in sink.tools_running
             tool = sink.tools_running.pop(call_id, None)
@@ -317,7 +318,7 @@ class _Client:
             try:
                 choice = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
                                                 runner.approval_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 try:
                     choice = asker.answer(approval_id, "deny", "timeout")
                 except (Conflict, BadRequest):     # answered at that very moment
@@ -363,7 +364,7 @@ class _Client:
             try:
                 answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
                                                 self.proc.runner.approval_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 try:
                     asker.answer_clarify(clarify_id, None, "timeout")
                 except Conflict:            # answered at that very moment
@@ -426,7 +427,7 @@ class AcpProcess:
     """One ``hermes acp`` process: its connection, the sessions it has loaded, its running
     prompts. Lives on the runner's loop; :meth:`kill` may be called from any thread."""
 
-    def __init__(self, runner: "AcpRunner", key: tuple[str, str], home, env: dict,
+    def __init__(self, runner: AcpRunner, key: tuple[str, str], home, env: dict,
                  extra_toolsets: list[str] | None = None):
         self.runner, self.key, self.home, self.env = runner, key, home, env
         #: the toolsets it was started with beyond ``hermes.toolsets`` (its family's)
@@ -442,7 +443,8 @@ class AcpProcess:
         self.inflight: dict[str, _Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
-        self.spare: asyncio.Task | None = None   # a session/new made ahead for the next conversation
+        # a session/new made ahead for the next conversation
+        self.spare: asyncio.Task | None = None
         self.last_used = time.monotonic()
         self.retired = False
         self.dead = False
@@ -473,14 +475,16 @@ class AcpProcess:
         self.pgid = self.proc.pid
         self.runner.processes.groups.add(self, self.env.get("HERMES_HOME"))
         loop = asyncio.get_running_loop()
-        loop.create_task(self._drain_stderr())
-        loop.create_task(self._watch_exit())
+        # the loop keeps only weak references to tasks: hold ours until the process ends
+        self._readers = (loop.create_task(self._drain_stderr()),
+                         loop.create_task(self._watch_exit()))
         self.conn = acp.connect_to_agent(_Client(self), self.proc.stdin, self.proc.stdout)
         await asyncio.wait_for(self.conn.initialize(
             protocol_version=acp.PROTOCOL_VERSION, client_capabilities=ClientCapabilities(),
             client_info=Implementation(name="hermes-service", version="1")),
             self.runner.start_timeout)
-        log.info("ACP process started user=%s family=%s pid=%s", self.key[0], self.key[1], self.pgid)
+        log.info("ACP process started user=%s family=%s pid=%s", self.key[0], self.key[1],
+                 self.pgid)
 
     async def _drain_stderr(self) -> None:
         while True:
@@ -529,7 +533,7 @@ class AcpProcess:
         if spare is not None:
             try:
                 return await spare
-            except Exception:              # the spare failed: make one now
+            except Exception:  # noqa: BLE001 - the spare failed: make one now
                 pass
         sid = (await self.conn.new_session(cwd=self.cwd)).session_id
         self.sessions.add(sid)
@@ -605,7 +609,8 @@ class AcpRunner:
     @property
     def own_tool_prefixes(self) -> tuple[str, ...]:
         """Tool-name prefixes of the calls the route families report themselves."""
-        return tuple(f.own_tool_prefix for f in self.processes.families.values() if f.own_tool_prefix)
+        return tuple(f.own_tool_prefix for f in self.processes.families.values()
+                     if f.own_tool_prefix)
 
     def configure(self, hermes: HermesSettings, retire: bool = True) -> None:
         """Take a (reloaded) ``hermes`` section: ``hermes.acp``, ``hermes.approvals`` and the
@@ -638,7 +643,8 @@ class AcpRunner:
         with self._loop_lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                threading.Thread(target=self._loop.run_forever, name="acp-loop", daemon=True).start()
+                threading.Thread(target=self._loop.run_forever, name="acp-loop",
+                                 daemon=True).start()
                 asyncio.run_coroutine_threadsafe(self._sweeper(), self._loop)
             return self._loop
 
@@ -678,8 +684,8 @@ class AcpRunner:
             sink = _Sink(req.listener, approvals=req.approvals)
             if source != "acp":
                 now = None
-            fut = self._call(self._turn(req, sink, lost=req.resume_id is not None and source is None,
-                                        record=now))
+            lost = req.resume_id is not None and source is None
+            fut = self._call(self._turn(req, sink, lost=lost, record=now))
             try:
                 sid, response, resumed, proc = fut.result()
                 sink.close_tools()
@@ -693,7 +699,7 @@ class AcpRunner:
                 if getattr(err, "code", "") not in ("run_cancelled", "service_stopping", None):
                     log.warning("hermes acp turn failed %s code=%s", _ctx(req.log_ctx), err.code)
                 raise
-            except Exception as exc:     # the protocol failed (process died mid-request, ...)
+            except Exception as exc:  # noqa: BLE001 - the protocol failed (process died, ...)
                 sink.close_tools()
                 if self.processes.stopping:    # the shutdown killed the process and ended the loop
                     raise _stopping() from None
@@ -705,12 +711,13 @@ class AcpRunner:
             answer = answer_from_record(req, sid, limits=self.processes.sandboxed)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
             proc.record_file = _record_file(req.home)
-        except RunError as err:
+        except RunError as failed:
+            err = failed
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
             if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
                 err = classify_text("".join(sink.text))   # a provider error, sent as text
-                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req.log_ctx), err.code,
-                            failure_reason("".join(sink.text)))
+                log.warning("hermes acp turn failed %s code=%s reason=%s", _ctx(req.log_ctx),
+                            err.code, failure_reason("".join(sink.text)))
             err.hermes_session_id = sid
             # its in-memory history may hold the turn the record takes back: no further turn there
             self._call(self._retire_key((req.home.user_id, req.family))).result(5)
@@ -815,7 +822,7 @@ class AcpRunner:
             await proc.start()
             if proc.ready.done() or proc.dead:      # closed while it started
                 raise RuntimeError("the process was closed while it started")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to start: the waiters get it
             if self._procs.get(key) is proc:
                 del self._procs[key]
             if not proc.ready.done():
@@ -1020,8 +1027,9 @@ class AcpRunner:
         if req.listener is not None:
             req.listener.started(_Handle(sink))
         # the empty image block keeps Hermes from running the text as a slash command
-        prompt = proc.conn.prompt(prompt=[text_block(req.message),
-                                          ImageContentBlock(type="image", data="", mime_type="image/png")],
+        blocks = [text_block(req.message),
+                  ImageContentBlock(type="image", data="", mime_type="image/png")]
+        prompt = proc.conn.prompt(prompt=blocks,
                                   session_id=sid, **meta)
         task = asyncio.get_running_loop().create_task(prompt)
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
@@ -1040,7 +1048,7 @@ class AcpRunner:
             sink.ended = True
             try:
                 response = task.result()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any protocol failure: hermes_failed
                 self._retire(proc, "a prompt failed")
                 self._replace(proc)
                 err = RunError("the Hermes agent failed", code="hermes_failed")

@@ -52,10 +52,11 @@ class RunnerChoice:
         token budget ran out during it as ``token_budget_exceeded``
         (:meth:`~hermes_service.runner.processes.Processes.explain`)."""
         try:
-            if req.family in self.families:
-                clock.runner = self.acp.name
+            acp = self.acp
+            if acp is not None and req.family in self.families:
+                clock.runner = acp.name
                 try:
-                    return self.acp.run_turn(req)
+                    return acp.run_turn(req)
                 except UseCli as why:
                     log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
             clock.runner = self.cli.name

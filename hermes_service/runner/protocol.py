@@ -55,7 +55,7 @@ class TurnRequest:
     §Approvals)."""
     message: str
     resume_id: str | None
-    home: "UserHome"
+    home: UserHome
     env: dict
     model: str | None = None
     toolsets: list[str] = field(default_factory=list)
@@ -88,7 +88,7 @@ class TurnResult:
 
 
 #: why an answer ended, in a reply (docs/v1-api.md; the client proxy's run.completed)
-FINISH_REASON = {"type": ["string", "null"],
+FINISH_REASON: dict = {"type": ["string", "null"],
                  "pattern": f"^{hermes_state.FINISH_REASON_PATTERN}$",
                  "description": "why the answer ended, as the provider said and Hermes recorded "
                                 "it: `stop` (whole), `length` (cut at the provider's output "

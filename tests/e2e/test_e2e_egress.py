@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from support.fixtures import API_KEY, PROVIDER_KEY_ENV
 from hermes_service.mnote.page_store import SQLitePageStore
+from support.fixtures import API_KEY, PROVIDER_KEY_ENV
 from support.recording_proxy import RecordingProxy
 from support.sse_client import read_all
 

@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,7 +103,7 @@ class ServiceProcess:
         self.proc = None
         self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 20.0, port: int | None = None) -> "ServiceProcess":
+    def start(self, timeout: float = 20.0, port: int | None = None) -> ServiceProcess:
         """Start on ``port`` (a free one when None; a restart passes its old port)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

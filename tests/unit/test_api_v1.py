@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service.runner import Outcome, classify_failure
+from support.fixtures import API_KEY
 
 H = {"X-API-Key": API_KEY}
 SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
@@ -401,7 +401,9 @@ def test_huge_values_are_not_echoed_back(client):
 def test_dead_or_reused_service_pids_are_not_alive():
     import os
     import subprocess
-    from hermes_service.instance import alive_pid as _alive, proc_start as _proc_start
+
+    from hermes_service.instance import alive_pid as _alive
+    from hermes_service.instance import proc_start as _proc_start
     me = _proc_start(os.getpid())
     assert _alive(os.getpid(), me) and not _alive(os.getpid(), str(int(me) + 1))   # reused pid
     zombie = subprocess.Popen(["true"])

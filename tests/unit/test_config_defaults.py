@@ -13,7 +13,6 @@ from git (:mod:`support.shipped`), never the operator's working copy.
 from __future__ import annotations
 
 import json
-
 from dataclasses import asdict
 
 import yaml
@@ -120,7 +119,7 @@ def _holds(got, default) -> bool:
                                              for k, v in default.items())
     if isinstance(default, list):
         return isinstance(got, (list, tuple)) and len(got) == len(default) and \
-            all(_holds(g, d) for g, d in zip(got, default))
+            all(_holds(g, d) for g, d in zip(got, default, strict=True))
     return got == default
 
 

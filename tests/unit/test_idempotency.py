@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from support.fixtures import API_KEY, race, wait_for
 from hermes_service import instance
 from hermes_service.config import ConfigError
 from hermes_service.idempotency import HEADER, REPLAYED_HEADER
 from hermes_service.runner import Outcome
+from support.fixtures import API_KEY, race, wait_for
 
 K = {"X-API-Key": API_KEY}
 OTHER_KEY = "other-key-0123456789abcdef"

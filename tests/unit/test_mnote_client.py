@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service.runner import Outcome
+from support.fixtures import API_KEY
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
@@ -321,7 +321,7 @@ def test_unconfigured(make):
 def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
     stub.outcomes = [Outcome(1, stdout, "session_id: 20260101_000000_abcdef\n", 0.1)]
     run = wait_done(c, start(c))
-    from hermes_service.mnote.client import public_event   # the run log keeps core codes
+    from hermes_service.mnote.client import public_event  # the run log keeps core codes
     last = public_event(run.events[-1])
     assert last["event"] == "run.failed" and last["code"] == code
     assert "run.completed" not in [e["event"] for e in run.events]
@@ -767,8 +767,9 @@ def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
     larger limit admits another stream at once; a smaller one takes no open stream away but
     admits no new one until enough have closed."""
     import yaml
-    from support.fixtures import base_config
+
     from hermes_service.lifecycle import reload_config
+    from support.fixtures import base_config
     c = make({"mnote": {"max_event_streams": 1}})
     stub.gate = threading.Event()
     run_id = start(c)

@@ -15,16 +15,30 @@ import threading
 
 import pytest
 
-from support.fixtures import ROOT, wait_for
 from hermes_service import metrics
-from hermes_service.model_policy import (MIN_REQUEST_BYTES, Policy, Refusal, UsageStripper,
-                                         forward_headers, max_request_bytes, offered_models)
-from hermes_service.model_usage import (BUDGET_MARK, UsageStore, read_usage,
-                                        seconds_to_midnight)
+from hermes_service.model_policy import (
+    MIN_REQUEST_BYTES,
+    Policy,
+    Refusal,
+    UsageStripper,
+    forward_headers,
+    max_request_bytes,
+    offered_models,
+)
+from hermes_service.model_usage import BUDGET_MARK, UsageStore, read_usage, seconds_to_midnight
 from hermes_service.runner import classify_text
+from support.fixtures import ROOT, wait_for
 from unit.test_model_proxy import (  # noqa: F401  (fixtures)
-    Client, chat_body, gated, make_proxy, outcome_count, provider_key, scripted, sse_usage,
-    usage_rows)
+    Client,
+    chat_body,
+    gated,
+    make_proxy,
+    outcome_count,
+    provider_key,
+    scripted,
+    sse_usage,
+    usage_rows,
+)
 
 
 def estimated(kind):
@@ -272,7 +286,7 @@ def test_what_a_user_spent_counts_every_process_and_the_queue(tmp_path):
     store.close()
     [row] = read_usage(db, days=10000, today=dt.date(2026, 1, 3))
     assert (row.requests, row.estimated_requests) == (3, 1)
-    noon = dt.datetime(2026, 1, 2, 12, tzinfo=dt.timezone.utc)
+    noon = dt.datetime(2026, 1, 2, 12, tzinfo=dt.UTC)
     assert seconds_to_midnight(noon) == 12 * 3600 + 1
 
 

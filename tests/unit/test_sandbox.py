@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
-from support.fixtures import ROOT, base_config, deep_merge
 from hermes_service import sandbox
 from hermes_service.config import ConfigError
 from hermes_service.installed import build_config
+from support.fixtures import ROOT, base_config, deep_merge
 
 NO_BWRAP = "/nonexistent/bwrap"
 

@@ -9,9 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
+from hermes_service.runner import Outcome
 from support.fixtures import API_KEY, ROOT
 from support.hermes_record import active_roles, record_turn
-from hermes_service.runner import Outcome
 
 H = {"X-API-Key": API_KEY}
 HERMES_SID = "20260101_000001_aaaaaa"
