@@ -11,7 +11,8 @@ from ..errors import RunError, ServiceError, Unconfigured
 from ..model_usage import BUDGET_MARK, budget_error
 from .processes import Outcome
 
-_SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
+#: the line `hermes chat -Q` ends its output with, naming the Hermes session
+SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
 
 
 KILLED = {   # why we ended a process group -> (status, code, detail)
@@ -118,7 +119,7 @@ def failure_reason(text: str, limit: int = 500) -> str:
     """Hermes's own failure text for the log: its non-blank lines, the ``session_id`` line
     dropped, joined on one line and cut at ``limit`` characters."""
     lines = [ln.strip() for ln in text.splitlines()
-             if ln.strip() and not _SESSION_LINE.match(ln.strip())]
+             if ln.strip() and not SESSION_LINE.match(ln.strip())]
     reason = " | ".join(lines)
     return reason if len(reason) <= limit else reason[:limit] + "…"
 

@@ -183,7 +183,7 @@ class CliProcess:
                        self.limit)
 
 
-def _stopping() -> RunError:
+def stopping_error() -> RunError:
     return RunError("the service is shutting down; retry", code="service_stopping", status=503,
                     headers={"Retry-After": "5"})
 
@@ -348,7 +348,7 @@ class Processes:
         deadline = started + self.queue_wait
         while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
             if self.stopping:
-                raise _stopping()
+                raise stopping_error()
             if cancel is not None and cancel.is_set():
                 raise RunError("the run was aborted", code="run_cancelled", status=409)
             if time.monotonic() >= deadline:
@@ -430,7 +430,7 @@ class Processes:
         sandbox, :meth:`launch`). Caller holds a slot. The group is recorded in
         :attr:`groups` until it is waited for."""
         if self.stopping:
-            raise _stopping()
+            raise stopping_error()
         launch = self.launch(args, env, home)
         try:
             proc = CliProcess(launch, max_output_bytes, on_exit=self.groups.forget)

@@ -270,7 +270,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     of the record since its last turn there sends the turn to a fresh process."""
     from hermes_service import hermes_state
     from hermes_service.runner import TurnRequest
-    from hermes_service.runner.acp import _Sink
+    from hermes_service.runner.acp.sink import Sink
     from support.hermes_record import record_turn
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
@@ -282,7 +282,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
 
     def turn():
         now = hermes_state.fingerprint(h.hermes_home, "s1")
-        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(WAIT)
+        return runner._call(runner._turn(req, Sink(None), lost=False, record=now)).result(WAIT)
     assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
     record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
     used = turn()[3]
@@ -301,18 +301,18 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     runner.env.update(FAKE_ACP_LOAD_DELAY="2")
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    from hermes_service.runner.acp import _Sink
+    from hermes_service.runner.acp.sink import Sink
     cancel = threading.Event()
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
-    first = runner._call(runner._turn(req, _Sink(None), lost=False))
+    first = runner._call(runner._turn(req, Sink(None), lost=False))
     wait_for(lambda: agent_log(runner, "load"), "the agent to receive session/load")
     cancel.set()
     with pytest.raises(RunError) as err:
         first.result(WAIT)
     assert err.value.code == "run_cancelled"
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
-    runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
+    runner._call(runner._turn(again, Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
 
 
