@@ -457,7 +457,7 @@ class ExecuteSettings:
 @dataclass(frozen=True, slots=True)
 class HermesSettings:
     """``hermes.*``, with the sizes derived from it (:attr:`cli_slots`,
-    :attr:`admission_places`, :attr:`max_active_runs`, :attr:`longest_turn_seconds`)."""
+    :attr:`admission_places`, :attr:`longest_turn_seconds`)."""
     command: str
     runner: str                      # the v1 API's runner: "cli" | "acp"
     acp: AcpSettings
@@ -484,11 +484,6 @@ class HermesSettings:
     def admission_places(self) -> int:
         """Synchronous v1 requests let in at once, running or waiting for a slot (more: 429)."""
         return self.max_concurrent_runs + self.max_waiting_requests
-
-    @property
-    def max_active_runs(self) -> int:
-        """Background (client) runs queued or running at once (more: 429)."""
-        return self.max_concurrent_runs * 4
 
     @property
     def longest_turn_seconds(self) -> float:

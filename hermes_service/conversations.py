@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 from . import hermes_state, metrics
 from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
-from .runner import Processes, RunnerChoice, TurnListener, TurnRequest, TurnResult
+from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
 
@@ -154,7 +154,8 @@ class Conversations:
              kind: str | None = None, wait: float | None = None, model: str | None = None,
              toolsets: builtins.list[str] | None = None, plugin_run: dict | None = None,
              listener: TurnListener | None = None, cancel: threading.Event | None = None,
-             record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
+             record: dict | None = None, approvals: Questions | None = None,
+             log_ctx: dict | None = None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (docs/runners.md).
 
         ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
@@ -162,7 +163,8 @@ class Conversations:
         ``hermes.toolsets``; ``plugin_run`` is the run binding of the family's Hermes
         plugin (docs/mnote-tools.md §Run binding); ``listener`` receives live
         events; ``record`` fields are stored on the session when the turn starts;
-        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
+        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``);
+        ``log_ctx``: fields the caller adds to the turn's log lines (e.g. its run id).
 
         A turn that ends without an answer is taken back from Hermes's record
         (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
@@ -188,8 +190,7 @@ class Conversations:
                               plugin_run=plugin_run, listener=_Timed(listener, clock),
                               cancel=cancel, approvals=approvals,
                               log_ctx={"user": rec["user_id"], "session": session_id,
-                                       "family": family,
-                                       **({"run": plugin_run["runId"]} if plugin_run else {})})
+                                       "family": family, **(log_ctx or {})})
             if hermes_state.rewind_orphan(home.hermes_home, req.resume_id,
                                           reap=self._reap_orphans):
                 log.warning("took back the unanswered last turn of session %s: the service "

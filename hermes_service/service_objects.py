@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .idempotency import IdempotencyStore
     from .limits import Limiter
     from .model_proxy import ModelProxy
-    from .runner import HermesRunner, Processes, RunnerChoice
+    from .runner import CliRunner, Processes, RunnerChoice
     from .sandbox import Sandbox
     from .security import Guard
     from .session_store import SessionStore
@@ -35,7 +35,7 @@ class ServiceObjects(Protocol):
     store: SessionStore
     homes: UserHomes
     processes: Processes
-    runner: HermesRunner
+    runner: CliRunner
     runners: RunnerChoice
     conversations: Conversations
     admitted: Limiter

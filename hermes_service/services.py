@@ -25,7 +25,7 @@ from .limits import Limiter
 from .model_policy import offered_models
 from .model_proxy import ModelProxy, upstream_proxy_for
 from .model_usage import usage_db_path
-from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
+from .runner import AcpRunner, CliProcess, CliRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
@@ -44,7 +44,7 @@ class Services:
     store: SessionStore
     homes: UserHomes
     processes: Processes               # every Hermes process: slots, groups, the launcher
-    runner: HermesRunner               # the CLI runner (runners.cli)
+    runner: CliRunner               # the CLI runner (runners.cli)
     runners: RunnerChoice              # which runner takes a turn (the CLI or the ACP one)
     conversations: Conversations
     admitted: Limiter = field(repr=False)
@@ -252,7 +252,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         home = homes.ensure(user_id)
         return home, homes.cli_env(home, processes.command_path())
     acp = AcpRunner(hermes, processes, process_env) if families else None
-    runners = RunnerChoice(HermesRunner(processes), acp, families)
+    runners = RunnerChoice(CliRunner(processes), acp, families)
     service_url = service_url or default_service_url(config)
     services = Services(
         config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,

@@ -657,6 +657,7 @@ def start_run():
             _, result = svc.conversations.send(
                 key, body["message"], owner=actor, kind="mnote", wait=0, model=hermes_model,
                 toolsets=[MNOTE_TOOLSET], plugin_run=binding, listener=run.listener(),
+                log_ctx={"run": run.run_id},
                 cancel=run.cancel, record={"model": model_id},
                 approvals=run if asking else None)
         finally:

@@ -29,12 +29,21 @@ def settings(config: Config) -> MnoteSettings:
     return config.section(NAME)
 
 
+#: background runs queued or running at once, per turn slot (``hermes.max_concurrent_runs``)
+ACTIVE_RUNS_PER_SLOT = 4
+
+
+def max_active_runs(config: Config) -> int:
+    """Background (client) runs queued or running at once (more: 429
+    ``hermes_client_busy``): :data:`ACTIVE_RUNS_PER_SLOT` per turn slot."""
+    return config.hermes.max_concurrent_runs * ACTIVE_RUNS_PER_SLOT
+
+
 def run_limits(config: Config) -> tuple[float, int, int]:
     """:class:`~.runs.RunManager`'s limits: finished runs kept (seconds), runs queued or
-    running at once (``hermes.max_active_runs``), event streams open at once."""
+    running at once (:func:`max_active_runs`), event streams open at once."""
     mnote = settings(config)
-    return (mnote.events_retention_seconds, config.hermes.max_active_runs,
-            mnote.max_event_streams)
+    return (mnote.events_retention_seconds, max_active_runs(config), mnote.max_event_streams)
 
 
 @dataclass

@@ -12,20 +12,21 @@
 """
 from .acp import AcpRunner
 from .choice import RunnerChoice, acp_families
-from .cli import HermesRunner
+from .cli import CliRunner
 from .failures import classify_failure, classify_text
 from .processes import CliProcess, Outcome, Processes, ProcessGroups
-from .protocol import FINISH_REASON, TurnListener, TurnRequest, TurnResult, UseCli
+from .protocol import FINISH_REASON, Questions, TurnListener, TurnRequest, TurnResult, UseCli
 from .run_files import RunFiles
 
 __all__ = [
            "FINISH_REASON",
            "AcpRunner",
            "CliProcess",
-           "HermesRunner",
+           "CliRunner",
            "Outcome",
            "ProcessGroups",
            "Processes",
+           "Questions",
            "RunFiles",
            "RunnerChoice",
            "TurnListener",

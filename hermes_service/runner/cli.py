@@ -38,7 +38,7 @@ def session_id_from_stderr(stderr: str) -> str | None:
     return None
 
 
-class HermesRunner:
+class CliRunner:
     """The CLI runner: one ``hermes chat`` process per turn, started through
     ``processes`` (:class:`~hermes_service.runner.processes.Processes`: the slot, the
     sandbox, the process group, the run files, the time limits and toolsets)."""

@@ -227,7 +227,7 @@ def app_factory(make_config):
 
 
 class StubTurns:
-    """Scripted replacement for ``HermesRunner.run_process`` (one CLI process) in unit tests.
+    """Scripted replacement for ``CliRunner.run_process`` (one CLI process) in unit tests.
 
     Records each call (``message``, ``resume_id``, ``env``, ``cwd`` (the UserHome), ``args``,
     and ``run_file``: the mnote run binding the plugin would read). Answers with the
@@ -290,7 +290,7 @@ def stub():
 @pytest.fixture
 def stubbed_app(app_factory, stub, monkeypatch):
     """Factory: an in-process app whose CLI runner runs ``stub`` for each process
-    (its public seam, ``HermesRunner.run_process``)."""
+    (its public seam, ``CliRunner.run_process``)."""
     def make(overrides: dict | None = None):
         app = app_factory(overrides)
         monkeypatch.setattr(app.extensions["hermes_service"].runner, "run_process", stub)

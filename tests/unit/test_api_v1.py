@@ -1,6 +1,6 @@
 """v1 API contract and error tests, in-process with a stub at the runner seam.
 
-The stub replaces ``HermesRunner.run_process`` (one CLI process) with scripted
+The stub replaces ``CliRunner.run_process`` (one CLI process) with scripted
 outcomes; everything above it — routes, validation, session store, user
 homes, classification, resume recovery, limits — is the real code. The same
 behaviours through the real CLI are in test_e2e_v1.py.

@@ -1,7 +1,7 @@
 """Idempotent retries (docs/v1-api.md §Idempotent retries), in-process with a stub at the runner seam.
 
 The routes, the record store (a real SQLite file in the data dir) and the error shapes are the
-real code; only ``HermesRunner.run_process`` (one CLI process) is scripted, and it counts its calls,
+real code; only ``CliRunner.run_process`` (one CLI process) is scripted, and it counts its calls,
 so "Hermes ran once" is ``len(stub.calls) == 1``. The same retry through the real CLI and a
 real service restart is in test_e2e_idempotency.py.
 """

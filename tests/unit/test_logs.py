@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from hermes_service import logs
-from hermes_service.runner import HermesRunner, Processes
+from hermes_service.runner import CliRunner, Processes
 from support.fixtures import API_KEY
 
 P = "/api/hermes/client"
@@ -122,9 +122,9 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
-    HermesRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
+    CliRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
                                              None, ctx)
-    HermesRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
+    CliRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":

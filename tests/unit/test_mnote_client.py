@@ -1,7 +1,7 @@
 """mnote client-proxy contract tests, in-process with a stub at the runner seam.
 
 Routes, auth, error shapes, run bookkeeping and SSE framing are the real
-code; only ``HermesRunner.run_process`` (one CLI process) is scripted. The same
+code; only ``CliRunner.run_process`` (one CLI process) is scripted. The same
 flows through the real CLI are in test_e2e_mnote.py.
 """
 import io
