@@ -27,7 +27,7 @@ and the ratio bwrap / none:
 Then the target lines: sandbox overhead ≤ 5 % of a CLI turn and ≤ 10 ms on a warm turn.
 
 Both sides reach the model through the service's pass-through endpoint
-(hermes_service/model_proxy.py; it is not tied to the sandbox), so the difference is the
+(hermes_service/model_proxy/; it is not tied to the sandbox), so the difference is the
 sandbox itself; bench/model_proxy.py measures the pass-through.
 
     .venv/bin/python bench/sandbox.py [--turns N]      (or: make bench-sandbox)

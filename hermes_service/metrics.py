@@ -9,7 +9,7 @@ user id, message text or key into a label:
 * :class:`TurnClock` / :func:`turn_finished` — one turn of a runner (queue wait, duration,
   outcome code);
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
-  endpoint (``model_proxy.py``) and the tokens the provider reported for it;
+  endpoint (``model_proxy/``) and the tokens the provider reported for it;
 * :func:`set_draining` — the process drains before it stops;
 * :func:`watch` — gauges read at scrape time from a callback (processes, registry size);
   :func:`declare_watched` adds such a gauge (an extension's).

@@ -78,7 +78,7 @@ class UserHomes:
         self.template = paths.users_template
         self.model = hermes.model
         # an OpenAI-compatible provider is reached through the service's pass-through
-        # endpoint (hermes_service/model_proxy.py): no Hermes process holds its key
+        # endpoint (hermes_service/model_proxy/): no Hermes process holds its key
         self.proxied = self.model.provider == "custom"
         self.extra_env = hermes.extra_env
         # (template files' state, rendered, fingerprint)

@@ -208,8 +208,8 @@ def test_a_stream_cut_before_its_usage_is_still_counted_by_estimate(gated, make_
 
 def test_one_user_cannot_hold_more_than_its_share_of_requests(scripted, make_proxy,
                                                               monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "MAX_USER_REQUESTS", 2)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "MAX_USER_REQUESTS", 2)
     proxy = make_proxy(scripted.base_url)
     hold = [Client(proxy, timeout=30) for _ in range(2)]
     cred = proxy.issue("greedy")
@@ -231,8 +231,8 @@ def test_one_user_cannot_hold_more_than_its_share_of_requests(scripted, make_pro
 
 
 def test_bodies_held_at_once_are_bounded_for_all_users(scripted, make_proxy, monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "BODY_BUDGET", 1000)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("big")
     raw = chat_body("x" * 600)
@@ -313,9 +313,9 @@ def test_an_earlier_usage_db_gains_the_estimated_column(tmp_path):
 
 def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_proxy,
                                                                 monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "BODY_SECONDS", 0.5)
-    monkeypatch.setattr(model_proxy, "USER_BODY_BUDGET", 1000)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(limits, "USER_BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("slow")
     raw = chat_body("x" * 600)

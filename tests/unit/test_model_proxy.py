@@ -1,4 +1,4 @@
-"""The model pass-through endpoint (hermes_service/model_proxy.py).
+"""The model pass-through endpoint (hermes_service/model_proxy/).
 
 Upstreams: the suite's scripted model (hermes_service/scripted_model.py: records every chat-completions
 request's headers, answers ``[[status:N]]`` / ``[[hang]]`` directives, reports ``usage``) and a
@@ -386,8 +386,8 @@ def test_configure_reloads_the_upstream_and_key_for_new_requests(scripted, gated
 
 
 def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy, monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "LINGER_SECONDS", 0.2)    # the body never comes here
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "LINGER_SECONDS", 0.2)    # the body never comes here
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("alice")
     assert Client(proxy).call("GET", "/admin", credential=cred)[0] == 404
