@@ -89,7 +89,7 @@ class CliProcess:
         self.started = time.monotonic()
         self.last_activity = self.started
         self.killed: str | None = None
-        self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
+        self.limit: str | None = None     # which sandbox limit ended it (see sandbox/)
         self._max = STDOUT_BYTES if max_output_bytes is None else max_output_bytes
         self._tail = STDERR_BYTES if max_output_bytes is None else max_output_bytes
         self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}

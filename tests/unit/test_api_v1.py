@@ -308,7 +308,7 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     home = tmp_path / "data" / "users" / "alice"
     assert env["HOME"] == str(home) and env["HERMES_HOME"] == str(home / ".hermes")
     # the provider key never reaches a Hermes process: it calls the service's pass-through
-    # endpoint with a credential of its own, set per process by the launcher (sandbox.py)
+    # endpoint with a credential of its own, set per process by the launcher (sandbox/)
     assert "SCRIPTED_PROVIDER_KEY" not in env and "sk-provider" not in env.values()
     assert env["HERMES_SERVICE_MODEL_KEY"] == "" and env["HERMES_SERVICE_MODEL_URL"] == ""
     assert "SERVICE_SECRET" not in env and "HERMES_SERVICE_API_KEY" not in env

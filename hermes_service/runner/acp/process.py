@@ -65,7 +65,7 @@ class AcpProcess:
         self.kill_reason: str | None = None
         self.stderr_tail = bytearray()
         self.launch: Launch | None = None
-        self.limit: str | None = None     # the sandbox limit that ended it (sandbox.py)
+        self.limit: str | None = None     # the sandbox limit that ended it (sandbox/)
         self.idle_cpu: float | None = None  # its sandbox's CPU seconds when its last turn ended
         sandbox = runner.processes.sandbox
         self.cwd = sandbox.home_path(home) if sandbox else str(home.root)
