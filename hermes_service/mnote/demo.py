@@ -15,7 +15,7 @@ OpenAI-compatible server (:mod:`hermes_service.scripted_model`, the one implemen
   (``[[slow:S]]``, ``[[tools:NAME {json}]]``, ...), labelled too.
 
 Only the user's own text counts: the page-context block the mnote client appends to the
-message (:data:`~hermes_service.mnote.client.CONTEXT_HEAD`) is left out, so a page whose title
+message (:data:`~hermes_service.mnote.page_context.CONTEXT_HEAD`) is left out, so a page whose title
 says "title" does not rename itself.
 
 It is used only when asked for: :func:`overlay` (what ``--demo`` puts over the config file:
@@ -53,7 +53,7 @@ _HINT = ('I am a scripted stand-in, not a real model. Mention "append" or "title
 
 def _typed(body: dict) -> str:
     """What the user typed: the last user message without the mnote page-context block."""
-    from .client import CONTEXT_HEAD
+    from .page_context import CONTEXT_HEAD
     msgs = sm._messages(body)
     i = sm._last_user_index(msgs)
     text = sm.content_text(msgs[i].get("content")) if i >= 0 else ""

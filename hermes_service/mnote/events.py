@@ -2,8 +2,8 @@
 GET /events; docs/mnote-client.md, Events).
 
 :mod:`hermes_service.mnote.runs` emits them (its module doc lists the payloads) and
-:func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
-schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
+:func:`~hermes_service.mnote.client_codes.public_event` gives ``run.failed`` its contract code;
+these schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
 schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
 ``reasoning.delta``, ``approval.*``, ``tool.*``'s ``preview`` and ``run.completed``'s
@@ -13,7 +13,7 @@ later; clients ignore what they do not know.
 from __future__ import annotations
 
 from ..runner import FINISH_REASON
-from .client import CODE_MAP, EXTRA_CODES, client_code
+from .client_codes import CODE_MAP, EXTRA_CODES, client_code
 
 _STR = {"type": "string"}
 _NULLABLE = {"type": ["string", "null"]}

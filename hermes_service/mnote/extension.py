@@ -148,13 +148,14 @@ class MnoteExtension(Extension):
             register_response_headers,
             register_tags,
         )
-        from . import client, endpoint, events
+        from . import client, client_runs, client_schemas, endpoint, events  # noqa: F401
+        # (client_runs: its routes join client.bp when it is imported)
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)
         register_components(app, events.COMPONENTS)     # the run events in /openapi.json
         register_components(app, endpoint.COMPONENTS)   # the tool envelope
-        register_response_headers(app, client.RESPONSE_HEADERS)
+        register_response_headers(app, client_schemas.RESPONSE_HEADERS)
         register_tags(app, TAGS)
         register_description(app, "the mnote client proxy (the page AI panel; its runs stream "
                              "Server-Sent Events)", "client proxy `{ok: false, code, message, "

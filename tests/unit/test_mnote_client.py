@@ -321,7 +321,7 @@ def test_unconfigured(make):
 def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
     stub.outcomes = [Outcome(1, stdout, "session_id: 20260101_000000_abcdef\n", 0.1)]
     run = wait_done(c, start(c))
-    from hermes_service.mnote.client import public_event  # the run log keeps core codes
+    from hermes_service.mnote.client_codes import public_event  # the run log keeps core codes
     last = public_event(run.events[-1])
     assert last["event"] == "run.failed" and last["code"] == code
     assert "run.completed" not in [e["event"] for e in run.events]
@@ -661,7 +661,12 @@ def test_head_requests_do_not_leak_stream_slots(make):
 
 
 def test_page_context_is_really_capped():
-    from hermes_service.mnote.client import CONTEXT_BUDGET, CONTEXT_END, CONTEXT_HEAD, page_context
+    from hermes_service.mnote.page_context import (
+        CONTEXT_BUDGET,
+        CONTEXT_END,
+        CONTEXT_HEAD,
+        page_context,
+    )
     body = {**RUN_BODY, "pageContext": {"title": "标" * 30000, "outline": [{"t": "x" * 100}] * 500,
                                         "pageOptions": {f"k{i}": "v" * 100 for i in range(300)}},
             "selectedText": "s" * 50000, "selectedBlockId": "b1"}
@@ -676,7 +681,7 @@ def test_page_context_is_really_capped():
 
 
 def context_of(body):
-    from hermes_service.mnote.client import CONTEXT_END, CONTEXT_HEAD, page_context
+    from hermes_service.mnote.page_context import CONTEXT_END, CONTEXT_HEAD, page_context
     block = page_context({**RUN_BODY, **body})
     assert block.startswith(CONTEXT_HEAD + "\n") and block.endswith(CONTEXT_END)
     text = block[len(CONTEXT_HEAD) + 1:-len(CONTEXT_END)]

@@ -19,7 +19,7 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 
 from hermes_service import api_v1, openapi
 from hermes_service.errors import is_id
-from hermes_service.mnote import client as mnote_client
+from hermes_service.mnote import client_schemas as mnote_client
 from hermes_service.mnote import endpoint as mnote_endpoint
 from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.web import contract_of

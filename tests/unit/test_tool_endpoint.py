@@ -127,9 +127,9 @@ def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
     with app.test_request_context(headers={"X-API-Key": API_KEY}):
         from flask import g
 
-        from hermes_service.mnote.client import _capability_scope
+        from hermes_service.mnote.client_runs import capability_scope
         g.api_key = app.extensions["hermes_service"].guard.check_key({"X-API-Key": API_KEY})
-        assert _capability_scope(app.extensions["hermes_service"]) == ["page.read"]
+        assert capability_scope(app.extensions["hermes_service"]) == ["page.read"]
 
 
 def test_plugin_tools_json_is_generated_from_the_registry():
