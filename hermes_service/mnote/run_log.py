@@ -82,8 +82,10 @@ def valid_run_id(run_id) -> bool:
 
 @dataclass
 class LogState:
-    """What a reader has of one run file: its meta record, the events of its complete lines,
-    the byte offset after the last complete line, and the file's mtime when read."""
+    """What a reader has of one run file: its run id, its meta record, the events of its
+    complete lines, the byte offset after the last complete line, and the file's mtime when
+    read."""
+    run_id: str
     meta: dict
     events: list = field(default_factory=list)
     offset: int = 0
@@ -219,11 +221,13 @@ class RunLogs:
         lines, end = _parse_lines(data)
         if not lines or not isinstance(lines[0].get("meta"), dict):
             return None
-        return LogState(lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
+        return LogState(run_id, lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
 
-    def read_more(self, state: LogState, run_id: str) -> bool:
+    def read_more(self, state: LogState) -> bool:
         """Add the events appended since ``state.offset``; returns whether there were any."""
-        path = self.path(run_id)
+        path = self.path(state.run_id)
+        if path is None:
+            return False
         try:
             fd = _open_file(path, os.O_RDONLY)
         except OSError:
