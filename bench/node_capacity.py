@@ -1,7 +1,7 @@
 """Per-node capacity figures for docs/scaling.md: turns/s per core, RSS per run, event streams.
 
 One real service process (waitress) on this machine, the real ``hermes`` CLI, the scripted
-model (hermes_service/scripted_model.py, answers at once). Prints:
+model (hermes_service/scripted_model/, answers at once). Prints:
 
 * CPU seconds per turn (the whole machine's busy CPU over the turns, from /proc/stat: the
   service, the sandboxes and the CLI; a Hermes process in a sandbox is not the service's

@@ -1,6 +1,6 @@
 """Turn overhead: N turns through hermes-service vs N bare ``hermes chat`` runs.
 
-Both sides use the same scripted model (hermes_service/scripted_model.py) and the same
+Both sides use the same scripted model (hermes_service/scripted_model/) and the same
 Hermes home settings (the service's user home is rendered from
 users_template/; the bare runs use a copy of that rendered home). Prints the
 median wall time per turn of each side and the ratio service/bare, plus the

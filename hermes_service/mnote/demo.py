@@ -54,8 +54,8 @@ _HINT = ('I am a scripted stand-in, not a real model. Mention "append" or "title
 def _typed(body: dict) -> str:
     """What the user typed: the last user message without the mnote page-context block."""
     from .page_context import CONTEXT_HEAD
-    msgs = sm._messages(body)
-    i = sm._last_user_index(msgs)
+    msgs = sm.messages(body)
+    i = sm.last_user_index(msgs)
     text = sm.content_text(msgs[i].get("content")) if i >= 0 else ""
     return text.split(CONTEXT_HEAD, 1)[0].strip()
 
@@ -95,7 +95,7 @@ def _calls(typed: str, offered: list[str], results: list[str]) -> list[tuple[str
     return calls
 
 
-def plan(body: dict, cut_done: set | None = None) -> sm._Plan:
+def plan(body: dict, cut_done: set | None = None) -> sm.Plan:
     """The demo model's reply to one chat-completions request (the module doc's rules), as
     the scripted model's plan (:func:`~hermes_service.scripted_model.plan_reply`)."""
     if sm.is_auxiliary(body):            # session titles and other side calls
@@ -108,15 +108,15 @@ def plan(body: dict, cut_done: set | None = None) -> sm._Plan:
         if out.kind == "text":
             out.text = f"{LABEL} {out.text}"
         return out
-    msgs = sm._messages(body)
-    li = sm._last_user_index(msgs)
+    msgs = sm.messages(body)
+    li = sm.last_user_index(msgs)
     results = [sm.content_text(m.get("content")) for m in msgs[li + 1:] if m.get("role") == "tool"]
-    calls = _calls(typed, sm._offered_tools(body), results)
+    calls = _calls(typed, sm.offered_tools(body), results)
     pace = "[[slow:30:60]]" if _LONG_RE.search(typed) else "[[slow:3:12]]"
     directives = pace + ("[[tools:" + " ; ".join(f"{n} {json.dumps(a, ensure_ascii=False)}"
                                                 for n, a in calls) + "]]" if calls else "")
     scripted = copy.deepcopy(body)
-    sm._messages(scripted)[li]["content"] = directives
+    sm.messages(scripted)[li]["content"] = directives
     out = sm.plan_reply(scripted, cut_done)
     if out.kind == "text":
         if calls:

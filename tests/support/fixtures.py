@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-* ``model`` — the scripted OpenAI-compatible model server (hermes_service/scripted_model.py),
+* ``model`` — the scripted OpenAI-compatible model server (hermes_service/scripted_model/),
   one per test process, on 127.0.0.1.
 * ``service`` / ``start_service`` — the REAL service: ``python3 main.py`` (waitress)
   in a subprocess on a free port, with its own config file and data dir, running the

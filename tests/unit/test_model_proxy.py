@@ -1,6 +1,6 @@
 """The model pass-through endpoint (hermes_service/model_proxy/).
 
-Upstreams: the suite's scripted model (hermes_service/scripted_model.py: records every chat-completions
+Upstreams: the suite's scripted model (hermes_service/scripted_model/: records every chat-completions
 request's headers, answers ``[[status:N]]`` / ``[[hang]]`` directives, reports ``usage``) and a
 small gated upstream here that records any request and streams a reply whose second half waits
 for the test's go-ahead (so "relayed before the provider finished" is a condition, not a

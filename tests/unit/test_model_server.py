@@ -1,4 +1,4 @@
-"""Fast unit tests of hermes_service/scripted_model.py (no hermes involved)."""
+"""Fast unit tests of hermes_service/scripted_model/ (no hermes involved)."""
 
 from __future__ import annotations
 
