@@ -2,8 +2,9 @@
 config.yaml), the modes and networks it knows, and the toolsets that reach the host."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from ..config_fields import POS_INT, POS_NUM, STR_LIST, key, section
 from ..egress_policy import Policy
 
 #: The environment variables a Hermes home's config.yaml names for the model: the
@@ -34,12 +35,12 @@ class Limits:
     address space per process ×2), ``processes`` (processes and threads), ``cpu_seconds``
     (per process; a warm ACP process is recycled at half of it), ``file_size_mb`` (largest
     file a process may write), ``open_files`` (per process), ``tmp_mb`` (``/tmp``)."""
-    memory_mb: int = 2048
-    processes: int = 256
-    cpu_seconds: int = 600
-    file_size_mb: int = 512
-    open_files: int = 1024
-    tmp_mb: int = 256
+    memory_mb: int = key(2048, {"type": "integer", "minimum": 256})
+    processes: int = key(256, {"type": "integer", "minimum": 32})
+    cpu_seconds: int = key(600, {"type": "integer", "minimum": 10})
+    file_size_mb: int = key(512, POS_INT)
+    open_files: int = key(1024, {"type": "integer", "minimum": 64})
+    tmp_mb: int = key(256, POS_INT)
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,9 @@ class Egress:
     """``hermes.sandbox.egress``: ``allow``/``deny`` destinations of the egress proxy
     (:mod:`hermes_service.egress_policy`; empty ``allow``: no internet) and
     ``max_connections`` one sandbox may hold open through it."""
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    max_connections: int = 64
+    allow: tuple[str, ...] = key((), STR_LIST)
+    deny: tuple[str, ...] = key((), STR_LIST)
+    max_connections: int = key(64, {"type": "integer", "minimum": 1, "maximum": 4096})
 
     def policy(self) -> Policy:
         """Raises ValueError for an entry the policy cannot read (config checks it first)."""
@@ -59,27 +60,18 @@ class Egress:
 @dataclass(frozen=True)
 class Settings:
     """``hermes.sandbox``: see config.yaml for each key."""
-    mode: str = "auto"
-    allow_host_tools: bool = False
-    max_home_mb: float = 2048
-    bwrap: str = "bwrap"
-    limits: Limits = field(default_factory=Limits)
-    quota: str = "auto"              # how max_home_mb holds during a turn (disk.py)
-    min_free_mb: float = 512         # the free-space floor of the data and homes file systems
-    network: str = "isolated"
-    allow_host_network: bool = False
-    egress: Egress = field(default_factory=Egress)
-
-    @classmethod
-    def from_config(cls, section: dict) -> Settings:
-        eg = section["egress"]
-        return cls(mode=section["mode"], allow_host_tools=section["allow_host_tools"],
-                   max_home_mb=section["max_home_mb"], bwrap=section["bwrap"],
-                   limits=Limits(**section["limits"]), network=section["network"],
-                   allow_host_network=section["allow_host_network"],
-                   egress=Egress(tuple(eg["allow"]), tuple(eg["deny"]),
-                                 eg["max_connections"]),
-                   quota=section["quota"], min_free_mb=section["min_free_mb"])
+    mode: str = key("auto", {"enum": list(MODES)})
+    allow_host_tools: bool = key(False, {"type": "boolean"})
+    max_home_mb: float = key(2048, POS_NUM)
+    #: how max_home_mb holds during a turn (disk.py)
+    quota: str = key("auto", {"enum": ["auto", "btrfs", "watch"]})
+    #: the free-space floor of the data and homes file systems
+    min_free_mb: float = key(512, {"type": "number", "minimum": 0})
+    bwrap: str = key("bwrap", {"type": "string", "minLength": 1})
+    limits: Limits = section(Limits)
+    network: str = key("isolated", {"enum": list(NETWORKS)})
+    allow_host_network: bool = key(False, {"type": "boolean"})
+    egress: Egress = section(Egress)
 
 
 def host_toolsets(toolsets) -> list[str]:
