@@ -301,7 +301,7 @@ class Disk:
         def forget():
             with self._lock:
                 self._watched.pop(key, None)
-        launch._on_close.append(forget)
+        launch.on_close(forget)
 
     def _loop(self) -> None:
         while True:

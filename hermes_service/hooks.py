@@ -54,13 +54,13 @@ def assign_request_id() -> None:
     incoming = req.headers.get("X-Request-Id", "")
     ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + tokens.hex16()
     logs.start(request_id=ctx.request_id,
-               route=req.url_rule.rule if req.url_rule is not None else None)  # route_template()
+               route=route_template(req))
 
 
-def route_template() -> str | None:
-    """The matched Flask rule (e.g. ``/api/v1/sessions/<session_id>``), None before routing
+def route_template(req) -> str | None:
+    """The rule ``req`` matched (e.g. ``/api/v1/sessions/<session_id>``), None before routing
     matched anything; never the raw path (metrics labels, logs)."""
-    return request.url_rule.rule if request.url_rule is not None else None
+    return req.url_rule.rule if req.url_rule is not None else None
 
 
 def resolve_client() -> None:
@@ -104,7 +104,7 @@ def access_log(resp):
     resp.headers["X-Request-Id"] = request_id if request_id is not None else ""
     started = ctx.get("start")
     seconds = time.perf_counter() - started if started else 0.0
-    route = req.url_rule.rule if req.url_rule is not None else None     # route_template()
+    route = route_template(req)
     run_id = logs.field("run_id") or (req.view_args or {}).get("run_id")
     path, method, client_ip, status = req.path, req.method, ctx.get("client_ip"), resp.status_code
     access_logger.info("%s %s %s", client_ip, method,

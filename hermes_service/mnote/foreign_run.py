@@ -107,30 +107,36 @@ class ForeignRun:
     def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str:
         """As :meth:`Run.answer` (the same errors), checked against the log; the owner
         applies it within ~:data:`POLL_SECONDS` (if still pending then)."""
-        self.refresh()
-        question = self._pending().get(approval_id)
-        if question is None or question[0] != "approval":
-            raise not_pending(approval_id)
-        if choice not in question[1]:
-            raise BadRequest(f"choice must be one of {', '.join(question[1])}",
+        choices = self._choices(approval_id, "approval") or []
+        if choice not in choices:
+            raise BadRequest(f"choice must be one of {', '.join(choices)}",
                              code="invalid_request")
-        if self._logs.claim(self.run_id, approval_id, {"value": choice, "resolved_by": "user"}):
-            raise not_pending(approval_id)       # another answer won (any process)
-        self._logs.request(self.run_id, {"op": "approval", "approval_id": approval_id,
-                                         "choice": choice})
+        self._pass_on(approval_id, "approval", choice,
+                      {"op": "approval", "approval_id": approval_id, "choice": choice})
         return choice
 
     def answer_clarify(self, clarify_id: str, answer: str | None,
                        resolved_by: str = "user") -> None:
         """As :meth:`Run.answer_clarify`, through the owner (see :meth:`answer`)."""
+        self._choices(clarify_id, "clarify")
+        self._pass_on(clarify_id, "clarify", answer,
+                      {"op": "clarify", "clarify_id": clarify_id, "answer": answer})
+
+    def _choices(self, question_id: str, kind: str) -> list | None:
+        """The choices of the pending question ``question_id`` of ``kind``, read from the log
+        now; Conflict ``<kind>_not_pending`` when it is not pending."""
         self.refresh()
-        question = self._pending().get(clarify_id)
-        if question is None or question[0] != "clarify":
-            raise not_pending(clarify_id, "clarify")
-        if self._logs.claim(self.run_id, clarify_id, {"value": answer, "resolved_by": "user"}):
-            raise not_pending(clarify_id, "clarify")
-        self._logs.request(self.run_id, {"op": "clarify", "clarify_id": clarify_id,
-                                         "answer": answer})
+        question = self._pending().get(question_id)
+        if question is None or question[0] != kind:
+            raise not_pending(question_id, kind)
+        return question[1]
+
+    def _pass_on(self, question_id: str, kind: str, value, op: dict) -> None:
+        """Claim the one answer of ``question_id`` for ``value`` (Conflict when another answer
+        won, in any process) and hand ``op`` to the owner, who applies it."""
+        if self._logs.claim(self.run_id, question_id, {"value": value, "resolved_by": "user"}):
+            raise not_pending(question_id, kind)
+        self._logs.request(self.run_id, op)
 
     def follow(self, after: int, keepalive: float, wake: threading.Event | None = None,
                stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, dict]]]:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BadRequest, Conflict
 from . import metrics
@@ -85,19 +86,13 @@ class RunQuestions:
         Conflict ``approval_not_pending`` for an id that is not pending (never asked,
         already answered — here or in another process —, timed out, or the run ended)."""
         with self._cond:
-            question = self.questions.get(approval_id)
-            if question is None or question.kind != "approval":
-                raise not_pending(approval_id)
-            if choice not in question.choices:
-                raise BadRequest(f"choice must be one of {', '.join(question.choices)}",
+            question = self._pending_question(approval_id, "approval")
+            choices = question.choices or []
+            if choice not in choices:
+                raise BadRequest(f"choice must be one of {', '.join(choices)}",
                                  code="invalid_request")
-            won = None if claimed else self._claim(approval_id, choice, resolved_by)
-            if won is not None:
-                value = won.get("value")
-                self._resolve(question, value if value in question.choices else "deny",
-                              won.get("resolved_by") or "user")
-                raise not_pending(approval_id)
-            self._resolve(question, choice, resolved_by)
+            self._settle(question, choice, resolved_by, claimed,
+                         lambda won: won if won in choices else "deny")
         return choice
 
     def _claim(self, question_id: str, value, resolved_by: str) -> dict | None:
@@ -151,16 +146,29 @@ class RunQuestions:
         which records it; it is not an event). Claimed like :meth:`answer`. Raises Conflict
         ``clarify_not_pending``."""
         with self._cond:
-            question = self.questions.get(clarify_id)
-            if question is None or question.kind != "clarify":
-                raise not_pending(clarify_id, "clarify")
-            won = None if claimed else self._claim(clarify_id, answer, resolved_by)
-            if won is not None:
-                value = won.get("value")
-                self._resolve(question, value if isinstance(value, str) else None,
-                              won.get("resolved_by") or "user")
-                raise not_pending(clarify_id, "clarify")
-            self._resolve(question, answer, resolved_by)
+            question = self._pending_question(clarify_id, "clarify")
+            self._settle(question, answer, resolved_by, claimed,
+                         lambda won: won if isinstance(won, str) else None)
+
+    def _pending_question(self, question_id: str, kind: str) -> Question:
+        """The pending question ``question_id`` of ``kind`` (under ``_cond``); Conflict
+        ``<kind>_not_pending`` otherwise."""
+        question = self.questions.get(question_id)
+        if question is None or question.kind != kind:
+            raise not_pending(question_id, kind)
+        return question
+
+    def _settle(self, question: Question, value, resolved_by: str, claimed: bool,
+                stored: Callable[[Any], Any]) -> None:
+        """Resolve ``question`` with ``value`` once across the processes (under ``_cond``):
+        claimed first unless ``claimed`` already; when another answer won the claim, that one
+        (``stored(its value)``: what it may be for this question) resolves it and this one
+        is refused as no longer pending."""
+        won = None if claimed else self._claim(question.question_id, value, resolved_by)
+        if won is not None:
+            self._resolve(question, stored(won.get("value")), won.get("resolved_by") or "user")
+            raise not_pending(question.question_id, question.kind)
+        self._resolve(question, value, resolved_by)
 
     def _waiting(self) -> None:
         """The status from the pending questions (under ``_cond``)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..embedded_http import OpenConnections, stop_server
 from ..model_policy import Policy, Refusal, max_request_bytes
 from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
@@ -54,7 +55,7 @@ class ModelProxy:
         self.connections = Connections()
         self._creds: dict[bytes, str] = {}
         self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
+        self._conns = OpenConnections()          # caller connections open now
         self._inflight: dict[str, int] = {}        # user -> requests in flight
         self._body_bytes = 0                       # request body bytes held now
         self._user_bytes: dict[str, int] = {}      # ... per user
@@ -81,17 +82,7 @@ class ModelProxy:
         usage written."""
         srv, self._server = self._server, None
         if srv is not None:
-            srv.shutdown()
-            srv.server_close()
-            with self._lock:
-                conns = list(self._conns)
-            for c in conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            if self._thread is not None:
-                self._thread.join(5)
+            stop_server(srv, self._thread, self._conns)
             self._thread = None
         self.connections.clear()
         self.usage.close()
@@ -239,10 +230,8 @@ class ModelProxy:
 
     def open_connections(self) -> int:
         """Caller connections open now."""
-        with self._lock:
-            return len(self._conns)
+        return len(self._conns)
 
     def track(self, conn: socket.socket, add: bool) -> None:
         """A caller connection opened (``add``) or closed."""
-        with self._lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+        self._conns.track(conn, add)

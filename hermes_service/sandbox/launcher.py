@@ -83,6 +83,10 @@ class Launch:
         """A new turn starts in this (warm) process: its CPU budget starts now."""
         self._cpu_start = self.cpu_seconds()
 
+    def on_close(self, fn) -> None:
+        """Call ``fn()`` when the process ended and its launch is closed (:meth:`close`)."""
+        self._on_close.append(fn)
+
     def close(self) -> None:
         self.started()
         for fn in self._on_close:

@@ -12,6 +12,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ..embedded_http import OpenConnections, stop_server
 from .plans import GATE_RE, Plan, plan_reply
 from .requests import (
     approx_tokens,
@@ -294,7 +295,7 @@ class ScriptedModel:
         self._stop_event = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._conns: set[socket.socket] = set()
+        self._conns = OpenConnections()
         self._cut_done: set[str] = set()
         self._gates: dict[str, threading.Event] = {}
 
@@ -322,17 +323,8 @@ class ScriptedModel:
         if srv is None:
             return
         self._stop_event.set()
-        srv.shutdown()
-        srv.server_close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:  # idle keep-alive connections and anything still open
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(5)
+        # idle keep-alive connections and anything still open are cut
+        stop_server(srv, self._thread, self._conns)
         self._server = None
         self._thread = None
 
@@ -379,8 +371,7 @@ class ScriptedModel:
             self.request_headers.append(headers)
 
     def _track(self, conn: socket.socket, add: bool) -> None:
-        with self._lock:
-            (self._conns.add if add else self._conns.discard)(conn)
+        self._conns.track(conn, add)
 
     def _model_obj(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 1700000000,
