@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -122,7 +122,13 @@ demo: setup-service
 check-config: setup-service
 	@$(DEV_ENV); $(VENV)/bin/python main.py check-config
 
-test: setup
+# Lint and types (docs/testing.md §Lint and types; pyproject.toml configures both): ruff over
+# the tree, mypy over the package. Seconds; any finding fails `make test` (and so CI).
+lint: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup lint
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
 
 # Mutation testing of the security- and durability-critical modules (docs/testing.md §Mutation

@@ -1,4 +1,5 @@
-"""Entry point: ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N] [COMMAND]``.
+"""Entry point: ``.venv/bin/python main.py [--config PATH] [--host H] [--port P] [--threads N]
+[COMMAND]``.
 
 See ``.venv/bin/python main.py --help`` and README.md.
 """

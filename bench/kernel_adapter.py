@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.kernels import seed  # noqa: E402
 from hermes_service.mnote.kernel_adapter import KernelBackend  # noqa: E402
 from hermes_service.mnote.kernel_command import CommandKernel  # noqa: E402
 from hermes_service.mnote.kernel_http import HttpKernel  # noqa: E402
 from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
 from hermes_service.mnote.tools import ToolExecutor  # noqa: E402
+from support.kernels import seed  # noqa: E402
 
 CRED_ENV = "BENCH_KERNEL_CREDENTIAL"
 TOOLS = ("mnote.page.get", "mnote.artifact.create_ai_note")

@@ -27,11 +27,9 @@ Figures, not asserts: the machines are shared and noisy.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,15 +41,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
-from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
+from runners import first_deltas, med  # noqa: E402
+from sandbox import seed_page, timed_message  # noqa: E402
+
 from hermes_service import sandbox  # noqa: E402
 from hermes_service.egress_policy import Policy  # noqa: E402
 from hermes_service.hermes_site import netforward  # noqa: E402
 from hermes_service.sandbox_net import SandboxNet  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from hermes_service.user_homes import HERMES_SITE, UserHome  # noqa: E402
-from runners import first_deltas, med  # noqa: E402
-from sandbox import seed_page, timed_message  # noqa: E402
+from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
 
 SIDES = ("isolated", "host")
 

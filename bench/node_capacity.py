@@ -1,7 +1,7 @@
 """Per-node capacity figures for docs/scaling.md: turns/s per core, RSS per run, event streams.
 
 One real service process (waitress) on this machine, the real ``hermes`` CLI, the scripted
-model (hermes_service/scripted_model.py, answers at once). Prints:
+model (hermes_service/scripted_model/, answers at once). Prints:
 
 * CPU seconds per turn (the whole machine's busy CPU over the turns, from /proc/stat: the
   service, the sandboxes and the CLI; a Hermes process in a sandbox is not the service's
@@ -31,9 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import (API_KEY, ServiceProcess, base_config, deep_merge,  # noqa: E402
-                              hermes_processes)
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

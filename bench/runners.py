@@ -32,11 +32,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
-from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
+from turn_overhead import bare_turns  # noqa: E402
+
 from hermes_service.sandbox import tree_rss_mb  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
-from turn_overhead import bare_turns  # noqa: E402
 
 P = "/api/hermes/client"
 

@@ -27,7 +27,7 @@ and the ratio bwrap / none:
 Then the target lines: sandbox overhead ≤ 5 % of a CLI turn and ≤ 10 ms on a warm turn.
 
 Both sides reach the model through the service's pass-through endpoint
-(hermes_service/model_proxy.py; it is not tied to the sandbox), so the difference is the
+(hermes_service/model_proxy/; it is not tied to the sandbox), so the difference is the
 sandbox itself; bench/model_proxy.py measures the pass-through.
 
     .venv/bin/python bench/sandbox.py [--turns N]      (or: make bench-sandbox)
@@ -49,11 +49,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 
-from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
+from runners import first_deltas, med  # noqa: E402
+
 from hermes_service import sandbox  # noqa: E402
 from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
-from runners import first_deltas, med  # noqa: E402
+from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
 
 SIDES = ("bwrap", "none")
 

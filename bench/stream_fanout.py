@@ -55,8 +55,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, ServiceProcess, base_config, deep_merge  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 P = "/api/hermes/client"
@@ -87,7 +87,7 @@ def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 class HealthProbe(threading.Thread):

@@ -1,6 +1,6 @@
 """Turn overhead: N turns through hermes-service vs N bare ``hermes chat`` runs.
 
-Both sides use the same scripted model (hermes_service/scripted_model.py) and the same
+Both sides use the same scripted model (hermes_service/scripted_model/) and the same
 Hermes home settings (the service's user home is rendered from
 users_template/; the bare runs use a copy of that rendered home). Prints the
 median wall time per turn of each side and the ratio service/bare, plus the
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from support.fixtures import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
+from support.fixtures import API_KEY, PROVIDER_KEY_ENV, ServiceProcess, base_config  # noqa: E402
 from support.sse_client import SSEStream  # noqa: E402
 
 

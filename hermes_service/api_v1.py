@@ -16,19 +16,29 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
-from .routing import OPEN_UNLESS, RouteFamily, declare
-from .web import (V1_ERRORS, Param, Reply, documented, has_body, idempotent, json_body,
-                  parse_json, services)
 from .errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
-from .idempotency import HEADER as IDEMPOTENCY_HEADER, KEY_SCHEMA
+from .idempotency import HEADER as IDEMPOTENCY_HEADER
+from .idempotency import KEY_SCHEMA
 from .preflight import describe, health_checks
+from .routing import OPEN_UNLESS, RouteFamily, declare
 from .runner import FINISH_REASON, classify_failure
 from .security import acting_user
+from .web import (
+    V1_ERRORS,
+    Param,
+    Reply,
+    documented,
+    has_body,
+    idempotent,
+    json_body,
+    parse_json,
+    services,
+)
 
 log = logging.getLogger("hermes_service")
 
-# the route families of this blueprint (docs/configuring.md §API keys): the v1 API, its execute route
-# (a scope of its own: it reads any user's data), and /health (a key only when
+# the route families of this blueprint (docs/configuring.md §API keys): the v1 API, its execute
+# route (a scope of its own: it reads any user's data), and /health (a key only when
 # security.health_requires_api_key)
 V1 = RouteFamily("v1", ("/api/v1/",), V1_ERRORS, scope="v1")
 EXECUTE = RouteFamily("execute", ("/api/v1/execute/",), V1_ERRORS, scope="execute")
@@ -55,7 +65,7 @@ SEND_MESSAGE = {"type": "object", "required": ["message"], "additionalProperties
 #: the shortest ``timeout`` of /api/v1/execute, seconds: enough to start a process (a shorter
 #: one could only end in 504 ``run_timeout`` before the command ran; docs/v1-api.md)
 MIN_EXECUTE_TIMEOUT = 1
-EXECUTE = {"type": "object", "required": ["command"], "additionalProperties": False,
+EXECUTE_BODY = {"type": "object", "required": ["command"], "additionalProperties": False,
            "properties": {"command": {"type": "array", "minItems": 1,
                                       "items": {"type": "string", "minLength": 1},
                                       "description": "hermes argv; must start with an entry of "
@@ -74,7 +84,7 @@ _HEALTH_CHECKS = {"type": "object", "description": "each part: `ok` or a short r
                   "properties": {k: {"type": "string"} for k in
                                  ("hermes_command", "users_template", "data_dir", "provider",
                                   "sandbox")}}
-HEALTH = {"type": "object", "required": ["status", "service", "multi_user"],
+HEALTH_BODY = {"type": "object", "required": ["status", "service", "multi_user"],
           "properties": {"status": {"enum": ["healthy", "degraded", "draining", "stopping"]},
                          "service": {"const": "hermes-service"},
                          "multi_user": {"const": True}, "checks": _HEALTH_CHECKS}}
@@ -193,9 +203,10 @@ _health_checked: list = [None]  # (config, time.monotonic(), checks) of the last
 
 @bp.get("/health")
 @documented(summary="Liveness and readiness", tags=("health",),
-            replies={200: Reply("healthy, or degraded without a usable model provider", HEALTH),
+            replies={200: Reply("healthy, or degraded without a usable model provider",
+                                HEALTH_BODY),
                      503: Reply("degraded (the node cannot work), draining or stopping",
-                                HEALTH)})
+                                HEALTH_BODY)})
 def health():
     """Spec §1: ``{"status": "healthy", "service", "multi_user"}`` (200) — a cheap liveness
     answer (a few stat calls). When the node cannot work (``hermes_command``,
@@ -287,8 +298,9 @@ def create_session():
     §Idempotent retries)."""
     body = json_body()
     svc = services()
-    rec = svc.conversations.create(_user(body["user_id"]),
-                                   new_session_id(svc.config.service.node_id), kind="v1")
+    user = _user(body["user_id"])
+    assert user is not None                     # the body schema requires user_id
+    rec = svc.conversations.create(user, new_session_id(svc.config.service.node_id), kind="v1")
     home = svc.homes.path(rec["user_id"])
     return jsonify(session_id=rec["session_id"], user_id=rec["user_id"],
                    hermes_path=str(home.hermes_home), status="created")
@@ -377,13 +389,14 @@ def send_message(session_id):
 
 def _allowed(argv: list[str], allowlist: tuple[tuple[str, ...], ...]) -> bool:
     for prefix in allowlist:
-        if tuple(argv[:len(prefix)]) == prefix and all(_SAFE_ARG.match(a) for a in argv[len(prefix):]):
+        if tuple(argv[:len(prefix)]) == prefix \
+                and all(_SAFE_ARG.match(a) for a in argv[len(prefix):]):
             return True
     return False
 
 
 @bp.post("/api/v1/execute")
-@documented(summary="Run an allowed hermes command", tags=("v1",), body=EXECUTE,
+@documented(summary="Run an allowed hermes command", tags=("v1",), body=EXECUTE_BODY,
             replies={200: Reply("the command ran (success false: it exited non-zero)",
                                 EXECUTE_RESULT)},
             errors={403: ("command_not_allowed", "actor_mismatch"), 429: ("too_many_runs",),

@@ -1,4 +1,5 @@
-"""Flask app factory: service objects, request hooks, error handlers, blueprints (docs/architecture.md).
+"""Flask app factory: service objects, request hooks, error handlers, blueprints
+(docs/architecture.md).
 
 Data flows one way: blueprint → service objects (:mod:`hermes_service.services`) → runner/store.
 Extensions (:mod:`hermes_service.installed`) add their objects and blueprints here.
@@ -59,8 +60,8 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
     """
     app = ServiceFlask(__name__, static_folder=None)   # no /static route: every route is documented
     app.config["MAX_CONTENT_LENGTH"] = config.service.max_body_bytes
-    app.json.ensure_ascii = False
-    app.json.sort_keys = False
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]
     svc = app.extensions["hermes_service"] = build_services(config, service_url)
 
     cors = config.cors

@@ -61,8 +61,8 @@ def load_for_command(ctx):
 
 
 @click.group(invoke_without_command=True)
-@click.option("--config", "config_path", envvar=ENV_CONFIG, default="config.yaml", show_default=True,
-              help=f"Config file (env {ENV_CONFIG}).")
+@click.option("--config", "config_path", envvar=ENV_CONFIG, default="config.yaml",
+              show_default=True, help=f"Config file (env {ENV_CONFIG}).")
 @click.option("--host", default=None, help="Override service.host.")
 @click.option("--port", type=int, default=None, help="Override service.port.")
 @click.option("--threads", type=int, default=None, help="Override service.threads (waitress).")
@@ -82,7 +82,8 @@ def cli(ctx, config_path, host, port, threads, demo):
 
 
 def serve(config_path, host=None, port=None, threads=None, demo=False):
-    """Serve until SIGTERM/SIGINT (docs/operations.md §Process lifetime); SIGHUP reloads (docs/configuring.md §Reload).
+    """Serve until SIGTERM/SIGINT (docs/operations.md §Process lifetime); SIGHUP reloads
+    (docs/configuring.md §Reload).
 
     Exits 2 with ``file:key: problem`` lines on any problem ``check-config`` reports (all of
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
@@ -98,11 +99,11 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         overlay = demo_mod.overlay(demo_model.base_url)
     config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay,
                                                 sections=installed.config_sections())
-    if problems:
+    if problems or config is None:
         for line in problems:
             click.echo(line, err=True)
-        click.echo("refusing to start: fix the problems above (.venv/bin/python main.py check-config)",
-                   err=True)
+        click.echo("refusing to start: fix the problems above "
+                   "(.venv/bin/python main.py check-config)", err=True)
         sys.exit(2)
     if demo:
         if not any(ext.demo is demo_mod for ext in installed.enabled(config)):
@@ -197,14 +198,15 @@ def check_config(ctx):
         click.echo(line, err=True)
     for line in config.warnings if config is not None else ():
         click.echo(f"warning: {line}", err=True)
-    if problems:
+    if problems or config is None:
         sys.exit(2)
+    from .disk import Disk
     from .sandbox import Sandbox
     from .user_homes import HERMES_SITE
-    from .disk import Disk
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
-    click.echo(f"disk: {Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).describe()}")
+    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
+    click.echo(f"disk: {disk.describe()}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))
 
@@ -222,7 +224,8 @@ def reload(ctx, timeout):
     problem`` too; the services are then found through the data dir the file names
     (``paths.data_dir``, when it can be read from the broken file) or else, among those of
     ``data/`` beside the file, the ones serving this very file. Exit 0 applied, 2 refused (or
-    the file is invalid and no service runs), 1 no running service / no answer. docs/configuring.md §Reload.
+    the file is invalid and no service runs), 1 no running service / no answer. docs/configuring.md
+    §Reload.
     """
     from .lifecycle import request_reload
     path = ctx.obj["config_path"]
@@ -249,8 +252,8 @@ def reload(ctx, timeout):
             click.echo(f"pid {pid}: no answer within {timeout:g} s", err=True)
             code = max(code, 1)
             continue
-        click.echo(f"pid {pid}: {'reloaded' if status['ok'] else 'refused; the running config stays'}",
-                   err=not status["ok"])
+        outcome = "reloaded" if status["ok"] else "refused; the running config stays"
+        click.echo(f"pid {pid}: {outcome}", err=not status["ok"])
         for line in status["lines"]:
             click.echo(f"  {line}", err=not status["ok"])
         if not status["ok"]:
@@ -364,12 +367,12 @@ def usage(ctx, user_id, days, daily):
                for k in ("requests", "prompt_tokens", "completion_tokens")]
         table.append(["(total)", *([""] if daily else []), *map(str, tot), str(tot[1] + tot[2]),
                       str(sum(r.estimated_requests for r in rows))])
-    widths = [max(len(x) for x in col) for col in zip(head, *table)]
+    widths = [max(len(x) for x in col) for col in zip(head, *table, strict=True)]
     nums = len(head) - 5
 
     def line(cells):
         return "  ".join(c.ljust(w) if i < nums else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
     click.echo(f"model usage, {span}:")
     click.echo(line(head))
     for cells in table:

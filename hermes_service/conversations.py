@@ -11,6 +11,7 @@ within ``hermes.queue_wait_seconds`` fails with 409 ``session_busy``.
 """
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 import uuid
@@ -21,7 +22,7 @@ from filelock import FileLock, Timeout
 from . import hermes_state, metrics
 from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
-from .runner import Processes, RunnerChoice, TurnListener, TurnRequest, TurnResult
+from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
 
@@ -108,9 +109,10 @@ class Conversations:
         return rec
 
     def prune_idle_locks(self) -> int:
-        """Drop entries of the in-memory turn-lock table that no turn holds (retention, docs/data-and-durability.md
-        §Retention and cleanup); returns how many. A thread that fetched an entry just before
-        it was dropped still serializes with later turns through the session's file lock."""
+        """Drop entries of the in-memory turn-lock table that no turn holds (retention,
+        docs/data-and-durability.md §Retention and cleanup); returns how many. A thread that fetched
+        an entry just before it was dropped still serializes with later turns through the session's
+        file lock."""
         with self._guard:
             idle = [sid for sid, lock in self._local_locks.items() if not lock.locked()]
             for sid in idle:
@@ -150,9 +152,10 @@ class Conversations:
 
     def send(self, session_id: str, message: str, owner: str | None = None, *,
              kind: str | None = None, wait: float | None = None, model: str | None = None,
-             toolsets: list[str] | None = None, plugin_run: dict | None = None,
+             toolsets: builtins.list[str] | None = None, plugin_run: dict | None = None,
              listener: TurnListener | None = None, cancel: threading.Event | None = None,
-             record: dict | None = None, approvals=None) -> tuple[dict, TurnResult]:
+             record: dict | None = None, approvals: Questions | None = None,
+             log_ctx: dict | None = None) -> tuple[dict, TurnResult]:
         """Run one turn of ``message`` on the session (docs/runners.md).
 
         ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
@@ -160,7 +163,8 @@ class Conversations:
         ``hermes.toolsets``; ``plugin_run`` is the run binding of the family's Hermes
         plugin (docs/mnote-tools.md §Run binding); ``listener`` receives live
         events; ``record`` fields are stored on the session when the turn starts;
-        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``).
+        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``);
+        ``log_ctx``: fields the caller adds to the turn's log lines (e.g. its run id).
 
         A turn that ends without an answer is taken back from Hermes's record
         (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
@@ -186,8 +190,7 @@ class Conversations:
                               plugin_run=plugin_run, listener=_Timed(listener, clock),
                               cancel=cancel, approvals=approvals,
                               log_ctx={"user": rec["user_id"], "session": session_id,
-                                       "family": family,
-                                       **({"run": plugin_run["runId"]} if plugin_run else {})})
+                                       "family": family, **(log_ctx or {})})
             if hermes_state.rewind_orphan(home.hermes_home, req.resume_id,
                                           reap=self._reap_orphans):
                 log.warning("took back the unanswered last turn of session %s: the service "
@@ -200,7 +203,8 @@ class Conversations:
                 raise
             clock.finished("ok")
             updated = self.store.update(
-                session_id, hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
+                session_id,
+                hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
                 message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
         if updated is None:
             raise NotFound(f"session {session_id} was deleted during the turn",
@@ -215,7 +219,8 @@ class Conversations:
         if reaped:
             log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
 
-    def prewarm(self, user_id: str, family: str, toolsets: list[str] | None = None) -> None:
+    def prewarm(self, user_id: str, family: str,
+                toolsets: builtins.list[str] | None = None) -> None:
         """Start the user's warm Hermes process for ``family`` in the background, when the
         ACP runner is configured (the panel created a session: a run is likely to follow)."""
         acp = self.runners.warm(family)
@@ -231,7 +236,8 @@ class Conversations:
         if not saved:
             return
         hermes_state.rewind_unanswered(home.hermes_home, saved, message)
-        if saved != rec.get("hermes_session_id") and hermes_state.has_messages(home.hermes_home, saved):
+        if saved != rec.get("hermes_session_id") \
+                and hermes_state.has_messages(home.hermes_home, saved):
             # an aborted/failed turn Hermes kept (e.g. tool calls already made): the next
             # turn continues that conversation
             self.store.update(session_id, hermes_session_id=saved)

@@ -187,7 +187,7 @@ class Disk:
         """The disk phrase of the start line and ``check-config``."""
         how = (f"btrfs qgroup limit per home ({self.homes})" if self.backend == BTRFS else
                f"watched during turns ({self.why_not})")
-        apart = "" if self._same_fs() else f", homes apart from the data dir"
+        apart = "" if self._same_fs() else ", homes apart from the data dir"
         return (f"max_home_mb {self.max_home_mb:g}: {how}; free-space floor "
                 f"{self.min_free // MIB} MiB{apart}")
 
@@ -301,7 +301,7 @@ class Disk:
         def forget():
             with self._lock:
                 self._watched.pop(key, None)
-        launch._on_close.append(forget)
+        launch.on_close(forget)
 
     def _loop(self) -> None:
         while True:
@@ -314,7 +314,7 @@ class Disk:
                 continue
             try:
                 self._look(watched)
-            except Exception:        # noqa: BLE001 - the watcher must not die
+            except Exception:  # the watcher must not die
                 log.exception("disk watcher")
             time.sleep(WATCH_SECONDS)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import itertools
 import re
 import socket
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ def host_addresses() -> frozenset[IPAddress]:
     found: set[IPAddress] = set()
     try:
         lines = Path("/proc/net/fib_trie").read_text().splitlines()
-        for prev, line in zip(lines, lines[1:]):
+        for prev, line in itertools.pairwise(lines):
             if line.strip() == "/32 host LOCAL":
                 found.add(ipaddress.ip_address(prev.split()[-1]))
     except (OSError, ValueError):
@@ -148,7 +149,7 @@ class Rule:
     port: int | None
 
     @classmethod
-    def parse(cls, entry: str) -> "Rule":
+    def parse(cls, entry: str) -> Rule:
         """``example.com``, ``*.example.com``, ``203.0.113.7``, ``[2001:db8::1]``, each with an
         optional ``:port``. Raises ValueError naming what is wrong."""
         text = entry.strip()
@@ -165,15 +166,13 @@ class Rule:
             host, port = text.split(":")
         else:
             host = text
-        if port is not None:
-            if not _PORT.match(port) or not 0 < int(port) < 65536:
-                raise ValueError(f"{entry!r}: the port must be 1-65535")
-            port = int(port)
+        if port is not None and (not _PORT.match(port) or not 0 < int(port) < 65536):
+            raise ValueError(f"{entry!r}: the port must be 1-65535")
         wildcard = host.startswith("*.")
         norm = normalize_host(host[2:] if wildcard else host)
         if norm is None or (wildcard and is_ip(norm)):
             raise ValueError(f"{entry!r}: not a host name, *.name or IP address")
-        return cls(("*." + norm) if wildcard else norm, port)
+        return cls(("*." + norm) if wildcard else norm, None if port is None else int(port))
 
     def matches(self, host: str, port: int) -> bool:
         if self.port is not None and self.port != port:
@@ -190,7 +189,7 @@ class Policy:
     deny: tuple[Rule, ...] = ()
 
     @classmethod
-    def from_lists(cls, allow, deny) -> "Policy":
+    def from_lists(cls, allow, deny) -> Policy:
         """Raises ValueError for an entry :meth:`Rule.parse` refuses."""
         return cls(tuple(Rule.parse(e) for e in allow), tuple(Rule.parse(e) for e in deny))
 
@@ -221,10 +220,10 @@ def resolve(host: str, port: int, own: frozenset[IPAddress] | None = None
     except (OSError, UnicodeError):
         return [], "unresolvable"
     own = host_addresses() if own is None else own
-    out = []
+    out: list[tuple[int, tuple]] = []
     for family, _type, _proto, _name, sockaddr in infos:
         try:
-            addr = ipaddress.ip_address(sockaddr[0].split("%", 1)[0])
+            addr = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         except ValueError:
             return [], "denied_address"
         if denied_address(addr, own):

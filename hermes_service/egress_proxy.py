@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from . import egress_policy
@@ -87,7 +87,7 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes] | None:
     if url.scheme.lower() != "http" or not url.hostname:
         return None
     try:
-        port = url.port or 80
+        url_port = url.port or 80
     except ValueError:
         return None
     path = url.path or "/"
@@ -99,7 +99,7 @@ def parse_head(head: bytes) -> tuple[str, str, int, bytes] | None:
     host = url.netloc.rpartition("@")[2]
     out = "\r\n".join([f"{method} {path} {version}", f"Host: {host}", *fields,
                         "Connection: close"]) + "\r\n\r\n"
-    return method, url.hostname, port, out.encode("latin-1")
+    return method, url.hostname, url_port, out.encode("latin-1")
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Callable[[int], None]
@@ -112,7 +112,7 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, count: Cal
             count(len(data))
             dst.write(data)
             await dst.drain()
-    except (asyncio.TimeoutError, ConnectionError, OSError):
+    except (TimeoutError, ConnectionError, OSError):
         pass
     finally:
         try:
@@ -132,7 +132,7 @@ async def _dial(addresses: list[tuple[int, tuple]]
             await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, sockaddr),
                                    CONNECT_TIMEOUT)
             return await asyncio.open_connection(sock=sock)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             sock.close()
     return None
 
@@ -173,7 +173,7 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     out = Outcome()
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
             ConnectionError, OSError):
         out.refused = "bad_request"
         await reply(writer, "400 Bad Request", "bad_request")

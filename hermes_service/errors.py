@@ -18,6 +18,8 @@ class ServiceError(Exception):
     """
     status = 500
     code = "internal_error"
+    #: the Hermes session a failed turn left behind (set by the runners), or None
+    hermes_session_id: str | None = None
 
     def __init__(self, detail: str, *, code: str | None = None, status: int | None = None,
                  headers: dict | None = None, extra: dict | None = None):
@@ -69,7 +71,7 @@ SQLITE_FULL_ERRORS = frozenset({"SQLITE_FULL", "SQLITE_IOERR_SHMSIZE", "SQLITE_I
                                 "SQLITE_IOERR_SHMMAP"})
 
 
-def storage_full(exc: BaseException) -> bool:
+def storage_full(exc: BaseException | None) -> bool:
     """Is ``exc`` (or what caused it) a write refused for want of space: ``ENOSPC``,
     ``EDQUOT`` (a quota), SQLite's :data:`SQLITE_FULL_ERRORS`?"""
     import errno
@@ -154,4 +156,6 @@ def schema_error(err, limit: int = 300) -> tuple[list[str], str]:
 
 def json_pointer(path: list) -> str:
     """``["args", "content", 0]`` → ``/args/content/0`` (RFC 6901 escaping); ``[]`` → ``/``."""
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else "/"
+    if not path:
+        return "/"
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path)

@@ -31,7 +31,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | str, *, durable: bool = True,
+def atomic_write(path: Path | str, data: bytes | str, *, durable: bool = True,
                  prefix: str | None = None, dir_fd: int | None = None) -> Path:
     """Replace ``path`` with ``data`` (``str`` is written as UTF-8) atomically; see the module
     doc. The temp file is ``<prefix>XXXX.tmp`` (default prefix ``.<name>.``) in the target's

@@ -25,8 +25,9 @@ header lines as received (:class:`FramingParser`), before any body byte is read:
 Such a request gets **400** ``bad_request_framing`` (the client routes:
 ``hermes_client_bad_request``) in the JSON error shape of the route family its path names,
 with ``Connection: close``: waitress's error task answers it and closes the connection, so
-nothing after the headers is ever served as a request (what waitress reads ahead is dropped); the request never reaches the app (no
-IP or key check, no access line: a warning names it in the service log).
+nothing after the headers is ever served as a request (what waitress reads ahead is dropped); the
+request never reaches the app (no IP or key check, no access line: a warning names it in the service
+log).
 
 :func:`install` puts the parser on a server made by ``waitress.create_server``.
 """
@@ -36,7 +37,7 @@ import json
 import logging
 import re
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 from waitress.channel import HTTPChannel
 from waitress.parser import HTTPRequestParser, crack_first_line, get_header_lines
@@ -166,7 +167,7 @@ def app_renderer(app) -> Renderer:
         except Exception:   # an error response must not fail: waitress would answer 500
             log.exception("rendering a framing refusal")
             return plain_render(method, path, query, detail)
-        return "400 Bad Request", headers + [("X-Request-Id", rid)], body
+        return "400 Bad Request", [*headers, ("X-Request-Id", rid)], body
     return render
 
 

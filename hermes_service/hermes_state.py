@@ -32,20 +32,22 @@ file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy`
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .state_db import (STATE_DB_SECONDS, STATE_FILES, bounded,  # noqa: F401
-                       planted_state_files, repair_state_files)
-from .state_db import check_triggers
+from .state_db import StateConn, bounded, check_triggers
 from .state_db import connect as _connect
 
-#: Hermes's failure sentinel for a turn whose model returned no content (agent/conversation_loop.py).
+#: Hermes's failure sentinel for a turn whose model returned no content
+#(agent/conversation_loop.py).
 EMPTY_SENTINEL = "(empty)"
 #: Context-compaction summary prefixes (agent/context_compressor.py: SUMMARY_PREFIX, legacy).
 SUMMARY_PREFIXES = ("[CONTEXT COMPACTION", "[CONTEXT SUMMARY]:")
@@ -66,13 +68,33 @@ _MESSAGE_COLS = ("id, session_id, role, content, tool_call_id, tool_name, tool_c
                  "finish_reason, reasoning, reasoning_content")
 
 
-def _db(hermes_home: Path) -> Path:
-    return Path(hermes_home) / "state.db"
+def _on_record(empty: Callable[[], Any], write: bool = False):
+    """The one way this module opens a ``state.db``: ``fn(conn, session_id, *args)`` becomes
+    ``fn(hermes_home, session_id | None, *args)``, which gives ``empty()`` when there is no
+    session id, no ``state.db`` or no Hermes table, and else calls ``fn`` with the file open
+    (read-only; ``write``: in one write transaction) and closes it after. What SQLite raises
+    on a hostile file becomes a stable error (:func:`~hermes_service.state_db.bounded`)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        @bounded
+        def opened(hermes_home: Path, session_id: str | None, *args, **kwargs):
+            conn = _connect(hermes_home, write=write) if session_id else None
+            if conn is None:
+                return empty()
+            with closing(conn):
+                if not write:
+                    return fn(conn, session_id, *args, **kwargs)
+                with _write_transaction(conn):
+                    return fn(conn, session_id, *args, **kwargs)
+        return opened
+    return decorate
 
 
-def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[sqlite3.Row]:
+def lineage(conn: StateConn, session_id: str, limit: int = 50) -> list[sqlite3.Row]:
     """Session rows from the oldest ancestor to ``session_id`` (empty if unknown)."""
-    rows, seen, current = [], set(), session_id
+    rows: list[sqlite3.Row] = []
+    seen: set[str] = set()
+    current = session_id
     while current and current not in seen and len(rows) < limit:
         seen.add(current)
         row = conn.row(f"SELECT {_SUMMARY_COLS} FROM sessions WHERE id = ?", (current,))
@@ -83,25 +105,17 @@ def lineage(conn: sqlite3.Connection, session_id: str, limit: int = 50) -> list[
     return rows[::-1]
 
 
-@bounded
-def lineage_ids(hermes_home: Path, session_id: str | None) -> list[str]:
+@_on_record(list)
+def lineage_ids(conn: StateConn, session_id: str) -> list[str]:
     """Ids of ``session_id``'s lineage, oldest first (empty if unknown or no state.db)."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return []
-    with closing(conn):
-        return [r["id"] for r in lineage(conn, session_id)]
+    return [r["id"] for r in lineage(conn, session_id)]
 
 
-@bounded
-def session_source(hermes_home: Path, session_id: str | None) -> str | None:
+@_on_record(lambda: None)
+def session_source(conn: StateConn, session_id: str) -> str | None:
     """The ``source`` Hermes recorded for a session (``tool`` for CLI turns, ``acp`` for ACP
     sessions), or None when the session does not exist."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return None
-    with closing(conn):
-        row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
+    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
     return row["source"] if row else None
 
 
@@ -197,7 +211,7 @@ def _is_turn_of(content, message: str) -> bool:
     return stored == sent or stored.endswith("\n" + sent)
 
 
-def _turn_rows(conn, session_id: str, message: str | None) -> list[sqlite3.Row]:
+def _turn_rows(conn: StateConn, session_id: str, message: str | None) -> list[sqlite3.Row]:
     """The active rows of the session's newest turn — its user message (which must be
     ``message``; None: whatever it is) and everything after it — or [] when the newest real
     user message is another one (Hermes saved nothing of this turn).
@@ -257,16 +271,12 @@ def _finish_reason(value) -> str | None:
     return value if isinstance(value, str) and _FINISH_REASON.fullmatch(value) else None
 
 
-@bounded
-def turn_record(hermes_home: Path, session_id: str | None, message: str) -> TurnRecord:
+@_on_record(TurnRecord)
+def turn_record(conn: StateConn, session_id: str, message: str) -> TurnRecord:
     """The turn of ``session_id`` that sent ``message`` (the session's newest turn)."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return TurnRecord()
-    with closing(conn):
-        rows = _turn_rows(conn, session_id, message)
+    rows = _turn_rows(conn, session_id, message)
     rec = TurnRecord(found=bool(rows), row_ids=[r["id"] for r in rows])
-    thoughts = []
+    thoughts: list[str] = []
     for r in rows[1:]:
         if r["role"] == "tool" and rec.tool_limit is None:
             rec.tool_limit = _tool_limit(r["content"])
@@ -274,8 +284,9 @@ def turn_record(hermes_home: Path, session_id: str | None, message: str) -> Turn
             continue
         rec.assistant_rows += 1
         rec.finish_reason = _finish_reason(r["finish_reason"])
-        if _reasoning(r):
-            thoughts.append(_reasoning(r))
+        thought = _reasoning(r)
+        if thought:
+            thoughts.append(thought)
         if not _calls_tools(r) and display_content("assistant", r["content"]) == EMPTY_SENTINEL:
             rec.empty_sentinel = True
     steps, final = said(rows[1:])
@@ -301,26 +312,22 @@ def _write_transaction(conn):
         conn.execute("COMMIT")
 
 
-@bounded
-def rewind_unanswered(hermes_home: Path, session_id: str | None, message: str) -> bool:
+@_on_record(lambda: False, write=True)
+def rewind_unanswered(conn: StateConn, session_id: str, message: str) -> bool:
     """Take back the turn that sent ``message`` if it produced no answer: soft-delete its
     rows (``active = 0``, ``sessions.rewind_count + 1``), as Hermes's own
     ``rewind_to_message`` does, so a retried message reaches the model once. Its rows after
     the user message must be Hermes's nudges and at most its ``(empty)`` sentinel; a turn
     with real assistant work (text or tool calls: it stays in the model's context) is left
     alone. Returns True when rows were taken back."""
-    conn = _connect(hermes_home, write=True) if session_id else None
-    if conn is None:
+    rows = _turn_rows(conn, session_id, message)
+    if not rows or not all(_unanswered(r) for r in rows):
         return False
-    with closing(conn), _write_transaction(conn):
-        rows = _turn_rows(conn, session_id, message)
-        if not rows or not all(_unanswered(r) for r in rows):
-            return False
-        conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
-                     [r["id"] for r in rows])
-        conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 "
-                     "WHERE id = ?", (rows[0]["session_id"],))
-        return True
+    conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
+                 [r["id"] for r in rows])
+    conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 "
+                 "WHERE id = ?", (rows[0]["session_id"],))
+    return True
 
 
 def _storable(text: str) -> str:
@@ -347,27 +354,28 @@ def keep_partial(hermes_home: Path, session_id: str | None, message: str, shown:
     Returns True when a row was written. Raises HomeTampered (409) like every access, and when
     a trigger the user's agent planted refuses the write (``RAISE``): nothing is written."""
     shown = _storable((shown or "").strip())
-    conn = _connect(hermes_home, write=True) if session_id and shown else None
-    if conn is None:
+    return bool(shown) and _keep_shown(hermes_home, session_id, message, shown)
+
+
+@_on_record(lambda: False, write=True)
+def _keep_shown(conn: StateConn, session_id: str, message: str, shown: str) -> bool:
+    rows = _turn_rows(conn, session_id, message)
+    steps, final = said(rows[1:])
+    if final:
+        return False                   # Hermes kept the reply itself
+    before = TOOL_BREAK.join(t for t in steps if t)
+    rest = shown[len(before):].strip() if shown.startswith(before) else shown
+    target = rows[0]["session_id"] if rows else session_id
+    if not rest or conn.row("SELECT 1 FROM sessions WHERE id = ?", (target,)) is None:
         return False
-    with closing(conn), _write_transaction(conn):
-        rows = _turn_rows(conn, session_id, message)
-        steps, final = said(rows[1:])
-        if final:
-            return False                   # Hermes kept the reply itself
-        before = TOOL_BREAK.join(t for t in steps if t)
-        rest = shown[len(before):].strip() if shown.startswith(before) else shown
-        target = rows[0]["session_id"] if rows else session_id
-        if not rest or conn.row("SELECT 1 FROM sessions WHERE id = ?", (target,)) is None:
-            return False
-        now = time.time()
-        new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
-        for role, content in new_rows:
-            conn.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
-                         "VALUES (?, ?, ?, ?, 1)", (target, role, content, now))
-        conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ? "
-                     "WHERE id = ?", (len(new_rows), target))
-        return True
+    now = time.time()
+    new_rows = ([] if rows else [("user", message.strip())]) + [("assistant", rest)]
+    for role, content in new_rows:
+        conn.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
+                     "VALUES (?, ?, ?, ?, 1)", (target, role, content, now))
+    conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ? "
+                 "WHERE id = ?", (len(new_rows), target))
+    return True
 
 
 def _unanswered(r) -> bool:
@@ -390,11 +398,7 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     the dead turn's own process outlives its service (its own process group) and, another
     service process sharing the data dir not having restarted, is still running it: taken
     back under it, its answer would land later on a question the record no longer has."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return False
-    with closing(conn):
-        rows = _turn_rows(conn, session_id, None)
+    rows = _newest_turn(hermes_home, session_id)
     if not rows or not all(_unanswered(r) for r in rows):
         return False
     if reap is not None:
@@ -402,40 +406,37 @@ def rewind_orphan(hermes_home: Path, session_id: str | None, reap=None) -> bool:
     return rewind_unanswered(hermes_home, session_id, rows[0]["content"])
 
 
-@bounded
-def session_state(hermes_home: Path, session_id: str | None) -> tuple[str | None, tuple | None]:
+@_on_record(list)
+def _newest_turn(conn: StateConn, session_id: str) -> list[sqlite3.Row]:
+    return _turn_rows(conn, session_id, None)
+
+
+@_on_record(lambda: (None, None))
+def session_state(conn: StateConn, session_id: str) -> tuple[str | None, tuple | None]:
     """(:func:`session_source`, :func:`fingerprint`) of a session, read in one opening of
     ``state.db`` (the ACP runner asks both before every turn)."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
+    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
+    if row is None:
         return None, None
-    with closing(conn):
-        row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
-        if row is None:
-            return None, None
-        return row["source"], _fingerprint(conn, session_id)
+    return row["source"], _fingerprint(conn, session_id)
 
 
-def _fingerprint(conn, session_id: str) -> tuple | None:
+def _fingerprint(conn: StateConn, session_id: str) -> tuple | None:
     ids = [r["id"] for r in lineage(conn, session_id)]
     if not ids:
         return None
     marks = ",".join("?" * len(ids))
     row = conn.row(f"SELECT COUNT(*), MAX(id) FROM messages WHERE session_id IN ({marks})"
                    " AND active = 1", ids)
-    return (row[0], row[1])
+    return None if row is None else (row[0], row[1])
 
 
-@bounded
-def fingerprint(hermes_home: Path, session_id: str | None) -> tuple | None:
+@_on_record(lambda: None)
+def fingerprint(conn: StateConn, session_id: str) -> tuple | None:
     """What the session's record is now: (active messages, newest active message id) of its
     lineage; None when unknown. A write by anyone else (another service process, a CLI
     turn, a turn taken back) changes it."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return None
-    with closing(conn):
-        return _fingerprint(conn, session_id)
+    return _fingerprint(conn, session_id)
 
 
 @bounded
@@ -461,7 +462,7 @@ def _call_count(tool_calls_json: str | None) -> int:
     return len(calls) if isinstance(calls, list) else 0
 
 
-def _transcript(conn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
+def _transcript(conn: StateConn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
     chain = lineage(conn, session_id)
     ids = [r["id"] for r in chain]
     if not ids:
@@ -497,50 +498,38 @@ def _replayed(out: list[dict], content) -> bool:
     return False
 
 
-@bounded
-def transcript(hermes_home: Path, session_id: str | None, limit: int = 1000) -> list[dict]:
+@_on_record(list)
+def transcript(conn: StateConn, session_id: str, limit: int = 1000) -> list[dict]:
     """The newest ``limit`` messages of the conversation, oldest first, in the client
     contract's shape (§2 GET /sessions/{id}): ``messageId`` (str), ``role``, ``content``,
     ``toolCallId``, ``toolName``, ``timestamp`` (unix s, int), ``reasoning`` (assistant
     reasoning or null). An assistant message that called tools carries its first call's id
     and name. See the module doc for what is left out."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return []
-    with closing(conn):
-        out, _ = _transcript(conn, session_id)
+    out, _ = _transcript(conn, session_id)
     for m in out:
         del m["_calls"]
     return out[-limit:] if limit else out
 
 
-@bounded
-def token_counts(hermes_home: Path, session_id: str | None) -> dict | None:
+@_on_record(lambda: None)
+def token_counts(conn: StateConn, session_id: str) -> dict | None:
     """``{inputTokens, outputTokens}`` of the session's lineage — :func:`session_summary`'s
     counters without reading its messages (a run reads them before its turn: the first
     token's path; a long conversation's transcript took milliseconds) — or None if Hermes has
     no such session."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return None
-    with closing(conn):
-        chain = lineage(conn, session_id)
+    chain = lineage(conn, session_id)
     if not chain:
         return None
     return {"inputTokens": sum(r["input_tokens"] or 0 for r in chain),
             "outputTokens": sum(r["output_tokens"] or 0 for r in chain)}
 
 
-@bounded
-def session_summary(hermes_home: Path, session_id: str | None) -> dict | None:
+@_on_record(lambda: None)
+def session_summary(conn: StateConn, session_id: str) -> dict | None:
     """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,
     inputTokens, outputTokens}`` of the session's lineage, or None if Hermes has no such
     session. The counts are those of :func:`transcript`."""
-    conn = _connect(hermes_home) if session_id else None
-    if conn is None:
-        return None
-    with closing(conn):
-        messages, chain = _transcript(conn, session_id)
+    messages, chain = _transcript(conn, session_id)
     if not chain:
         return None
     newest = chain[-1]

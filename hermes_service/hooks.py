@@ -48,22 +48,23 @@ def is_loopback(addr: str | None) -> bool:
 
 
 def assign_request_id() -> None:
-    ctx, req = g._get_current_object(), request._get_current_object()
+    ctx = g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     ctx.start = time.perf_counter()
     incoming = req.headers.get("X-Request-Id", "")
     ctx.request_id = incoming if _REQ_ID.fullmatch(incoming) else "req_" + tokens.hex16()
     logs.start(request_id=ctx.request_id,
-               route=req.url_rule.rule if req.url_rule is not None else None)  # route_template()
+               route=route_template(req))
 
 
-def route_template() -> str | None:
-    """The matched Flask rule (e.g. ``/api/v1/sessions/<session_id>``), None before routing
+def route_template(req) -> str | None:
+    """The rule ``req`` matched (e.g. ``/api/v1/sessions/<session_id>``), None before routing
     matched anything; never the raw path (metrics labels, logs)."""
-    return request.url_rule.rule if request.url_rule is not None else None
+    return req.url_rule.rule if req.url_rule is not None else None
 
 
 def resolve_client() -> None:
-    req = request._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     g.client_ip = services().guard.client_ip(req.remote_addr, req.headers.get("X-Forwarded-For"))
 
 
@@ -71,7 +72,8 @@ def authenticate() -> None:
     """Raise Forbidden (``ip_not_allowed``, ``insufficient_scope``) or Unauthorized (key
     codes) unless the request may pass; sets ``g.api_key`` (None when keys are disabled or not
     needed)."""
-    svc, ctx, req = services(), g._get_current_object(), request._get_current_object()
+    svc, ctx = services(), g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     ctx.api_key = None
     family = routing.current()
     if family is not None and family.auth == routing.RUN_TOKEN:
@@ -95,12 +97,14 @@ def authenticate() -> None:
 
 
 def access_log(resp):
-    ctx, req = g._get_current_object(), request._get_current_object()   # one lookup each
+    # one lookup each
+    ctx = g._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     request_id = ctx.get("request_id")
     resp.headers["X-Request-Id"] = request_id if request_id is not None else ""
     started = ctx.get("start")
     seconds = time.perf_counter() - started if started else 0.0
-    route = req.url_rule.rule if req.url_rule is not None else None     # route_template()
+    route = route_template(req)
     run_id = logs.field("run_id") or (req.view_args or {}).get("run_id")
     path, method, client_ip, status = req.path, req.method, ctx.get("client_ip"), resp.status_code
     access_logger.info("%s %s %s", client_ip, method,

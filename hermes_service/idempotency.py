@@ -41,7 +41,8 @@ Rules (docs/v1-api.md §Idempotent retries is the manual):
 * **A crash**: a record in progress names its owner (:func:`hermes_service.instance.current`).
   When that process is gone (:func:`hermes_service.instance.alive` False) the retry takes the
   record over and runs the request again: the interrupted turn was taken back by the runners'
-  rewind before the next turn (docs/operations.md §Process lifetime), so the conversation holds it once.
+  rewind before the next turn (docs/operations.md §Process lifetime), so the conversation holds it
+  once.
 * **Lifetime**: a finished record expires ``service.idempotency_ttl_seconds`` (default 86400)
   after its outcome; an expired key is a fresh request. Expired records are deleted by the
   retention job and ``main.py gc`` (:meth:`IdempotencyStore.prune`). A record in progress
@@ -62,9 +63,9 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from flask import Response, g, request
 
@@ -188,7 +189,7 @@ class IdempotencyStore:
             con.execute("PRAGMA journal_mode=WAL")
             con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
         except sqlite3.Error as err:
-            from .session_store import CorruptStore     # the service refuses to start (exit 3)
+            from .session_store import CorruptStore  # the service refuses to start (exit 3)
             raise CorruptStore(
                 f"{self.path}: the Idempotency-Key record store cannot be opened ({err}); "
                 "stop every service process on the data dir, move it away with its -wal and "
@@ -202,7 +203,7 @@ class IdempotencyStore:
     def _con(self) -> sqlite3.Connection:
         """This thread's connection (re-opened after a fork)."""
         pid, con = getattr(self._local, "con", (None, None))
-        if pid != os.getpid():
+        if pid != os.getpid() or con is None:
             con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
                                   check_same_thread=False)
             con.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")

@@ -11,7 +11,7 @@ this host (the data dir is local, not shared between hosts).
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 
@@ -32,7 +32,7 @@ def alive_pid(pid, started: str | None) -> bool:
     return now is not None and (started is None or now == started)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _current(pid: int) -> str:
     return f"{pid}-{proc_start(pid)}"
 

@@ -1,4 +1,5 @@
-"""Process lifetime of the serving process (docs/operations.md §Process lifetime, docs/configuring.md §Reload, §Limits).
+"""Process lifetime of the serving process (docs/operations.md §Process lifetime,
+docs/configuring.md §Reload, §Limits).
 
 * :func:`waitress_options` — connection limit, idle timeout and body size enforced by waitress
   itself, before Flask (and before any IP or key check) sees a request;
@@ -25,14 +26,15 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from . import logs, metrics, preflight
+from .config import Config, ConfigError, keep_running, load_config, restart_only
 from .files import atomic_write
 from .installed import route_families
 from .instance import proc_start
-from .config import Config, ConfigError, keep_running, load_config, restart_only
 
 log = logging.getLogger("hermes_service")
 
@@ -66,8 +68,9 @@ def running(config: Config, sandbox) -> str:
 
 
 def no_provider(config: Config) -> str | None:
-    """The one line saying no model turn can work and what to set (start and reload; docs/operations.md
-    §Logs), or None when the provider is usable (:attr:`Config.provider_issues`)."""
+    """The one line saying no model turn can work and what to set (start and reload;
+    docs/operations.md §Logs), or None when the provider is usable
+    (:attr:`Config.provider_issues`)."""
     if not config.provider_issues:
         return None
     return (f"no model provider: {'; '.join(config.provider_issues)} — until it is set every "
@@ -130,7 +133,7 @@ class ServiceRecord:
 
     def __init__(self, data_dir: Path, config_path: str, url: str):
         self.path = Path(data_dir) / RECORD_DIR / f"{os.getpid()}.json"
-        self.data = {"pid": os.getpid(), "start": proc_start(os.getpid()),
+        self.data: dict[str, Any] = {"pid": os.getpid(), "start": proc_start(os.getpid()),
                      "config": str(Path(config_path).resolve()), "url": url,
                      "reload": {"seq": 0, "ok": None, "lines": [], "at": None}}
         self._lock = threading.Lock()
@@ -143,7 +146,7 @@ class ServiceRecord:
         with self._lock:
             r = self.data["reload"]
             self.data["reload"] = {"seq": r["seq"] + 1, "ok": ok, "lines": lines,
-                                   "at": datetime.now(timezone.utc).isoformat()}
+                                   "at": datetime.now(UTC).isoformat()}
             _write_json(self.path, self.data)
 
     def remove(self) -> None:
@@ -259,7 +262,8 @@ class Lifecycle:
         """Reload now (one at a time); logs and records the outcome. Returns whether applied."""
         with self._reload_lock:
             ok, lines = reload_config(self.svc, self.config_path)
-            if ok:     # one line in the start line's words (docs/operations.md §Logs), then the notes
+            # one line in the start line's words (docs/operations.md §Logs), then the notes
+            if ok:
                 config = self.svc.config
                 log.info("reloaded %s; serving on %s (pid %d): %s", self.config_path,
                          self.record.data["url"], os.getpid(), running(config, self.svc.sandbox))
@@ -344,7 +348,7 @@ class Lifecycle:
 def drop_own_pid_records(pid_dir: Path | None) -> list[int]:
     """Remove this process's CLI pid records whose process group is gone; returns the
     groups still alive (their records stay for the next start's reaping)."""
-    alive = []
+    alive: list[int] = []
     if pid_dir is None:
         return alive
     for path in Path(pid_dir).glob("*.json"):

@@ -31,15 +31,19 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 from pythonjsonlogger.json import JsonFormatter
 
 CONTEXT_FIELDS = ("request_id", "trace_id", "run_id", "route")
 # fields every access line and run line carries (text format: shown as "-" when unset)
-EVENT_FIELDS = CONTEXT_FIELDS + ("status", "duration_ms")
+EVENT_FIELDS = (*CONTEXT_FIELDS, "status", "duration_ms")
 _TEXT_NAMES = {"request_id": "rid", "trace_id": "trace", "run_id": "run", "route": "route",
                "status": "status", "duration_ms": "ms"}
-_CONTEXT: contextvars.ContextVar[dict] = contextvars.ContextVar("hermes_log_context", default={})
+_CONTEXT: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "hermes_log_context", default=MappingProxyType({}))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
@@ -104,7 +108,7 @@ class TextFormatter(logging.Formatter):
         if second != whole:
             text = time.strftime(self.default_time_format, time.localtime(whole))
             self._second = (whole, text)
-        return self.default_msec_format % (text, record.msecs)
+        return (self.default_msec_format or "%s,%03d") % (text, record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         record.message = record.getMessage()
@@ -189,7 +193,7 @@ class LineHandler(logging.StreamHandler):
             return False
         try:
             line = self.format(record) + self.terminator
-        except Exception:   # as StreamHandler.emit: report, never raise into the caller
+        except Exception:  # noqa: BLE001 - as StreamHandler.emit: report, never raise
             self.handleError(record)
             return True
         with self._mutex:
@@ -259,7 +263,7 @@ class LineHandler(logging.StreamHandler):
                 None)
             try:
                 batch.insert(0, (self.format(note) + self.terminator, note))
-            except Exception:
+            except Exception:  # noqa: BLE001 - as StreamHandler.emit
                 self.handleError(note)
         # not under self.lock: logging.shutdown() (atexit) holds it while it calls flush()
         with self._write_lock:
@@ -268,7 +272,7 @@ class LineHandler(logging.StreamHandler):
                 self.stream.flush()
             except RecursionError:
                 raise
-            except Exception:
+            except Exception:  # noqa: BLE001 - as StreamHandler.emit
                 self.handleError(batch[-1][1])
 
     def setStream(self, stream):
@@ -282,7 +286,7 @@ class LineHandler(logging.StreamHandler):
         return old
 
     # -- flush and close -------------------------------------------------------------
-    def flush(self, timeout: float = 5.0) -> bool:
+    def flush(self, timeout: float = 5.0) -> bool:  # type: ignore[override]
         """Wait until every line queued before this call is written (at most ``timeout`` s;
         at once in the writer thread itself or when no writer runs). Returns whether they were."""
         with self._mutex:
@@ -320,10 +324,17 @@ class LineHandler(logging.StreamHandler):
 LINGER = 0.01
 #: how long a logging thread waits for room in a full queue before it drops its line
 FULL_WAIT = 1.0
-_HANDLERS: "weakref.WeakSet[LineHandler]" = weakref.WeakSet()
+_HANDLERS: weakref.WeakSet[LineHandler] = weakref.WeakSet()
 _DROPPED_TOTAL = 0
 _DROPPED_LOCK = threading.Lock()
-os.register_at_fork(after_in_child=lambda: [h._after_fork() for h in list(_HANDLERS)])
+
+
+def _after_fork_in_child() -> None:
+    for handler in list(_HANDLERS):
+        handler._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def dropped_lines() -> int:

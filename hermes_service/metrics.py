@@ -9,7 +9,7 @@ user id, message text or key into a label:
 * :class:`TurnClock` / :func:`turn_finished` — one turn of a runner (queue wait, duration,
   outcome code);
 * :func:`model_request` / :func:`model_tokens` — one request on the model pass-through
-  endpoint (``model_proxy.py``) and the tokens the provider reported for it;
+  endpoint (``model_proxy/``) and the tokens the provider reported for it;
 * :func:`set_draining` — the process drains before it stops;
 * :func:`watch` — gauges read at scrape time from a callback (processes, registry size);
   :func:`declare_watched` adds such a gauge (an extension's).
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable, Sequence
+from typing import ClassVar
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
-                               disable_created_metrics)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -42,7 +42,8 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTI
 
 disable_created_metrics()     # no *_created series: Prometheus does not need them
 REGISTRY = CollectorRegistry(auto_describe=True)
-ProcessCollector(registry=REGISTRY)      # process_resident_memory_bytes, process_cpu_seconds_total, …
+# process_resident_memory_bytes, process_cpu_seconds_total, …
+ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 GCCollector(registry=REGISTRY)
 
@@ -61,8 +62,9 @@ HTTP_DURATION = Histogram(
     namespace=NAMESPACE, buckets=HTTP_BUCKETS, registry=REGISTRY)
 TURNS = Counter(
     "turns", "Turns that reached a runner, by runner (cli | acp), route family (v1, or the "
-    "name of an extension's family) and outcome (ok, or the core error code, e.g. upstream_unavailable, run_cancelled, "
-    "too_many_runs).", ["runner", "family", "outcome"], namespace=NAMESPACE, registry=REGISTRY)
+    "name of an extension's family) and outcome (ok, or the core error code, e.g. "
+    "upstream_unavailable, run_cancelled, too_many_runs).", ["runner", "family", "outcome"],
+    namespace=NAMESPACE, registry=REGISTRY)
 TURN_DURATION = Histogram(
     "turn_duration_seconds", "From the runner starting the turn (CLI spawned) to its end, any "
     "outcome.", ["runner", "family"], namespace=NAMESPACE, buckets=TURN_BUCKETS,
@@ -111,7 +113,7 @@ DRAINING = Gauge(
 class _Watched:
     """Gauges whose value a callback gives at scrape time (see :func:`watch`)."""
 
-    HELP = {
+    HELP: ClassVar[dict[str, tuple[str, list[str]]]] = {
         "runner_processes": ("Runner processes (Hermes CLI / ACP) running now, by runner.",
                              ["runner"]),
         "registry_sessions": ("Session records in the session registry (sessions.json).", []),
@@ -121,7 +123,7 @@ class _Watched:
         self._lock = threading.Lock()
         self._callbacks: dict[tuple[str, tuple], Callable[[], float]] = {}
 
-    def declare(self, name: str, text: str, labels: list[str]) -> None:
+    def declare(self, name: str, text: str, labels: Sequence[str]) -> None:
         with self._lock:
             self.HELP[name] = (text, list(labels))
 
@@ -143,7 +145,7 @@ class _Watched:
         for (name, values), fn in callbacks.items():
             try:
                 families[name].add_metric(list(values), float(fn()))
-            except Exception:      # a broken callback must not break the scrape
+            except Exception:  # noqa: BLE001 - a broken callback must not break the scrape
                 continue
         return [f for f in families.values() if f.samples]
 
@@ -174,8 +176,8 @@ def watch(name: str, fn: Callable[[], float], **labels: str) -> None:
     """Report ``fn()`` as gauge ``hermes_service_<name>`` at every scrape.
 
     ``name``: ``runner_processes`` (label ``runner``), ``registry_sessions``, or one
-    :func:`declare_watched` added. A later call with the same name and labels replaces the callback (the
-    newest app of a process wins). Raises ValueError for an unknown name or label set.
+    :func:`declare_watched` added. A later call with the same name and labels replaces the callback
+    (the newest app of a process wins). Raises ValueError for an unknown name or label set.
     """
     _WATCHED.set(name, labels, fn)
 
@@ -291,7 +293,8 @@ def model_request(outcome: str) -> None:
 
 
 def set_draining(on: bool) -> None:
-    """The process started (True) or ended (False) a drain (docs/operations.md §Process lifetime)."""
+    """The process started (True) or ended (False) a drain (docs/operations.md §Process
+    lifetime)."""
     DRAINING.set(1 if on else 0)
 
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 #: target → the one method it is forwarded for
 ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET"}

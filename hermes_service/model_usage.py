@@ -34,7 +34,7 @@ def usage_db_path(data_dir: Path) -> Path:
 
 def today() -> str:
     """The current UTC day, ``YYYY-MM-DD`` (the usage rows' ``day``)."""
-    return _dt.datetime.now(_dt.timezone.utc).date().isoformat()
+    return _dt.datetime.now(_dt.UTC).date().isoformat()
 
 
 class UsageReader:
@@ -350,7 +350,7 @@ def read_usage(path: Path, user_id: str | None = None, days: int = 30,
     path = Path(path)
     if not path.exists():
         return []
-    today = today or _dt.datetime.now(_dt.timezone.utc).date()
+    today = today or _dt.datetime.now(_dt.UTC).date()
     since = (today - _dt.timedelta(days=days - 1)).isoformat()
     where, args = "day >= ?", [since]
     if user_id is not None:
@@ -372,7 +372,7 @@ def read_usage(path: Path, user_id: str | None = None, days: int = 30,
 
 def seconds_to_midnight(now: _dt.datetime | None = None) -> int:
     """Seconds until the next UTC day begins (when a spent daily budget is renewed), >= 1."""
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     tomorrow = (now + _dt.timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     return max(1, int((tomorrow - now).total_seconds()) + 1)
 

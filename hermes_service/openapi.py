@@ -7,13 +7,14 @@ the very dict :func:`~hermes_service.web.json_body` validates the request with â
 responses. The builder adds what every route of a kind can answer (key and address errors,
 strict-JSON and size errors for routes with a body, ``internal_error``), maps core error codes
 to each route family's codes with the family's own mapping
-(:attr:`~hermes_service.web.ErrorFamily.code`, e.g. the client proxy's) and writes the codes of each status as an
-``enum`` of the error body, so a response with an undocumented code fails its schema.
+(:attr:`~hermes_service.web.ErrorFamily.code`, e.g. the client proxy's) and writes the codes of each
+status as an ``enum`` of the error body, so a response with an undocumented code fails its schema.
 
 What depends on the config is read from it when the document is served: the API-key scheme
 (``security.auth_method``, ``api_key_header``, ``enable_api_key``), whether ``/health`` and the
 documentation need a key (``health_requires_api_key``, ``docs_requires_api_key``), what a
-contract's ``body_for_config`` reads (e.g. the model ids a run may name). A reload changes the document with the config.
+contract's ``body_for_config`` reads (e.g. the model ids a run may name). A reload changes the
+document with the config.
 
 A route without a contract, or a contract whose path parameters differ from its rule, is a
 programming error: :func:`build_document` raises :class:`UndocumentedRoute`, and the app
@@ -32,10 +33,11 @@ from pathlib import Path
 
 from apispec import APISpec
 from flask import Blueprint, Flask, Response, current_app, jsonify, send_from_directory
+from werkzeug.routing import Rule
 
 from . import routing
 from .errors import ID_PATTERN, NotFound
-from .routing import OPEN_UNLESS, RUN_TOKEN, RouteFamily, declare
+from .routing import OPEN_UNLESS, RUN_TOKEN, ErrorFamily, RouteFamily, declare
 from .web import V1_ERRORS, Contract, Param, Reply, contract_of, documented, services
 
 OPENAPI_VERSION = "3.1.0"
@@ -103,12 +105,17 @@ def openapi_path(rule: str) -> str:
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
 
 
+def _methods(rule: Rule) -> list[str]:
+    """The methods ``rule`` answers that the document describes (not HEAD, OPTIONS)."""
+    return sorted((rule.methods or set()) - AUTOMATIC_METHODS)
+
+
 def _operation_ids(app: Flask) -> dict[tuple[str, str], str]:
     """(endpoint, method) â†’ operationId: the endpoint's name, plus the method when one
     endpoint answers several."""
     ids = {}
     for rule in app.url_map.iter_rules():
-        methods = sorted(rule.methods - AUTOMATIC_METHODS)
+        methods = _methods(rule)
         for method in methods:
             base = rule.endpoint.replace(".", "_")
             ids[(rule.endpoint, method)] = f"{base}_{method.lower()}" if len(methods) > 1 else base
@@ -170,7 +177,8 @@ def response_headers(app: Flask) -> dict[str, dict]:
 def _headers(names, status: int, bearer: bool, idempotent: bool = False,
              known: dict = RESPONSE_HEADERS) -> dict:
     # every answer of the service carries X-Request-Id; waitress's own 413 does not
-    out = {"X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": status != 413}}
+    out: dict[str, dict] = {
+        "X-Request-Id": {**RESPONSE_HEADERS["X-Request-Id"], "required": status != 413}}
     if idempotent and status < 500 and status != 429:    # an outcome that may be replayed
         names = (*names, IDEMPOTENT_REPLY_HEADER)
     for name in names:
@@ -303,13 +311,15 @@ def build_document(app: Flask, config) -> dict:
         spec.components.schema(name, schema)
 
     op_ids = _operation_ids(app)
-    families, paths, missing = {}, {}, []
+    families: dict[str, ErrorFamily] = {}
+    paths: dict[str, dict] = {}
+    missing: list[str] = []
     outside = routing.problems(app)
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
         view = app.view_functions[rule.endpoint]
         contract = contract_of(view)
         if contract is None:
-            missing.append(f"{','.join(sorted(rule.methods - AUTOMATIC_METHODS))} {rule.rule} "
+            missing.append(f"{','.join(_methods(rule))} {rule.rule} "
                            f"({rule.endpoint})")
             continue
         family = routing.family_of(app, rule)
@@ -317,7 +327,7 @@ def build_document(app: Flask, config) -> dict:
             continue                               # in ``outside``
         families[family.errors.name] = family.errors
         ops = paths.setdefault(openapi_path(rule.rule), {})
-        for method in sorted(rule.methods - AUTOMATIC_METHODS):
+        for method in _methods(rule):
             ops[method.lower()] = _operation(app, rule, method, contract, family, config, op_ids,
                                              view)
     if missing or outside:
@@ -325,8 +335,8 @@ def build_document(app: Flask, config) -> dict:
             ([f"routes without a contract (hermes_service.web.documented): {'; '.join(missing)}"]
              if missing else [])
             + ([f"routes outside a route family: {'; '.join(outside)}"] if outside else [])))
-    for name, family in sorted(families.items()):
-        spec.components.schema(name, {**family.schema, "description": family.description})
+    for name, errors in sorted(families.items()):
+        spec.components.schema(name, {**errors.schema, "description": errors.description})
     for path, ops in paths.items():
         spec.path(path=path, operations=ops)
     return spec.to_dict()
@@ -348,7 +358,16 @@ def document() -> dict:
 DOCS = RouteFamily("docs", ("/openapi.json", "/docs/"), V1_ERRORS, auth=OPEN_UNLESS,
                    key_setting="docs_requires_api_key")
 bp = declare(Blueprint("docs", __name__), DOCS)
-SWAGGER_UI_DIR = Path(find_spec("flask_swagger_ui").origin).parent / "dist"
+
+
+def _package_dir(name: str) -> Path:
+    spec = find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"{name} is not installed")
+    return Path(spec.origin).parent
+
+
+SWAGGER_UI_DIR = _package_dir("flask_swagger_ui") / "dist"
 #: the Swagger UI files /docs uses (from the flask-swagger-ui package), and our start script
 DOCS_ASSETS = ("swagger-ui.css", "swagger-ui-bundle.js", "favicon-32x32.png",
                "favicon-16x16.png", "docs.js")

@@ -1,5 +1,5 @@
-"""Retention and cleanup: ``.venv/bin/python main.py gc`` and the service's periodic run (docs/data-and-durability.md
-§Retention and cleanup).
+"""Retention and cleanup: ``.venv/bin/python main.py gc`` and the service's periodic run
+(docs/data-and-durability.md §Retention and cleanup).
 
 One pass (:func:`collect`) removes, in this order:
 
@@ -40,11 +40,12 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
@@ -120,7 +121,7 @@ def last_used(record: dict) -> float | None:
             value = datetime.fromisoformat(str(record.get(key)))
         except ValueError:
             continue
-        return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
     return None
 
 
@@ -148,7 +149,7 @@ def _try_lock(path: Path, create: bool) -> Iterator[FileLock | bool | None]:
         lock.release()
 
 
-def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
+def collect(svc: Services, *, older_than: float | None, dry_run: bool = False,
             purge_transcripts: bool = False, in_service: bool = False,
             now: float | None = None) -> GcReport:
     """One cleanup pass over ``svc``'s data dir (module doc). ``older_than``: seconds a session
@@ -178,7 +179,7 @@ def collect(svc: "Services", *, older_than: float | None, dry_run: bool = False,
 def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
               locks_dir: Path) -> None:
     store = svc.store
-    since = datetime.fromtimestamp(cutoff, timezone.utc).isoformat(timespec="seconds")
+    since = datetime.fromtimestamp(cutoff, UTC).isoformat(timespec="seconds")
     for user_id in store.users():
         if user_id in report.busy:
             continue
@@ -268,7 +269,8 @@ class _Known:
     """Which session ids each owner's shard holds, read once per pass (None: damaged)."""
 
     def __init__(self, store, report: GcReport):
-        self.store, self.report, self.ids = store, report, {}
+        self.store, self.report = store, report
+        self.ids: dict[str, set | None] = {}
 
     def owner_and_state(self, session_id: str) -> tuple[str | None, bool | None]:
         """(owner, whether its shard holds the record); state None if the link or the shard
@@ -340,12 +342,12 @@ class RetentionJob:
     one :func:`collect` pass with ``in_service=True``; mappings only when
     ``sessions_older_than`` is set. Started by the serve command; a daemon thread.
 
-    The settings are read from ``svc.config`` at every pass, so a reload (docs/configuring.md §Reload)
-    applies from the next one; while ``interval_seconds`` is 0 no pass runs (the thread looks
-    again every :attr:`idle_check` seconds)."""
+    The settings are read from ``svc.config`` at every pass, so a reload (docs/configuring.md
+    §Reload) applies from the next one; while ``interval_seconds`` is 0 no pass runs (the thread
+    looks again every :attr:`idle_check` seconds)."""
     idle_check = 60.0
 
-    def __init__(self, svc: "Services"):
+    def __init__(self, svc: Services):
         self.svc = svc
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -1,5 +1,6 @@
 """Route families: who may call a route, with what, and how its errors look — one record per
-family, declared by the blueprint that serves it (docs/architecture.md, docs/configuring.md §API keys).
+family, declared by the blueprint that serves it (docs/architecture.md, docs/configuring.md §API
+keys).
 
 A :class:`RouteFamily` names
 
@@ -26,10 +27,11 @@ and cached, or for a request that matched no route the family owning its path.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from flask import Blueprint, Flask, current_app, request
+from flask.sansio.app import App
 from werkzeug.routing import Rule
 
 from .config import SecuritySettings
@@ -97,7 +99,7 @@ class RouteFamily:
         """Does a request of this family present an API key (when ``security.enable_api_key``
         is on)? ``security``: the config's ``security`` section."""
         if self.auth == OPEN_UNLESS:
-            return bool(getattr(security, self.key_setting))
+            return bool(getattr(security, str(self.key_setting)))
         return self.auth == KEY
 
 
@@ -107,7 +109,7 @@ def declare(bp: Blueprint, *families: RouteFamily) -> Blueprint:
 
         bp = declare(Blueprint("api_v1", __name__), V1, EXECUTE, HEALTH)
     """
-    bp.route_families = families
+    bp.route_families = families  # type: ignore[attr-defined]
     bp.record_once(lambda state: _table(state.app).add(families))
     return bp
 
@@ -143,7 +145,7 @@ class _Table:
         return family
 
 
-def _table(app: Flask) -> _Table:
+def _table(app: App) -> _Table:
     table = app.extensions.get(_EXTENSION)
     if table is None:
         table = app.extensions[_EXTENSION] = _Table()
@@ -176,7 +178,7 @@ def family_for_path(app: Flask, path: str) -> RouteFamily | None:
 def current() -> RouteFamily | None:
     """The family of the request being handled: its route's, or for a request that matched
     no route (404/405) the family owning its path; None: no family."""
-    app = current_app._get_current_object()
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
     table = _table(app)
     rule = request.url_rule
     if rule is not None:

@@ -34,13 +34,13 @@ import shutil
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import egress_proxy, metrics, service_gate
-from .hermes_site import netforward
 from .egress_policy import Policy
+from .hermes_site import netforward
 
 log = logging.getLogger("hermes_service.sandbox_net")
 
@@ -128,10 +128,10 @@ class SandboxNet:
     port)}`` — set by :meth:`set_target` once each is listening. ``on_egress(attachment,
     outcome)`` is called for every finished egress connection (logs, metrics, usage)."""
 
-    def __init__(self, root: Path, policy: Policy = Policy(), caps: Caps = Caps(),
+    def __init__(self, root: Path, policy: Policy | None = None, caps: Caps | None = None,
                  on_egress: Callable | None = None):
         self.root = Path(root)
-        self.policy, self.caps = policy, caps
+        self.policy, self.caps = policy or Policy(), caps or Caps()
         self.on_egress = on_egress
         self.resolver = egress_proxy.default_resolver     # the policy's own name check
         self.targets: dict[str, tuple[str, int]] = {}
@@ -218,7 +218,7 @@ class SandboxNet:
         if loop is not None:
             try:
                 asyncio.run_coroutine_threadsafe(self._stop(att), loop).result(10)
-            except Exception:      # noqa: BLE001 - closing goes on
+            except Exception:  # closing goes on
                 log.exception("closing a sandbox's sockets failed")
         shutil.rmtree(att.folder, ignore_errors=True)
 
@@ -267,7 +267,7 @@ class SandboxNet:
                 await self._relay(name, reader, writer, att)
         except asyncio.CancelledError:
             pass
-        except Exception:          # noqa: BLE001 - one connection never stops the loop
+        except Exception:  # one connection never stops the loop
             log.exception("sandbox %s connection failed", name)
         finally:
             att.open[name] -= 1
@@ -289,7 +289,7 @@ class SandboxNet:
             return
         try:
             o_reader, o_writer = await asyncio.wait_for(asyncio.open_connection(*target), 10)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return
         try:
             await egress_proxy.relay_both(_copy(reader, o_writer), _copy(o_reader, writer))

@@ -17,7 +17,7 @@ import functools
 import hashlib
 import hmac
 import ipaddress
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .config import ApiKey, NginxSettings, SecuritySettings
 from .errors import Forbidden, Unauthorized
@@ -99,7 +99,7 @@ class Guard:
         if found is None:
             raise Unauthorized("invalid API key", code="invalid_api_key",
                                headers=self._challenge())
-        if found.expires_at and (now or datetime.now(timezone.utc)) >= found.expires_at:
+        if found.expires_at and (now or datetime.now(UTC)) >= found.expires_at:
             raise Unauthorized("API key expired", code="api_key_expired",
                                headers=self._challenge())
         return found
@@ -111,10 +111,10 @@ class Guard:
 
 def acting_user(api_key: ApiKey | None, requested: str | None) -> str | None:
     """The user (actor) a request acts for — the one actor-binding rule of every route
-    family (docs/configuring.md §API keys): ``requested`` (already a valid id) or, when the request names
-    none, the key's bound ``actor_id``. A key bound to an actor acts only for that actor:
-    naming another raises :class:`Forbidden` ``actor_mismatch`` (each blueprint renders it in
-    its contract's shape). Returns None when neither names a user."""
+    family (docs/configuring.md §API keys): ``requested`` (already a valid id) or, when the request
+    names none, the key's bound ``actor_id``. A key bound to an actor acts only for that actor:
+    naming another raises :class:`Forbidden` ``actor_mismatch`` (each blueprint renders it in its
+    contract's shape). Returns None when neither names a user."""
     bound = getattr(api_key, "actor_id", None)
     if bound and requested is not None and requested != bound:
         raise Forbidden("this API key is bound to another user", code="actor_mismatch")

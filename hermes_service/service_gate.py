@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 MAX_HEAD = 16 * 1024
 HEAD_TIMEOUT = 30.0
@@ -115,7 +115,7 @@ async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     """Serve one connection (module doc); returns the refusal reason, or None."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
             ConnectionError, OSError):
         await refuse(writer, "400 Bad Request", "bad_request")
         return "bad_request"
@@ -127,7 +127,7 @@ async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     await pace.take()
     try:
         o_reader, o_writer = await asyncio.wait_for(asyncio.open_connection(*target), 10)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         await refuse(writer, "502 Bad Gateway", "unreachable")
         return "unreachable"
     try:

@@ -11,7 +11,8 @@ it lists, and it lists every public one of ``Services``).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .config import Config
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from .idempotency import IdempotencyStore
     from .limits import Limiter
     from .model_proxy import ModelProxy
-    from .runner import HermesRunner, Processes, RunnerChoice
+    from .runner import CliRunner, Processes, RunnerChoice
     from .sandbox import Sandbox
     from .security import Guard
     from .session_store import SessionStore
@@ -34,7 +35,7 @@ class ServiceObjects(Protocol):
     store: SessionStore
     homes: UserHomes
     processes: Processes
-    runner: HermesRunner
+    runner: CliRunner
     runners: RunnerChoice
     conversations: Conversations
     admitted: Limiter
@@ -65,4 +66,4 @@ class ServiceObjects(Protocol):
 
     def shutdown(self) -> int: ...
 
-    def admission(self, label: str = ...) -> ContextManager[None]: ...
+    def admission(self, label: str = ...) -> AbstractContextManager[None]: ...

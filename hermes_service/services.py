@@ -2,8 +2,8 @@
 
 Data flows one way: blueprint → these objects → runner/store. :func:`build_services`
 constructs every object from the config and wires them together; :meth:`Services.apply`
-hands a reloaded config to the same objects (docs/configuring.md §Reload). Process reaping (killing CLI
-groups a crashed service left) and the periodic cleanup
+hands a reloaded config to the same objects (docs/configuring.md §Reload). Process reaping (killing
+CLI groups a crashed service left) and the periodic cleanup
 (:class:`~hermes_service.retention.RetentionJob`) are the serve command's job
 (:mod:`hermes_service.cli`), not a side effect of building these.
 """
@@ -19,17 +19,17 @@ from .config import Config
 from .conversations import Conversations
 from .disk import Disk
 from .errors import ServiceError, TooManyRuns, Unconfigured
-from .idempotency import DB_NAME as IDEMPOTENCY_DB, IdempotencyStore
+from .idempotency import DB_NAME as IDEMPOTENCY_DB
+from .idempotency import IdempotencyStore
 from .limits import Limiter
 from .model_policy import offered_models
 from .model_proxy import ModelProxy, upstream_proxy_for
 from .model_usage import usage_db_path
-from .runner import AcpRunner, CliProcess, HermesRunner, Processes, RunnerChoice, acp_families
+from .runner import AcpRunner, CliProcess, CliRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
 from .user_homes import HERMES_SITE, UserHomes
-
 
 #: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
 #: node; alone, the restarted service is usually back within a drain.
@@ -44,14 +44,14 @@ class Services:
     store: SessionStore
     homes: UserHomes
     processes: Processes               # every Hermes process: slots, groups, the launcher
-    runner: HermesRunner               # the CLI runner (runners.cli)
+    runner: CliRunner               # the CLI runner (runners.cli)
     runners: RunnerChoice              # which runner takes a turn (the CLI or the ACP one)
     conversations: Conversations
-    admitted: Limiter = field(repr=False, default=None)
-    sandbox: Sandbox = field(repr=False, default=None)     # the launcher of Hermes processes
-    disk: Disk = field(repr=False, default=None)           # quotas, floor, the disk watcher
-    model_proxy: ModelProxy = field(repr=False, default=None)   # the provider pass-through
-    idempotency: IdempotencyStore = field(repr=False, default=None)  # Idempotency-Key records
+    admitted: Limiter = field(repr=False)
+    sandbox: Sandbox = field(repr=False)             # the launcher of Hermes processes
+    disk: Disk = field(repr=False)                   # quotas, floor, the disk watcher
+    model_proxy: ModelProxy = field(repr=False)      # the provider pass-through
+    idempotency: IdempotencyStore = field(repr=False)    # Idempotency-Key records
     #: where Hermes processes call this service back (the serve command's address), or None
     service_url: str | None = None
     #: what the enabled extensions built, by extension name (hermes_service/extensions.py)
@@ -79,18 +79,18 @@ class Services:
             raise Unconfigured(reason, code="hermes_unconfigured")
 
     def apply(self, config: Config) -> None:
-        """Hand a reloaded, validated config to the service objects (docs/configuring.md §Reload): each
-        takes its section in its ``configure`` (the same sections :func:`build_services`
-        built them from); the guard is rebuilt.
+        """Hand a reloaded, validated config to the service objects (docs/configuring.md §Reload):
+        each takes its section in its ``configure`` (the same sections :func:`build_services` built
+        them from); the guard is rebuilt.
 
         Applies to new requests: keys, allowlist and trusted proxies (a new Guard), model
         settings, template and extra env (user homes, refreshed on their next run), command,
         toolsets and time limits (processes), turn slots and v1 admission places, message size,
         execute allowlist, the idempotency records' lifetime (from their next outcome), what
-        the extensions' reload hooks (:attr:`reloaders`) apply, and log level (``service.drain_seconds`` is
-        read from :attr:`config` when a stop begins).
-        Runs in flight keep their process, limits and token. ``config`` must carry the
-        running values of its restart-only keys (:attr:`~hermes_service.config.Config.restart_only_keys`).
+        the extensions' reload hooks (:attr:`reloaders`) apply, and log level
+        (``service.drain_seconds`` is read from :attr:`config` when a stop begins). Runs in flight
+        keep their process, limits and token. ``config`` must carry the running values of its
+        restart-only keys (:attr:`~hermes_service.config.Config.restart_only_keys`).
         """
         h = config.hermes
         before = (self.config.hermes, self.homes.configured)
@@ -114,7 +114,8 @@ class Services:
 
     @property
     def draining(self) -> bool:
-        """Is the service draining (docs/operations.md §Process lifetime): no new turn is accepted."""
+        """Is the service draining (docs/operations.md §Process lifetime): no new turn is
+        accepted."""
         return self.processes.draining
 
     def drain(self) -> None:
@@ -134,9 +135,9 @@ class Services:
                                headers={"Retry-After": str(DRAINING_RETRY_AFTER)})
 
     def in_flight(self) -> dict:
-        """What a drain waits for (docs/operations.md §Process lifetime): ``{key: label}``, one entry per
-        v1 request holding an admission place (label ``v1 message on session <id>``, …) and
-        what the :attr:`drain_sources` name (e.g. ``run <runId>``)."""
+        """What a drain waits for (docs/operations.md §Process lifetime): ``{key: label}``, one
+        entry per v1 request holding an admission place (label ``v1 message on session <id>``, …)
+        and what the :attr:`drain_sources` name (e.g. ``run <runId>``)."""
         with self._v1_lock:
             out = dict(self._v1_turns)
         for source in self.drain_sources:
@@ -251,7 +252,8 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         home = homes.ensure(user_id)
         return home, homes.cli_env(home, processes.command_path())
     acp = AcpRunner(hermes, processes, process_env) if families else None
-    runners = RunnerChoice(HermesRunner(processes), acp, families)
+    runners = RunnerChoice(CliRunner(processes), acp, families)
+    service_url = service_url or default_service_url(config)
     services = Services(
         config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,
         processes=processes, runner=runners.cli, runners=runners,
@@ -260,8 +262,8 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         sandbox=sandbox, disk=disk, model_proxy=proxy,
         idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
                                      config.service.idempotency_ttl_seconds),
-        service_url=service_url or default_service_url(config))
-    sandbox.serve_back(services.service_url)     # an isolated sandbox's way back to us
+        service_url=service_url)
+    sandbox.serve_back(service_url)     # an isolated sandbox's way back to us
     # gauges read at scrape time (docs/operations.md §Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:

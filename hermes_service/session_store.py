@@ -9,7 +9,8 @@ Layout under ``paths.data_dir``::
     sessions/_owners/<hh>/<session_id>      symlink -> ../../<user_id>: who owns a session id
                                             (<hh>: first two hex digits of sha256(session_id))
     sessions.json                           the single file of earlier versions: merged into the
-                                            shards on open, then renamed sessions.json.migrated-<time>
+                                            shards on open, then renamed
+                                            sessions.json.migrated-<time>
 
 A shard has the format the single file had::
 
@@ -41,6 +42,7 @@ overwritten; an unusable ``_format.json`` or legacy ``sessions.json`` raises
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import hashlib
 import json
@@ -48,10 +50,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 from filelock import FileLock
 
@@ -97,7 +99,7 @@ class CorruptShard(CorruptStore, ServiceError):
 
 def now_iso() -> str:
     """Current UTC time as ISO 8601 with microseconds, e.g. ``2026-04-25T11:30:00.000000+00:00``."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def _mkdir(path: Path) -> None:
@@ -126,7 +128,10 @@ def _unique_pairs(pairs: list) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set = set()
-        raise _DuplicateKeys(sorted({k for k, _ in pairs if k in seen or seen.add(k)})[:3])
+        twice: set = set()
+        for key, _ in pairs:
+            (twice if key in seen else seen).add(key)
+        raise _DuplicateKeys(sorted(twice)[:3])
     return out
 
 
@@ -135,9 +140,11 @@ def _parse_file(raw: bytes, owner: str | None) -> dict:
     ``user_id`` (a shard) or None (the legacy file: any valid id; a key given twice is refused,
     since migrating would keep one of the two records silently). Raises ValueError (reason)."""
     try:
-        data = json.loads(raw) if owner is not None else json.loads(raw, object_pairs_hook=_unique_pairs)
+        data = json.loads(raw) if owner is not None \
+            else json.loads(raw, object_pairs_hook=_unique_pairs)
     except _DuplicateKeys as exc:
-        raise ValueError(f"duplicate key(s) {exc.args[0]} (one of each pair would be lost)") from None
+        raise ValueError(f"duplicate key(s) {exc.args[0]} "
+                         "(one of each pair would be lost)") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"not valid JSON ({exc})") from None
     if (not isinstance(data, dict) or data.get("version") != FORMAT_VERSION
@@ -196,7 +203,8 @@ class SessionStore:
     def check(data_dir: Path) -> list[str]:
         """Problems that would stop :class:`SessionStore` from opening ``data_dir`` (layout
         file, legacy file), as ``path: reason`` lines; writes nothing (``check-config``)."""
-        root, legacy, problems = Path(data_dir) / "sessions", Path(data_dir) / "sessions.json", []
+        root, legacy = Path(data_dir) / "sessions", Path(data_dir) / "sessions.json"
+        problems: list[str | None] = []
         if root.exists() and not root.is_dir():
             problems.append(f"{root}: not a folder; move it away")
         elif (root / FORMAT_FILE).exists():
@@ -322,7 +330,7 @@ class SessionStore:
         out = [r for u in users for r in self._load(u).values() if where is None or where(r)]
         return sorted(out, key=lambda r: str(r.get("created_at", "")))
 
-    def users(self) -> list[str]:
+    def users(self) -> builtins.list[str]:
         """Every user id that has a shard folder, sorted."""
         with os.scandir(self.root) as entries:
             return sorted(e.name for e in entries
@@ -425,7 +433,7 @@ class SessionStore:
                 return False
             return self._unclaim(session_id, user_id)
 
-    def sweep_temp_files(self, user_id: str, dry_run: bool = False) -> list[Path]:
+    def sweep_temp_files(self, user_id: str, dry_run: bool = False) -> builtins.list[Path]:
         """Temp files a killed writer left in ``user_id``'s shard folder; removed unless
         ``dry_run`` (under the shard lock, so no writer is mid-write)."""
         folder = self._shard(user_id).parent
@@ -477,7 +485,8 @@ class SessionStore:
                         except KeyError:
                             raise CorruptStore(
                                 f"{self.legacy}: session {sid} of user {user_id} is already "
-                                f"registered to user {self.owner(sid)}; resolve it by hand") from None
+                                f"registered to user {self.owner(sid)}; "
+                                "resolve it by hand") from None
                         if made is not None:
                             folders.add(made)
             for folder in folders:
@@ -491,7 +500,7 @@ class SessionStore:
                         present.update(missing)
                         self._store(shard, present)
                         added += len(missing)
-            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
             backup = self.data_dir / f"sessions.json.migrated-{stamp}"
             os.rename(self.legacy, backup)
             fsync_dir(self.data_dir)

@@ -234,7 +234,7 @@ def _check_schema(conn: StateConn, hermes_home: Path, write: bool) -> set[str]:
     return found
 
 
-def check_triggers(conn: "StateConn") -> None:
+def check_triggers(conn: StateConn) -> None:
     """Refuse (409) unless every trigger in the file is one of :data:`HERMES_TRIGGERS`: done
     when a connection to write is made and again inside each write transaction (the lock
     held: no trigger can be added between the check and the write)."""

@@ -30,15 +30,16 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from filelock import FileLock
 
+from . import homefs, state_db
 from .config import HermesSettings, PathsSettings
 from .errors import Unconfigured, check_id
-from . import hermes_state, homefs
 from .sandbox import MODEL_KEY_ENV, MODEL_URL_ENV
 
 MARKER = ".hermes-service.json"
@@ -66,7 +67,7 @@ class UserHomes:
         self.locks = paths.data_dir / "locks"
         #: ``fn(path, mode)`` making a home before it is first written (the disk's: a btrfs
         #: subvolume with its quota, :meth:`hermes_service.disk.Disk.make_folder`), or None
-        self.make_folder = None
+        self.make_folder: Callable[..., None] | None = None
         self.configure(paths, hermes)
         self.base.mkdir(parents=True, exist_ok=True)
         self.locks.mkdir(parents=True, exist_ok=True)
@@ -77,10 +78,11 @@ class UserHomes:
         self.template = paths.users_template
         self.model = hermes.model
         # an OpenAI-compatible provider is reached through the service's pass-through
-        # endpoint (hermes_service/model_proxy.py): no Hermes process holds its key
+        # endpoint (hermes_service/model_proxy/): no Hermes process holds its key
         self.proxied = self.model.provider == "custom"
         self.extra_env = hermes.extra_env
-        self._rendered_cache = None              # (template files' state, rendered, fingerprint)
+        # (template files' state, rendered, fingerprint)
+        self._rendered_cache: tuple[tuple, dict, str] | None = None
         self.configured = self.fingerprint()     # what this configuration renders homes to
 
     def path(self, user_id: str) -> UserHome:
@@ -212,7 +214,7 @@ class UserHomes:
                 return False
             try:
                 return homefs.plain(homefs.lstat(hfd, "config.yaml")) \
-                    and not hermes_state.planted_state_files(hfd)
+                    and not state_db.planted_state_files(hfd)
             finally:
                 os.close(hfd)
         finally:
@@ -223,7 +225,7 @@ class UserHomes:
         its lock), repairing on the way: a symlink, file, FIFO … where a folder of the
         template belongs is removed and the folder made; a file of the service's is replaced
         by a rename inside its pinned folder, whatever had its name; planted SQLite state
-        files are removed (:func:`hermes_state.repair_state_files`)."""
+        files are removed (:func:`state_db.repair_state_files`)."""
         if self.make_folder is not None and not os.path.lexists(home.root):
             home.root.parent.mkdir(parents=True, exist_ok=True)
             self.make_folder(home.root, 0o777)
@@ -237,7 +239,7 @@ class UserHomes:
                     if not src.is_file() or rel == ("config.yaml",) or "__pycache__" in rel:
                         continue
                     self._put(hfd, rel, src.read_bytes(), home)
-                removed = hermes_state.repair_state_files(hfd)
+                removed = state_db.repair_state_files(hfd)
                 if removed:
                     log.warning("home of user=%s: removed planted %s", home.user_id,
                                 ", ".join(removed))

@@ -24,17 +24,27 @@ import logging
 import math
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import jsonschema
 from flask import current_app, g, jsonify, make_response, request
 
 from . import routing
 from .errors import ID_PATTERN, ID_RULE, BadRequest, ServiceError, schema_error
-from .idempotency import (HEADER, POLL_SECONDS, WAIT_MARGIN_SECONDS, IdempotencyStore, Outcome,
-                          check_key, fingerprint, recordable, scope_of)
+from .idempotency import (
+    HEADER,
+    POLL_SECONDS,
+    WAIT_MARGIN_SECONDS,
+    IdempotencyStore,
+    Outcome,
+    check_key,
+    fingerprint,
+    recordable,
+    scope_of,
+)
 from .routing import ErrorFamily
 
 if TYPE_CHECKING:
@@ -46,7 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hermes_service")
 
 
-def services() -> "ServiceObjects":
+def services() -> ServiceObjects:
     """The service objects of the app handling this request."""
     return current_app.extensions["hermes_service"]
 
@@ -78,12 +88,14 @@ def parse_json(raw: bytes):
 
 
 def schema_problem(err: jsonschema.ValidationError, limit: int = 300) -> str:
-    """A request body's schema error as ``a/b/0: message`` (:func:`~hermes_service.errors.schema_error`)."""
+    """A request body's schema error as ``a/b/0: message``
+    (:func:`~hermes_service.errors.schema_error`)."""
     path, reason = schema_error(err, limit)
     return f"{'/'.join(path)}: {reason}" if path else reason
 
 
-def first_schema_error(validator: jsonschema.protocols.Validator, instance) -> jsonschema.ValidationError | None:
+def first_schema_error(validator: jsonschema.protocols.Validator,
+                       instance) -> jsonschema.ValidationError | None:
     """The most relevant error of ``instance`` against ``validator`` (None when valid)."""
     return jsonschema.exceptions.best_match(validator.iter_errors(instance))
 
@@ -106,7 +118,7 @@ def has_body() -> bool:
     §6.3: its body length is zero; waitress turns a chunked body into a ``Content-Length``),
     so it is not read: reading an empty body through werkzeug's stream wrappers cost every
     GET on a client route ~13 µs (docs/benchmarks.md, request cost)."""
-    req = request._get_current_object()
+    req = request._get_current_object()  # type: ignore[attr-defined]
     if "CONTENT_LENGTH" not in req.environ and "HTTP_TRANSFER_ENCODING" not in req.environ:
         return False
     return bool(req.content_length or req.get_data())
@@ -122,7 +134,7 @@ def json_body(schema: dict | None = None) -> dict:
     ``invalid_request`` naming the offending field (:func:`schema_problem`).
     """
     if schema is None:
-        contract = contract_of(current_app.view_functions.get(request.endpoint))
+        contract = contract_of(current_app.view_functions.get(request.endpoint or ""))
         schema = contract.body if contract is not None else None
     data = parse_json(request.get_data()) if has_body() else None
     if not isinstance(data, dict):
@@ -200,7 +212,7 @@ def documented(**contract) -> Callable:
     made = Contract(**contract)
 
     def attach(view: Callable) -> Callable:
-        view.__contract__ = made
+        view.__contract__ = made  # type: ignore[attr-defined]
         return view
     return attach
 
@@ -258,7 +270,8 @@ def render_error(err: ServiceError):
     """The JSON response for ``err`` in the shape of the request's route family
     (:func:`hermes_service.routing.current`; the v1 shape for a request of no family)."""
     family = routing.current()
-    resp = jsonify((family.errors.render if family is not None else v1_error)(err))
+    render = family.errors.render if family is not None else None
+    resp = jsonify((render or v1_error)(err))
     resp.status_code = err.status
     for k, v in err.headers.items():
         resp.headers[k] = v

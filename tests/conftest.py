@@ -11,7 +11,15 @@ bubblewrap, promtool, systemd, a real `make` run, generated clients, the fuzzer.
 import pytest
 
 from support.fixtures import (  # noqa: F401  (fixtures: pytest finds them by name here)
-    app_factory, make_config, model, other, service, start_service, stub, stubbed_app)
+    app_factory,
+    make_config,
+    model,
+    other,
+    service,
+    start_service,
+    stub,
+    stubbed_app,
+)
 from support.ordering import order
 
 

@@ -202,4 +202,4 @@ def proxy_for_children_only():
                     del env[name]
         kwargs["env"] = env
         return original(self, *args, **kwargs)
-    subprocess.Popen.__init__ = __init__
+    subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]

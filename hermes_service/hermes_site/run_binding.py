@@ -33,7 +33,7 @@ META = "hermesServiceRun"
 
 _lock = threading.Lock()
 _process = None          # a CLI turn's binding
-_sessions = {}           # ACP session id -> (binding, mark)
+_sessions: dict = {}           # ACP session id -> (binding, mark)
 
 
 def encode(binding: dict) -> str:

@@ -10,16 +10,15 @@ is always text: this hook makes ``_detect_file_drop`` find nothing, as soon as H
 module is imported. Explicit ``--image`` arguments (which the service never passes) are
 untouched. Plugins load too late for this (after the query was handled), hence a hook here.
 
-**How long Hermes waits for an approval** (``hermes acp`` only; docs/mnote-client.md §Approvals). Hermes
-0.19.0's ACP adapter asks the client before a dangerous command or an edit and waits for the
+**How long Hermes waits for an approval** (``hermes acp`` only; docs/mnote-client.md §Approvals).
+Hermes 0.19.0's ACP adapter asks the client before a dangerous command or an edit and waits for the
 answer at most ``timeout`` seconds (``acp_adapter.permissions.make_approval_callback`` and
-``acp_adapter.edit_approval.make_acp_edit_approval_requester``, default 60; ``server.py``
-passes none), then denies. The service waits for the user up to
-``hermes.approvals.timeout_seconds`` and answers ``deny`` itself at that time; so that
-Hermes never gives up first (leaving the user a question nobody waits for), the service's
-ACP processes get ``HERMES_SERVICE_APPROVAL_TIMEOUT`` (seconds: ours plus a margin) and this
-hook makes it the default ``timeout`` of both functions. Nothing else changes; without the
-variable both stay as they are.
+``acp_adapter.edit_approval.make_acp_edit_approval_requester``, default 60; ``server.py`` passes
+none), then denies. The service waits for the user up to ``hermes.approvals.timeout_seconds`` and
+answers ``deny`` itself at that time; so that Hermes never gives up first (leaving the user a
+question nobody waits for), the service's ACP processes get ``HERMES_SERVICE_APPROVAL_TIMEOUT``
+(seconds: ours plus a margin) and this hook makes it the default ``timeout`` of both functions.
+Nothing else changes; without the variable both stay as they are.
 
 **An ``always`` answer lasts for the process** (same processes, same variable). Hermes keeps
 an ``always`` approval in memory for the life of the process and also tries to save it into
@@ -133,6 +132,7 @@ def _private_stdio():
         os.dup2(null, fd)
         moved.append(new)
         raw = io.FileIO(new, "r" if fd == 0 else "w")
+        stream: io.TextIOWrapper
         if fd == 0:
             stream = io.TextIOWrapper(io.BufferedReader(raw), encoding=getattr(
                 old, "encoding", None) or "utf-8", errors=getattr(old, "errors", None))
@@ -166,7 +166,7 @@ def _no_private_stdio_for_children(private):
             if kwargs.get(key) is not None and mine(kwargs[key]):
                 kwargs[key] = subprocess.DEVNULL
         return original(self, *args, **kwargs)
-    subprocess.Popen.__init__ = __init__
+    subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _no_container():
@@ -182,7 +182,7 @@ def _bind_runs(module):
     """Wrap the ACP agent's ``prompt`` to hold the run binding of its ``_meta`` meanwhile."""
     agent = getattr(module, "HermesACPAgent", None)
     original = getattr(agent, "prompt", None)
-    if original is None:
+    if agent is None or original is None:
         return
 
     @functools.wraps(original)
@@ -202,7 +202,7 @@ _RESTORED = ("model", "requested_provider", "base_url", "api_mode")
 def _config_model_only(module):
     manager = getattr(module, "SessionManager", None)
     original = getattr(manager, "_make_agent", None)
-    if original is None:
+    if manager is None or original is None:
         return
 
     @functools.wraps(original)
@@ -244,7 +244,7 @@ def _with_timeout(module, name):
 
 
 #: ACP session id -> (its connection, the connection's loop), from make_approval_callback
-_CHANNELS = {}
+_CHANNELS: dict = {}
 _CLARIFY_METHOD = "hermes_service/clarify"
 _NO_ANSWER = ("The user did not provide a response within the time limit. "
               "Use your best judgement to make the choice and proceed.")   # Hermes's cli.py
@@ -286,7 +286,7 @@ def _ask_client(question, choices):
         "sessionId": session_id, "question": question, "choices": choices}), loop)
     try:
         reply = future.result(timeout=_approval_timeout() or 60.0)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no answer (timeout, closed connection, error reply)
         future.cancel()
         return _NO_ANSWER
     reply = reply if isinstance(reply, dict) else {}
@@ -310,7 +310,7 @@ def _patch_clarify(module):
 
 
 def _tool_names(module):
-    import toolcalls      # this folder is on the path (PYTHONPATH's)
+    import toolcalls  # this folder is on the path (PYTHONPATH's)
     toolcalls.patch(module)
 
 
@@ -361,7 +361,7 @@ class _PatchCli(importlib.abc.MetaPathFinder):
         def exec_and_patch(module):
             exec_module(module)
             patch(module)
-        loader.exec_module = exec_and_patch
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign,union-attr]
         return spec
 
 
@@ -374,5 +374,6 @@ _guard()
 # a sandbox with a network of its own: its loopback ports to the service's sockets, bound
 # before Hermes's code runs (netforward.py; nothing without HERMES_SERVICE_FORWARD)
 import netforward  # noqa: E402
+
 netforward.start()
 netforward.proxy_for_children_only()

@@ -189,7 +189,8 @@ def kernel_command(ctx):
 @click.option("--command", "command", default=None, metavar="ARGV",
               help="The kernel's command, split like a shell would (never run by one).")
 @click.option("--credential-env", default=None, metavar="NAME",
-              help="The variable holding the credential (default: mnote.page_store.credential_env).")
+              help="The variable holding the credential "
+                   "(default: mnote.page_store.credential_env).")
 @click.option("--ca-file", default=None, help="CA bundle for an https kernel.")
 @click.option("--timeout", type=float, default=None, help="Seconds per call (default: "
               "mnote.page_store.timeout_seconds).")
@@ -217,7 +218,7 @@ def check_kernel(ctx, url, command, credential_env, ca_file, timeout, workspace,
             click.echo("error: give --url or --command (mnote.page_store.kind is embedded: no "
                        "kernel is configured)", err=True)
             sys.exit(2)
-        url, command = (ps.url, None) if ps.kind == "http" else (None, list(ps.command))
+        url, command = (ps.url, None) if ps.kind == "http" else (None, list(ps.command or ()))
         credential_env = credential_env or ps.credential_env
         ca_file = ca_file or ps.ca_file
         timeout = timeout or ps.timeout_seconds

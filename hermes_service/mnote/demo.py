@@ -15,7 +15,7 @@ OpenAI-compatible server (:mod:`hermes_service.scripted_model`, the one implemen
   (``[[slow:S]]``, ``[[tools:NAME {json}]]``, ...), labelled too.
 
 Only the user's own text counts: the page-context block the mnote client appends to the
-message (:data:`~hermes_service.mnote.client.CONTEXT_HEAD`) is left out, so a page whose title
+message (:data:`~hermes_service.mnote.page_context.CONTEXT_HEAD`) is left out, so a page whose title
 says "title" does not rename itself.
 
 It is used only when asked for: :func:`overlay` (what ``--demo`` puts over the config file:
@@ -53,9 +53,9 @@ _HINT = ('I am a scripted stand-in, not a real model. Mention "append" or "title
 
 def _typed(body: dict) -> str:
     """What the user typed: the last user message without the mnote page-context block."""
-    from .client import CONTEXT_HEAD
-    msgs = sm._messages(body)
-    i = sm._last_user_index(msgs)
+    from .page_context import CONTEXT_HEAD
+    msgs = sm.messages(body)
+    i = sm.last_user_index(msgs)
     text = sm.content_text(msgs[i].get("content")) if i >= 0 else ""
     return text.split(CONTEXT_HEAD, 1)[0].strip()
 
@@ -72,7 +72,8 @@ def _page_summary(results: list[str]) -> str:
         if isinstance(obj, dict):
             if isinstance(obj.get("title"), str) and title is None:
                 title = obj["title"]
-            if obj.get("type") == "paragraph" and isinstance(obj.get("text"), str) and first is None:
+            if obj.get("type") == "paragraph" and isinstance(obj.get("text"), str) \
+                    and first is None:
                 first = obj["text"]
             stack.extend(reversed(list(obj.values())))
         elif isinstance(obj, list):
@@ -94,7 +95,7 @@ def _calls(typed: str, offered: list[str], results: list[str]) -> list[tuple[str
     return calls
 
 
-def plan(body: dict, cut_done: set | None = None) -> "sm._Plan":
+def plan(body: dict, cut_done: set | None = None) -> sm.Plan:
     """The demo model's reply to one chat-completions request (the module doc's rules), as
     the scripted model's plan (:func:`~hermes_service.scripted_model.plan_reply`)."""
     if sm.is_auxiliary(body):            # session titles and other side calls
@@ -107,15 +108,15 @@ def plan(body: dict, cut_done: set | None = None) -> "sm._Plan":
         if out.kind == "text":
             out.text = f"{LABEL} {out.text}"
         return out
-    msgs = sm._messages(body)
-    li = sm._last_user_index(msgs)
+    msgs = sm.messages(body)
+    li = sm.last_user_index(msgs)
     results = [sm.content_text(m.get("content")) for m in msgs[li + 1:] if m.get("role") == "tool"]
-    calls = _calls(typed, sm._offered_tools(body), results)
+    calls = _calls(typed, sm.offered_tools(body), results)
     pace = "[[slow:30:60]]" if _LONG_RE.search(typed) else "[[slow:3:12]]"
     directives = pace + ("[[tools:" + " ; ".join(f"{n} {json.dumps(a, ensure_ascii=False)}"
                                                 for n, a in calls) + "]]" if calls else "")
     scripted = copy.deepcopy(body)
-    sm._messages(scripted)[li]["content"] = directives
+    sm.messages(scripted)[li]["content"] = directives
     out = sm.plan_reply(scripted, cut_done)
     if out.kind == "text":
         if calls:
@@ -148,7 +149,8 @@ def overlay(base_url: str):
             mnote["runner"] = "acp"
         paths = data.setdefault("paths", {})
         if isinstance(paths, dict):
-            base = paths.get("data_dir") if isinstance(paths.get("data_dir"), str) else "data"
+            given = paths.get("data_dir")
+            base = given if isinstance(given, str) else "data"
             paths["data_dir"] = str(Path(base) / DATA_SUBDIR)
         return data
     return apply

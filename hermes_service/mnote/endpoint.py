@@ -1,4 +1,5 @@
-"""``POST /api/hermes/tools/invoke``: where the mnote Hermes plugin sends tool calls (tool contract §1-§5).
+"""``POST /api/hermes/tools/invoke``: where the mnote Hermes plugin sends tool calls (tool contract
+§1-§5).
 
 Authenticated by the run-scoped bearer token (not the API key) and reachable
 only from loopback (the CLI runs on this machine) without proxy headers (a
@@ -14,18 +15,19 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify, request
 
+from ..errors import ServiceError
 from ..routing import RUN_TOKEN, ErrorFamily, RouteFamily, declare
 from ..web import Reply, documented, parse_json, services
-from ..errors import ServiceError
 from . import metrics
-from .objects import mnote_of
 from .gateway import ToolRefused
+from .objects import mnote_of
 from .schemas import ENVELOPE_SCHEMA, OUTPUT_ENVELOPE_SCHEMA
 from .tools import echo_fields
 
 PREFIX = "/api/hermes/tools"
 
-_CODES = {"ip_not_allowed": "mnote_tool_unauthorized", "payload_too_large": "mnote_tool_bad_request",
+_CODES = {"ip_not_allowed": "mnote_tool_unauthorized",
+          "payload_too_large": "mnote_tool_bad_request",
           "invalid_json": "mnote_tool_bad_request", "not_found": "mnote_tool_bad_request",
           "method_not_allowed": "mnote_tool_bad_request",
           "bad_request_framing": "mnote_tool_bad_request"}

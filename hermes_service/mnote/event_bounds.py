@@ -101,7 +101,8 @@ def readable_lines(text: str) -> str:
     dropped, indentation (after a diff's ``+``/``-``/space marker) cut to
     :data:`MAX_INDENT` characters, a run of more than :data:`MAX_INNER_SPACE` spaces inside
     a line collapsed to one, and every run of blank lines to one blank line."""
-    lines, blank = [], False
+    lines: list[str] = []
+    blank = False
     for line in _spaced(text, keep_lines=True).split("\n"):
         line = line.rstrip()
         if not line.strip():

@@ -2,17 +2,18 @@
 GET /events; docs/mnote-client.md, Events).
 
 :mod:`hermes_service.mnote.runs` emits them (its module doc lists the payloads) and
-:func:`~hermes_service.mnote.client.public_event` gives ``run.failed`` its contract code; these
-schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
+:func:`~hermes_service.mnote.client_codes.public_event` gives ``run.failed`` its contract code;
+these schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
 schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
 ``reasoning.delta``, ``approval.*``, ``tool.*``'s ``preview`` and ``run.completed``'s
-``finish_reason`` and ``notice`` are additions to the contract. Fields beyond these may be added later; clients ignore what they do not know.
+``finish_reason`` and ``notice`` are additions to the contract. Fields beyond these may be added
+later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
 from ..runner import FINISH_REASON
-from .client import CODE_MAP, EXTRA_CODES, client_code
+from .client_codes import CODE_MAP, EXTRA_CODES, client_code
 
 _STR = {"type": "string"}
 _NULLABLE = {"type": ["string", "null"]}
@@ -81,9 +82,9 @@ EVENTS = {
     "run.cancelled": ("RunCancelledEvent", _event(
         "run.cancelled", "the run was aborted (ends the stream)")),
     "approval.request": ("ApprovalRequestEvent", _event(
-        "approval.request", "added (docs/mnote-client.md §Approvals): Hermes asks the user before a "
-        "dangerous command or a file edit; answer on POST /runs/{runId}/approval. The run's "
-        "status is waiting_for_approval until every question is resolved",
+        "approval.request", "added (docs/mnote-client.md §Approvals): Hermes asks the user "
+        "before a dangerous command or a file edit; answer on POST /runs/{runId}/approval. "
+        "The run's status is waiting_for_approval until every question is resolved",
         ("approval_id", "kind", "title", "detail", "choices"),
         {"approval_id": _STR,
          "kind": {"type": "string", "description": "command | edit | other"},
@@ -99,8 +100,8 @@ EVENTS = {
         {"approval_id": _STR, "choice": {"enum": ["once", "session", "always", "deny"]},
          "resolved_by": {"enum": ["user", "timeout", "abort"]}})),
     "clarify.request": ("ClarifyRequestEvent", _event(
-        "clarify.request", "added (docs/mnote-client.md §Approvals): Hermes's clarify tool asks the user a "
-        "question; answer on POST /runs/{runId}/clarify. The run's status is "
+        "clarify.request", "added (docs/mnote-client.md §Approvals): Hermes's clarify tool "
+        "asks the user a question; answer on POST /runs/{runId}/clarify. The run's status is "
         "waiting_for_answer meanwhile", ("clarify_id", "question", "choices"),
         {"clarify_id": _STR, "question": _STR,
          "choices": {"type": ["array", "null"], "items": _STR,

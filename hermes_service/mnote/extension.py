@@ -26,7 +26,7 @@ commands say so and exit 2).
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from ..extensions import Extension, Family, RetentionStep
@@ -35,6 +35,7 @@ from .settings import SECTION
 
 if TYPE_CHECKING:
     from ..config import Config, ConfigSection
+
     # the shape of Services (services builds the extensions: no import cycle)
     from ..service_objects import ServiceObjects
 
@@ -44,22 +45,24 @@ log = logging.getLogger("hermes_service")
 TAGS = [
     {"name": "client", "description": "The mnote client proxy (contract "
                                       "hermes-client-proxy-contract-v1; "
-                                      "docs/mnote-client.md). Errors: `{ok: false, code, message, traceId, "
-                                      "requestId}`."},
+                                      "docs/mnote-client.md). Errors: `{ok: false, code, "
+                                      "message, traceId, requestId}`."},
     {"name": "tools", "description": "The mnote tool endpoint (contract "
                                      "mnote-hermes-plugin-tool-contract-v1; "
-                                     "docs/mnote-tools.md): loopback only, a run token instead of an API key."},
+                                     "docs/mnote-tools.md): loopback only, a run token "
+                                     "instead of an API key."},
 ]
 
 
-# -- retention steps (docs/data-and-durability.md#retention-and-cleanup) ------------------------------------
+# -- retention steps (docs/data-and-durability.md#retention-and-cleanup)
+# ------------------------------------
 def _page_store_idempotency(svc, report, *, now, dry_run, in_service) -> None:
     """Page-store idempotency records older than ``retention.idempotency_window_seconds``."""
     store = mnote_of(svc).store
     if store is None:                 # mnote's kernel keeps its own records
         return
     window = float(svc.config.retention.idempotency_window_seconds)
-    before = datetime.fromtimestamp(now - window, timezone.utc)
+    before = datetime.fromtimestamp(now - window, UTC)
     n = store.prune_idempotency(before, dry_run=dry_run)
     if n:
         report.removed("idempotency records", f"{n} page-store idempotency record(s) created "
@@ -92,7 +95,7 @@ class MnoteExtension(Extension):
         """The ``mnote`` section (:data:`.settings.SECTION`)."""
         return SECTION
 
-    def enabled(self, config: "Config") -> bool:
+    def enabled(self, config: Config) -> bool:
         """``mnote.enabled`` (default true): false removes the extension
         (docs/mnote-client.md). Off too in a config built without its section (the core's
         :func:`hermes_service.config.build_config` alone)."""
@@ -104,15 +107,15 @@ class MnoteExtension(Extension):
         from . import demo
         return demo
 
-    def families(self, config: "Config") -> list[Family]:
+    def families(self, config: Config) -> list[Family]:
         return [Family(NAME, settings(config).runner, label="panel", asks_user=True,
                        own_tool_prefix="mnote_")]
 
-    def model_names(self, config: "Config") -> list[str]:
+    def model_names(self, config: Config) -> list[str]:
         """The ``hermes_model`` of each of ``mnote.models`` (a run passes it with ``-m``)."""
         return [m.hermes_model for m in settings(config).models if m.hermes_model]
 
-    def init_services(self, services: "ServiceObjects") -> None:
+    def init_services(self, services: ServiceObjects) -> None:
         """Build the page store (or the kernel adapter), tool gateway and run manager. Raises
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
         from . import metrics
@@ -136,18 +139,23 @@ class MnoteExtension(Extension):
         services.retention_steps.extend(RETENTION_STEPS)
         metrics.watch_runs(runs)      # gauges read at scrape time (docs/operations.md#metrics)
 
-    def init_app(self, app, services: "ServiceObjects") -> None:
+    def init_app(self, app, services: ServiceObjects) -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
         shapes; :mod:`hermes_service.routing`) on ``app``."""
-        from ..web import (register_components, register_description, register_response_headers,
-                           register_tags)
-        from . import client, endpoint, events
+        from ..web import (
+            register_components,
+            register_description,
+            register_response_headers,
+            register_tags,
+        )
+        from . import client, client_runs, client_schemas, endpoint, events  # noqa: F401
+        # (client_runs: its routes join client.bp when it is imported)
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)
         register_components(app, events.COMPONENTS)     # the run events in /openapi.json
         register_components(app, endpoint.COMPONENTS)   # the tool envelope
-        register_response_headers(app, client.RESPONSE_HEADERS)
+        register_response_headers(app, client_schemas.RESPONSE_HEADERS)
         register_tags(app, TAGS)
         register_description(app, "the mnote client proxy (the page AI panel; its runs stream "
                              "Server-Sent Events)", "client proxy `{ok: false, code, message, "
@@ -159,7 +167,7 @@ class MnoteExtension(Extension):
         from .cli import mnote
         group.add_command(mnote)
 
-    def on_serve(self, services: "ServiceObjects") -> None:
+    def on_serve(self, services: ServiceObjects) -> None:
         closed = mnote_of(services).runs.close_dead()
         if closed:
             log.warning("closed %d run(s) of a service process that died (run.failed "

@@ -100,7 +100,8 @@ class ToolGateway:
                 self._tokens.pop(digest, None)
 
     def claims_for(self, authorization: str | None):
-        """(claims, run) for a ``Bearer`` token; ToolRefused 401 ``mnote_tool_unauthorized`` otherwise."""
+        """(claims, run) for a ``Bearer`` token; ToolRefused 401 ``mnote_tool_unauthorized``
+        otherwise."""
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise ToolRefused(401, "mnote_tool_unauthorized", "a run token is required")
@@ -154,7 +155,8 @@ class ToolGateway:
         envelope.setdefault("workspaceId", claims.workspace_id)
         envelope.setdefault("documentId", claims.document_id)
         tool, preview = tool_identity(envelope)
-        call_id = envelope.get("toolCallId") if isinstance(envelope.get("toolCallId"), str) else None
+        call_id = envelope.get("toolCallId")
+        call_id = call_id if isinstance(call_id, str) else None
         run.touch()
         run.emit("tool.started", tool_call_id=call_id, tool_name=tool, preview=preview)
         outside = self._outside_binding(claims, envelope)

@@ -27,11 +27,18 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from . import metrics
-from .kernel_wire import (KernelFailure, KernelToolError, encode, read_answer, request_envelope,
-                          unavailable)
+from .kernel_wire import (
+    KernelFailure,
+    KernelToolError,
+    encode,
+    read_answer,
+    request_envelope,
+    unavailable,
+)
 from .page_store import CommandResult
 
 log = logging.getLogger("hermes_service.mnote.kernel")
@@ -105,7 +112,8 @@ class KernelBackend:
             metrics.kernel_call(self.transport.transport, failure.reason,
                                 time.monotonic() - started)
             log.warning("mnote kernel (%s) gave %s no usable answer: %s: %s",
-                        self.transport.transport, spec.name, failure.reason, self._redact(failure.detail),
+                        self.transport.transport, spec.name, failure.reason,
+                        self._redact(failure.detail),
                         extra={"trace_id": sent["traceId"], "run_id": sent["runId"]})
             raise unavailable(failure.reason, sent) from None
         metrics.kernel_call(self.transport.transport, "ok", time.monotonic() - started)
@@ -139,8 +147,8 @@ class KernelBackend:
                 pause = min(BACKOFF_SECONDS[min(attempt, len(BACKOFF_SECONDS) - 1)], left)
                 metrics.kernel_retry(self.transport.transport)
                 log.info("mnote kernel (%s): %s (%s), attempt %d of %d with the same envelope",
-                         self.transport.transport, failure.reason, self._redact(failure.detail), attempt + 2,
-                         self.max_retries + 1,
+                         self.transport.transport, failure.reason,
+                         self._redact(failure.detail), attempt + 2, self.max_retries + 1,
                          extra={"trace_id": sent["traceId"], "run_id": sent["runId"]})
                 self._sleep(pause)
         raise AssertionError("unreachable")
@@ -149,6 +157,7 @@ class KernelBackend:
 def backend_for(page_store) -> KernelBackend | None:
     """The backend of ``mnote.page_store`` (:class:`~.settings.PageStoreSettings`); None for
     the embedded store."""
+    transport: Transport
     if page_store.kind == "http":
         from .kernel_http import HttpKernel
         transport = HttpKernel(page_store.url, credential_env=page_store.credential_env,

@@ -27,8 +27,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .kernel_adapter import KernelBackend, read_exchange, redact
 from .kernel_wire import KernelAnswer, KernelFailure, encode, parse_json
@@ -95,13 +95,13 @@ class Checker:
                                                  "mode": "append"}, **kw)
 
     def page(self) -> dict:
-        result = self.ok(self.envelope("mnote.page.get", {})).result
+        result = self.ok(self.envelope("mnote.page.get", {})).result or {}
         if not isinstance(result.get("title"), str) or not isinstance(result.get("blocks"), list):
             raise CaseFailed("page.get's result has no title string or no blocks list")
         return result
 
     @staticmethod
-    def texts(page: dict) -> list[str]:
+    def texts(page: dict) -> list[str | None]:
         return [b.get("text") for b in page["blocks"] if isinstance(b, dict)]
 
     def snapshot(self) -> str:
@@ -124,7 +124,7 @@ def case_write(c: Checker) -> str:
     answer = c.ok(c.save(text))
     if text not in c.texts(c.page()):
         raise CaseFailed("page.save answered ok but page.get does not show the block")
-    return f"effect write, audit.commandId {answer.command_id[:60]!r}"
+    return f"effect write, audit.commandId {(answer.command_id or '')[:60]!r}"
 
 
 def case_dry_run(c: Checker) -> str:
@@ -152,7 +152,8 @@ def case_idempotency_conflict(c: Checker) -> str:
     answer, _ = c.call(c.save(other, key=key))
     if answer.ok or answer.code != "mnote_tool_idempotency_conflict":
         raise CaseFailed(f"the same key with other arguments answered "
-                         f"{'ok' if answer.ok else answer.code}, not mnote_tool_idempotency_conflict")
+                         f"{'ok' if answer.ok else answer.code}, "
+                         "not mnote_tool_idempotency_conflict")
     if other in c.texts(c.page()):
         raise CaseFailed("the conflicting call wrote its block")
     return "mnote_tool_idempotency_conflict, nothing written"
@@ -200,7 +201,8 @@ def case_malformed_envelope(c: Checker) -> str:
             status, data = c.transport.exchange(body, time.monotonic() + c.timeout)
             answer = parse_json(data)
         except KernelFailure as failure:
-            raise CaseFailed(f"{what}: no failure envelope ({failure.reason}: {failure.detail})") from None
+            raise CaseFailed(f"{what}: no failure envelope "
+                             f"({failure.reason}: {failure.detail})") from None
         error = answer.get("error") if isinstance(answer, dict) else None
         if not (isinstance(answer, dict) and answer.get("ok") is False and isinstance(error, dict)
                 and isinstance(error.get("code"), str)) or status >= 500:
@@ -251,7 +253,8 @@ def run(transport, target: Target, timeout: float, echo: Callable[[str], None]) 
         except KernelFailure as exc:
             verdict, note = "FAIL", f"no valid answer ({exc.reason}: {exc.detail})"
             failed.append(name)
-        echo(f"{verdict} {name:<{width}}  {redact(note, getattr(transport, 'credential_env', None))}")
+        shown = redact(note, getattr(transport, "credential_env", None))
+        echo(f"{verdict} {name:<{width}}  {shown}")
     passed = len(CASES) - len(failed)
     echo(f"check-kernel: {len(CASES)} cases, {passed} passed or skipped, {len(failed)} failed"
          + (f": {', '.join(failed)}" if failed else ""))

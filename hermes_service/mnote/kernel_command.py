@@ -86,7 +86,8 @@ class CommandKernel:
             _kill_group(proc)
             proc.wait()
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                pipe.close()
+                if pipe is not None:
+                    pipe.close()
         status = proc.returncode
         if status != 0:
             tail = err[-STDERR_TAIL:].decode("utf-8", "replace")
@@ -103,15 +104,17 @@ class CommandKernel:
         the pipes). Its exit is watched through a pidfd, which leaves it unreaped: its process
         group id stays its own until the caller has killed the group. KernelFailure
         ``timeout`` / ``too_large``."""
+        stdin, stdout, stderr = proc.stdin, proc.stdout, proc.stderr
+        assert stdin is not None and stdout is not None and stderr is not None   # pipes
         sel = selectors.DefaultSelector()
         out, err, pending = bytearray(), bytearray(), memoryview(body)
         pidfd = os.pidfd_open(proc.pid)
         try:
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            for pipe in (stdin, stdout, stderr):
                 os.set_blocking(pipe.fileno(), False)
-            sel.register(proc.stdin, selectors.EVENT_WRITE, "in")
-            sel.register(proc.stdout, selectors.EVENT_READ, "out")
-            sel.register(proc.stderr, selectors.EVENT_READ, "err")
+            sel.register(stdin, selectors.EVENT_WRITE, "in")
+            sel.register(stdout, selectors.EVENT_READ, "out")
+            sel.register(stderr, selectors.EVENT_READ, "err")
             sel.register(pidfd, selectors.EVENT_READ, "exit")
             exited_at = None
             while True:
@@ -131,15 +134,15 @@ class CommandKernel:
                         exited_at = time.monotonic()
                     elif key.data == "in":
                         try:
-                            n = os.write(proc.stdin.fileno(), pending[:65536])
+                            n = os.write(stdin.fileno(), pending[:65536])
                         except BrokenPipeError:
                             n = len(pending)     # it stopped reading: its answer tells
                         pending = pending[n:]
                         if not pending:
-                            sel.unregister(proc.stdin)
-                            proc.stdin.close()
+                            sel.unregister(stdin)
+                            stdin.close()
                     else:
-                        chunk = os.read(key.fileobj.fileno(), 65536)
+                        chunk = os.read(key.fd, 65536)
                         if not chunk:
                             sel.unregister(key.fileobj)
                         elif key.data == "out":

@@ -194,8 +194,9 @@ class HttpKernel:
         if isinstance(exc, ssl.SSLError):
             return KernelFailure("tls", f"TLS failed ({exc.reason})")
         if isinstance(exc, http.client.IncompleteRead):
-            return KernelFailure("bad_answer", f"the answer was cut short ({len(exc.partial)} "
-                                               f"of {len(exc.partial) + (exc.expected or 0)} bytes)")
+            whole = len(exc.partial) + (exc.expected or 0)
+            return KernelFailure("bad_answer", f"the answer was cut short "
+                                               f"({len(exc.partial)} of {whole} bytes)")
         if isinstance(exc, http.client.RemoteDisconnected):
             self.close()
             return KernelFailure("unreachable", "closed without answering", retryable=True)

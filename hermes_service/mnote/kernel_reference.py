@@ -22,8 +22,9 @@ from __future__ import annotations
 import hmac
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from .page_store import SQLitePageStore
 from .tools import ToolExecutor, echo_fields
@@ -80,7 +81,8 @@ class ReferenceKernel:
             if scheme.lower() != "bearer" or not hmac.compare_digest(
                     token.strip().encode("utf-8", "surrogatepass"),
                     self.credential.encode("utf-8", "surrogatepass")):
-                return 401, failure("mnote_tool_unauthorized", "a valid kernel credential is required")
+                return 401, failure("mnote_tool_unauthorized",
+                                    "a valid kernel credential is required")
         if environ.get("REQUEST_METHOD") != "POST":
             return 405, failure(BAD_REQUEST, "POST a tool envelope")
         try:
@@ -91,7 +93,8 @@ class ReferenceKernel:
             return 413, failure(BAD_REQUEST, f"the body must be at most {MAX_REQUEST_BYTES} bytes")
         return self.answer(environ["wsgi.input"].read(length))
 
-    def serve(self, host: str, port: int, on_ready: Callable[[str], None], threads: int = 4) -> None:
+    def serve(self, host: str, port: int, on_ready: Callable[[str], None],
+              threads: int = 4) -> None:
         """Serve HTTP on ``host:port`` (0: a free port) until interrupted; ``on_ready(url)``
         once listening."""
         from waitress.server import create_server

@@ -127,7 +127,8 @@ def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        children = item.values() if isinstance(item, dict) \
+            else item if isinstance(item, list) else ()
         for child in children:
             if isinstance(child, (dict, list)):
                 if level + 1 > MAX_DEPTH:
@@ -174,7 +175,8 @@ def read_answer(raw: bytes, sent: dict) -> KernelAnswer:
     ``wrong_call`` / ``too_large`` otherwise."""
     data = parse_json(raw)
     if not isinstance(data, dict):
-        raise KernelFailure("bad_answer", f"the answer is a JSON {type(data).__name__}, not an object")
+        raise KernelFailure("bad_answer",
+                            f"the answer is a JSON {type(data).__name__}, not an object")
     for key in ("toolName", "toolCallId", "traceId"):
         if data.get(key) != sent[key]:
             raise KernelFailure("wrong_call", f"its {key} is not the call's")

@@ -25,11 +25,13 @@ APPROVAL_RESOLUTIONS = frozenset({"user", "timeout", "abort"})
 APPROVAL_CHOICES = frozenset({"once", "session", "always", "deny",   # approvals
                               "answer", "none"})                     # clarify: answered or not
 APPROVALS_ASKED = Counter(
-    "approvals_asked", "Questions Hermes asked the panel's user (approval.request, clarify.request), "
-    "by kind (command, edit, other, clarify).", ["kind"], namespace=NAMESPACE, registry=REGISTRY)
+    "approvals_asked", "Questions Hermes asked the panel's user (approval.request, "
+    "clarify.request), by kind (command, edit, other, clarify).", ["kind"],
+    namespace=NAMESPACE, registry=REGISTRY)
 APPROVALS_ANSWERED = Counter(
-    "approvals_answered", "Questions resolved (approval.responded, clarify.responded), by resolution "
-    "(user, timeout, abort) and choice (once, session, always, deny; clarify: answer, none).",
+    "approvals_answered", "Questions resolved (approval.responded, clarify.responded), by "
+    "resolution (user, timeout, abort) and choice (once, session, always, deny; clarify: "
+    "answer, none).",
     ["resolved_by", "choice"],
     namespace=NAMESPACE, registry=REGISTRY)
 TOOL_CALLS = Counter(

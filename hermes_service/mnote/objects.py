@@ -13,6 +13,7 @@ from .settings import NAME
 
 if TYPE_CHECKING:
     from ..config import Config
+
     # the shape of Services (services builds the extensions: no import cycle)
     from ..service_objects import ServiceObjects
     from .gateway import ToolGateway
@@ -21,30 +22,40 @@ if TYPE_CHECKING:
     from .settings import MnoteSettings
 
 
-def settings(config: "Config") -> "MnoteSettings":
+def settings(config: Config) -> MnoteSettings:
     """The ``mnote`` section of ``config`` (:data:`.settings.SECTION`, validated and typed
     with the core's sections by :func:`hermes_service.config.build_config`). KeyError for a
     config built without it."""
     return config.section(NAME)
 
 
-def run_limits(config: "Config") -> tuple[float, int, int]:
+#: background runs queued or running at once, per turn slot (``hermes.max_concurrent_runs``)
+ACTIVE_RUNS_PER_SLOT = 4
+
+
+def max_active_runs(config: Config) -> int:
+    """Background (client) runs queued or running at once (more: 429
+    ``hermes_client_busy``): :data:`ACTIVE_RUNS_PER_SLOT` per turn slot."""
+    return config.hermes.max_concurrent_runs * ACTIVE_RUNS_PER_SLOT
+
+
+def run_limits(config: Config) -> tuple[float, int, int]:
     """:class:`~.runs.RunManager`'s limits: finished runs kept (seconds), runs queued or
-    running at once (``hermes.max_active_runs``), event streams open at once."""
+    running at once (:func:`max_active_runs`), event streams open at once."""
     mnote = settings(config)
-    return (mnote.events_retention_seconds, config.hermes.max_active_runs,
-            mnote.max_event_streams)
+    return (mnote.events_retention_seconds, max_active_runs(config), mnote.max_event_streams)
 
 
 @dataclass
 class Mnote:
     """The mnote objects of one set of service objects."""
-    store: "SQLitePageStore | None"   # pages, workspaces, audit (data/mnote.db); None: the kernel
-    tools: "ToolGateway"           # run tokens + tool calls (the tool endpoint)
-    runs: "RunManager"             # background runs + events (the client routes)
+    store: SQLitePageStore | None   # pages, workspaces, audit (data/mnote.db); None: the kernel
+    tools: ToolGateway           # run tokens + tool calls (the tool endpoint)
+    runs: RunManager             # background runs + events (the client routes)
 
-    def configure(self, config: "Config") -> None:
-        """A reloaded config (docs/configuring.md#reload): event retention, run and stream limits."""
+    def configure(self, config: Config) -> None:
+        """A reloaded config (docs/configuring.md#reload): event retention, run and stream
+        limits."""
         self.runs.configure(*run_limits(config))
 
     # -- drain source (Services.in_flight / outcome) ------------------------------
@@ -64,6 +75,6 @@ class Mnote:
         return " ".join(x for x in (last.get("event"), last.get("code")) if x)
 
 
-def mnote_of(services: "ServiceObjects") -> Mnote:
+def mnote_of(services: ServiceObjects) -> Mnote:
     """The mnote objects of ``services`` (KeyError when the extension is off)."""
     return services.extensions[NAME]

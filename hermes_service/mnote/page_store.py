@@ -22,11 +22,12 @@ import re
 import secrets
 import sqlite3
 import threading
+from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -38,7 +39,8 @@ from .schemas import PAGE_IMPORT_SCHEMA, PAGE_OPTION_KEYS
 ROLES = ("owner", "editor", "viewer")
 WRITER_ROLES = ("owner", "editor")
 DEFAULT_PAGE_OPTIONS = {k: False for k in PAGE_OPTION_KEYS}
-#: Per-option runtime support; only "wired" options may be changed by AI (contract §4 update_options).
+#: Per-option runtime support; only "wired" options may be changed by AI (contract §4
+#update_options).
 OPTION_RUNTIME_SUPPORT = {"wideLayout": "wired", "smallText": "wired", "showToc": "wired",
                           "protectEditing": "not_wired"}
 
@@ -48,8 +50,9 @@ CMD_UPDATE_TITLE = "page.head.updateTitle"
 CMD_UPDATE_OPTIONS = "page.layout.updateOptions"
 CMD_SUMMARY = "artifact.summary.upsert"
 CMD_AI_NOTE = "artifact.aiNote.create"
+# idempotency-conflict wording
 _ARG_NOUNS = {CMD_PAGE_SAVE: "正文内容", CMD_UPDATE_TITLE: "标题", CMD_UPDATE_OPTIONS: "页面选项",
-              CMD_SUMMARY: " summary 内容", CMD_AI_NOTE: " AI 笔记内容"}  # idempotency-conflict wording
+              CMD_SUMMARY: " summary 内容", CMD_AI_NOTE: " AI 笔记内容"}
 
 # Permission messages.  "Cannot read" is one message for a missing page, a
 # foreign workspace and a non-member, so an unknown page looks exactly like
@@ -185,37 +188,38 @@ CREATE TABLE IF NOT EXISTS documents (
     title TEXT NOT NULL, body TEXT NOT NULL, options TEXT NOT NULL,
     revision INTEGER NOT NULL, updated_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS artifacts (
-    id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL, document_id TEXT NOT NULL REFERENCES documents(id),
-    kind TEXT NOT NULL CHECK (kind IN ('summary', 'ai_note')), content TEXT NOT NULL,
+    id TEXT PRIMARY KEY, workspace_id TEXT NOT NULL, document_id TEXT NOT NULL REFERENCES
+    documents(id), kind TEXT NOT NULL CHECK (kind IN ('summary', 'ai_note')), content TEXT NOT NULL,
     revision INTEGER NOT NULL, created_by TEXT, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS artifacts_one_summary_per_page ON artifacts(document_id) WHERE kind = 'summary';
-CREATE TABLE IF NOT EXISTS edges (
-    page_id TEXT NOT NULL REFERENCES documents(id), artifact_id TEXT NOT NULL REFERENCES artifacts(id),
-    kind TEXT NOT NULL DEFAULT 'reference', created_at TEXT NOT NULL,
-    PRIMARY KEY (page_id, artifact_id, kind));
+CREATE UNIQUE INDEX IF NOT EXISTS artifacts_one_summary_per_page ON artifacts(document_id) WHERE
+kind = 'summary'; CREATE TABLE IF NOT EXISTS edges (
+    page_id TEXT NOT NULL REFERENCES documents(id), artifact_id TEXT NOT NULL REFERENCES
+    artifacts(id), kind TEXT NOT NULL DEFAULT 'reference', created_at TEXT NOT NULL, PRIMARY KEY
+    (page_id, artifact_id, kind));
 CREATE TABLE IF NOT EXISTS audit_log (
     command_id TEXT PRIMARY KEY, command_name TEXT NOT NULL, effect TEXT NOT NULL,
     actor_id TEXT, workspace_id TEXT, document_id TEXT, session_id TEXT, run_id TEXT,
     tool_call_id TEXT, trace_id TEXT, idempotency_key TEXT, revision INTEGER, artifact_id TEXT,
     created_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS idempotency (
-    actor_id TEXT NOT NULL, idem_key TEXT NOT NULL, tool_name TEXT NOT NULL, args_hash TEXT NOT NULL,
-    response TEXT NOT NULL, command_id TEXT NOT NULL, created_at TEXT NOT NULL,
-    PRIMARY KEY (actor_id, idem_key));
+    actor_id TEXT NOT NULL, idem_key TEXT NOT NULL, tool_name TEXT NOT NULL, args_hash TEXT NOT
+    NULL, response TEXT NOT NULL, command_id TEXT NOT NULL, created_at TEXT NOT NULL, PRIMARY KEY
+    (actor_id, idem_key));
 CREATE INDEX IF NOT EXISTS idempotency_created_at ON idempotency(created_at);
 """
 
 _AUDIT_COLUMNS = {"commandId": "command_id", "commandName": "command_name", "effect": "effect",
                   "actorId": "actor_id", "workspaceId": "workspace_id", "documentId": "document_id",
                   "sessionId": "session_id", "runId": "run_id", "toolCallId": "tool_call_id",
-                  "traceId": "trace_id", "idempotencyKey": "idempotency_key", "revision": "revision",
+                  "traceId": "trace_id", "idempotencyKey": "idempotency_key",
+                  "revision": "revision",
                   "artifactId": "artifact_id", "createdAt": "created_at"}
 
 _IMPORT_VALIDATOR = Draft202012Validator(PAGE_IMPORT_SCHEMA)
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def _canonical(value: Any) -> str:
@@ -234,8 +238,9 @@ def _check_id(kind: str, value: Any) -> str:
     return value
 
 
-def normalize_blocks(content: list[dict], existing_ids: set[str] = frozenset()) -> list[dict]:
-    """Copy blocks as ``{id, type, text, …}``, generating missing ids; duplicate ids → BadToolInput."""
+def normalize_blocks(content: list[dict], existing_ids: Set[str] = frozenset()) -> list[dict]:
+    """Copy blocks as ``{id, type, text, …}``, generating missing ids; duplicate ids →
+    BadToolInput."""
     seen, out = set(existing_ids), []
     for i, block in enumerate(content):
         block = dict(block)
@@ -292,7 +297,7 @@ class SQLitePageStore:
     def _connection(self) -> sqlite3.Connection:
         """This thread's connection (re-opened after a fork)."""
         pid, con = getattr(self._local, "con", (None, None))
-        if pid != os.getpid():
+        if pid != os.getpid() or con is None:
             con = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None,
                                   check_same_thread=False)
             con.row_factory = sqlite3.Row
@@ -314,7 +319,8 @@ class SQLitePageStore:
 
     @contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to read."""
+        """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to
+        read."""
         con = self._connection()
         con.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
@@ -363,14 +369,17 @@ class SQLitePageStore:
                 "args": args}).encode()).hexdigest()
             if key:
                 rec = con.execute("SELECT tool_name, args_hash, response FROM idempotency"
-                                  " WHERE actor_id = ? AND idem_key = ?", (ctx.actor_id, key)).fetchone()
+                                  " WHERE actor_id = ? AND idem_key = ?",
+                                  (ctx.actor_id, key)).fetchone()
                 if rec is not None:
                     if rec["tool_name"] != tool:
                         raise IdempotencyConflict("同一幂等键已用于其他工具调用")
                     if rec["args_hash"] != args_hash:
-                        raise IdempotencyConflict(f"同一幂等键已用于不同{_ARG_NOUNS.get(command_name, '参数')}")
+                        noun = _ARG_NOUNS.get(command_name, "参数")
+                        raise IdempotencyConflict(f"同一幂等键已用于不同{noun}")
                     stored = json.loads(rec["response"])
-                    return CommandResult(stored["result"], "write", stored["commandId"], replayed=True)
+                    return CommandResult(stored["result"], "write", stored["commandId"],
+                                         replayed=True)
             _, apply, _ = plan(con, page, False)
             result, revision, artifact_id = apply()
             command_id, now = new_command_id(command_name), _now()
@@ -382,7 +391,8 @@ class SQLitePageStore:
             if key:
                 con.execute("INSERT INTO idempotency VALUES (?,?,?,?,?,?,?)",
                             (ctx.actor_id, key, tool, args_hash,
-                             _canonical({"result": result, "commandId": command_id}), command_id, now))
+                             _canonical({"result": result, "commandId": command_id}),
+                             command_id, now))
             return CommandResult(result, "write", command_id)
 
     @staticmethod
@@ -412,12 +422,14 @@ class SQLitePageStore:
 
         ``mode`` append (default) adds blocks after the body, replace swaps the body.
         Result {commandName, revision}; dryRun {dryRun, diff: [{op, blocks[, removedBlocks]}]}.
-        Errors: permission_denied, conflict (stale ``base_revision``), bad_request (duplicate block id).
+        Errors: permission_denied, conflict (stale ``base_revision``), bad_request (duplicate block
+        id).
         """
         def plan(con, page, dry):
             self._check_base(page, base_revision)
             old = page["blocks"]
-            blocks = normalize_blocks(content, {b["id"] for b in old} if mode == "append" else set())
+            kept = {b["id"] for b in old} if mode == "append" else set()
+            blocks = normalize_blocks(content, kept)
             step = {"op": mode, "blocks": len(blocks)}
             if mode == "replace":
                 step["removedBlocks"] = len(old)
@@ -461,11 +473,13 @@ class SQLitePageStore:
             self._check_base(page, base_revision)
             unsupported = [k for k in options if OPTION_RUNTIME_SUPPORT.get(k) != "wired"]
             if unsupported and not dry:
-                raise UnsupportedOption(f"页面选项 {', '.join(unsupported)} 的 runtimeSupport 不是 wired，"
+                named = ", ".join(unsupported)
+                raise UnsupportedOption(f"页面选项 {named} 的 runtimeSupport 不是 wired，"
                                         "AI 不可修改")
             current = page["pageOptions"]
             wired = {k: v for k, v in options.items() if k not in unsupported}
-            diff = [{"op": "set", "option": k, "from": current[k], "to": v} for k, v in wired.items()]
+            diff = [{"op": "set", "option": k, "from": current[k], "to": v}
+                    for k, v in wired.items()]
             extra = {"warnings": [
                 {"option": k, "code": UnsupportedOption.code,
                  "runtimeSupport": OPTION_RUNTIME_SUPPORT.get(k, "unknown"),
@@ -487,10 +501,12 @@ class SQLitePageStore:
         confirms the page→artifact reference edge.  Needs page read + artifact write
         (owner/editor); ``protectEditing`` does not apply (the page itself is not modified).
         Result {commandName, artifactId, artifactKind, revision, created, edgeCreated};
-        dryRun diff [{op: create|update, artifact: "summary"}, {op: create|confirm, edge: "reference"}].
+        dryRun diff [{op: create|update, artifact: "summary"}, {op: create|confirm, edge:
+        "reference"}].
         """
         def plan(con, page, dry):
-            row = con.execute("SELECT id, revision FROM artifacts WHERE document_id = ? AND kind = 'summary'",
+            row = con.execute("SELECT id, revision FROM artifacts"
+                              " WHERE document_id = ? AND kind = 'summary'",
                               (page["documentId"],)).fetchone()
             edge = row is not None and con.execute(
                 "SELECT 1 FROM edges WHERE page_id = ? AND artifact_id = ?",
@@ -502,13 +518,16 @@ class SQLitePageStore:
                 now = _now()
                 if row:
                     artifact_id, revision = row["id"], row["revision"] + 1
-                    con.execute("UPDATE artifacts SET content = ?, revision = ?, updated_at = ? WHERE id = ?",
+                    con.execute("UPDATE artifacts SET content = ?, revision = ?, updated_at = ?"
+                                " WHERE id = ?",
                                 (summary, revision, now, artifact_id))
                 else:
-                    artifact_id, revision = self._insert_artifact(con, ctx, "summary", summary, now), 1
+                    artifact_id = self._insert_artifact(con, ctx, "summary", summary, now)
+                    revision = 1
                 self._link(con, page["documentId"], artifact_id, now)
-                return ({"commandName": CMD_SUMMARY, "artifactId": artifact_id, "artifactKind": "summary",
-                         "revision": revision, "created": row is None, "edgeCreated": not edge},
+                return ({"commandName": CMD_SUMMARY, "artifactId": artifact_id,
+                         "artifactKind": "summary", "revision": revision, "created": row is None,
+                         "edgeCreated": not edge},
                         revision, artifact_id)
             return diff, apply, {}
 
@@ -526,9 +545,12 @@ class SQLitePageStore:
                 now = _now()
                 artifact_id = self._insert_artifact(con, ctx, "ai_note", content, now)
                 self._link(con, page["documentId"], artifact_id, now)
-                return ({"commandName": CMD_AI_NOTE, "artifactId": artifact_id, "artifactKind": "ai_note",
-                         "revision": 1, "created": True, "edgeCreated": True}, 1, artifact_id)
-            return [{"op": "create", "artifact": "ai_note"}, {"op": "create", "edge": "reference"}], apply, {}
+                return ({"commandName": CMD_AI_NOTE, "artifactId": artifact_id,
+                         "artifactKind": "ai_note", "revision": 1, "created": True,
+                         "edgeCreated": True}, 1, artifact_id)
+            steps = [{"op": "create", "artifact": "ai_note"},
+                     {"op": "create", "edge": "reference"}]
+            return steps, apply, {}
 
         return self._write(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
 
@@ -536,12 +558,14 @@ class SQLitePageStore:
     def _insert_artifact(con, ctx: CommandContext, kind: str, content: str, now: str) -> str:
         artifact_id = f"art_{secrets.token_hex(8)}"
         con.execute("INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?)",
-                    (artifact_id, ctx.workspace_id, ctx.document_id, kind, content, 1, ctx.actor_id, now, now))
+                    (artifact_id, ctx.workspace_id, ctx.document_id, kind, content, 1,
+                     ctx.actor_id, now, now))
         return artifact_id
 
     @staticmethod
     def _link(con, page_id: str, artifact_id: str, now: str) -> None:
-        con.execute("INSERT OR IGNORE INTO edges VALUES (?, ?, 'reference', ?)", (page_id, artifact_id, now))
+        con.execute("INSERT OR IGNORE INTO edges VALUES (?, ?, 'reference', ?)",
+                    (page_id, artifact_id, now))
 
     # ---- operator functions
     def add_workspace(self, workspace_id: str, name: str | None = None) -> None:
@@ -565,8 +589,8 @@ class SQLitePageStore:
                         (workspace_id, actor_id, role))
 
     def import_page(self, page: dict) -> dict:
-        """Create or overwrite a page from ``{documentId, workspaceId, title, blocks?, pageOptions?}``
-        (the :meth:`export_page` shape; revision/updatedAt/artifacts are ignored).
+        """Create or overwrite a page from ``{documentId, workspaceId, title, blocks?,
+        pageOptions?}`` (the :meth:`export_page` shape; revision/updatedAt/artifacts are ignored).
 
         Returns {documentId, workspaceId, revision, created}.  Blocks without id get one.
         Raises StoreInputError (schema, duplicate block id, page owned by another workspace)
@@ -584,15 +608,20 @@ class SQLitePageStore:
         options = _canonical({**DEFAULT_PAGE_OPTIONS, **page.get("pageOptions", {})})
         with self._tx(write=True) as con:
             self._require_workspace(con, ws_id)
-            row = con.execute("SELECT workspace_id, revision FROM documents WHERE id = ?", (doc_id,)).fetchone()
+            row = con.execute("SELECT workspace_id, revision FROM documents WHERE id = ?",
+                              (doc_id,)).fetchone()
             if row is not None and row["workspace_id"] != ws_id:
-                raise StoreInputError(f"document {doc_id!r} belongs to workspace {row['workspace_id']!r}")
+                raise StoreInputError(f"document {doc_id!r} belongs to workspace "
+                                      f"{row['workspace_id']!r}")
             revision = row["revision"] + 1 if row else 1
-            con.execute("INSERT INTO documents VALUES (?,?,?,?,?,?,?) ON CONFLICT (id) DO UPDATE SET"
+            con.execute("INSERT INTO documents VALUES (?,?,?,?,?,?,?)"
+                        " ON CONFLICT (id) DO UPDATE SET"
                         " title = excluded.title, body = excluded.body, options = excluded.options,"
                         " revision = excluded.revision, updated_at = excluded.updated_at",
-                        (doc_id, ws_id, page["title"], _canonical(blocks), options, revision, _now()))
-        return {"documentId": doc_id, "workspaceId": ws_id, "revision": revision, "created": row is None}
+                        (doc_id, ws_id, page["title"], _canonical(blocks), options, revision,
+                         _now()))
+        return {"documentId": doc_id, "workspaceId": ws_id, "revision": revision,
+                "created": row is None}
 
     def export_page(self, document_id: str) -> dict:
         """{documentId, workspaceId, title, blocks, pageOptions, revision, updatedAt,
@@ -603,16 +632,17 @@ class SQLitePageStore:
             if row is None:
                 raise NotFoundError(f"document {document_id!r} not found")
             artifacts = con.execute(
-                "SELECT a.id AS artifactId, a.kind, a.content, a.revision, a.created_at AS createdAt,"
+                "SELECT a.id AS artifactId, a.kind, a.content, a.revision,"
+                " a.created_at AS createdAt,"
                 " a.updated_at AS updatedAt FROM artifacts a JOIN edges e ON e.artifact_id = a.id"
                 " WHERE e.page_id = ? ORDER BY a.created_at, a.id", (document_id,)).fetchall()
         return {**_page_from_row(row), "artifacts": [dict(a) for a in artifacts]}
 
     def prune_idempotency(self, before: datetime, dry_run: bool = False) -> int:
         """Delete idempotency records created before ``before`` (an aware datetime: the end of
-        the retry window, docs/data-and-durability.md §Retention and cleanup); ``dry_run`` only counts them.
-        Returns how many. A retry after its record is gone runs the command again."""
-        cutoff = before.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+        the retry window, docs/data-and-durability.md §Retention and cleanup); ``dry_run`` only
+        counts them. Returns how many. A retry after its record is gone runs the command again."""
+        cutoff = before.astimezone(UTC).isoformat(timespec="milliseconds")
         with self._tx(write=not dry_run) as con:
             if dry_run:
                 return con.execute("SELECT count(*) FROM idempotency WHERE created_at < ?",
@@ -632,7 +662,9 @@ class SQLitePageStore:
         artifact commands (then ``artifactId`` is set).
         """
         cols = ", ".join(f"{col} AS {key}" for key, col in _AUDIT_COLUMNS.items())
-        where, params = (" WHERE command_id = ?", (command_id,)) if command_id is not None else ("", ())
+        where, params = (" WHERE command_id = ?", (command_id,)) if command_id is not None \
+            else ("", ())
         with self._tx(write=False) as con:
-            rows = con.execute(f"SELECT {cols} FROM audit_log{where} ORDER BY created_at, rowid", params)
+            rows = con.execute(f"SELECT {cols} FROM audit_log{where}"
+                               " ORDER BY created_at, rowid", params)
             return [dict(r) for r in rows.fetchall()]

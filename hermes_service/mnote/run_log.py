@@ -1,5 +1,5 @@
-"""Durable event logs of runs, shared by every service process on a data dir (docs/data-and-durability.md
-§Runs and their events; client-proxy contract §2 GET /events).
+"""Durable event logs of runs, shared by every service process on a data dir
+(docs/data-and-durability.md §Runs and their events; client-proxy contract §2 GET /events).
 
 Layout, under ``<data_dir>/run-events/`` (0700; files 0600; only the service writes here — the
 users' agents never see this folder, unlike ``data/runs/<user_id>/``):
@@ -82,8 +82,10 @@ def valid_run_id(run_id) -> bool:
 
 @dataclass
 class LogState:
-    """What a reader has of one run file: its meta record, the events of its complete lines,
-    the byte offset after the last complete line, and the file's mtime when read."""
+    """What a reader has of one run file: its run id, its meta record, the events of its
+    complete lines, the byte offset after the last complete line, and the file's mtime when
+    read."""
+    run_id: str
     meta: dict
     events: list = field(default_factory=list)
     offset: int = 0
@@ -219,11 +221,13 @@ class RunLogs:
         lines, end = _parse_lines(data)
         if not lines or not isinstance(lines[0].get("meta"), dict):
             return None
-        return LogState(lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
+        return LogState(run_id, lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
 
-    def read_more(self, state: LogState, run_id: str) -> bool:
+    def read_more(self, state: LogState) -> bool:
         """Add the events appended since ``state.offset``; returns whether there were any."""
-        path = self.path(run_id)
+        path = self.path(state.run_id)
+        if path is None:
+            return False
         try:
             fd = _open_file(path, os.O_RDONLY)
         except OSError:
@@ -246,9 +250,12 @@ class RunLogs:
     def size(self, run_id: str) -> int:
         """The run file's size now (the follow poller's cheap check); -1 when gone or no
         longer a regular file (replaced by a symlink, FIFO …: never followed)."""
+        path = self.path(run_id)
+        if path is None:
+            return -1
         try:
-            st = os.lstat(self.path(run_id))
-        except (OSError, TypeError):
+            st = os.lstat(path)
+        except OSError:
             return -1
         return st.st_size if stat.S_ISREG(st.st_mode) else -1
 
@@ -352,6 +359,8 @@ class RunLogs:
             if not dry_run:
                 answers = list(self.root.glob(f"{run_id}.*.answer*"))
                 for p in (self.path(run_id), self._requests_path(run_id), *answers):
+                    if p is None:
+                        continue
                     try:
                         p.unlink()
                     except FileNotFoundError:
@@ -359,8 +368,9 @@ class RunLogs:
         if not dry_run:
             with self._sessions_lock:
                 for entry in os.scandir(self.root / "sessions"):
-                    run_id = _read_small(Path(entry.path))
-                    if run_id is None or not self.path(run_id) or not self.path(run_id).exists():
+                    indexed = _read_small(Path(entry.path))
+                    path = self.path(indexed) if indexed is not None else None
+                    if path is None or not path.exists():
                         try:
                             os.unlink(entry.path)
                         except OSError:      # not a file (a damaged data dir): left, logged
@@ -442,6 +452,8 @@ class RunLogs:
     def request(self, run_id: str, op: dict) -> None:
         """Append a request for the run's owner (abort, an answer); one ``O_APPEND`` write."""
         path = self._requests_path(run_id)
+        if path is None:
+            raise OSError(errno.EINVAL, "not a run id the service issues", run_id)
         fd = _open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, _line(op))    # other processes append here too: never cut back
@@ -470,9 +482,10 @@ class RunLogs:
         return ops, offset + end
 
     def requests_size(self, run_id: str) -> int:
+        path = self._requests_path(run_id)
         try:
-            return os.stat(self._requests_path(run_id)).st_size
-        except (OSError, TypeError):
+            return os.stat(path).st_size if path is not None else 0
+        except OSError:
             return 0
 
 
@@ -499,7 +512,7 @@ def _open_file(path, flags: int) -> int:
 
 
 def _read_all(fd: int) -> bytes:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 1 << 20)
         if not chunk:

@@ -49,7 +49,7 @@ _BASE_REVISION = {"type": "integer", "minimum": 0,
                   "description": "Page revision you last read; stale -> mnote_tool_conflict."}
 
 #: contract §2 unified input; per-tool ``required`` is enforced by TOOL_INPUT_SCHEMAS.
-ENVELOPE_SCHEMA = {
+ENVELOPE_SCHEMA: dict = {
     "$schema": _DRAFT,
     "type": "object",
     "required": ["toolName"],
@@ -57,7 +57,8 @@ ENVELOPE_SCHEMA = {
     "properties": {
         "toolName": {"type": "string", "minLength": 1, "maxLength": 128},
         "workspaceId": _ID, "documentId": _ID,
-        "actorId": {"type": "string", "maxLength": 256},  # empty/absent → permission_denied (未登录)
+        # empty/absent → permission_denied (未登录)
+        "actorId": {"type": "string", "maxLength": 256},
         "sessionId": _REF, "runId": _REF, "toolCallId": _REF, "traceId": _REF,
         "idempotencyKey": _REF,
         "dryRun": _BOOL,
@@ -71,7 +72,7 @@ INPUT_ENVELOPE_FIELDS = ("workspaceId", "documentId", "sessionId", "runId",
                          "toolCallId", "traceId", "idempotencyKey", "dryRun")
 
 
-def _params(properties: dict, required: list[str] = ()) -> dict:
+def _params(properties: dict, required: list[str] | tuple[()] = ()) -> dict:
     return {"type": "object", "properties": properties, "required": list(required),
             "additionalProperties": False}
 
@@ -85,7 +86,8 @@ MODEL_PARAMETERS = {
     }),
     "mnote.page.save": _params({
         "content": {"type": "array", "items": BLOCK_SCHEMA,
-                    "description": "Blocks {type, text, id?}; a block without id gets a generated one."},
+                    "description": "Blocks {type, text, id?}; a block without id gets a "
+                                   "generated one."},
         "mode": {"type": "string", "enum": ["replace", "append"], "default": "append"},
         "baseRevision": _BASE_REVISION,
     }, ["content"]),
@@ -106,7 +108,7 @@ MODEL_PARAMETERS = {
 }
 
 _READ_REQUIRED = ["workspaceId", "documentId", "sessionId", "runId", "toolCallId", "traceId"]
-_WRITE_REQUIRED = _READ_REQUIRED + ["idempotencyKey", "dryRun"]
+_WRITE_REQUIRED = [*_READ_REQUIRED, "idempotencyKey", "dryRun"]
 _ENVELOPE_PROPS = {k: ENVELOPE_SCHEMA["properties"][k] for k in INPUT_ENVELOPE_FIELDS}
 
 
@@ -126,7 +128,7 @@ TOOL_INPUT_SCHEMAS = {
 _NULLABLE_STR = {"type": ["string", "null"]}
 
 #: contract §3 unified output; every executor response validates against it.
-OUTPUT_ENVELOPE_SCHEMA = {
+OUTPUT_ENVELOPE_SCHEMA: dict = {
     "$schema": _DRAFT,
     "type": "object",
     "required": ["ok", "toolName", "toolCallId", "traceId", "result", "audit", "error"],
@@ -141,7 +143,8 @@ OUTPUT_ENVELOPE_SCHEMA = {
             "additionalProperties": False,
             "properties": {
                 "effect": {"enum": ["read", "write", "dry_run", "none"]},
-                "commandId": _NULLABLE_STR, "workspaceId": _NULLABLE_STR, "documentId": _NULLABLE_STR,
+                "commandId": _NULLABLE_STR, "workspaceId": _NULLABLE_STR,
+                "documentId": _NULLABLE_STR,
             },
         },
         "error": {
@@ -155,7 +158,8 @@ OUTPUT_ENVELOPE_SCHEMA = {
     "if": {"properties": {"ok": {"const": True}}},
     "then": {"properties": {"error": {"type": "null"}, "result": {"type": "object"}}},
     "else": {"properties": {"error": {"type": "object"}, "result": {"type": "null"},
-                            "audit": {"properties": {"effect": {"const": "none"}, "commandId": {"type": "null"}}}}},
+                            "audit": {"properties": {"effect": {"const": "none"},
+                                                     "commandId": {"type": "null"}}}}},
 }
 
 #: Operator page document (``import_page`` input / ``export_page`` output).

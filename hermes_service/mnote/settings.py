@@ -17,30 +17,26 @@ from __future__ import annotations
 import ipaddress
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import urlsplit
 
-from ..config import (POS_INT, POS_NUM, STR_LIST, Check, Config, ConfigSection, ThreadNeed,
-                      env_unset, object_schema, settings_from)
+from ..config import Check, Config, ConfigSection, ThreadNeed, env_unset
+from ..config_fields import (
+    POS_INT,
+    POS_NUM,
+    STR_LIST,
+    defaults_of,
+    key,
+    object_schema,
+    schema_of,
+    section,
+    settings_from,
+)
 
 #: the extension's name: its config section (:meth:`Config.section`), its key in
 #: ``services.extensions`` and its route family
 NAME = "mnote"
-
-DEFAULTS = {
-    "enabled": True,
-    "default_model": "hermes-agent",
-    "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}],
-    "events_retention_seconds": 3600,
-    "keepalive_seconds": 15,
-    "max_event_streams": 12,
-    "default_capability_scope": ["page.read", "page.write", "artifact.write"],
-    "service_url": None,
-    "runner": "acp",
-    "page_store": {"kind": "embedded", "url": None, "command": None, "credential_env": None,
-                   "ca_file": None, "timeout_seconds": 15},
-}
 
 #: ``mnote.page_store.kind``: the service's own SQLite store, or mnote's kernel spoken to in
 #: the tool contract's envelopes (docs/mnote-tools.md §The kernel adapter)
@@ -50,43 +46,20 @@ PAGE_STORE_KINDS = ("embedded", "command", "http")
 MAX_KERNEL_TIMEOUT_SECONDS = 50
 _ENV_NAME = {"type": ["string", "null"], "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
 
-SCHEMA = object_schema({
-    "enabled": {"type": "boolean"},
-    "default_model": {"type": "string"},
-    "models": {"type": "array", "minItems": 1, "items": object_schema({
-        "id": {"type": "string"}, "label": {"type": "string"}, "provider": {"type": "string"},
-        "hermes_model": {"type": ["string", "null"]},
-    }, required=["id"])},
-    "events_retention_seconds": POS_NUM,
-    "keepalive_seconds": POS_NUM,
-    "max_event_streams": POS_INT,
-    "default_capability_scope": STR_LIST,
-    "service_url": {"type": ["string", "null"]},
-    "runner": {"enum": ["cli", "acp"]},
-    "page_store": object_schema({
-        "kind": {"enum": list(PAGE_STORE_KINDS)},
-        "url": {"type": ["string", "null"]},
-        "command": {"type": ["array", "null"], "minItems": 1,
-                    "items": {"type": "string", "minLength": 1}},
-        "credential_env": _ENV_NAME,
-        "ca_file": {"type": ["string", "null"]},
-        "timeout_seconds": {**POS_NUM, "maximum": MAX_KERNEL_TIMEOUT_SECONDS},
-    }),
-})
-
-
 @dataclass(frozen=True, slots=True)
 class PageStoreSettings:
     """``mnote.page_store.*``: where the tools' pages live (docs/mnote-tools.md §The kernel
     adapter). ``command``: an argv (never a shell); ``credential_env``: the name of the
     variable holding the kernel credential (its value is read from the service's environment
     at each call, never stored)."""
-    kind: str                        # "embedded" | "command" | "http"
-    url: str | None
-    command: tuple[str, ...] | None
-    credential_env: str | None
-    ca_file: str | None
-    timeout_seconds: float           # one tool call's kernel budget, retries included
+    kind: str = key("embedded", {"enum": list(PAGE_STORE_KINDS)})
+    url: str | None = key(None, {"type": ["string", "null"]})
+    command: tuple[str, ...] | None = key(None, {"type": ["array", "null"], "minItems": 1,
+                                                 "items": {"type": "string", "minLength": 1}})
+    credential_env: str | None = key(None, _ENV_NAME)
+    ca_file: str | None = key(None, {"type": ["string", "null"]})
+    #: one tool call's kernel budget, retries included
+    timeout_seconds: float = key(15, {**POS_NUM, "maximum": MAX_KERNEL_TIMEOUT_SECONDS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,23 +71,39 @@ class MnoteModel:
     hermes_model: str | None = None
 
 
+_MODEL_ENTRY = object_schema({
+    "id": {"type": "string"}, "label": {"type": "string"}, "provider": {"type": "string"},
+    "hermes_model": {"type": ["string", "null"]},
+}, required=["id"])
+
+
 @dataclass(frozen=True, slots=True)
 class MnoteSettings:
     """``mnote.*``: the client routes, their runs and event streams, the tool endpoint."""
-    enabled: bool                    # the mnote extension on (false: none of its routes)
-    default_model: str
-    models: tuple[MnoteModel, ...]
-    events_retention_seconds: float
-    keepalive_seconds: float
-    max_event_streams: int
-    default_capability_scope: tuple[str, ...]
-    service_url: str | None
-    runner: str                      # the client routes' runner: "cli" | "acp"
-    page_store: PageStoreSettings
+    #: the mnote extension on (false: none of its routes)
+    enabled: bool = key(True, {"type": "boolean"})
+    default_model: str = key("hermes-agent", {"type": "string"})
+    models: tuple[MnoteModel, ...] = key(
+        (MnoteModel("hermes-agent", "Hermes Agent", "hermes"),),
+        {"type": "array", "minItems": 1, "items": _MODEL_ENTRY})
+    events_retention_seconds: float = key(3600, POS_NUM)
+    keepalive_seconds: float = key(15, POS_NUM)
+    max_event_streams: int = key(12, POS_INT)
+    default_capability_scope: tuple[str, ...] = key(
+        ("page.read", "page.write", "artifact.write"), STR_LIST)
+    service_url: str | None = key(None, {"type": ["string", "null"]})
+    #: the client routes' runner: "cli" | "acp"
+    runner: str = key("acp", {"enum": ["cli", "acp"]})
+    page_store: PageStoreSettings = section(PageStoreSettings)
 
     @property
     def model_ids(self) -> list[str]:
         return [m.id for m in self.models]
+
+
+#: the section's jsonschema and every key's default, read off :class:`MnoteSettings`
+SCHEMA = schema_of(MnoteSettings)
+DEFAULTS: dict = defaults_of(MnoteSettings)
 
 
 def build(mapping: dict, valid: Callable[[str], bool]) -> MnoteSettings:
@@ -122,8 +111,7 @@ def build(mapping: dict, valid: Callable[[str], bool]) -> MnoteSettings:
     # a refused entry stays in the list (its index names it); only a partial config has one
     models = tuple(MnoteModel(**m) for i, m in enumerate(mapping["models"])
                    if valid(f"mnote.models.{i}"))
-    return settings_from(MnoteSettings, mapping, models=models,
-                         page_store=settings_from(PageStoreSettings, mapping["page_store"]))
+    return settings_from(MnoteSettings, mapping, models=models)
 
 
 def default_model_listed(cfg: Config) -> list[str]:
@@ -157,7 +145,7 @@ def page_store_usable(cfg: Config) -> list[str]:
     if ps.kind == "http":
         parts = urlsplit(ps.url or "")
         try:
-            parts.port
+            parts.port  # noqa: B018 - reading it checks it
         except ValueError as exc:
             out.append(f"{where}.url: {exc}")
         if not ps.url:

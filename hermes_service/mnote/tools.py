@@ -23,18 +23,30 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from ..errors import json_pointer, schema_error
-from .schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
 from .kernel_wire import KERNEL_UNAVAILABLE
-from .page_store import (CMD_AI_NOTE, CMD_PAGE_SAVE, CMD_SUMMARY, CMD_UPDATE_OPTIONS, CMD_UPDATE_TITLE,
-                         BadToolInput, CommandContext, CommandResult, PageStore, PermissionDenied,
-                         ToolError, MSG_NO_ACTOR)
+from .page_store import (
+    CMD_AI_NOTE,
+    CMD_PAGE_SAVE,
+    CMD_SUMMARY,
+    CMD_UPDATE_OPTIONS,
+    CMD_UPDATE_TITLE,
+    MSG_NO_ACTOR,
+    BadToolInput,
+    CommandContext,
+    CommandResult,
+    PageStore,
+    PermissionDenied,
+    ToolError,
+)
+from .schemas import ENVELOPE_SCHEMA, INPUT_ENVELOPE_FIELDS, MODEL_PARAMETERS, TOOL_INPUT_SCHEMAS
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +115,8 @@ _ARGS_VALIDATORS = {t.name: Draft202012Validator(t.model_parameters) for t in TO
 _INPUT_VALIDATORS = {t.name: Draft202012Validator(t.schema) for t in TOOLS}
 
 
-def _first_error(validator: Draft202012Validator, instance: Any, prefix: Callable[[list], list]) -> None:
+def _first_error(validator: Draft202012Validator, instance: Any,
+                 prefix: Callable[[list], list]) -> None:
     """Raise BadToolInput naming the JSON pointer of the most relevant schema error."""
     err: ValidationError | None = best_match(validator.iter_errors(instance))
     if err is None:
@@ -131,8 +144,8 @@ def _unflatten(spec: ToolSpec, env: dict) -> dict:
     moved = {k: v for k, v in env.items() if k in fields and k not in ENVELOPE_SCHEMA["properties"]}
     for key, value in moved.items():
         if key in args and args[key] != value:
-            raise BadToolInput(f"{json_pointer([key])}: also given as {json_pointer(['args', key])} "
-                               "with another value")
+            raise BadToolInput(f"{json_pointer([key])}: also given as "
+                               f"{json_pointer(['args', key])} with another value")
     args.update(moved)
     for key in INPUT_ENVELOPE_FIELDS:
         if key in args and key in env and args[key] == env[key] and key not in fields:
@@ -174,13 +187,16 @@ class StoreBackend:
         self._handlers: dict[str, Callable[[CommandContext, dict], CommandResult]] = {
             "mnote.page.get": lambda ctx, a: store.page_get(ctx),
             "mnote.page.save": lambda ctx, a: store.page_save(
-                ctx, content=a["content"], mode=a.get("mode", "append"), base_revision=a.get("baseRevision")),
+                ctx, content=a["content"], mode=a.get("mode", "append"),
+                base_revision=a.get("baseRevision")),
             "mnote.page.update_title": lambda ctx, a: store.update_title(
                 ctx, title=a["title"], base_revision=a.get("baseRevision")),
             "mnote.page.update_options": lambda ctx, a: store.update_options(
                 ctx, options=a["options"], base_revision=a.get("baseRevision")),
-            "mnote.artifact.create_summary": lambda ctx, a: store.create_summary(ctx, summary=a["summary"]),
-            "mnote.artifact.create_ai_note": lambda ctx, a: store.create_ai_note(ctx, content=a["content"]),
+            "mnote.artifact.create_summary": lambda ctx, a: store.create_summary(
+                ctx, summary=a["summary"]),
+            "mnote.artifact.create_ai_note": lambda ctx, a: store.create_ai_note(
+                ctx, content=a["content"]),
         }
 
     def run(self, spec: ToolSpec, env: dict, args: dict) -> CommandResult:
@@ -188,7 +204,8 @@ class StoreBackend:
             actor_id=env["actorId"], workspace_id=env["workspaceId"], document_id=env["documentId"],
             tool_name=spec.name, session_id=env["sessionId"], run_id=env["runId"],
             tool_call_id=env["toolCallId"], trace_id=env["traceId"],
-            idempotency_key=env.get("idempotencyKey"), dry_run=spec.writes and env.get("dryRun", False))
+            idempotency_key=env.get("idempotencyKey"),
+            dry_run=spec.writes and env.get("dryRun", False))
         res = self._handlers[spec.name](ctx, args)
         if spec.name == "mnote.page.get":
             res = CommandResult(self.shape_page(res.result, args), res.effect)
@@ -221,10 +238,13 @@ class ToolExecutor:
 
     def __init__(self, store: PageStore | None = None, *, backend: Backend | None = None,
                  max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES):
-        if (store is None) == (backend is None):
+        if store is not None and backend is None:
+            backend = StoreBackend(store)
+        elif (store is None) == (backend is None):
             raise TypeError("ToolExecutor needs a store or a backend")
+        assert backend is not None
         self.store = store
-        self.backend = backend or StoreBackend(store)
+        self.backend = backend
         self.max_content_bytes = max_content_bytes
 
     def invoke(self, envelope: dict) -> dict:
@@ -249,9 +269,10 @@ class ToolExecutor:
             res = self.backend.run(spec, env, args)
         except ToolError as exc:
             return self._envelope(echo, None, error={"code": exc.code, "message": exc.message})
-        except Exception:  # noqa: BLE001 - the contract wants an envelope, never a 500
+        except Exception:  # the contract wants an envelope, never a 500
             log.exception("mnote tool %s failed", echo["toolName"])
-            return self._envelope(echo, None, error={"code": CODE_INTERNAL, "message": "工具执行失败（内部错误），请稍后重试"})
+            return self._envelope(echo, None, error={
+                "code": CODE_INTERNAL, "message": "工具执行失败（内部错误），请稍后重试"})
         return self._envelope(echo, res)
 
     def _validate(self, envelope: Any) -> tuple[ToolSpec, dict, dict]:
@@ -271,10 +292,11 @@ class ToolExecutor:
             raise _UnknownTool(f"未知工具 {env['toolName']!r}")
         args = env.get("args", {})
         for key, value in args.items():
-            size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode())
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            size = len(text.encode())
             if size > self.max_content_bytes:
-                raise BadToolInput(f"{json_pointer(['args', key])}: {size} bytes exceeds the limit of "
-                                   f"{self.max_content_bytes} bytes")
+                raise BadToolInput(f"{json_pointer(['args', key])}: {size} bytes exceeds the "
+                                   f"limit of {self.max_content_bytes} bytes")
         _first_error(_ARGS_VALIDATORS[spec.name], args, lambda p: ["args", *p])
         merged = {**{k: env[k] for k in INPUT_ENVELOPE_FIELDS if k in env}, **args}
         _first_error(_INPUT_VALIDATORS[spec.name], merged,
@@ -298,7 +320,8 @@ class ToolExecutor:
             "toolCallId": echo["toolCallId"],
             "traceId": echo["traceId"],
             "result": res.result if res else None,
-            "audit": {"effect": res.effect if res else "none", "commandId": res.command_id if res else None,
+            "audit": {"effect": res.effect if res else "none",
+                      "commandId": res.command_id if res else None,
                       "workspaceId": echo["workspaceId"], "documentId": echo["documentId"]},
             "error": error,
         }
@@ -334,5 +357,6 @@ def plugin_tool_definitions() -> list[dict]:
     return out
 
 
-if __name__ == "__main__":   # .venv/bin/python -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json
+# .venv/bin/python -m hermes_service.mnote.tools > users_template/plugins/mnote/tools.json
+if __name__ == "__main__":
     print(json.dumps(plugin_tool_definitions(), indent=1, ensure_ascii=False))

@@ -12,12 +12,28 @@
 """
 from .acp import AcpRunner
 from .choice import RunnerChoice, acp_families
-from .cli import HermesRunner
+from .cli import CliRunner
 from .failures import classify_failure, classify_text
 from .processes import CliProcess, Outcome, Processes, ProcessGroups
-from .protocol import FINISH_REASON, TurnListener, TurnRequest, TurnResult, UseCli
+from .protocol import FINISH_REASON, Questions, TurnListener, TurnRequest, TurnResult, UseCli
 from .run_files import RunFiles
 
-__all__ = ["FINISH_REASON", "AcpRunner", "CliProcess", "HermesRunner", "Outcome", "Processes", "ProcessGroups",
-           "RunFiles", "RunnerChoice", "TurnListener", "TurnRequest", "TurnResult", "UseCli",
-           "acp_families", "classify_failure", "classify_text"]
+__all__ = [
+           "FINISH_REASON",
+           "AcpRunner",
+           "CliProcess",
+           "CliRunner",
+           "Outcome",
+           "ProcessGroups",
+           "Processes",
+           "Questions",
+           "RunFiles",
+           "RunnerChoice",
+           "TurnListener",
+           "TurnRequest",
+           "TurnResult",
+           "UseCli",
+           "acp_families",
+           "classify_failure",
+           "classify_text",
+]

@@ -15,7 +15,7 @@ from .protocol import TurnRequest, TurnResult, UseCli
 
 if TYPE_CHECKING:
     from .acp import AcpRunner
-    from .cli import HermesRunner
+    from .cli import CliRunner
 
 #: its lines keep the logger name they had when the choice was made inside Conversations
 log = logging.getLogger("hermes_service.conversations")
@@ -34,7 +34,7 @@ class RunnerChoice:
     """The service's runners and the rule choosing between them (see the module doc).
     ``acp`` is None when no route family uses it (then every turn runs on ``cli``)."""
 
-    def __init__(self, cli: HermesRunner, acp: AcpRunner | None = None,
+    def __init__(self, cli: CliRunner, acp: AcpRunner | None = None,
                  families: frozenset[str] = frozenset()):
         self.cli = cli
         self.acp = acp
@@ -52,10 +52,11 @@ class RunnerChoice:
         token budget ran out during it as ``token_budget_exceeded``
         (:meth:`~hermes_service.runner.processes.Processes.explain`)."""
         try:
-            if req.family in self.families:
-                clock.runner = self.acp.name
+            acp = self.acp
+            if acp is not None and req.family in self.families:
+                clock.runner = acp.name
                 try:
-                    return self.acp.run_turn(req)
+                    return acp.run_turn(req)
                 except UseCli as why:
                     log.info("turn on the CLI runner (%s) %s", why, req.log_ctx)
             clock.runner = self.cli.name

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 from ..hermes_site import run_binding
-from .failures import _SESSION_LINE, classify_failure, failure_reason
+from .failures import SESSION_LINE, classify_failure, failure_reason
 from .processes import Outcome, Processes
-from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, _ctx, answer_from_record
+from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, answer_from_record, context_text
 from .run_files import RunFiles
 
 log = logging.getLogger("hermes_service.runner")
@@ -33,12 +33,12 @@ def session_id_from_stderr(stderr: str) -> str | None:
     """The Hermes session id from the last non-blank stderr line (``session_id: X``)."""
     for line in reversed(stderr.splitlines()):
         if line.strip():
-            m = _SESSION_LINE.match(line.strip())
+            m = SESSION_LINE.match(line.strip())
             return m.group(1) if m else None
     return None
 
 
-class HermesRunner:
+class CliRunner:
     """The CLI runner: one ``hermes chat`` process per turn, started through
     ``processes`` (:class:`~hermes_service.runner.processes.Processes`: the slot, the
     sandbox, the process group, the run files, the time limits and toolsets)."""
@@ -103,8 +103,9 @@ class HermesRunner:
                 err = classify_failure(outcome)
                 err.hermes_session_id = sid
                 if outcome.killed is None:
-                    log.warning("hermes turn failed %s code=%s reason=%s", _ctx(req.log_ctx),
-                                err.code, failure_reason(outcome.stdout + "\n" + outcome.stderr))
+                    log.warning("hermes turn failed %s code=%s reason=%s",
+                                context_text(req.log_ctx), err.code,
+                                failure_reason(outcome.stdout + "\n" + outcome.stderr))
                 raise err
             answer = answer_from_record(req, sid, outcome.stdout, limits=self.processes.sandboxed)
             return TurnResult(answer.text, sid, outcome.duration, runner=self.name,
@@ -124,8 +125,8 @@ class HermesRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.processes.timeout, self.processes.stall_timeout, cancel)
-        log.info("hermes chat %s rc=%s killed=%s resume=%s", _ctx(log_ctx), outcome.returncode,
-                 outcome.killed, "--resume" in args,
+        log.info("hermes chat %s rc=%s killed=%s resume=%s", context_text(log_ctx),
+                 outcome.returncode, outcome.killed, "--resume" in args,
                  extra={"status": "ok" if outcome.returncode == 0 and not outcome.killed
                         else classify_failure(outcome).code,
                         "duration_ms": round(outcome.duration * 1000, 1), "runner": "cli"})

@@ -11,12 +11,14 @@ from ..errors import RunError, ServiceError, Unconfigured
 from ..model_usage import BUDGET_MARK, budget_error
 from .processes import Outcome
 
-_SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
+#: the line `hermes chat -Q` ends its output with, naming the Hermes session
+SESSION_LINE = re.compile(r"^session_id:\s*(\S+)\s*$")
 
 
 KILLED = {   # why we ended a process group -> (status, code, detail)
     "timeout": (504, "run_timeout", "the Hermes run exceeded its time limit and was killed"),
-    "stall": (504, "run_stalled", "the Hermes run produced no output or tool activity and was killed"),
+    "stall": (504, "run_stalled",
+              "the Hermes run produced no output or tool activity and was killed"),
     "cancelled": (409, "run_cancelled", "the run was aborted"),
     "shutdown": (503, "service_stopping", "the service is shutting down; retry"),
     "limit": (422, "run_limit_exceeded", "the Hermes run exceeded a limit of its sandbox"),
@@ -98,8 +100,8 @@ def classify_text(text: str) -> ServiceError:
     if BUDGET_MARK in text:
         return budget_error()
     if re.search(r"HTTP 429\b|RateLimitError|rate limit", text, re.I):
-        return RunError("the model provider is rate limiting requests", code="upstream_rate_limited",
-                        status=503, headers={"Retry-After": "30"})
+        return RunError("the model provider is rate limiting requests",
+                        code="upstream_rate_limited", status=503, headers={"Retry-After": "30"})
     if re.search(r"HTTP 5\d\d\b|Connection error|APIConnectionError|timed out|timeout|"
                  r"InternalServerError|ServiceUnavailable|Bad Gateway", text, re.I):
         return RunError("the model provider is unreachable or failing", code="upstream_unavailable",
@@ -108,7 +110,8 @@ def classify_text(text: str) -> ServiceError:
         return Unconfigured("Hermes refused the model configuration (see the service log)",
                             code="hermes_unconfigured")
     if re.search(r"no (inference )?provider|not configured|hermes setup|hermes model", text, re.I):
-        return Unconfigured("no model provider is configured for Hermes", code="hermes_unconfigured")
+        return Unconfigured("no model provider is configured for Hermes",
+                            code="hermes_unconfigured")
     return RunError("the Hermes agent failed", code="hermes_failed", status=502)
 
 
@@ -116,7 +119,7 @@ def failure_reason(text: str, limit: int = 500) -> str:
     """Hermes's own failure text for the log: its non-blank lines, the ``session_id`` line
     dropped, joined on one line and cut at ``limit`` characters."""
     lines = [ln.strip() for ln in text.splitlines()
-             if ln.strip() and not _SESSION_LINE.match(ln.strip())]
+             if ln.strip() and not SESSION_LINE.match(ln.strip())]
     reason = " | ".join(lines)
     return reason if len(reason) <= limit else reason[:limit] + "…"
 

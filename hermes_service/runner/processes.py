@@ -38,10 +38,10 @@ from ..config import HermesSettings
 from ..disk import Disk
 from ..errors import RunError, TooManyRuns, Unconfigured
 from ..files import atomic_write
-from ..model_policy import Refusal
-from ..model_usage import budget_error
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
+from ..model_policy import Refusal
+from ..model_usage import budget_error
 from ..sandbox import Launch, Sandbox, limit_signal, signal_tree
 from .run_files import RunFiles
 
@@ -82,14 +82,14 @@ class CliProcess:
     (SIGTERM, then SIGKILL after ``KILL_GRACE_SECONDS``) and is idempotent.
     """
 
-    def __init__(self, launch: "Launch", max_output_bytes: int | None = None, on_exit=None):
+    def __init__(self, launch: Launch, max_output_bytes: int | None = None, on_exit=None):
         self.launch = launch
         self.argv = launch.argv
         self._on_exit = on_exit
         self.started = time.monotonic()
         self.last_activity = self.started
         self.killed: str | None = None
-        self.limit: str | None = None     # which sandbox limit ended it (see sandbox.py)
+        self.limit: str | None = None     # which sandbox limit ended it (see sandbox/)
         self._max = STDOUT_BYTES if max_output_bytes is None else max_output_bytes
         self._tail = STDERR_BYTES if max_output_bytes is None else max_output_bytes
         self._out: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
@@ -183,7 +183,7 @@ class CliProcess:
                        self.limit)
 
 
-def _stopping() -> RunError:
+def stopping_error() -> RunError:
     return RunError("the service is shutting down; retry", code="service_stopping", status=503,
                     headers={"Retry-After": "5"})
 
@@ -326,8 +326,8 @@ class Processes:
         self.stopping = False       # set at shutdown: no new Hermes process, no more waiting
         self.draining = False       # set at a drain: routes take no new turn, the ACP pool
                                     # starts no process (docs/operations.md §Process lifetime)
-        self.run_files.make_folder = (lambda path: disk.make_folder(path, 0o700, True)) \
-            if disk is not None else None
+        if disk is not None:
+            self.run_files.make_folder = lambda path: disk.make_folder(path, 0o700, True)
         self._version: tuple[float, str] | None = None
         self._version_lock = threading.Lock()
 
@@ -348,7 +348,7 @@ class Processes:
         deadline = started + self.queue_wait
         while not self._slots.acquire(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
             if self.stopping:
-                raise _stopping()
+                raise stopping_error()
             if cancel is not None and cancel.is_set():
                 raise RunError("the run was aborted", code="run_cancelled", status=409)
             if time.monotonic() >= deadline:
@@ -363,7 +363,7 @@ class Processes:
         """``hermes.toolsets`` plus ``extra`` (e.g. an extension plugin's for its runs)."""
         return [*self.toolsets, *(extra or [])]
 
-    def launch(self, args: list[str], env: dict, home: "UserHome") -> Launch:
+    def launch(self, args: list[str], env: dict, home: UserHome) -> Launch:
         """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
         (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
         visible to it; a sandbox gets ``RLIMIT_FSIZE`` of what is left of the home's quota and
@@ -374,17 +374,17 @@ class Processes:
         if self.sandbox is None:
             return Launch([command, *args], env, str(home.root))
         run_dir = self.run_files.user_dir(home.user_id)
-        used = self.disk.measure(home.root, run_dir) \
-            if self.disk is not None and self.sandbox.active else None
-        fsize = None if used is None else self.disk.fsize_bytes(
+        disk = self.disk if self.sandbox.active else None
+        used = disk.measure(home.root, run_dir) if disk is not None else None
+        fsize = None if disk is None or used is None else disk.fsize_bytes(
             used, self.sandbox.settings.limits.file_size_mb)
         try:
             launch = self.sandbox.prepare(args, env, home, run_dir, command, fsize_bytes=fsize)
         except OSError as exc:
             raise RunError(f"the sandbox of a Hermes process could not be made ({exc})",
                            code="hermes_failed") from None
-        if used is not None:
-            self.disk.watch(launch, home.user_id, home.root, run_dir, used)
+        if disk is not None and used is not None:
+            disk.watch(launch, home.user_id, home.root, run_dir, used)
         return launch
 
     @property
@@ -392,7 +392,7 @@ class Processes:
         """Do new Hermes processes run in a sandbox (with its limits)?"""
         return self.sandbox is not None and self.sandbox.active
 
-    def check_home_quota(self, home: "UserHome") -> None:
+    def check_home_quota(self, home: UserHome) -> None:
         """Before Hermes starts a turn for ``home``: raise ``home_quota_exceeded`` (507) when
         the home and its run folder are over ``hermes.sandbox.max_home_mb``,
         ``storage_full`` (507) when the data or homes file system is below
@@ -409,7 +409,7 @@ class Processes:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)
 
-    def explain(self, err: RunError, home: "UserHome") -> RunError:
+    def explain(self, err: RunError, home: UserHome) -> RunError:
         """``err`` of a failed turn, or ``token_budget_exceeded`` when its user's
         ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the pass-through's
         429 as a failed or empty answer); the Hermes session id it carries is kept."""
@@ -424,13 +424,13 @@ class Processes:
             return better
         return err
 
-    def spawn(self, args: list[str], env: dict, home: "UserHome",
+    def spawn(self, args: list[str], env: dict, home: UserHome,
               max_output_bytes: int | None = None) -> CliProcess:
         """Start ``hermes <args>`` (no shell) for ``home`` in a new process group (in its
         sandbox, :meth:`launch`). Caller holds a slot. The group is recorded in
         :attr:`groups` until it is waited for."""
         if self.stopping:
-            raise _stopping()
+            raise stopping_error()
         launch = self.launch(args, env, home)
         try:
             proc = CliProcess(launch, max_output_bytes, on_exit=self.groups.forget)
@@ -449,7 +449,7 @@ class Processes:
         self.run_files.sweep(older_than=self.timeout + 60)
         return self.groups.reap_orphans()
 
-    def version(self, env: dict, home: "UserHome", ttl: float = 300.0) -> str:
+    def version(self, env: dict, home: UserHome, ttl: float = 300.0) -> str:
         """First line of ``hermes --version`` (cached ``ttl`` seconds; one refresh at a time,
         within the slots). Raises Unconfigured/RunError/TooManyRuns."""
         with self._version_lock:
@@ -465,9 +465,9 @@ class Processes:
             return text
 
     def configure(self, hermes: HermesSettings) -> None:
-        """Take a (reloaded) ``hermes`` section for new turns (docs/configuring.md §Reload): command, time
-        limits, queue wait, toolsets and the number of turn slots. Turns in flight keep what
-        they started with."""
+        """Take a (reloaded) ``hermes`` section for new turns (docs/configuring.md §Reload):
+        command, time limits, queue wait, toolsets and the number of turn slots. Turns in flight
+        keep what they started with."""
         self.command = hermes.command
         self.timeout = float(hermes.timeout_seconds)
         self.stall_timeout = float(hermes.stall_timeout_seconds)

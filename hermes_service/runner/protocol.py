@@ -10,6 +10,7 @@ recorded no answer fails with ``upstream_empty_answer`` (502).
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -43,19 +44,44 @@ class TurnListener(Protocol):
              preview: str | None = None) -> None: ...
 
 
+class Questions(Protocol):
+    """Who answers Hermes's questions during a turn (docs/mnote-client.md §Approvals): an
+    extension's run, on the ACP runner. An ``ask_*`` call puts a question to the user and
+    returns ``(question id, future)`` — the future's result is the answer — or None when the
+    run is ending (the runner then denies, or tells Hermes nobody answered). The runner
+    resolves a question nobody answered in time with ``answer(id, "deny", "timeout")`` or
+    ``answer_clarify(id, None, "timeout")``; both raise
+    :class:`~hermes_service.errors.Conflict` when the user answered first."""
+
+    def ask_approval(self, kind: str, title: str, detail: str,
+                     choices: list[str]) -> tuple[str, Future] | None:
+        """``kind``: ``command`` | ``edit`` | ``other``; ``choices``: of ``once``,
+        ``session``, ``always``, ``deny``. The future's result is the choice."""
+
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user") -> str: ...
+
+    def ask_clarify(self, question: str,
+                    choices: list[str] | None) -> tuple[str, Future] | None:
+        """``choices``: suggested answers, or None for an open question. The future's result
+        is the answer text, or None when nobody answered."""
+
+    def answer_clarify(self, clarify_id: str, answer: str | None,
+                       resolved_by: str = "user") -> None: ...
+
+
 @dataclass
 class TurnRequest:
     """One turn. ``resume_id``: the Hermes session to continue (None = a new one);
     ``toolsets`` are offered in addition to ``hermes.toolsets``; ``family`` is the route
     family (``v1`` or an extension's: separate ACP processes); ``plugin_run`` is the run
     binding of the family's Hermes plugin (a JSON object; it reaches that Hermes process's
-    memory only: ``hermes_site/run_binding.py``); ``approvals``:
-    who answers Hermes's questions (an object with ``ask_approval`` /
-    ``answer``), or None: every question is denied (the CLI runner never asks; docs/mnote-client.md
-    §Approvals)."""
+    memory only: ``hermes_site/run_binding.py``); ``approvals``: who answers Hermes's
+    questions (:class:`Questions`), or None: every question is denied (the CLI runner never
+    asks; docs/mnote-client.md §Approvals); ``log_ctx``: the fields every log line of the
+    turn names (user, session, family and what the caller adds, e.g. its run)."""
     message: str
     resume_id: str | None
-    home: "UserHome"
+    home: UserHome
     env: dict
     model: str | None = None
     toolsets: list[str] = field(default_factory=list)
@@ -64,7 +90,7 @@ class TurnRequest:
     listener: TurnListener | None = None
     cancel: threading.Event | None = None
     log_ctx: dict = field(default_factory=dict)
-    approvals: object = None
+    approvals: Questions | None = None
 
 
 @dataclass
@@ -88,7 +114,7 @@ class TurnResult:
 
 
 #: why an answer ended, in a reply (docs/v1-api.md; the client proxy's run.completed)
-FINISH_REASON = {"type": ["string", "null"],
+FINISH_REASON: dict = {"type": ["string", "null"],
                  "pattern": f"^{hermes_state.FINISH_REASON_PATTERN}$",
                  "description": "why the answer ended, as the provider said and Hermes recorded "
                                 "it: `stop` (whole), `length` (cut at the provider's output "
@@ -136,5 +162,6 @@ def answer_from_record(req: TurnRequest, session_id: str | None, fallback: str =
     return answer
 
 
-def _ctx(log_ctx: dict | None) -> str:
+def context_text(log_ctx: dict | None) -> str:
+    """A turn's log context as ``key=value`` words for a log line."""
     return " ".join(f"{k}={v}" for k, v in (log_ctx or {}).items())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import homefs
@@ -28,7 +29,7 @@ class RunFiles:
         self.root = Path(root)
         #: ``fn(path)`` making a user's folder before it is first used (the disk's: a btrfs
         #: subvolume with its quota, :meth:`hermes_service.disk.Disk.make_folder`), or None
-        self.make_folder = None
+        self.make_folder: Callable[[Path], None] | None = None
 
     def _open(self, user_id: str) -> int:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)

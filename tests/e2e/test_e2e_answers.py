@@ -16,9 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from support.fixtures import (API_KEY, ServiceProcess, base_config, deep_merge, hermes_processes,
-                      wait_for)
 from hermes_service.scripted_model import REASONING_TEXT
+from support.fixtures import (
+    API_KEY,
+    ServiceProcess,
+    base_config,
+    deep_merge,
+    hermes_processes,
+    wait_for,
+)
 from support.sse_client import SSEStream, read_all
 
 pytestmark = pytest.mark.e2e
@@ -257,7 +263,7 @@ def test_abort_at_any_moment_never_wedges_the_session(svc, model, moment):
     # the session is not wedged: the next run answers normally
     evts = events(svc, who, run(svc, who, sid, f"next {moment} {svc.runner}"))
     assert evts[-1]["event"] == "run.completed"
-    assert evts[-1]["output"].startswith(f"echo #") and f"next {moment}" in evts[-1]["output"]
+    assert evts[-1]["output"].startswith("echo #") and f"next {moment}" in evts[-1]["output"]
 
 
 def test_a_stop_keeps_what_the_panel_showed(svc, model):
@@ -369,9 +375,9 @@ def test_two_aborted_first_turns_keep_separate_conversations(svc, model):
                if any(m["role"] == "tool" for m in r["messages"])]) < 2:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    for s, run_id in runs.items():
+    for _s, run_id in runs.items():
         svc.post(f"{P}/runs/{run_id}/abort", json={}, headers=actor(who))
-    for s, run_id in runs.items():
+    for _s, run_id in runs.items():
         assert names(events(svc, who, run_id))[-1] == "run.cancelled"
     # each kept its own tool call (Hermes saved the work), and a follow-up in A is A's alone
     assert events(svc, who, run(svc, who, "mnote_doc_1_twin_a", f"follow-up A {tag}"))[-1]["event"] \

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service import sandbox
+from support.fixtures import API_KEY
 from support.sse_client import SSEStream, read_all
 
 pytestmark = [pytest.mark.e2e,

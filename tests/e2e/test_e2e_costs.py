@@ -19,9 +19,9 @@ import threading
 
 import pytest
 
-from support.fixtures import API_KEY, wait_for
 from hermes_service import sandbox
 from hermes_service.model_usage import read_usage, usage_db_path
+from support.fixtures import API_KEY, wait_for
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not sandbox.probe().usable,

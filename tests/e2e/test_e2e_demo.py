@@ -4,7 +4,7 @@ The real target (``make demo``: the development key, ``.hermes-venv/bin`` on PAT
 ``main.py --demo``) serves the shipped config.yaml and users template (as git has them:
 tests/support/shipped.py) on a free port, with no provider key in the environment; the real waitress
 service runs real ``hermes acp`` processes against the demo model (hermes_service/mnote/demo.py over
-hermes_service/scripted_model.py). The README's client walk-through, verbatim in its bodies:
+hermes_service/scripted_model/). The README's client walk-through, verbatim in its bodies:
 a session, a run whose answer streams in pieces and whose mnote tool calls change the page,
 the page afterwards (``main.py --demo mnote export-page``), and an abort.
 """

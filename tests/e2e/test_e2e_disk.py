@@ -14,14 +14,13 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from hermes_service import sandbox
 from support.fixtures import API_KEY, ROOT, wait_for
 from support.sse_client import read_all
-from hermes_service import sandbox
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not sandbox.probe().usable,

@@ -5,7 +5,7 @@ The admin routes provider traffic through an HTTP proxy (``HTTP_PROXY``/``HTTPS_
 turn asks for. The provider call goes service → proxy → provider: Hermes calls the service's
 model pass-through on loopback directly (the service puts 127.0.0.1 in the Hermes process's
 ``NO_PROXY``, hermes_service/user_homes.py), and the pass-through sends it on through the
-proxy named in ``extra_env`` (hermes_service/model_proxy.py, ``upstream_proxy_for``) with the
+proxy named in ``extra_env`` (hermes_service/model_proxy/upstream.py, ``upstream_proxy_for``) with the
 real key. Only the provider may appear at the proxy, and only with the real key, never a
 per-process credential: no update check against the package index, no mnote tool call (the
 plugin calls the service's loopback URL directly, so the run token never reaches a proxy), no
@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from support.fixtures import API_KEY, PROVIDER_KEY_ENV
 from hermes_service.mnote.page_store import SQLitePageStore
+from support.fixtures import API_KEY, PROVIDER_KEY_ENV
 from support.recording_proxy import RecordingProxy
 from support.sse_client import read_all
 

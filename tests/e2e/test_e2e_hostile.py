@@ -29,10 +29,10 @@ import threading
 
 import pytest
 
-from support.fixtures import API_KEY, wait_for
-from support.sse_client import SSEStream, read_all
 from hermes_service import sandbox
 from hermes_service.scripted_model import is_auxiliary
+from support.fixtures import API_KEY, wait_for
+from support.sse_client import SSEStream, read_all
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not sandbox.probe().usable,

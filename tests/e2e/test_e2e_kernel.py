@@ -20,10 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from support.fixtures import API_KEY, ROOT, ServiceProcess, base_config, deep_merge, hermes_processes
+from hermes_service.mnote.page_store import SQLitePageStore
+from support.fixtures import (
+    API_KEY,
+    ROOT,
+    ServiceProcess,
+    base_config,
+    deep_merge,
+    hermes_processes,
+)
 from support.kernels import KernelServer, seed
 from support.sse_client import read_all
-from hermes_service.mnote.page_store import SQLitePageStore
 
 pytestmark = pytest.mark.e2e
 P = "/api/hermes/client"
@@ -162,7 +169,7 @@ def test_kernel_faults_are_tool_failures_and_the_run_goes_on(kernel):
     faults = FAULTS[kernel.kind]
     _, events, results = run_tools(kernel, f"mnote_doc_1_faults_{kernel.kind}",
                                    [call for call, _ in faults] + [("mnote_page_get", {})])
-    for (call, code), result in zip(faults, results):
+    for (call, code), result in zip(faults, results, strict=False):
         assert (result.get("error") or {}).get("code") == code, (call, result)
     assert results[-1]["ok"] and results[-1]["result"]["title"]      # the run went on
     once = [a for a in kernel.page()["artifacts"] if a["content"].endswith("_once")]

@@ -119,7 +119,7 @@ def test_reconnect_with_last_event_id_gets_exactly_the_missing_events(service):
     assert steps(rest) == ["message.delta", "run.completed"]
     assert [f[0] for f in rest] == [str(i) for i in range(2, len(rest) + 2)]
     late = read_all(url, A)                          # a late client gets everything
-    assert [first] + rest == late
+    assert [first, *rest] == late
 
 
 def test_abort_kills_the_process_group_and_emits_run_cancelled(service, model, tmp_path, runner):

@@ -23,13 +23,12 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
+from hermes_service import sandbox
 from support.dns_server import DnsServer
 from support.fixtures import hermes_processes, wait_for
-from hermes_service import sandbox
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not sandbox.probe().usable,

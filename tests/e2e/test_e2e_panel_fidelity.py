@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import signal
-import time
 
 import pytest
 import yaml

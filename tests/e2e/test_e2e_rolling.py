@@ -117,7 +117,7 @@ def test_a_rolling_restart_loses_nothing_and_does_nothing_twice(pair, model):
                 assert res.status_code == 200, res.text
                 v1_answers[i] = res.json()["response"]
                 i += 1
-        except BaseException as exc:      # reported by the main thread
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             failures.append(f"v1: {exc!r}")
 
     def panel_client():
@@ -133,7 +133,7 @@ def test_a_rolling_restart_loses_nothing_and_does_nothing_twice(pair, model):
                 run_id = res.json()["runId"]
                 runs[run_id] = follow(url, run_id, actor)
                 i += 1
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             failures.append(f"panel: {exc!r}")
 
     clients = [threading.Thread(target=v1_client, daemon=True),

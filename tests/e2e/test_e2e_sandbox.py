@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from support.fixtures import API_KEY, ROOT, hermes_processes, wait_for
 from hermes_service import sandbox
+from support.fixtures import API_KEY, ROOT, hermes_processes, wait_for
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(not sandbox.probe().usable,

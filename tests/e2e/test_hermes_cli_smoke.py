@@ -17,8 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from support.fixtures import hermes_bin  # noqa: E402
-from hermes_service.scripted_model import ScriptedModel, hermes_env, write_hermes_config  # noqa: E402
+from hermes_service.scripted_model import ScriptedModel, hermes_env, write_hermes_config
+from support.fixtures import hermes_bin
 
 API_KEY_ENV = "SCRIPTED_MODEL_API_KEY"
 API_KEY = "sk-smoke-test-key"

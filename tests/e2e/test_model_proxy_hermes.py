@@ -10,11 +10,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.fixtures import ROOT, free_port, hermes_bin, wait_for
 from hermes_service.model_usage import read_usage
 from hermes_service.runner import classify_text
+from support.fixtures import ROOT, free_port, hermes_bin, wait_for
 from unit.test_model_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)
-    REAL_KEY, make_proxy, outcome_count, provider_key, scripted, tokens)
+    REAL_KEY,
+    make_proxy,
+    outcome_count,
+    provider_key,
+    scripted,
+    tokens,
+)
 
 
 # -- the real hermes CLI through the endpoint -----------------------------------------------

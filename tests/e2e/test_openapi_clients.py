@@ -144,7 +144,7 @@ def test_typescript_types_cover_every_route_and_compile(document, tmp_path):
     assert res.returncode == 0, output
     assert not re.search(r"warn|error|⚠", output, re.I), output
     types = (tmp_path / "api.d.ts").read_text()
-    for path, method, op in _operations(document):
+    for path, _method, op in _operations(document):
         assert f'    "{path}": {{' in types, path
         assert re.search(rf"\b{op['operationId']}: {{", types), op["operationId"]
     (tmp_path / "usage.ts").write_text(TS_USAGE)

@@ -12,7 +12,7 @@ refused, on a missing required header or API key accepted, and on a 405 without 
 :data:`SCHEMATHESIS_TOML` names the few documented exceptions, each with its reason.
 
 Real CLI turns: a run started with valid input (``POST /api/hermes/client/runs``) runs the
-real ``hermes`` CLI against the scripted model (hermes_service/scripted_model.py), at most
+real ``hermes`` CLI against the scripted model (hermes_service/scripted_model/), at most
 ``max_concurrent_runs`` at a time (more valid runs get the documented 429), and its event
 stream is validated when the fuzzer reads it. v1 messages are kept to their validation paths
 (the fuzzer never reuses a v1 session id it saw: 400/404), because a v1 turn blocks the

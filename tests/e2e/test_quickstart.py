@@ -17,9 +17,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from hermes_service.cli import cli
 from support.fixtures import API_KEY, ROOT, ServiceProcess, base_config, hermes_bin
 from support.shipped import shipped_text, shipped_tree
-from hermes_service.cli import cli
 
 README = ROOT / "README.md"
 FIRST_SCREEN_LINES = 45
@@ -167,8 +167,7 @@ def test_make_prints_the_development_key_only_when_it_generates_it(tmp_path):
 def test_the_shipped_config_streams_the_panel_on_acp_and_keeps_v1_on_the_cli():
     """The client routes use the warm ACP runner out of the box (their answers stream as
     they are written); the v1 API keeps ``hermes chat -q … --source tool`` (docs/runners.md)."""
-    from hermes_service.installed import build_config
-    from hermes_service.installed import route_families
+    from hermes_service.installed import build_config, route_families
     from hermes_service.runner import acp_families
     raw = yaml.safe_load(shipped_text("config.yaml"))
     raw["security"]["api_keys"] = [{"key": "k" * 20}]

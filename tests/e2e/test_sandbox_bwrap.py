@@ -8,9 +8,9 @@ import sys
 import pytest
 import yaml
 
-from support.fixtures import ROOT
 from hermes_service import hermes_policy, sandbox
 from hermes_service.user_homes import HERMES_SITE, UserHome
+from support.fixtures import ROOT
 from unit.test_sandbox import NO_BWRAP, cfg
 
 

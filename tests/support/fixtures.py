@@ -1,6 +1,6 @@
 """Shared fixtures.
 
-* ``model`` — the scripted OpenAI-compatible model server (hermes_service/scripted_model.py),
+* ``model`` — the scripted OpenAI-compatible model server (hermes_service/scripted_model/),
   one per test process, on 127.0.0.1.
 * ``service`` / ``start_service`` — the REAL service: ``python3 main.py`` (waitress)
   in a subprocess on a free port, with its own config file and data dir, running the
@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import threading
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,7 +103,7 @@ class ServiceProcess:
         self.proc = None
         self.log_path = tmp / f"service-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 20.0, port: int | None = None) -> "ServiceProcess":
+    def start(self, timeout: float = 20.0, port: int | None = None) -> ServiceProcess:
         """Start on ``port`` (a free one when None; a restart passes its old port)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -228,7 +227,7 @@ def app_factory(make_config):
 
 
 class StubTurns:
-    """Scripted replacement for ``HermesRunner.run_process`` (one CLI process) in unit tests.
+    """Scripted replacement for ``CliRunner.run_process`` (one CLI process) in unit tests.
 
     Records each call (``message``, ``resume_id``, ``env``, ``cwd`` (the UserHome), ``args``,
     and ``run_file``: the mnote run binding the plugin would read). Answers with the
@@ -291,7 +290,7 @@ def stub():
 @pytest.fixture
 def stubbed_app(app_factory, stub, monkeypatch):
     """Factory: an in-process app whose CLI runner runs ``stub`` for each process
-    (its public seam, ``HermesRunner.run_process``)."""
+    (its public seam, ``CliRunner.run_process``)."""
     def make(overrides: dict | None = None):
         app = app_factory(overrides)
         monkeypatch.setattr(app.extensions["hermes_service"].runner, "run_process", stub)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hermes_service.mnote.kernel_reference import ReferenceKernel  # noqa: E402
-from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
+from hermes_service.mnote.kernel_reference import ReferenceKernel
+from hermes_service.mnote.page_store import SQLitePageStore
 
 SECRETS = ("TOP-SECRET-TITLE", "SECRET-BODY-TEXT")
 HUGE_BYTES = 10 * 1024 * 1024
@@ -150,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()        # headers and body go in two writes: no Nagle wait between them
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def do_POST(self):                      # noqa: N802 - http.server's name
+    def do_POST(self):
         server: KernelServer = self.server.owner
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         try:

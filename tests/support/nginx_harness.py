@@ -92,7 +92,7 @@ http {{
         assert res.returncode == 0, res.stderr
         return res.stderr
 
-    def start(self, port: int, timeout: float = 15) -> "Nginx":
+    def start(self, port: int, timeout: float = 15) -> Nginx:
         self.check()
         self.port = port
         self.url = f"http://127.0.0.1:{port}"

@@ -49,7 +49,7 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    server: "_Server"
+    server: _Server
 
     def handle(self) -> None:
         conn = self.request
@@ -62,7 +62,7 @@ class _Handler(socketserver.BaseRequestHandler):
             head += chunk
         header_blob, rest = head.split(b"\r\n\r\n", 1)
         lines = header_blob.decode("latin-1").split("\r\n")
-        method, target, _version = (lines[0].split(" ", 2) + ["", ""])[:3]
+        method, target, _version = ([*lines[0].split(" ", 2), "", ""])[:3]
         fields = {}
         for h in lines[1:]:
             name, _, value = h.partition(":")
@@ -175,7 +175,7 @@ class RecordingProxy:
         """Every ``host:port`` asked for so far."""
         return {t for _, t in self.seen}
 
-    def start(self) -> "RecordingProxy":
+    def start(self) -> RecordingProxy:
         self._thread.start()
         return self
 
@@ -183,7 +183,7 @@ class RecordingProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "RecordingProxy":
+    def __enter__(self) -> RecordingProxy:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ def _git(*args: str, cwd: Path = HERE, **kw) -> subprocess.CompletedProcess:
     return res
 
 
-@lru_cache(maxsize=None)
+@cache
 def _top() -> Path:
     res = _git("rev-parse", "--show-toplevel")
     if res.returncode != 0:

@@ -21,7 +21,7 @@ class SSEStream:
         self._attach((session or requests).get(url, headers=headers, stream=True, timeout=timeout))
 
     @classmethod
-    def of(cls, response: requests.Response) -> "SSEStream":
+    def of(cls, response: requests.Response) -> SSEStream:
         """Read a stream already requested (``stream=True``)."""
         stream = cls.__new__(cls)
         stream._attach(response)

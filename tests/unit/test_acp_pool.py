@@ -22,11 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from support.fixtures import base_config, deep_merge, wait_for
-from hermes_service.runner.acp import AcpRunner
-from hermes_service.installed import build_config
 from hermes_service.errors import RunError
+from hermes_service.installed import build_config
 from hermes_service.runner import Processes, UseCli
+from hermes_service.runner.acp import AcpRunner
+from support.fixtures import base_config, deep_merge, wait_for
 
 AGENT = Path(__file__).parents[1] / "support" / "fake_acp_agent.py"
 #: the bound of every wait here: a process start takes ~0.3 s idle, several s on a loaded machine
@@ -167,6 +167,7 @@ def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
     panel ``run.failed`` ``hermes_client_service_stopping``), as on the CLI runner — not
     ``hermes_failed`` (panel: ``hermes_client_upstream_unavailable``)."""
     import threading
+
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=1, new_session_delay=3600)     # the turn waits in session/new
     req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
@@ -232,6 +233,7 @@ def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
     for ever when it hangs): the turn ends as ``run_cancelled`` at once instead of going on
     to prompt the model (or waiting for ever, holding a slot and the session)."""
     import threading
+
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=1, new_session_delay=3600)
     cancel = threading.Event()
@@ -266,10 +268,10 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     reads a loaded session once), so its next turn there would not see the other's turns
     (seen live: [[recall]] on one service missed the turn the other had answered). A change
     of the record since its last turn there sends the turn to a fresh process."""
-    from support.hermes_record import record_turn
     from hermes_service import hermes_state
-    from hermes_service.runner.acp import _Sink
     from hermes_service.runner import TurnRequest
+    from hermes_service.runner.acp.sink import Sink
+    from support.hermes_record import record_turn
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
@@ -280,7 +282,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
 
     def turn():
         now = hermes_state.fingerprint(h.hermes_home, "s1")
-        return runner._call(runner._turn(req, _Sink(None), lost=False, record=now)).result(WAIT)
+        return runner._call(runner._turn(req, Sink(None), lost=False, record=now)).result(WAIT)
     assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
     record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
     used = turn()[3]
@@ -292,24 +294,25 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     next turn on that session waits for it instead of loading the session a second time at
     once (two concurrent loads of one session in one Hermes process)."""
     import threading
-    from support.hermes_record import record_turn
+
     from hermes_service.runner import TurnRequest
+    from support.hermes_record import record_turn
     runner = pool(max_processes=1)
     runner.env.update(FAKE_ACP_LOAD_DELAY="2")
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    from hermes_service.runner.acp import _Sink
+    from hermes_service.runner.acp.sink import Sink
     cancel = threading.Event()
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
-    first = runner._call(runner._turn(req, _Sink(None), lost=False))
+    first = runner._call(runner._turn(req, Sink(None), lost=False))
     wait_for(lambda: agent_log(runner, "load"), "the agent to receive session/load")
     cancel.set()
     with pytest.raises(RunError) as err:
         first.result(WAIT)
     assert err.value.code == "run_cancelled"
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
-    runner._call(runner._turn(again, _Sink(None), lost=False)).result(WAIT)
+    runner._call(runner._turn(again, Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
 
 
@@ -320,6 +323,7 @@ def _stopped_turn(pool, tmp_path, cancel_mode, pieces="echo: |part one |part two
     ``before_stop(home)`` is called just before the abort.
     Returns (runner, home, the turn's error code, shown text, ACP session id)."""
     import threading
+
     from hermes_service.runner import TurnRequest
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
@@ -351,8 +355,8 @@ def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp
     """docs/runners.md "A stopped turn": the agent ignores session/cancel, so the process is
     killed before it saves the partial reply: the service writes the text the listener was
     shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
-    from support.hermes_record import active_rows
     from hermes_service import hermes_state
+    from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore")
     assert code == "run_cancelled" and shown.startswith("echo: part one")
     rows = active_rows(h.hermes_home, sid)
@@ -366,6 +370,7 @@ def test_a_stop_whose_partial_a_planted_trigger_refuses_still_ends_cancelled(poo
     the kill path cannot keep the shown text; the abort still ends the turn with
     run_cancelled (not a raw SQLite error) and nothing is half-written."""
     import sqlite3
+
     from support.hermes_record import active_rows
 
     def plant(h):
@@ -381,8 +386,8 @@ def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_war
     """The agent honours session/cancel and saves the partial reply itself: nothing is
     written twice, and the process stays warm with its record fingerprint current (else the
     next turn there would retire it as stale)."""
-    from support.hermes_record import active_rows
     from hermes_service import hermes_state
+    from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "honour")
     assert code == "run_cancelled"
     assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user", "assistant"]
@@ -396,8 +401,9 @@ def test_a_stop_before_any_text_was_shown_keeps_no_reply(pool, tmp_path):
     listener was shown nothing: no reply is written (the turn is then taken back as an
     unanswered one, conversations.py), and the process is killed, not cancelled."""
     import threading
-    from support.hermes_record import active_rows
+
     from hermes_service.runner import TurnRequest
+    from support.hermes_record import active_rows
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
     runner.env.update(FAKE_ACP_STREAM="HTTP 5", HERMES_HOME=str(h.hermes_home))   # error-like

@@ -1,6 +1,6 @@
 """v1 API contract and error tests, in-process with a stub at the runner seam.
 
-The stub replaces ``HermesRunner.run_process`` (one CLI process) with scripted
+The stub replaces ``CliRunner.run_process`` (one CLI process) with scripted
 outcomes; everything above it — routes, validation, session store, user
 homes, classification, resume recovery, limits — is the real code. The same
 behaviours through the real CLI are in test_e2e_v1.py.
@@ -11,8 +11,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service.runner import Outcome, classify_failure
+from support.fixtures import API_KEY
 
 H = {"X-API-Key": API_KEY}
 SID_LINE = "\nsession_id: 20260101_000000_abcdef\n"
@@ -308,7 +308,7 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     home = tmp_path / "data" / "users" / "alice"
     assert env["HOME"] == str(home) and env["HERMES_HOME"] == str(home / ".hermes")
     # the provider key never reaches a Hermes process: it calls the service's pass-through
-    # endpoint with a credential of its own, set per process by the launcher (sandbox.py)
+    # endpoint with a credential of its own, set per process by the launcher (sandbox/)
     assert "SCRIPTED_PROVIDER_KEY" not in env and "sk-provider" not in env.values()
     assert env["HERMES_SERVICE_MODEL_KEY"] == "" and env["HERMES_SERVICE_MODEL_URL"] == ""
     assert "SERVICE_SECRET" not in env and "HERMES_SERVICE_API_KEY" not in env
@@ -401,7 +401,9 @@ def test_huge_values_are_not_echoed_back(client):
 def test_dead_or_reused_service_pids_are_not_alive():
     import os
     import subprocess
-    from hermes_service.instance import alive_pid as _alive, proc_start as _proc_start
+
+    from hermes_service.instance import alive_pid as _alive
+    from hermes_service.instance import proc_start as _proc_start
     me = _proc_start(os.getpid())
     assert _alive(os.getpid(), me) and not _alive(os.getpid(), str(int(me) + 1))   # reused pid
     zombie = subprocess.Popen(["true"])

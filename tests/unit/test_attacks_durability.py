@@ -13,9 +13,9 @@ import threading
 
 import pytest
 
-from support.fixtures import API_KEY, race, wait_for
 from hermes_service.mnote.run_log import RunLogs
 from hermes_service.mnote.runs import RunManager
+from support.fixtures import API_KEY, race, wait_for
 
 P = "/api/hermes/client"
 ALICE = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "alice"}
@@ -206,7 +206,7 @@ def test_another_actors_run_is_404_on_every_route_like_no_run(stubbed_app, other
                      json={"sessionId": "s_x", "approvalId": apr, "choice": "once"})
         yield c.post(f"{P}/runs/{run_id}/clarify", headers=headers,
                      json={"sessionId": "s_x", "clarifyId": clq, "answer": "x"})
-    for theirs, none in zip(calls(run.run_id, MALLORY), calls(missing, MALLORY)):
+    for theirs, none in zip(calls(run.run_id, MALLORY), calls(missing, MALLORY), strict=True):
         assert theirs.status_code == 404, theirs.get_data(as_text=True)
         assert scrub(theirs) == scrub(none)
         assert "s_x" not in theirs.get_data(as_text=True)

@@ -6,10 +6,10 @@ import sys
 import pytest
 import yaml
 
-from support.fixtures import ROOT, base_config, deep_merge
-from support.shipped import shipped_file, shipped_text
 from hermes_service.config import ConfigError
 from hermes_service.installed import build_config, load_config
+from support.fixtures import ROOT, base_config, deep_merge
+from support.shipped import shipped_file, shipped_text
 
 
 def problems(cfg: dict) -> list[str]:

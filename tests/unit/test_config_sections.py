@@ -9,8 +9,15 @@ from dataclasses import dataclass
 import pytest
 
 from hermes_service import config, installed
-from hermes_service.config import (POS_INT, Check, ConfigError, ConfigSection, ThreadNeed,
-                                   object_schema, settings_from)
+from hermes_service.config import (
+    POS_INT,
+    Check,
+    ConfigError,
+    ConfigSection,
+    ThreadNeed,
+    object_schema,
+    settings_from,
+)
 from support.fixtures import base_config, deep_merge
 
 

@@ -10,10 +10,10 @@ import subprocess
 import pytest
 import requests
 
-from support.fixtures import ROOT
-from hermes_service.mnote import demo
 from hermes_service.installed import load_config
-from hermes_service.mnote.client import CONTEXT_END, CONTEXT_HEAD
+from hermes_service.mnote import demo
+from hermes_service.mnote.page_context import CONTEXT_END, CONTEXT_HEAD
+from support.fixtures import ROOT
 
 TOOLS = ["mnote_page_get", "mnote_page_save", "mnote_page_update_title"]
 

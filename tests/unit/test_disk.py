@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from support.fixtures import wait_for
 from hermes_service import disk, disk_btrfs, errors
 from hermes_service.disk import Disk, Space, Usage, reserve_mb, usage
 from hermes_service.errors import RunError, StorageFull
 from hermes_service.sandbox import Launch, Settings
+from support.fixtures import wait_for
 
 MIB = 1024 * 1024
 

@@ -65,7 +65,7 @@ def exchange(policy: Policy, request: bytes, resolver, then: bytes = b"") -> tup
         while True:
             try:
                 chunk = await asyncio.wait_for(loop.sock_recv(b, 65536), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             if not chunk:
                 break

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from support.hermes_record import (MERGED_HEADER, SUMMARY_END_MARKER, SUMMARY_PREFIX, active_rows,
-                           archive_and_compact, merged_into, record_turn)
 from hermes_service.hermes_state import session_summary, transcript, turn_record
+from support.hermes_record import (
+    MERGED_HEADER,
+    SUMMARY_END_MARKER,
+    SUMMARY_PREFIX,
+    active_rows,
+    archive_and_compact,
+    merged_into,
+    record_turn,
+)
 
 SID = "20260101_000000_abcdef"
 
@@ -76,6 +83,7 @@ def test_a_stopped_turn_keeps_the_shown_text_as_hermes_stores_an_interrupted_rep
     """docs/runners.md "A stopped turn": Hermes saved the question only (its process was
     killed): the shown text becomes the assistant row, counted once, no finish_reason."""
     import sqlite3
+
     from hermes_service.hermes_state import keep_partial
     home = tmp_path / ".hermes"
     record_turn(home, SID, "question 1", answer="answer 1")
@@ -106,6 +114,7 @@ def test_a_stopped_turn_after_a_tool_step_keeps_only_the_text_not_yet_recorded(t
     rest of what was shown is written."""
     import json
     import sqlite3
+
     from hermes_service.hermes_state import keep_partial
     home = tmp_path / ".hermes"
     record_turn(home, SID, "question 1", tool_call="terminal")
@@ -134,6 +143,7 @@ def test_token_counts_are_the_summary_counters_of_the_lineage(tmp_path):
     """The counters a run reads before its turn (usage = their growth) are those of
     session_summary, over the whole compaction lineage."""
     import sqlite3
+
     from hermes_service.hermes_state import token_counts
     home = tmp_path / ".hermes"
     record_turn(home, "parent", "question 1", answer="answer 1")
@@ -159,6 +169,7 @@ def test_a_trigger_the_agent_planted_on_messages_ends_keep_partial_with_409(tmp_
     refuses the partial row or runs for ever is a tampered home (409 home_tampered), never a
     raw SQLite error or a hang, and nothing of the turn is half-written."""
     import sqlite3
+
     from hermes_service import hermes_state, state_db
     from hermes_service.homefs import HomeTampered
     monkeypatch.setattr(state_db, "STATE_DB_SECONDS", 0.5)
@@ -194,6 +205,7 @@ def _turn(home, rows):
     import json
     import sqlite3
     import time
+
     from support.hermes_record import SCHEMA
     home.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(home / "state.db") as db:

@@ -8,16 +8,16 @@ import os
 import socket
 import sqlite3
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
-from support.hermes_record import SCHEMA, record_turn
 from hermes_service import hermes_state, homefs
 from hermes_service.files import atomic_write
 from hermes_service.runner import RunFiles
 from hermes_service.runner.cli import _read_marker
 from hermes_service.user_homes import MARKER, UserHomes
+from support.hermes_record import SCHEMA, record_turn
 
 SECRET = "VICTIM-SECRET-do-not-read"
 TIMEOUT = 10        # a FIFO must never block: every call that meets one is bounded by this
@@ -397,7 +397,7 @@ def test_gc_purge_over_a_tampered_home_reports_it_and_touches_nothing_outside(ma
     from hermes_service.retention import collect
     from hermes_service.services import build_services
     svc = build_services(make_config())
-    old = datetime.fromtimestamp(time.time() - 40 * 86400, timezone.utc).isoformat()
+    old = datetime.fromtimestamp(time.time() - 40 * 86400, UTC).isoformat()
     for sid, user in (("old-a", "alice"), ("old-b", "bob")):
         svc.store.create({"session_id": sid, "user_id": user, "created_at": old,
                           "updated_at": old, "status": "active", "kind": "v1",

@@ -1,7 +1,7 @@
 """Idempotent retries (docs/v1-api.md §Idempotent retries), in-process with a stub at the runner seam.
 
 The routes, the record store (a real SQLite file in the data dir) and the error shapes are the
-real code; only ``HermesRunner.run_process`` (one CLI process) is scripted, and it counts its calls,
+real code; only ``CliRunner.run_process`` (one CLI process) is scripted, and it counts its calls,
 so "Hermes ran once" is ``len(stub.calls) == 1``. The same retry through the real CLI and a
 real service restart is in test_e2e_idempotency.py.
 """
@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from support.fixtures import API_KEY, race, wait_for
 from hermes_service import instance
 from hermes_service.config import ConfigError
 from hermes_service.idempotency import HEADER, REPLAYED_HEADER
 from hermes_service.runner import Outcome
+from support.fixtures import API_KEY, race, wait_for
 
 K = {"X-API-Key": API_KEY}
 OTHER_KEY = "other-key-0123456789abcdef"

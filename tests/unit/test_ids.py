@@ -10,15 +10,14 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from support.fixtures import API_KEY, ROOT, base_config
 from hermes_service.errors import ID_PATTERN, BadRequest, check_id, is_id
 from hermes_service.mnote.page_store import SQLitePageStore, StoreInputError
 from hermes_service.mnote.schemas import ENVELOPE_SCHEMA, PAGE_IMPORT_SCHEMA
 from hermes_service.mnote.tools import ToolExecutor
+from support.fixtures import API_KEY, ROOT, base_config
 
 NEWLINE_IDS = ["ws\n", "doc\n", "b1\n", "a\nb", "\nx", "x\r\n"]
-CORPUS = NEWLINE_IDS + ["", ".", "a..b", "-a", "a/b", "a b", "a\x00", "x" * 129, "é",
-                        "ws_1", "doc-1", "user@example.com", "a.b:c", "x" * 128, "0"]
+CORPUS = [*NEWLINE_IDS, "", ".", "a..b", "-a", "a/b", "a b", "a\x00", "x" * 129, "é", "ws_1", "doc-1", "user@example.com", "a.b:c", "x" * 128, "0"]
 
 
 @pytest.mark.parametrize("value", CORPUS)
@@ -102,8 +101,9 @@ def test_operator_import_page_refuses_newline_ids(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(base_config(tmp_path)))
     page = tmp_path / "page.json"
-    run = lambda *a: subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(cfg),
-                                     "mnote", *a], capture_output=True, text=True, timeout=60)
+    def run(*a):
+        return subprocess.run([sys.executable, str(ROOT / "main.py"), "--config", str(cfg),
+                                         "mnote", *a], capture_output=True, text=True, timeout=60)
     assert run("add-workspace", "ws_1").returncode == 0
     for doc in ({"documentId": "doc\n", "workspaceId": "ws_1", "title": "t"},
                 {"documentId": "doc_1", "workspaceId": "ws\n", "title": "t"},

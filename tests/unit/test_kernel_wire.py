@@ -6,8 +6,14 @@ import json
 
 import pytest
 
-from hermes_service.mnote.kernel_wire import (KERNEL_UNAVAILABLE, MAX_ANSWER_BYTES, KernelFailure,
-                                              read_answer, request_envelope, unavailable)
+from hermes_service.mnote.kernel_wire import (
+    KERNEL_UNAVAILABLE,
+    MAX_ANSWER_BYTES,
+    KernelFailure,
+    read_answer,
+    request_envelope,
+    unavailable,
+)
 
 ENV = {"toolName": "mnote.page.save", "workspaceId": "ws_1", "documentId": "doc_1",
        "actorId": "user_1", "sessionId": "s_1", "runId": "run_1", "toolCallId": "call_1",
@@ -95,7 +101,7 @@ def test_a_success_that_breaks_a_rule_is_a_failure(over, reason):
 def test_effects_must_fit_the_call():
     dry = sent(dryRun=True)
     assert read_answer(answer(dry), dry).effect == "dry_run"
-    with pytest.raises(KernelFailure, match="dry_run with an audit.commandId"):
+    with pytest.raises(KernelFailure, match=r"dry_run with an audit\.commandId"):
         read_answer(answer(dry, audit={"effect": "dry_run", "commandId": "c"}), dry)
     get = sent("mnote.page.get", toolName="mnote.page.get")
     assert read_answer(answer(get, result={"documentId": "doc_1"}), get).effect == "read"

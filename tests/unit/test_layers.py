@@ -2,7 +2,7 @@
 the outer layer. No module outside it imports it, except the one composition point
 (:func:`hermes_service.installed.extensions`), and the core names no mnote concept in code:
 no identifier containing ``mnote``, no string constant that is an mnote name (``mnote``,
-``mnote_…``, ``MNOTE_…``, ``mnote.<key>``) outside docstrings — ``config.py`` included: the
+``mnote_…``, ``MNOTE_…``, ``mnote.<key>``) outside docstrings — the config package included: the
 ``mnote:`` section (schema, defaults, typed settings, checks, restart-only keys) is the
 extension's (``mnote/settings.py``), brought in through the seam's config hook. Words in
 docstrings and comments are allowed.

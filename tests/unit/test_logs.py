@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service import logs
-from hermes_service.runner import HermesRunner, Processes
+from hermes_service.runner import CliRunner, Processes
+from support.fixtures import API_KEY
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
@@ -63,7 +63,7 @@ def test_access_and_run_lines_carry_request_trace_and_run_ids(stubbed_app, stub,
     deadline = time.monotonic() + 10
     while not run.done and time.monotonic() < deadline:
         time.sleep(0.01)
-    c.get(f"/api/v1/sessions/nope", headers={"X-API-Key": API_KEY})
+    c.get("/api/v1/sessions/nope", headers={"X-API-Key": API_KEY})
     assert "SECRET TEXT" not in captured.getvalue()            # message text never at info
     if captured.format == "text":
         access, probe, other = (next(l for l in lines(captured) if m in l) for m in
@@ -122,9 +122,9 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
     from hermes_service.user_homes import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
-    HermesRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
+    CliRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
                                              None, ctx)
-    HermesRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
+    CliRunner(Processes(replace(cfg, command=shutil.which("false")))).run_process(
         ["chat", "--query=SECRET"], {}, home, None, None, ctx)
     assert "SECRET" not in captured.getvalue()
     if captured.format == "text":
@@ -284,6 +284,7 @@ class StuckStream(io.StringIO):
 
 def test_a_flood_on_a_stuck_stream_waits_once_then_drops_and_counts_and_says_so(monkeypatch):
     from prometheus_client import generate_latest
+
     from hermes_service import metrics
     monkeypatch.setattr(logs, "FULL_WAIT", 0.05)
     stream = StuckStream()

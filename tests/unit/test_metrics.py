@@ -11,10 +11,10 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.fixtures import API_KEY
 from hermes_service import metrics
 from hermes_service.config import ConfigError
 from hermes_service.runner import Outcome
+from support.fixtures import API_KEY
 
 P = "/api/hermes/client"
 K = {"X-API-Key": API_KEY}

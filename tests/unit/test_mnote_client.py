@@ -1,7 +1,7 @@
 """mnote client-proxy contract tests, in-process with a stub at the runner seam.
 
 Routes, auth, error shapes, run bookkeeping and SSE framing are the real
-code; only ``HermesRunner.run_process`` (one CLI process) is scripted. The same
+code; only ``CliRunner.run_process`` (one CLI process) is scripted. The same
 flows through the real CLI are in test_e2e_mnote.py.
 """
 import io
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from support.fixtures import API_KEY
 from hermes_service.runner import Outcome
+from support.fixtures import API_KEY
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_1"}
@@ -321,7 +321,7 @@ def test_unconfigured(make):
 def test_upstream_failures_become_run_failed_events(c, stub, stdout, code):
     stub.outcomes = [Outcome(1, stdout, "session_id: 20260101_000000_abcdef\n", 0.1)]
     run = wait_done(c, start(c))
-    from hermes_service.mnote.client import public_event   # the run log keeps core codes
+    from hermes_service.mnote.client_codes import public_event  # the run log keeps core codes
     last = public_event(run.events[-1])
     assert last["event"] == "run.failed" and last["code"] == code
     assert "run.completed" not in [e["event"] for e in run.events]
@@ -661,7 +661,12 @@ def test_head_requests_do_not_leak_stream_slots(make):
 
 
 def test_page_context_is_really_capped():
-    from hermes_service.mnote.client import CONTEXT_BUDGET, CONTEXT_END, CONTEXT_HEAD, page_context
+    from hermes_service.mnote.page_context import (
+        CONTEXT_BUDGET,
+        CONTEXT_END,
+        CONTEXT_HEAD,
+        page_context,
+    )
     body = {**RUN_BODY, "pageContext": {"title": "标" * 30000, "outline": [{"t": "x" * 100}] * 500,
                                         "pageOptions": {f"k{i}": "v" * 100 for i in range(300)}},
             "selectedText": "s" * 50000, "selectedBlockId": "b1"}
@@ -676,7 +681,7 @@ def test_page_context_is_really_capped():
 
 
 def context_of(body):
-    from hermes_service.mnote.client import CONTEXT_END, CONTEXT_HEAD, page_context
+    from hermes_service.mnote.page_context import CONTEXT_END, CONTEXT_HEAD, page_context
     block = page_context({**RUN_BODY, **body})
     assert block.startswith(CONTEXT_HEAD + "\n") and block.endswith(CONTEXT_END)
     text = block[len(CONTEXT_HEAD) + 1:-len(CONTEXT_END)]
@@ -767,8 +772,9 @@ def test_a_reload_resizes_the_event_stream_limit(make, stub, tmp_path):
     larger limit admits another stream at once; a smaller one takes no open stream away but
     admits no new one until enough have closed."""
     import yaml
-    from support.fixtures import base_config
+
     from hermes_service.lifecycle import reload_config
+    from support.fixtures import base_config
     c = make({"mnote": {"max_event_streams": 1}})
     stub.gate = threading.Event()
     run_id = start(c)

@@ -2,15 +2,15 @@
 config.yaml ``mnote.enabled``): no mnote route (404) and none in ``/openapi.json``, no page
 store, tool gateway or run manager, no retention step, the ``mnote`` commands refuse — and
 the service starts and serves the v1 API. In process, the CLI runner stubbed at its seam."""
-from click.testing import CliRunner
 import yaml
+from click.testing import CliRunner
 
-from support.fixtures import API_KEY, base_config, deep_merge
 from hermes_service.cli import cli
 from hermes_service.config import ConfigError
 from hermes_service.installed import build_config
 from hermes_service.openapi import build_document
 from hermes_service.retention import collect
+from support.fixtures import API_KEY, base_config, deep_merge
 
 H = {"X-API-Key": API_KEY}
 OFF = {"mnote": {"enabled": False}}

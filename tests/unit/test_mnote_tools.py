@@ -10,11 +10,17 @@ import uuid
 import pytest
 from jsonschema import Draft202012Validator
 
-from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
-from hermes_service.mnote.tools import (SCHEMA_VERSION, TOOLS, TOOLS_BY_NAME, TOOLS_BY_WIRE_NAME,
-                                        plugin_tool_definitions,
-                                        ToolExecutor, body_summary)
 from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
+from hermes_service.mnote.tools import (
+    SCHEMA_VERSION,
+    TOOLS,
+    TOOLS_BY_NAME,
+    TOOLS_BY_WIRE_NAME,
+    ToolExecutor,
+    body_summary,
+    plugin_tool_definitions,
+)
 
 SECRETS = ("SECRET-TITLE", "SECRET-BODY", "SECRET-SUMMARY", "SECRET-NOTE", "SECRET-OTHER")
 WRITE_TOOLS = [t.name for t in TOOLS if t.writes]

@@ -15,16 +15,30 @@ import threading
 
 import pytest
 
-from support.fixtures import ROOT, wait_for
 from hermes_service import metrics
-from hermes_service.model_policy import (MIN_REQUEST_BYTES, Policy, Refusal, UsageStripper,
-                                         forward_headers, max_request_bytes, offered_models)
-from hermes_service.model_usage import (BUDGET_MARK, UsageStore, read_usage,
-                                        seconds_to_midnight)
+from hermes_service.model_policy import (
+    MIN_REQUEST_BYTES,
+    Policy,
+    Refusal,
+    UsageStripper,
+    forward_headers,
+    max_request_bytes,
+    offered_models,
+)
+from hermes_service.model_usage import BUDGET_MARK, UsageStore, read_usage, seconds_to_midnight
 from hermes_service.runner import classify_text
+from support.fixtures import ROOT, wait_for
 from unit.test_model_proxy import (  # noqa: F401  (fixtures)
-    Client, chat_body, gated, make_proxy, outcome_count, provider_key, scripted, sse_usage,
-    usage_rows)
+    Client,
+    chat_body,
+    gated,
+    make_proxy,
+    outcome_count,
+    provider_key,
+    scripted,
+    sse_usage,
+    usage_rows,
+)
 
 
 def estimated(kind):
@@ -194,8 +208,8 @@ def test_a_stream_cut_before_its_usage_is_still_counted_by_estimate(gated, make_
 
 def test_one_user_cannot_hold_more_than_its_share_of_requests(scripted, make_proxy,
                                                               monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "MAX_USER_REQUESTS", 2)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "MAX_USER_REQUESTS", 2)
     proxy = make_proxy(scripted.base_url)
     hold = [Client(proxy, timeout=30) for _ in range(2)]
     cred = proxy.issue("greedy")
@@ -217,8 +231,8 @@ def test_one_user_cannot_hold_more_than_its_share_of_requests(scripted, make_pro
 
 
 def test_bodies_held_at_once_are_bounded_for_all_users(scripted, make_proxy, monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "BODY_BUDGET", 1000)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("big")
     raw = chat_body("x" * 600)
@@ -272,7 +286,7 @@ def test_what_a_user_spent_counts_every_process_and_the_queue(tmp_path):
     store.close()
     [row] = read_usage(db, days=10000, today=dt.date(2026, 1, 3))
     assert (row.requests, row.estimated_requests) == (3, 1)
-    noon = dt.datetime(2026, 1, 2, 12, tzinfo=dt.timezone.utc)
+    noon = dt.datetime(2026, 1, 2, 12, tzinfo=dt.UTC)
     assert seconds_to_midnight(noon) == 12 * 3600 + 1
 
 
@@ -299,9 +313,9 @@ def test_an_earlier_usage_db_gains_the_estimated_column(tmp_path):
 
 def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_proxy,
                                                                 monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "BODY_SECONDS", 0.5)
-    monkeypatch.setattr(model_proxy, "USER_BODY_BUDGET", 1000)
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(limits, "USER_BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("slow")
     raw = chat_body("x" * 600)

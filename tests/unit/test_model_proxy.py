@@ -1,6 +1,6 @@
-"""The model pass-through endpoint (hermes_service/model_proxy.py).
+"""The model pass-through endpoint (hermes_service/model_proxy/).
 
-Upstreams: the suite's scripted model (hermes_service/scripted_model.py: records every chat-completions
+Upstreams: the suite's scripted model (hermes_service/scripted_model/: records every chat-completions
 request's headers, answers ``[[status:N]]`` / ``[[hang]]`` directives, reports ``usage``) and a
 small gated upstream here that records any request and streams a reply whose second half waits
 for the test's go-ahead (so "relayed before the provider finished" is a condition, not a
@@ -27,13 +27,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from support.fixtures import ROOT, base_config, free_port, wait_for
 from hermes_service import metrics
 from hermes_service.model_policy import ROUTES
 from hermes_service.model_proxy import ModelProxy, upstream_proxy_for
 from hermes_service.model_usage import UsageReader, UsageStore, read_usage, usage_db_path
 from hermes_service.runner import classify_text
 from hermes_service.scripted_model import ScriptedModel
+from support.fixtures import ROOT, base_config, free_port, wait_for
 from support.recording_proxy import RecordingProxy
 
 KEY_ENV = "MODEL_PROXY_TEST_PROVIDER_KEY"
@@ -386,8 +386,8 @@ def test_configure_reloads_the_upstream_and_key_for_new_requests(scripted, gated
 
 
 def test_bad_and_oversized_bodies_are_refused(scripted, make_proxy, monkeypatch):
-    from hermes_service import model_proxy
-    monkeypatch.setattr(model_proxy, "LINGER_SECONDS", 0.2)    # the body never comes here
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "LINGER_SECONDS", 0.2)    # the body never comes here
     proxy = make_proxy(scripted.base_url)
     cred = proxy.issue("alice")
     assert Client(proxy).call("GET", "/admin", credential=cred)[0] == 404
@@ -502,7 +502,7 @@ def test_usage_is_counted_per_user_in_the_db_and_the_counter(scripted, make_prox
     proxy = make_proxy(scripted.base_url)
     a, b = proxy.issue("alice"), proxy.issue("bob")
     c = Client(proxy)
-    p0, c0 = tokens("prompt"), tokens("completion")
+    p0, _c0 = tokens("prompt"), tokens("completion")
     want = {"alice": [0, 0, 0], "bob": [0, 0, 0]}
     caplog.set_level(logging.DEBUG, logger="hermes_service.model_proxy")
     for user, cred, body, streamed in (
@@ -589,7 +589,7 @@ def test_the_usage_command_prints_a_table_per_user(tmp_path):
     assert res.exit_code == 0 and "no model usage recorded" in res.output, res.output
     store = UsageStore(usage_db_path(Path(cfg["paths"]["data_dir"])))
     import datetime as dt
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(dt.UTC).date()
     store.add("alice", 100, 20)
     store.add("alice", 50, 5)
     store.add("bob", 7, 3)

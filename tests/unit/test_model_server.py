@@ -1,4 +1,4 @@
-"""Fast unit tests of hermes_service/scripted_model.py (no hermes involved)."""
+"""Fast unit tests of hermes_service/scripted_model/ (no hermes involved)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hermes_service.scripted_model import (  # noqa: E402
+from hermes_service.scripted_model import (
     AUX_REPLY,
     ScriptedModel,
     hermes_env,
@@ -23,7 +23,7 @@ from hermes_service.scripted_model import (  # noqa: E402
     parse_tool_directive,
     write_hermes_config,
 )
-from support.fixtures import wait_for  # noqa: E402
+from support.fixtures import wait_for
 
 SYSTEM = {"role": "system", "content": "You are Hermes Agent, a test."}
 TITLE_SYSTEM = {
@@ -431,7 +431,7 @@ def test_requests_recorded_concurrently_and_main_filter():
             try:
                 got = stream_reply(m, [SYSTEM, {"role": "user", "content": f"msg-{i}"}])
                 assert got["text"] == f"echo #1: msg-{i}"
-            except Exception as e:  # pragma: no cover - reported below
+            except Exception as e:  # noqa: BLE001 - reported below
                 errors.append(e)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]

@@ -17,13 +17,13 @@ import pytest
 from flask import Blueprint
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
-from support.fixtures import API_KEY
 from hermes_service import api_v1, openapi
 from hermes_service.errors import is_id
-from hermes_service.mnote import client as mnote_client
+from hermes_service.mnote import client_schemas as mnote_client
 from hermes_service.mnote import endpoint as mnote_endpoint
 from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.web import contract_of
+from support.fixtures import API_KEY
 
 K = {"X-API-Key": API_KEY}
 A = {**K, "X-Mnote-Actor-Id": "user_1"}
@@ -50,7 +50,7 @@ def test_document_validates_against_the_openapi_31_meta_schema(app_factory):
     assert doc["openapi"] == "3.1.0"
     OpenAPIV31SpecValidator(doc).validate()        # raises on any error
     # every schema in it is valid JSON Schema 2020-12 (OpenAPI 3.1's dialect)
-    for name, schema in doc["components"]["schemas"].items():
+    for _name, schema in doc["components"]["schemas"].items():
         jsonschema.Draft202012Validator.check_schema(schema)
 
 

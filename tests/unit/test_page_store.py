@@ -4,12 +4,21 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import threading
+from datetime import UTC
 
 import pytest
 
 from hermes_service.mnote import page_store as ps
-from hermes_service.mnote.page_store import (BadToolInput, CommandContext, Conflict, NotFoundError, PageStore,
-                                       PermissionDenied, SQLitePageStore, StoreInputError)
+from hermes_service.mnote.page_store import (
+    BadToolInput,
+    CommandContext,
+    Conflict,
+    NotFoundError,
+    PageStore,
+    PermissionDenied,
+    SQLitePageStore,
+    StoreInputError,
+)
 
 
 def count(store: SQLitePageStore, table: str) -> int:
@@ -161,7 +170,7 @@ def test_threads_and_two_store_objects_do_not_lose_updates(store):
         try:
             (store if i % 2 else other).page_save(ctx(idempotency_key=f"k{i}"),
                                                   content=[{"type": "p", "text": str(i)}])
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
@@ -227,9 +236,9 @@ def test_options_ai_may_not_change_are_refused_with_the_contract_message(store):
 
 def test_idempotency_records_are_pruned_by_utc_time_and_the_default_deletes(store, monkeypatch):
     import time
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
     store.page_save(ctx(idempotency_key="k1"), content=[{"type": "p", "text": "x"}])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     monkeypatch.setenv("TZ", "Etc/GMT-14")       # local time 14 h ahead of UTC
     time.tzset()
     try:

@@ -74,6 +74,7 @@ def test_each_answer_route_takes_only_its_own_kind_of_question():
 
 def test_the_terminal_event_is_fsynced_and_deltas_are_not(tmp_path, monkeypatch):
     import os
+
     from hermes_service.mnote import run_log
     logs = run_log.RunLogs(tmp_path)
     r = run()

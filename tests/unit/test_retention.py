@@ -6,16 +6,16 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from dataclasses import asdict, replace
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 
-from support.fixtures import API_KEY, ROOT, base_config
 from hermes_service.config import ConfigError
 from hermes_service.retention import RetentionJob, collect
 from hermes_service.services import build_services
+from support.fixtures import API_KEY, ROOT, base_config
 
 DAY = 86400.0
 HOLD = """
@@ -29,7 +29,7 @@ with FileLock({path!r}):
 
 
 def iso(t: float, spec: str = "microseconds") -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec=spec)
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec=spec)
 
 
 def rec(sid, user, used: float, **extra):

@@ -11,12 +11,12 @@ import threading
 
 import pytest
 
-from support.fixtures import API_KEY, wait_for
 from hermes_service import instance
-from hermes_service.mnote import metrics
 from hermes_service.errors import Conflict, NotFound, ServiceError
+from hermes_service.mnote import metrics
 from hermes_service.mnote.run_log import RunLogs, valid_run_id
 from hermes_service.mnote.runs import RunManager
+from support.fixtures import API_KEY, wait_for
 
 
 def managers(tmp_path, other, retention=60):

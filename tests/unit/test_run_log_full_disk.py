@@ -15,10 +15,10 @@ import threading
 
 import pytest
 
-from support.fixtures import wait_for
 from hermes_service.mnote import run_log as run_log_module
 from hermes_service.mnote.run_log import RunLogs, RunWriter
 from hermes_service.mnote.runs import RunManager
+from support.fixtures import wait_for
 from unit.test_run_log import gated, names
 
 
@@ -82,7 +82,7 @@ def test_a_line_the_disk_cut_short_is_cut_off_again(tmp_path):
 
 def test_events_wait_for_room_and_the_log_ends_as_the_stream_did(tmp_path, other,
                                                                    monkeypatch):
-    from hermes_service.mnote import runs as runs_module
+    from hermes_service.mnote import run as runs_module
     monkeypatch.setattr(runs_module, "LOG_RETRY_SECONDS", 0.05)
     a = RunManager(60, 4, logs=RunLogs(tmp_path))
     b = RunManager(60, 4, logs=RunLogs(tmp_path), owner=other.owner)

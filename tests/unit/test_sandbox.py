@@ -1,4 +1,4 @@
-"""The launcher's rules (hermes_service/sandbox.py; docs/sandbox.md): which
+"""The launcher's rules (hermes_service/sandbox/; docs/sandbox.md): which
 configurations are refused or warned about, what a sandboxed process is given, and the
 start-up refusal of a real ``main.py`` — no Hermes turn needed."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
-from support.fixtures import ROOT, base_config, deep_merge
 from hermes_service import sandbox
 from hermes_service.config import ConfigError
 from hermes_service.installed import build_config
+from support.fixtures import ROOT, base_config, deep_merge
 
 NO_BWRAP = "/nonexistent/bwrap"
 
@@ -98,10 +98,10 @@ def test_the_limits_have_floors_that_let_a_turn_through(tmp_path):
 def test_paths_in_the_environment_are_mapped_to_the_sandbox():
     mapping = [("/data/runs/alice", sandbox.RUN_DIR), ("/data/users/alice", sandbox.HOME),
                ("/srv/site", sandbox.SITE_DIR)]
-    assert sandbox._map_paths("/data/users/alice/.hermes", mapping) == "/home/hermes/.hermes"
-    assert sandbox._map_paths("/srv/site:/opt/x", mapping) == f"{sandbox.SITE_DIR}:/opt/x"
-    assert sandbox._map_paths("/data/users/alice2", mapping) == "/data/users/alice2"
-    assert sandbox._map_paths("/data/runs/alice/t.turn", mapping) == f"{sandbox.RUN_DIR}/t.turn"
+    assert sandbox.map_paths("/data/users/alice/.hermes", mapping) == "/home/hermes/.hermes"
+    assert sandbox.map_paths("/srv/site:/opt/x", mapping) == f"{sandbox.SITE_DIR}:/opt/x"
+    assert sandbox.map_paths("/data/users/alice2", mapping) == "/data/users/alice2"
+    assert sandbox.map_paths("/data/runs/alice/t.turn", mapping) == f"{sandbox.RUN_DIR}/t.turn"
 
 
 def test_limit_signals_are_read_from_exit_statuses():

@@ -1,4 +1,4 @@
-"""The launcher's whole bubblewrap argument list, read back (hermes_service/sandbox.py,
+"""The launcher's whole bubblewrap argument list, read back (hermes_service/sandbox/,
 hermes_policy.py, seccomp_filter.py; docs/sandbox.md): every bind and its mode, every
 namespace and flag, the seccomp filter, the limits. A one-line slip in any of them — a
 policy file bound read-write, ``--disable-userns`` or ``--die-with-parent`` dropped, the
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 import pytest
 
 from hermes_service import hermes_policy, sandbox, seccomp_filter
+from hermes_service.sandbox import args as sandbox_args
 from hermes_service.user_homes import HERMES_SITE, UserHome
 
 PY = "/opt/venv/bin/hermes"
@@ -19,8 +19,8 @@ PY = "/opt/venv/bin/hermes"
 
 @pytest.fixture
 def launch(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "runtime_roots", lambda command: ("/opt/venv",))
-    monkeypatch.setattr(sandbox, "_runtime_args", lambda: ("--ro-bind", "/usr", "/usr"))
+    monkeypatch.setattr(sandbox_args, "runtime_roots", lambda command: ("/opt/venv",))
+    monkeypatch.setattr(sandbox_args, "runtime_args", lambda: ("--ro-bind", "/usr", "/usr"))
     root = tmp_path / "users" / "alice"
     (root / ".hermes" / "plugins").mkdir(parents=True)
     (root / ".hermes" / "config.yaml").write_text("approvals: {mode: manual}\n")
@@ -52,7 +52,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--hostname", "hermes", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
         "--as-pid-1", "--ro-bind", "/usr", "/usr", "--proc", "/proc",
-        *sandbox._proc_covers(), "--dev", "/dev",
+        *sandbox.proc_covers(), "--dev", "/dev",
         "--size", tmp_bytes, "--tmpfs", "/tmp",
         "--ro-bind", f"{data}/sandbox/passwd", "/etc/passwd",
         "--ro-bind", f"{data}/sandbox/group", "/etc/group",
@@ -77,7 +77,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
         "--seccomp", str(filter_fd),
     ]
     # the kernel's settings read-only, the rest of /proc that a host root could write hidden
-    covers = sandbox._proc_covers()
+    covers = sandbox.proc_covers()
     assert covers[:3] == ("--ro-bind", "/proc/sys", "/proc/sys")
     for hidden in ("/proc/irq", "/proc/bus"):
         assert ("--tmpfs", hidden, "--remount-ro", hidden) == covers[
@@ -110,7 +110,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
 
 
 def test_the_hosts_network_adds_no_namespace_and_no_sockets(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "runtime_roots", lambda command: ("/opt/venv",))
+    monkeypatch.setattr(sandbox_args, "runtime_roots", lambda command: ("/opt/venv",))
     root = tmp_path / "users" / "carol"
     (root / ".hermes").mkdir(parents=True)
     sb = sandbox.Sandbox(sandbox.Settings(mode="none", network="host"), tmp_path, HERMES_SITE)
@@ -128,7 +128,7 @@ def test_the_hosts_network_adds_no_namespace_and_no_sockets(tmp_path, monkeypatc
 
 
 def test_the_model_url_is_the_pass_through_by_its_inside_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "runtime_roots", lambda command: ("/opt/venv",))
+    monkeypatch.setattr(sandbox_args, "runtime_roots", lambda command: ("/opt/venv",))
 
     class Credentials:
         base_url, port = "http://127.0.0.1:4567/v1", 4567

@@ -1,12 +1,12 @@
 """Auth matrix (docs/configuring.md): IP allowlist, CIDR, IPv6, trusted proxies, keys."""
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from support.fixtures import API_KEY
 
-FUTURE = (datetime.now(timezone.utc) + timedelta(days=1)).isoformat()
-PAST = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
+FUTURE = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+PAST = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
 
 
 def call(app, path="/api/v1/sessions?user_id=u1", ip="127.0.0.1", headers=None):
@@ -214,7 +214,7 @@ def test_client_address_text(make_config):
 
 def test_key_expires_at_its_instant(make_config):
     from hermes_service.errors import Unauthorized
-    at = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2030, 1, 1, tzinfo=UTC)
     g = guard(make_config, api_keys=[{"key": API_KEY, "expires_at": at.isoformat()}])
     assert g.check_key({"X-API-Key": API_KEY}, now=at - timedelta(microseconds=1)) is not None
     for now in (at, at + timedelta(seconds=1)):

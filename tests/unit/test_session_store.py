@@ -8,12 +8,13 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC
 
 import pytest
 
-from support.fixtures import API_KEY, ROOT, ServiceProcess, base_config
 from hermes_service.errors import BadRequest, ServiceError
 from hermes_service.session_store import CorruptShard, CorruptStore, SessionStore
+from support.fixtures import API_KEY, ROOT, ServiceProcess, base_config
 
 WRITER = """
 import sys
@@ -516,7 +517,7 @@ def test_damaged_shard_detail_is_the_documented_sentence(tmp_path):
 def test_migration_counts_what_it_added_names_the_backup_in_utc_and_drops_stale_temp_files(
         tmp_path, monkeypatch):
     import re
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
     store = SessionStore(tmp_path)
     assert store.migrate_legacy() == 0                    # nothing to migrate
     sessions = legacy_file(tmp_path, 12, 3)
@@ -525,15 +526,15 @@ def test_migration_counts_what_it_added_names_the_backup_in_utc_and_drops_stale_
     monkeypatch.setenv("TZ", "Etc/GMT-14")                     # a local time far from UTC
     time.tzset()
     try:
-        before = datetime.now(timezone.utc)
+        before = datetime.now(UTC)
         assert store.migrate_legacy() == 11
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
     [backup] = tmp_path.glob("sessions.json.migrated-*")
     stamp = re.fullmatch(r"sessions\.json\.migrated-(\d{8}T\d{12}Z)", backup.name).group(1)
-    when = datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=timezone.utc)
-    assert before - timedelta(minutes=1) <= when <= datetime.now(timezone.utc) + timedelta(minutes=1)
+    when = datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=UTC)
+    assert before - timedelta(minutes=1) <= when <= datetime.now(UTC) + timedelta(minutes=1)
     assert not (tmp_path / ".sessions.killed.tmp").exists()
     for sid, record in sessions.items():                      # every record, in every shard
         assert store.get(sid) == ({**record, "message_count": 99} if sid == "s1" else record)

@@ -9,9 +9,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from support.fixtures import hermes_bin
 from hermes_service.hermes_site import run_binding
 from hermes_service.user_homes import HERMES_SITE
+from support.fixtures import hermes_bin
 
 
 def hermes_python(code: str, home: Path, hook: bool = True, env: dict | None = None) -> dict:

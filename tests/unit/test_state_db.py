@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from support.hermes_record import record_turn
 from hermes_service import hermes_state, state_db
 from hermes_service.homefs import HomeTampered
 from hermes_service.state_db import StateBusy
+from support.hermes_record import record_turn
 
 SID = "s1"
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from hermes_service.user_homes import UserHomes
 from support.fixtures import ROOT, hermes_bin
 from support.shipped import shipped_text, shipped_tree
-from hermes_service.user_homes import UserHomes
 
 
 def test_update_check_cache_matches_the_pinned_and_installed_hermes():

@@ -1,14 +1,14 @@
 """The run-scoped tool endpoint (tool contract §1-§5): tokens, envelope binding, events, plugin definitions."""
 import json
-import threading
 import sys
+import threading
 import time
 
 import pytest
 
+from hermes_service.mnote.tools import plugin_tool_definitions
 from support.fixtures import ROOT
 from support.shipped import shipped_text
-from hermes_service.mnote.tools import plugin_tool_definitions
 
 URL = "/api/hermes/tools/invoke"
 
@@ -126,9 +126,10 @@ def test_key_capability_scope_limits_the_runs_of_that_key(app_factory):
     app = app_factory({"security": {"api_keys": [{"key": API_KEY, "capability_scope": ["page.read"]}]}})
     with app.test_request_context(headers={"X-API-Key": API_KEY}):
         from flask import g
-        from hermes_service.mnote.client import _capability_scope
+
+        from hermes_service.mnote.client_runs import capability_scope
         g.api_key = app.extensions["hermes_service"].guard.check_key({"X-API-Key": API_KEY})
-        assert _capability_scope(app.extensions["hermes_service"]) == ["page.read"]
+        assert capability_scope(app.extensions["hermes_service"]) == ["page.read"]
 
 
 def test_plugin_tools_json_is_generated_from_the_registry():
@@ -292,6 +293,7 @@ def test_the_run_binding_is_exactly_what_the_plugin_reads(env):
 
 def test_the_tool_url_is_built_from_the_service_url(tmp_path):
     from types import SimpleNamespace
+
     from hermes_service.mnote.gateway import ToolGateway
     from hermes_service.mnote.page_store import SQLitePageStore
     store = SQLitePageStore(tmp_path / "mnote.db")

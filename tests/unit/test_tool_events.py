@@ -1,6 +1,6 @@
 """Tool events with one shape (docs/mnote-client.md §Tool events): the name a tool call
 carries, from the import hook inside Hermes (hermes_service/hermes_site/toolcalls.py, run by
-Hermes's own Python here: it needs Hermes's modules) to the runner (runner/acp.py
+Hermes's own Python here: it needs Hermes's modules) to the runner (runner/acp/client.py
 ``tool_identity``) and the transcript (mnote/client.py ``tool_name``)."""
 import json
 import subprocess
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from support.fixtures import hermes_bin
 from hermes_service.mnote.client import tool_name
 from hermes_service.runner.acp import tool_identity
 from hermes_service.user_homes import HERMES_SITE
+from support.fixtures import hermes_bin
 
 KEY = "sk-" + "a1B2c3D4e5" * 4
 
@@ -84,10 +84,10 @@ def test_the_end_of_every_call_is_reported():
 
 
 def test_a_call_hermes_never_ended_is_ended_when_the_prompt_is():
-    from hermes_service.runner.acp import _Sink
+    from hermes_service.runner.acp.sink import Sink
     seen = []
     listener = SimpleNamespace(tool=lambda *a: seen.append(a))
-    sink = _Sink(listener)
+    sink = Sink(listener)
     sink.tools_running = {"tc-1": ("terminal", "sleep 99"), "tc-2": None}   # tc-2: a family's
     sink.close_tools()
     assert seen == [("tool.completed", "tc-1", "terminal", None, "sleep 99")]

@@ -1,6 +1,6 @@
 """Turns on one session (docs/runners.md, docs/v1-api.md): a killed turn is matched to its Hermes
 session by the turn marker, and the turn lock holds across service processes. The CLI is
-stubbed at its seam (``HermesRunner.run_process``); Hermes's record is a real ``state.db``
+stubbed at its seam (``CliRunner.run_process``); Hermes's record is a real ``state.db``
 (tests/support/hermes_record.py) and the other process is a real one."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import sys
 import threading
 from pathlib import Path
 
+from hermes_service.runner import Outcome
 from support.fixtures import API_KEY, ROOT
 from support.hermes_record import active_roles, record_turn
-from hermes_service.runner import Outcome
 
 H = {"X-API-Key": API_KEY}
 HERMES_SID = "20260101_000001_aaaaaa"

@@ -18,7 +18,7 @@ def _restrict_acp_toolsets():
     allowed = os.environ.get("HERMES_SERVICE_ACP_TOOLSETS")
     if allowed is None:
         return
-    import toolsets   # Hermes's toolset table (hermes-agent 0.19.0)
+    import toolsets  # Hermes's toolset table (hermes-agent 0.19.0)
     toolsets.TOOLSETS["hermes-acp"] = {
         "description": "hermes-service: the toolsets this service allows",
         "tools": [],

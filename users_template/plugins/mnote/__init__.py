@@ -42,7 +42,7 @@ def _run(task_id=None) -> dict:
     """The run's binding ({} when this is not an mnote run, or not a process of the
     service's)."""
     try:
-        import run_binding    # hermes-service's hermes_site (PYTHONPATH)
+        import run_binding  # hermes-service's hermes_site (PYTHONPATH)
     except ImportError:
         return {}
     return run_binding.binding(task_id)
@@ -62,9 +62,9 @@ def _tool_call_id():
     """Hermes's own id of the tool call being dispatched (so audit rows and events match the
     transcript); a fresh id if this Hermes version does not expose it."""
     try:
-        from tools.approval import _approval_tool_call_id   # set around every dispatch (0.19.0)
+        from tools.approval import _approval_tool_call_id  # set around every dispatch (0.19.0)
         current = _approval_tool_call_id.get()
-    except Exception:
+    except Exception:  # noqa: BLE001 - not exposed by this Hermes version
         current = ""
     return current or "call_" + uuid.uuid4().hex[:16]
 
@@ -105,7 +105,8 @@ def _default_key(envelope) -> str:
                             .encode("utf-8", "surrogatepass")).hexdigest()[:16]
     key = f"{envelope['runId']}:{envelope['toolCallId']}:{digest}"
     if len(key) > 256:        # the envelope's limit (a provider's very long call id)
-        key = f"{envelope['runId']}:{hashlib.sha256(key.encode('utf-8', 'surrogatepass')).hexdigest()}"
+        hashed = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        key = f"{envelope['runId']}:{hashed}"
     return key
 
 
@@ -150,8 +151,8 @@ def _handler(definition):
                 json.loads(body)
                 return body
             except ValueError:
-                return _error(tool, call_id, "mnote_tool_unavailable", f"service answered {exc.code}",
-                              envelope, run.get("traceId"))
+                return _error(tool, call_id, "mnote_tool_unavailable",
+                              f"service answered {exc.code}", envelope, run.get("traceId"))
         except (urllib.error.URLError, OSError) as exc:
             return _error(tool, call_id, "mnote_tool_unavailable", f"service unreachable: {exc}",
                           envelope, run.get("traceId"))

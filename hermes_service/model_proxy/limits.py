@@ -1,0 +1,16 @@
+"""The bounds of the model pass-through (docs/sandbox.md §What the pass-through forwards): what
+one user and all users may hold at once, how long a body may take, how many connections.
+Read at each use, so a test may change one."""
+
+MAX_USER_REQUESTS = 16               # one user's requests in flight at once (429 above)
+USER_BODY_BUDGET = 16 * 1024 * 1024   # request body bytes held at once for one user (429)
+BODY_BUDGET = 256 * 1024 * 1024       # request body bytes held at once, every user (503 above)
+BODY_SECONDS = 60.0                   # a body must arrive whole within this (408)
+PARSES = 2                            # request bodies parsed (checked) at once
+LINGER_SECONDS = 2.0                  # reading what a refused caller still sends (s)
+DRAIN_BYTES = 64 * 1024 * 1024        # ... at most this much of its body
+READ_CHUNK = 64 * 1024                # largest piece relayed per read1()
+POOL_SIZE = 8                         # idle upstream connections kept per origin
+CONNECT_TIMEOUT = 10.0
+CLIENT_TIMEOUT = 120.0                # idle keep-alive / a caller that stops reading or sending
+MAX_CONNECTIONS = 512                 # client connections at once (one thread each); more: closed

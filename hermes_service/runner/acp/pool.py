@@ -1,0 +1,219 @@
+"""The warm processes of the ACP runner (docs/runners.md §The ACP runner): one per active user
+and route family, started on demand, reused while warm, retired (no new turn; it exits once
+its turns end) and replaced from the settings in force, closed when idle or to make room.
+Everything here runs on the runner's loop."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ...errors import RunError
+from ...hermes_site import run_binding
+from ..failures import failure_reason
+from ..processes import Processes
+from ..protocol import TurnRequest, UseCli
+from .client import APPROVAL_MARGIN, APPROVAL_TIMEOUT_ENV, CLARIFY_ENV, CLARIFY_TOOLSET
+from .process import AcpProcess
+
+log = logging.getLogger("hermes_service.acp")
+
+#: CPU seconds a warm process's sandbox may use while no turn runs before it is closed
+#: (Hermes's own idle work is far below; a process left behind by a turn is not)
+IDLE_CPU_SECONDS = 5.0
+REPLACE_TRIES = 3             # attempts at a replacement process that reloads keep outdating
+
+
+class Pool:
+    """The processes, by ``(user id, route family)``. The settings (``hermes.acp``,
+    ``hermes.approvals``) are set by :meth:`~.runner.AcpRunner.configure`."""
+    idle_seconds: float
+    max_processes: int
+    start_timeout: float
+    approval_timeout: float
+    allow_always: bool
+    ask: bool
+
+    def __init__(self, processes: Processes,
+                 process_env: Callable[[str], tuple] | None = None):
+        self.processes = processes
+        self.process_env = process_env
+        self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
+        self._retired: set[AcpProcess] = set()
+        self._generation = 0      # counts the reloads that retired every process
+
+    @property
+    def own_tool_prefixes(self) -> tuple[str, ...]:
+        """Tool-name prefixes of the calls the route families report themselves."""
+        return tuple(f.own_tool_prefix for f in self.processes.families.values()
+                     if f.own_tool_prefix)
+
+    def process_count(self) -> int:
+        """ACP processes alive now (accepting or retiring)."""
+        return len(self._procs) + len(self._retired)
+
+    def _idle(self) -> list[AcpProcess]:
+        procs = list(self._procs.values()) + list(self._retired)
+        return sorted((p for p in procs if not p.busy and not p.dead
+                       and p.ready is not None and p.ready.done()),   # not while it starts
+                      key=lambda p: p.last_used)
+
+    async def _acquire(self, key, home, env: dict, toolsets: list[str],
+                       reserve: bool = False) -> AcpProcess:
+        """The user's process for ``key``, started if needed (``toolsets``: the family's,
+        beside ``hermes.toolsets``). ``reserve``: for a turn, which must release it
+        (``proc.reserved -= 1``); a reserved process is never idle."""
+        while True:       # every await below may change the pool: look again after it
+            proc = self._procs.get(key)
+            if proc is not None and not proc.dead and proc.ready is not None:
+                ok = await asyncio.shield(proc.ready)
+                if ok and not proc.dead and not proc.retired:
+                    proc.last_used = time.monotonic()
+                    proc.reserved += reserve
+                    return proc
+                continue
+            if self.processes.draining:     # the service is stopping: no new process (
+                raise UseCli("the service is draining")   # docs/operations.md §Process lifetime)
+            if self.process_count() >= self.max_processes:
+                idle = self._idle()
+                if not idle:
+                    raise UseCli("the ACP process pool is full")
+                await self._close(idle[0], "evicted")
+                continue
+            proc = await self._start(key, home, env, toolsets)
+            if proc.retired:      # retired while it started (a reload): start a fresh one
+                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+                continue
+            proc.reserved += reserve
+            return proc
+
+    async def _start(self, key, home, env: dict, extra: list[str]) -> AcpProcess:
+        toolsets = self.processes.toolset_names(extra)      # hermes.toolsets in force now
+        env = {**env, "HERMES_SERVICE_ACP_TOOLSETS": ",".join(toolsets),
+               APPROVAL_TIMEOUT_ENV: str(self.approval_timeout + APPROVAL_MARGIN)}
+        env.pop("HERMES_SERVICE_TURN_FILE", None)
+        env.pop(run_binding.ENV, None)       # a CLI turn's run binding is not for it
+        family = self.processes.families.get(key[1])
+        if family is not None and family.asks_user:
+            if self.ask:           # its turns can ask the panel's user: offer clarify
+                toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
+                env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
+                env[CLARIFY_ENV] = "1"
+        proc = AcpProcess(self, key, home, env, extra)
+        ready = proc.ready = asyncio.get_running_loop().create_future()
+        self._procs[key] = proc
+        try:
+            await proc.start()
+            if ready.done() or proc.dead:      # closed while it started
+                raise RuntimeError("the process was closed while it started")
+        except Exception as exc:  # noqa: BLE001 - any failure to start: the waiters get it
+            if self._procs.get(key) is proc:
+                del self._procs[key]
+            if not ready.done():
+                ready.set_exception(exc)
+                ready.exception()      # retrieved: no "never retrieved" warning
+            proc.kill("start failed")
+            log.warning("ACP process for user=%s could not start: %s %s", key[0], exc,
+                        failure_reason(proc.stderr_tail.decode("utf-8", "replace")[-2000:]))
+            raise RunError("the Hermes ACP process could not be started (see the service log)",
+                           code="hermes_failed") from None
+        ready.set_result(True)
+        if not proc.retired:
+            proc.make_spare()
+        return proc
+
+    def gone(self, proc: AcpProcess) -> None:
+        """``proc`` takes no further turn (it exited, or is being killed)."""
+        if self._procs.get(proc.key) is proc:
+            del self._procs[proc.key]
+        self._retired.discard(proc)
+        if proc.ready is not None and not proc.ready.done():
+            proc.ready.set_result(False)
+
+    async def _close(self, proc: AcpProcess, why: str) -> None:
+        log.info("closing ACP process of user=%s (%s)", proc.key[0], why)
+        await self._kill(proc, why, replace=False)
+
+    async def _kill(self, proc: AcpProcess, reason: str, replace: bool = True) -> None:
+        """End ``proc`` now (it takes no further turn); ``replace``: start its replacement
+        (:meth:`_replace`)."""
+        proc.retired = True
+        self.gone(proc)
+        await proc.kill_async(reason)
+        if replace:
+            self._replace(proc)
+
+    def _retire(self, proc: AcpProcess, why: str) -> None:
+        """No new turn for ``proc``; it exits once its running turns end."""
+        if proc.dead or proc.retired:
+            return
+        log.info("retiring ACP process of user=%s (%s)", proc.key[0], why)
+        proc.retired = True
+        if self._procs.get(proc.key) is proc:
+            del self._procs[proc.key]
+        self._retired.add(proc)
+        if not proc.busy and (proc.ready is None or proc.ready.done()):
+            asyncio.get_running_loop().create_task(self._close(proc, why))
+
+    def _retire_and_replace(self, proc: AcpProcess, why: str) -> None:
+        """Retire ``proc`` (:meth:`_retire`) and start its replacement (:meth:`_replace`):
+        the user is active, and the next turn should find a warm process."""
+        self._retire(proc, why)
+        self._replace(proc)
+
+    async def _retire_key(self, key) -> None:
+        proc = self._procs.get(key)
+        if proc is not None:
+            self._retire_and_replace(proc, "a turn failed")
+
+    async def _forget(self, req: TurnRequest) -> None:
+        """A turn of an ACP session runs on the CLI (another model): the user's warm process
+        keeps that conversation in memory and would answer its next turn without the CLI's
+        turn (Hermes reads a loaded session's history from state.db only once), so it takes
+        no further turn; a replacement loads the session afresh."""
+        proc = self._procs.get((req.home.user_id, req.family))
+        if proc is not None and req.resume_id in proc.sessions:
+            self._retire_and_replace(proc, "a CLI turn continues one of its sessions")
+
+    def _replace(self, old: AcpProcess) -> None:
+        """Start a replacement for a retired process in the background (the user is active):
+        built from the settings in force (:attr:`process_env`, its family's toolsets), never
+        copied from ``old``; none while the service drains or without ``process_env``."""
+        if self.processes.draining or self.process_env is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._replacement(old.key, list(old.extra_toolsets)))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _replacement(self, key, extra: list[str]) -> None:
+        """Start ``key``'s process from a fresh :attr:`process_env`; again when a reload
+        retired every process while it was made (at most :data:`REPLACE_TRIES` times)."""
+        loop = asyncio.get_running_loop()
+        process_env = self.process_env
+        if process_env is None:
+            return
+        for _ in range(REPLACE_TRIES):
+            generation = self._generation
+            home, env = await loop.run_in_executor(None, process_env, key[0])
+            if generation != self._generation or self.processes.draining:
+                continue
+            proc = await self._acquire(key, home, env, extra)
+            if generation == self._generation:
+                return
+            self._retire(proc, "the configuration was reloaded while it started")
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(min(10.0, max(1.0, self.idle_seconds / 4)))
+            now = time.monotonic()
+            for proc in list(self._procs.values()) + list(self._retired):
+                if proc.dead or proc.busy or proc.ready is None or not proc.ready.done():
+                    continue          # in use, or still starting
+                if proc.retired:
+                    await self._close(proc, "retired")
+                elif now - proc.last_used >= self.idle_seconds:
+                    await self._close(proc, "idle")
+                elif proc.idle_cpu is not None and proc.launch is not None and \
+                        proc.launch.cpu_seconds() - proc.idle_cpu > IDLE_CPU_SECONDS:
+                    await self._close(proc, "it used CPU between turns")
