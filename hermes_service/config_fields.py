@@ -3,7 +3,7 @@
 
 A section's settings are a frozen dataclass. Each field that is a key of the file is a
 :func:`key`: its default (the dataclass's own, and what config.yaml documents:
-tests/unit/test_config_defaults.py) and its JSON schema. A nested section is a
+tests/unit/config/test_defaults.py) and its JSON schema. A nested section is a
 :func:`section` of its own class; a value the service derives from the file (parsed
 networks, digested keys) is a :func:`derived` field, no key of the file. The section's
 schema and defaults are read off the class (:func:`schema_of`, :func:`defaults_of`), and

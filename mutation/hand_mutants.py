@@ -30,9 +30,9 @@ class Hand:
 
 
 SEC = "tests/unit/test_security.py"
-TOOLS = "tests/unit/test_tool_endpoint.py"
+TOOLS = "tests/unit/mnote/test_tool_endpoint.py"
 STORE = "tests/unit/test_session_store.py"
-CLIENT = "tests/unit/test_mnote_client.py"
+CLIENT = "tests/unit/mnote/test_client.py"
 TURNS = "tests/unit/test_turns.py"
 
 MUTANTS = [
@@ -126,12 +126,12 @@ MUTANTS = [
          "hermes_service/mnote/page_store.py",
          "            if con.in_transaction:\n                con.execute(\"ROLLBACK\")\n",
          "            pass\n",
-         ["tests/unit/test_page_store.py"]),
+         ["tests/unit/mnote/test_page_store.py"]),
     Hand("page store: a write command is never committed",
          "hermes_service/mnote/page_store.py",
          'con.execute("COMMIT" if write else "ROLLBACK")',
          'con.execute("ROLLBACK")',
-         ["tests/unit/test_page_store.py"]),
+         ["tests/unit/mnote/test_page_store.py"]),
     Hand("turn lock: a busy session is waited for without a bound",
          "hermes_service/conversations.py",
          'flock = FileLock(str(self.locks_dir / f"session-{session_id}.lock"), timeout=wait)',

@@ -75,13 +75,13 @@ MODULES: dict[str, Module] = {
         "tests/unit/test_security.py", "tests/unit/test_scopes_health.py"]),
     "hooks": Module("hermes_service/hooks.py", [
         "tests/unit/test_security.py", "tests/unit/test_scopes_health.py",
-        "tests/unit/test_tool_endpoint.py"],
+        "tests/unit/mnote/test_tool_endpoint.py"],
         # authentication, scope and loopback; not the request id or access log
         functions=["x_is_loopback", "x_resolve_client", "x_authenticate"]),
     # the route families: which family a route or path is in, and what it asks
     "routing": Module("hermes_service/routing.py", [
         "tests/unit/test_route_policy.py", "tests/unit/test_scopes_health.py",
-        "tests/unit/test_security.py", "tests/unit/test_tool_endpoint.py"]),
+        "tests/unit/test_security.py", "tests/unit/mnote/test_tool_endpoint.py"]),
     "session_store": Module("hermes_service/session_store.py", [
         "tests/unit/test_session_store.py", "tests/unit/test_retention.py",
         "--deselect", _GC_COMMAND,
@@ -93,19 +93,19 @@ MODULES: dict[str, Module] = {
         "tests/unit/test_files.py", "tests/unit/test_session_store.py",
         "-k", "killed_inside or durable_before or failed_shard_write or roundtrip or format_utf8"]),
     "gateway": Module("hermes_service/mnote/gateway.py", [
-        "tests/unit/test_tool_endpoint.py"]),
+        "tests/unit/mnote/test_tool_endpoint.py"]),
     "endpoint": Module("hermes_service/mnote/endpoint.py", [
-        "tests/unit/test_tool_endpoint.py"],
+        "tests/unit/mnote/test_tool_endpoint.py"],
         # the envelope and its codes; not _schema (the API document's copy of the contract
         # schemas, tests/unit/test_openapi.py); the route is decorated: hand mutants
         functions=["x_failure_envelope", "x_render_error_body", "x_tool_code"]),
     "page_store": Module("hermes_service/mnote/page_store.py", [
-        "tests/unit/test_page_store.py", "tests/unit/test_mnote_tools.py",
-        "tests/unit/test_tool_endpoint.py", "tests/unit/test_retention.py",
+        "tests/unit/mnote/test_page_store.py", "tests/unit/mnote/test_tools.py",
+        "tests/unit/mnote/test_tool_endpoint.py", "tests/unit/test_retention.py",
         "--deselect", _GC_COMMAND,
         # isinstance() against the typing.Protocol fails on mutmut's copy (its trampolines add
         # members to the protocol class): a tool artefact, not a finding
-        "--deselect", "tests/unit/test_page_store.py::test_is_a_page_store_with_wal"],
+        "--deselect", "tests/unit/mnote/test_page_store.py::test_is_a_page_store_with_wal"],
         # permissions (member, read, write, protectEditing, artifact write; options AI may
         # not change) and idempotency (lookup, conflict, replay, record, retry window)
         functions=["xǁSQLitePageStoreǁ_authorize", "xǁSQLitePageStoreǁ_write",

@@ -189,7 +189,7 @@ class ConfigSection:
     * ``schema`` — the jsonschema of its mapping (:func:`object_schema`: an unknown key is
       refused with a hint, like the core's);
     * ``defaults`` — every key's default, the file's mapping merged over it (config.yaml
-      documents the same values: tests/unit/test_config_defaults.py);
+      documents the same values: tests/unit/config/test_defaults.py);
     * ``build(mapping, valid)`` — its frozen settings object from the merged mapping (lists
       and mappings as the file gave them; :func:`settings_from` helps); ``valid(dotted_key)``
       is False for a key the schema refused, whose default stands in — only while building a

@@ -4,7 +4,7 @@
 (:meth:`~.extension.MnoteExtension.config_section`; docs/configuring.md §Extension sections):
 :func:`hermes_service.config.build_config` validates the section with the core's (the same
 ``file:key: problem`` lines, unknown keys refused with a hint), merges it over
-:data:`DEFAULTS` (config.yaml documents the same values: tests/unit/test_config_defaults.py),
+:data:`DEFAULTS` (config.yaml documents the same values: tests/unit/config/test_defaults.py),
 builds :class:`MnoteSettings` and runs :func:`default_model_listed` after the core's checks.
 The section is validated even while ``mnote.enabled`` is false, and its event streams count
 in the threads the service needs all the same (``service.threads``).

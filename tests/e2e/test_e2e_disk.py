@@ -256,7 +256,7 @@ def test_the_watcher_and_a_full_disk_answer_their_codes_never_a_500(start_servic
     assert live[-1]["event"] == "run.completed", live[-3:]
     log_file = data / "run-events" / f"{run_id}.jsonl"
     # (its events wait in memory for room: the log lacks its end while the disk is full;
-    # tests/unit/test_run_log_full_disk.py shows that step by step)
+    # tests/unit/mnote/test_run_log_full_disk.py shows that step by step)
     os.unlink(filler)
     wait_for(lambda: '"run.completed"' in log_file.read_text(), "the log written whole", 30)
     empty = [p for p in data.rglob("*") if p.is_file() and p.stat().st_size == 0

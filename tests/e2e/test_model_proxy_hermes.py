@@ -1,5 +1,5 @@
 """The real hermes CLI through the model endpoint (the endpoint itself:
-tests/unit/test_model_proxy.py)."""
+tests/unit/model_proxy/test_proxy.py)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import yaml
 from hermes_service.model_usage import read_usage
 from hermes_service.runner import classify_text
 from support.fixtures import ROOT, free_port, hermes_bin, wait_for
-from unit.test_model_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)
+from unit.model_proxy.test_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)
     REAL_KEY,
     make_proxy,
     outcome_count,

@@ -1,5 +1,5 @@
 """The sandbox for real: launches through bubblewrap, and a served /health saying when auto
-mode found none (the checks and the launch plan: tests/unit/test_sandbox.py)."""
+mode found none (the checks and the launch plan: tests/unit/sandbox/test_launcher.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +11,7 @@ import yaml
 from hermes_service import hermes_policy, sandbox
 from hermes_service.user_homes import HERMES_SITE, UserHome
 from support.fixtures import ROOT
-from unit.test_sandbox import NO_BWRAP, cfg
+from unit.sandbox.test_launcher import NO_BWRAP, cfg
 
 
 @pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A stand-in for ``hermes acp`` in the ACP pool's unit tests (tests/unit/test_acp_pool.py):
+"""A stand-in for ``hermes acp`` in the ACP pool's unit tests (tests/unit/runner/test_acp_pool.py):
 a real Agent Client Protocol agent on stdio (the ``agent-client-protocol`` package the
 service itself speaks it with) that starts at once and answers ``session/new`` after
 ``FAKE_ACP_NEW_SESSION_DELAY`` seconds (default 0; a large value stands for a Hermes that

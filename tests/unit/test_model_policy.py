@@ -28,7 +28,7 @@ from hermes_service.model_policy import (
 from hermes_service.model_usage import BUDGET_MARK, UsageStore, read_usage, seconds_to_midnight
 from hermes_service.runner import classify_text
 from support.fixtures import ROOT, wait_for
-from unit.test_model_proxy import (  # noqa: F401  (fixtures)
+from unit.model_proxy.test_proxy import (  # noqa: F401  (fixtures)
     Client,
     chat_body,
     gated,

@@ -28,7 +28,7 @@ from hermes_service.runner import Processes, UseCli
 from hermes_service.runner.acp import AcpRunner
 from support.fixtures import base_config, deep_merge, wait_for
 
-AGENT = Path(__file__).parents[1] / "support" / "fake_acp_agent.py"
+AGENT = Path(__file__).parents[2] / "support" / "fake_acp_agent.py"
 #: the bound of every wait here: a process start takes ~0.3 s idle, several s on a loaded machine
 WAIT = 60
 

@@ -19,7 +19,7 @@ from hermes_service.mnote import run_log as run_log_module
 from hermes_service.mnote.run_log import RunLogs, RunWriter
 from hermes_service.mnote.runs import RunManager
 from support.fixtures import wait_for
-from unit.test_run_log import gated, names
+from unit.mnote.test_run_log import gated, names
 
 
 def full(fd: int) -> None:
