@@ -63,7 +63,7 @@ def names_section(words: str, heading: str) -> bool:
         return text.startswith(prefix) and (len(text) == len(prefix) or
                                             not text[len(prefix)].isalnum())
     short = re.split(r"[),;.]| says| recommends|'s ", words, maxsplit=1)[0].strip()
-    return starts(words, heading) or bool(short) and starts(heading, short)
+    return starts(words, heading) or (bool(short) and starts(heading, short))
 
 
 def citations():
@@ -81,8 +81,8 @@ def test_every_cited_section_is_a_heading_of_its_file():
     broken = []
     for source, doc_name, words in citations():
         doc = resolve(doc_name, source)
-        if doc is None or doc.parent.name not in ("docs", ROOT.name) and doc.parent != ROOT:
-            if doc is None and "docs/" in doc_name:
+        if doc is None:          # another project's file (the spec's, Hermes's): not ours to check
+            if doc_name.startswith("docs/"):
                 broken.append(f"{source.relative_to(ROOT)}: {doc_name} does not exist")
             continue
         names = headings(doc)
