@@ -33,6 +33,7 @@ from .trees import (
     signal_tree,
     tree_cpu_seconds,
     tree_rss_mb,
+    zombies,
 )
 
 __all__ = [
@@ -41,4 +42,5 @@ __all__ = [
     "Limits", "Probe", "Sandbox", "Settings", "descendants", "fallback_warnings", "home_size_mb",
     "host_toolsets", "kill_strays", "limit_signal", "map_paths", "probe", "problems",
     "proc_covers", "runtime_roots", "signal_tree", "tree_cpu_seconds", "tree_rss_mb", "warnings",
+    "zombies",
 ]

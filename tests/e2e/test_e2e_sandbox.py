@@ -296,12 +296,15 @@ def test_a_home_over_its_quota_fails_before_hermes_starts(start_service, tmp_pat
 
 def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
     """A tool command that daemonizes (setsid, background) is ended when the ACP turn ends,
-    so it cannot burn CPU or hold files between turns, outside every turn's limits."""
+    so it cannot burn CPU or hold files between turns, outside every turn's limits. Orphans
+    that ended stay zombies under Hermes (PID 1, which never reaps them), each holding a place
+    of ``limits.processes``: past a quarter of it the process is retired and replaced."""
     svc = start_service({"hermes": {"runner": "acp", "toolsets": TOOLS,
-                                    "sandbox": {"mode": "bwrap"}}})
+                                    "sandbox": {"mode": "bwrap", "limits": {"processes": 64}}}})
     sid = svc.post("/api/v1/sessions", json={"user_id": "daemon"}).json()["session_id"]
     (tmp_path / "data" / "users" / "daemon" / "d.sh").write_text(
-        "setsid sh -c 'while :; do sleep 0.37; done' </dev/null >/dev/null 2>&1 &\necho started\n")
+        "setsid sh -c 'while :; do sleep 0.37; done' </dev/null >/dev/null 2>&1 &\n"
+        "for i in $(seq 20); do (sleep 0.01 &); done; sleep 0.2\necho started\n")
     res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("sh d.sh")})
     assert res.status_code == 200 and "started" in res.text, res.text
 
@@ -316,6 +319,7 @@ def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
         return found
     wait_for(lambda: not looping(), "the daemonized loop to be ended", 30)
     svc.wait_log("left in its sandbox")
+    svc.wait_log("ended processes it does not reap")      # 21 zombies >= 64 // 4
     again = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "still warm"})
     assert again.status_code == 200, again.text
 
