@@ -330,9 +330,13 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 def report_egress(att: Attachment, out: egress_proxy.Outcome) -> None:
-    """One finished egress connection: a metric (no user label) and, for a refusal, a
-    warning line naming the user, the run (when one is running there) and the reason."""
+    """One finished egress connection: a metric (no user label) and a log line naming the
+    user and the run (when one is running there): for a refusal a warning with the reason,
+    else an info line with the bytes each way (per user, docs/operations.md §Logs)."""
     metrics.egress_connection(out.refused or "ok", out.up, out.down)
-    if out.refused:
+    if not out.refused:
+        log.info("egress user=%s run=%s: %s:%s up=%d down=%d", att.user_id, att.run_id or "-",
+                 out.host or "?", out.port or "?", out.up, out.down)
+    else:
         log.warning("egress refused for user=%s run=%s: %s:%s (%s)", att.user_id,
                     att.run_id or "-", out.host or "?", out.port or "?", out.refused)
