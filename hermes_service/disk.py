@@ -50,7 +50,15 @@ from pathlib import Path
 from . import disk_btrfs
 from .disk_btrfs import BTRFS
 from .errors import RunError, StorageFull
-from .sandbox import Launch, Settings, home_size_mb, signal_tree
+from .sandbox import (
+    Launch,
+    Settings,
+    descendants,
+    held_mb,
+    home_size_mb,
+    signal_tree,
+    write_bytes,
+)
 
 log = logging.getLogger("hermes_service.disk")
 
@@ -149,7 +157,14 @@ class _Watched:
     now: Usage
     next_walk: float = 0.0
     ended: bool = False
+    devices: set[int] = field(default_factory=set)   # st_dev of the home and run folder
+    written: tuple[float, int] | None = None   # (when, bytes its live processes had written)
+    rate: float = 0.0              # bytes per second they wrote between the last two looks
     _cost: float = field(default=0.0, repr=False)
+
+    def pids(self) -> list[int]:
+        pid = self.launch.pid
+        return [] if pid is None else [pid, *descendants(pid)]
 
     @property
     def grown_mb(self) -> float:
@@ -289,6 +304,11 @@ class Disk:
         :attr:`Launch.over` is set, which the runner reads as a limit hit."""
         w = _Watched(launch, user_id, Path(home_root), Path(run_dir), used, used,
                      next_walk=time.monotonic() + WALK_EVERY)
+        for path in (home_root, run_dir):
+            try:
+                w.devices.add(os.stat(path).st_dev)
+            except OSError:
+                pass
         key = id(launch)
         with self._lock:
             self._watched[key] = w
@@ -348,15 +368,36 @@ class Disk:
                 log.info("disk: %s has room again", label)
                 self._low[label] = False
         if low:
-            grown = [w for w in watched if not w.ended and w.grown_mb > GROWTH_MB]
-            if grown:
-                top = max(grown, key=lambda w: w.grown_mb)
-                self._end(top, "disk", f"{low[0]} is below the floor and its sandbox grew by "
-                          f"{top.grown_mb:.0f} MiB in this turn")
+            self._end_grower([w for w in watched if not w.ended], low[0])
+
+    def _end_grower(self, live: list[_Watched], where: str) -> None:
+        """Below the floor: end the sandbox that grew most in its turn (more than
+        :data:`GROWTH_MB`); with none, the one writing fastest, at more than
+        :data:`GROWTH_MB` per second (what its live processes wrote between two looks:
+        space held where neither walk nor ``/proc`` sees it — an open file sent through a
+        Unix socket and closed — still took writes to fill)."""
+        for w in live:
+            now = (time.monotonic(), write_bytes(w.pids()))
+            if w.written is not None and now[0] > w.written[0]:
+                w.rate = max(0, now[1] - w.written[1]) / (now[0] - w.written[0])
+            w.written = now
+        grown = [w for w in live if w.grown_mb > GROWTH_MB]
+        if grown:
+            top = max(grown, key=lambda w: w.grown_mb)
+            self._end(top, "disk", f"{where} is below the floor and its sandbox grew by "
+                      f"{top.grown_mb:.0f} MiB in this turn")
+            return
+        writing = [w for w in live if w.rate > GROWTH_MB * MIB]
+        if writing:
+            top = max(writing, key=lambda w: w.rate)
+            self._end(top, "disk", f"{where} is below the floor, no home grew and its sandbox "
+                      f"writes fastest ({top.rate / MIB:.0f} MiB/s)")
 
     def _measure(self, w: _Watched) -> None:
         t0 = time.monotonic()
-        w.now = usage(w.home, w.run_dir, stop_above=self.max_home_mb + 1)
+        walked = usage(w.home, w.run_dir, stop_above=self.max_home_mb + 1)
+        hidden = held_mb(w.pids(), w.devices) if w.devices else 0.0
+        w.now = Usage(walked.files_mb + hidden, walked.state_mb)
         w._cost = time.monotonic() - t0
         w.next_walk = t0 + max(WALK_EVERY, WALK_SHARE * w._cost)
 

@@ -100,6 +100,80 @@ def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypat
         launch.close()
 
 
+#: a sandbox's process: writes MiB into a file it unlinked (or made with O_TMPFILE, or sent
+#: through a Unix socket and closed), then waits for its stdin to close
+HIDER = r"""
+import os, socket, sys
+where, how, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if how == "tmpfile":
+    fd = os.open(where, os.O_TMPFILE | os.O_WRONLY, 0o600)
+else:
+    fd = os.open(os.path.join(where, "h"), os.O_CREAT | os.O_WRONLY, 0o600)
+    os.unlink(os.path.join(where, "h"))
+a, b = socket.socketpair()
+for _ in range(mib):
+    os.write(fd, b"\1" * (1 << 20))
+    if how == "in-flight":             # out of every /proc/<pid>/fd: only its writes show
+        socket.send_fds(a, [b"x"], [fd])
+        os.close(fd)
+        fd = os.open(where, os.O_TMPFILE | os.O_WRONLY, 0o600) if False else \
+            os.open(os.path.join(where, "h"), os.O_CREAT | os.O_WRONLY, 0o600)
+        os.unlink(os.path.join(where, "h"))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def hider(folder: Path, how: str, mib: int, forever: bool = False):
+    import subprocess
+    import sys
+    folder.mkdir(parents=True, exist_ok=True)
+    code = HIDER.replace("for _ in range(mib)", "while True") if forever else HIDER
+    return subprocess.Popen([sys.executable, "-c", code, str(folder), how, str(mib)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("how", ["unlinked", "tmpfile"])
+def test_files_a_sandbox_holds_without_a_name_count_toward_its_quota(tmp_path, how):
+    home, run = tmp_path / "data" / "users" / "u", tmp_path / "data" / "runs" / "u"
+    write(home / "start.bin", 1)
+    d = make(tmp_path)
+    proc = hider(home, how, 40)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        launch = Launch(["true"], {}, "/")
+        launch.pid = proc.pid
+        d.watch(launch, "u", home, run, d.measure(home, run))
+        wait_for(lambda: launch.limit_hit() == "home_quota", "the hider ended", 10)
+        launch.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_below_the_floor_with_no_grower_the_fastest_writer_is_ended(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=4096, min_free_mb=64)
+    launches, procs = {}, {}
+    for n in ("quiet", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        write(home / "x.bin", 1)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        if n == "quiet":
+            assert procs[n].stdout.readline() == b"ready\n"      # and writes no more
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    try:
+        monkeypatch.setattr(disk, "space", lambda p: Space(MIB, None))
+        wait_for(lambda: launches["writer"].limit_hit() == "disk", "the writer ended", 10)
+        assert launches["quiet"].limit_hit() is None
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
+
+
 def test_what_the_operator_is_told(tmp_path):
     d = make(tmp_path)
     assert "watched during turns" in d.describe() and "floor 0 MiB" in d.describe()
