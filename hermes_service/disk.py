@@ -184,6 +184,9 @@ class Disk:
         self._low: dict[str, bool] = {}
         self._limited: dict[Path, float] = {}      # home -> the qgroup limit set (MiB)
         self._free: int | None = None              # free bytes at the watcher's last look
+        #: bytes the file systems lost that no watched sandbox's measured growth explains
+        self._unexplained = 0.0
+        self._looked = 0.0                         # monotonic time of the last look
         self._sizes: dict[Path, tuple[float, Usage]] = {}   # home -> (reuse until, usage)
         self.configure(settings)
 
@@ -328,7 +331,7 @@ class Disk:
             with self._lock:
                 watched = [w for w in self._watched.values() if not w.ended]
             if not watched:
-                self._free = None
+                self._free, self._unexplained = None, 0.0
                 self._wake.wait(5.0)
                 self._wake.clear()
                 continue
@@ -349,11 +352,15 @@ class Disk:
         now = time.monotonic()
         left = min((self.files_cap_mb - w.now.files_mb for w in watched), default=0) * MIB
         # free space fell faster than a home's quota has room: a fast writer, measure now
-        rush = self._free is not None and self._free - free > max(left, 0)
+        drop = 0 if self._free is None else self._free - free
+        rush = drop > max(left, 0)
         self._free = free
+        explained = 0.0
         for w in watched:
             if low or (self.backend != BTRFS and (rush or now >= w.next_walk)):
+                was = w.now.total_mb
                 self._measure(w)
+                explained += (w.now.total_mb - was) * MIB
                 over = w.now.files_mb > self.files_cap_mb or w.now.total_mb > self.max_home_mb
                 if over and self.backend != BTRFS:
                     self._end(w, "home_quota", f"its home uses {w.now.total_mb:.0f} MiB (files "
@@ -367,8 +374,40 @@ class Disk:
             if label not in low and self._low[label]:
                 log.info("disk: %s has room again", label)
                 self._low[label] = False
+        live = [w for w in watched if not w.ended]
         if low:
-            self._end_grower([w for w in watched if not w.ended], low[0])
+            self._end_grower(live, low[0])
+        elif self.backend != BTRFS:      # a leaky bucket: a slow drift (logs) never fills it
+            leak = GROWTH_MB * MIB * max(0.0, now - self._looked) if self._looked else 0.0
+            self._unexplained = max(0.0, self._unexplained + drop - explained - leak)
+        self._looked = now
+        if not low and self._unexplained > self.max_home_mb * MIB / 2:
+            self._end_hider(live)
+
+    def _sample_rates(self, live: list[_Watched]) -> None:
+        for w in live:
+            now = (time.monotonic(), write_bytes(w.pids()))
+            if w.written is not None and now[0] > w.written[0]:
+                w.rate = max(0, now[1] - w.written[1]) / (now[0] - w.written[0])
+            w.written = now
+
+    def _fastest(self, live: list[_Watched]) -> _Watched | None:
+        writing = [w for w in live if w.rate > GROWTH_MB * MIB]
+        return max(writing, key=lambda w: w.rate) if writing else None
+
+    def _end_hider(self, live: list[_Watched]) -> None:
+        """The file systems lost more than half a quota, faster than :data:`GROWTH_MB` per
+        second, that no measured growth explains (space held where neither walk nor
+        ``/proc`` sees it — an open file sent through a Unix socket and closed): once it
+        passes a whole quota, end the sandbox writing fastest (at more than
+        :data:`GROWTH_MB` per second), and count again from 0."""
+        self._sample_rates(live)
+        top = self._fastest(live)
+        if top is not None and self._unexplained > self.max_home_mb * MIB:
+            self._end(top, "home_quota", f"{self._unexplained / MIB:.0f} MiB went from the disk "
+                      f"where no home shows it while its sandbox wrote fastest "
+                      f"({top.rate / MIB:.0f} MiB/s)")
+            self._unexplained = 0.0
 
     def _end_grower(self, live: list[_Watched], where: str) -> None:
         """Below the floor: end the sandbox that grew most in its turn (more than
@@ -376,20 +415,15 @@ class Disk:
         :data:`GROWTH_MB` per second (what its live processes wrote between two looks:
         space held where neither walk nor ``/proc`` sees it — an open file sent through a
         Unix socket and closed — still took writes to fill)."""
-        for w in live:
-            now = (time.monotonic(), write_bytes(w.pids()))
-            if w.written is not None and now[0] > w.written[0]:
-                w.rate = max(0, now[1] - w.written[1]) / (now[0] - w.written[0])
-            w.written = now
+        self._sample_rates(live)
         grown = [w for w in live if w.grown_mb > GROWTH_MB]
         if grown:
-            top = max(grown, key=lambda w: w.grown_mb)
-            self._end(top, "disk", f"{where} is below the floor and its sandbox grew by "
-                      f"{top.grown_mb:.0f} MiB in this turn")
+            big = max(grown, key=lambda w: w.grown_mb)
+            self._end(big, "disk", f"{where} is below the floor and its sandbox grew by "
+                      f"{big.grown_mb:.0f} MiB in this turn")
             return
-        writing = [w for w in live if w.rate > GROWTH_MB * MIB]
-        if writing:
-            top = max(writing, key=lambda w: w.rate)
+        top = self._fastest(live)
+        if top is not None:
             self._end(top, "disk", f"{where} is below the floor, no home grew and its sandbox "
                       f"writes fastest ({top.rate / MIB:.0f} MiB/s)")
 

@@ -115,16 +115,15 @@ def held_mb(pids: Iterable[int], devices: set[int]) -> float:
 
 
 def write_bytes(pids: Iterable[int]) -> int:
-    """Bytes the live ``pids`` have written so far, from ``/proc/<pid>/io``: ``write_bytes``
-    (what they dirtied of a block device's page cache), or ``wchar`` (every ``write``, to
-    pipes and sockets too) for a process whose ``write_bytes`` is 0 — a file system without
-    a block device (tmpfs)."""
+    """Bytes the live ``pids`` have written so far, from ``/proc/<pid>/io``: per process the
+    larger of ``wchar`` (every ``write``, to pipes and sockets too; tmpfs) and
+    ``write_bytes`` (pages dirtied on a block device, through a mapping too)."""
     total = 0
     for pid in pids:
         try:
             fields = dict(line.split(": ", 1) for line in
                           Path(f"/proc/{pid}/io").read_text().splitlines())
-            total += int(fields.get("write_bytes", 0)) or int(fields.get("wchar", 0))
+            total += max(int(fields.get("write_bytes", 0)), int(fields.get("wchar", 0)))
         except (OSError, ValueError):
             continue
     return total

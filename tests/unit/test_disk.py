@@ -101,7 +101,8 @@ def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypat
 
 
 #: a sandbox's process: writes MiB into a file it unlinked (or made with O_TMPFILE, or sent
-#: through a Unix socket and closed), then waits for its stdin to close
+#: through a Unix socket and closed), then waits for its stdin to close (or, "forever",
+#: writes on in place as fast as it can)
 HIDER = r"""
 import os, socket, sys
 where, how, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -120,6 +121,9 @@ for _ in range(mib):
             os.open(os.path.join(where, "h"), os.O_CREAT | os.O_WRONLY, 0o600)
         os.unlink(os.path.join(where, "h"))
 print("ready", flush=True)
+if len(sys.argv) > 4:                  # writing on, fast, in place: no more space taken
+    while True:
+        os.pwrite(fd, b"\1" * (1 << 20), 0)
 sys.stdin.read()
 """
 
@@ -128,8 +132,8 @@ def hider(folder: Path, how: str, mib: int, forever: bool = False):
     import subprocess
     import sys
     folder.mkdir(parents=True, exist_ok=True)
-    code = HIDER.replace("for _ in range(mib)", "while True") if forever else HIDER
-    return subprocess.Popen([sys.executable, "-c", code, str(folder), how, str(mib)],
+    return subprocess.Popen([sys.executable, "-c", HIDER, str(folder), how, str(mib),
+                             *(["forever"] if forever else [])],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
 
@@ -172,6 +176,58 @@ def test_below_the_floor_with_no_grower_the_fastest_writer_is_ended(tmp_path, mo
             proc.kill()
             proc.wait()
             launches[n].close()
+
+
+def test_space_going_where_no_home_shows_it_ends_the_fastest_writer(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=64, min_free_mb=1)
+    launches, procs = {}, {}
+    for n in ("quiet", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        write(home / "x.bin", 1)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        if n == "quiet":
+            assert procs[n].stdout.readline() == b"ready\n"
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    free = [1 << 40]
+
+    def vanishing(path):          # ~8 MiB gone per look (~160 MiB/s), no home grows
+        free[0] -= 4 * MIB        # (two file systems are asked: the data dir, the homes)
+        return Space(free[0], None)
+    try:
+        monkeypatch.setattr(disk, "space", vanishing)
+        wait_for(lambda: launches["writer"].limit_hit() == "home_quota", "the writer ended", 10)
+        assert launches["quiet"].limit_hit() is None
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
+
+
+def test_a_slow_drift_of_free_space_ends_nobody(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=8, min_free_mb=1)
+    home, run = tmp_path / "data" / "users" / "w", tmp_path / "data" / "runs" / "w"
+    write(home / "x.bin", 1)
+    proc = hider(home, "in-flight", 1, forever=True)
+    launch = Launch(["true"], {}, "/")
+    launch.pid = proc.pid
+    free, looks = [1 << 40], []
+
+    def drifting(path):           # 0.25 MiB per look, ~5 MiB/s: under GROWTH_MB a second
+        free[0] -= MIB // 8
+        looks.append(1)
+        return Space(free[0], None)
+    monkeypatch.setattr(disk, "space", drifting)
+    try:
+        d.watch(launch, "w", home, run, d.measure(home, run))
+        wait_for(lambda: len(looks) > 200, "100 looks", 20)
+        assert launch.limit_hit() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        launch.close()
 
 
 def test_what_the_operator_is_told(tmp_path):
