@@ -58,6 +58,8 @@ class RunManager:
         self._by_session: dict[str, str] = {}
         self._lock = threading.Lock()
         self._streams_of: dict[str, int] = {}     # actor id -> its open event streams
+        #: ``mnote.max_streams_per_actor`` (None: :func:`~hermes_service.limits.share`)
+        self.streams_per_actor: int | None = None
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
         """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how
@@ -296,11 +298,12 @@ class RunManager:
     def stream_slot(self, actor_id: str | None = None) -> Callable[[], None]:
         """Take one event-stream slot; returns its release function (safe to call twice).
         Raises TooManyRuns ``too_many_streams`` when all are taken, or when ``actor_id``
-        holds its share of them (:func:`hermes_service.limits.share` of
-        ``mnote.max_event_streams``)."""
+        holds its share of them (``mnote.max_streams_per_actor``, else
+        :func:`hermes_service.limits.share` of ``mnote.max_event_streams``)."""
         key = actor_id or ""
         with self._lock:
-            mine, cap = self._streams_of.get(key, 0), share(self.streams.size)
+            mine = self._streams_of.get(key, 0)
+            cap = self.streams_per_actor or share(self.streams.size)
             if mine >= cap:
                 raise TooManyRuns(f"this actor has {mine} event streams open, its share of "
                                   f"{self.streams.size}; close one or retry later",
