@@ -184,6 +184,7 @@ class Disk:
         self._low: dict[str, bool] = {}
         self._limited: dict[Path, float] = {}      # home -> the qgroup limit set (MiB)
         self._free: int | None = None              # free bytes at the watcher's last look
+        self._free_walked: int | None = None       # ... when it last measured every home
         #: bytes the file systems lost that no watched sandbox's measured growth explains
         self._unexplained = 0.0
         self._looked = 0.0                         # monotonic time of the last look
@@ -331,7 +332,7 @@ class Disk:
             with self._lock:
                 watched = [w for w in self._watched.values() if not w.ended]
             if not watched:
-                self._free, self._unexplained = None, 0.0
+                self._free, self._free_walked, self._unexplained = None, None, 0.0
                 self._wake.wait(5.0)
                 self._wake.clear()
                 continue
@@ -351,10 +352,15 @@ class Disk:
                     low.append(label)
         now = time.monotonic()
         left = min((self.files_cap_mb - w.now.files_mb for w in watched), default=0) * MIB
-        # free space fell faster than a home's quota has room: a fast writer, measure now
+        # free space fell, since every home was last measured, by more than a home's quota
+        # has room: a fast writer (or very many small files), measure them all now
         drop = 0 if self._free is None else self._free - free
-        rush = drop > max(left, 0)
+        if self._free_walked is None:
+            self._free_walked = free
+        rush = self._free_walked - free > max(left, 0)
         self._free = free
+        if rush or low:
+            self._free_walked = free
         explained = 0.0
         for w in watched:
             if low or (self.backend != BTRFS and (rush or now >= w.next_walk)):

@@ -199,7 +199,8 @@ def test_the_watcher_and_a_full_disk_answer_their_codes_never_a_500(start_servic
                          "paths": {"data_dir": str(data), "homes_dir": str(homes)}})
     sid_a = svc.post("/api/v1/sessions", json={"user_id": "filler"}).json()["session_id"]
     sid_b = svc.post("/api/v1/sessions", json={"user_id": "bystander"}).json()["session_id"]
-    a_home = homes / "users" / "filler"                  # made with the session
+    a_home = homes / "users" / "filler"                  # (made at its first turn)
+    a_home.mkdir(parents=True)
     (a_home / "fill.py").write_text(FILL)
     # 1. the watcher ends a sandbox past its quota; the other user's turn runs meanwhile
     result = {}
