@@ -349,6 +349,9 @@ def test_space_a_sandbox_holds_where_no_walk_sees_it_counts_toward_its_quota(
         # ended well before the 600 MiB it meant to write; measured ~75 MiB on a quiet
         # machine (bench/disk_overshoot.py): a bound, not the exact cap
         assert peaks[way] < 400, peaks
+        # unlinked: counted in its home (/proc/<pid>/fd); in flight: no home shows it
+        why = {"unlinked": f"user={way}: its home uses", "inflight": "where no home shows it"}
+        wait_for(lambda: why[way] in svc.log(), f"the watcher's reason for {way}", 10)
         # its sandbox ended: what it held is given back
         wait_for(lambda: shutil.disk_usage(ext4_homes).used - base < 32 * MIB,
                  "the held space freed", 30)
