@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 #: What one file or folder counts at least toward ``max_home_mb`` (its inode): 200 000 empty
@@ -24,6 +25,28 @@ MIB = 1024 * 1024
 PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 #: what the owner of a folder needs to list it and stat its entries
 OWNER_RX = stat.S_IRUSR | stat.S_IXUSR
+#: the name of Hermes's own folder in a home (HERMES_HOME)
+STATE_FOLDER = ".hermes"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """MiB a user uses: ``files_mb`` (its home but ``.hermes``, and its run folder) and
+    ``state_mb`` (``.hermes``), walked with :func:`home_size_mb`."""
+    files_mb: float
+    state_mb: float
+
+    @property
+    def total_mb(self) -> float:
+        return self.files_mb + self.state_mb
+
+
+def usage(home_root: Path, run_dir: Path | None, stop_above: float | None = None) -> Usage:
+    """:class:`Usage` of a home and its run folder (each walk stops above ``stop_above``)."""
+    total = home_size_mb(home_root, stop_above)
+    state = home_size_mb(Path(home_root) / STATE_FOLDER, stop_above)
+    run = home_size_mb(run_dir, stop_above) if run_dir is not None else 0.0
+    return Usage(max(0.0, total - state) + run, state)
 
 
 def open_folder(name: str, dir_fd: int | None = None) -> int | None:

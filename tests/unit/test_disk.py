@@ -79,7 +79,7 @@ def test_the_watcher_ends_a_sandbox_past_its_quota_and_forgets_it_when_it_closes
     write(home / "grow.bin", 40)                   # faster than its room: measured at once
     wait_for(lambda: launch.limit_hit() == "home_quota", "the sandbox ended", 10)
     launch.close()
-    assert not d._watched
+    assert not len(d.watcher)
 
 
 def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypatch):
