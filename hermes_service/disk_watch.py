@@ -13,8 +13,9 @@ process of the sandbox; :attr:`Launch.over` tells the runner why):
 * below the floor, the sandbox that grew most in its turn (more than :data:`GROWTH_MB`),
   else the one writing fastest: ``disk``;
 * when the file systems lost more than a quota, faster than :data:`GROWTH_MB` a second,
-  that no measured growth explains (a leaky bucket: a slow drift never fills it), the
-  sandbox writing fastest: ``home_quota``.
+  that no measured growth explains (a leaky bucket: a slow drift never fills it; space freed
+  before the walk that shows it is a credit of at most a quota), the sandbox writing
+  fastest: ``home_quota``.
 
 On btrfs with qgroups (``Rules.backend``) the kernel holds each quota; only the floor is
 kept here.
@@ -176,7 +177,12 @@ class Watcher:
             self._end_grower(live, low[0])
         elif quota:      # a leaky bucket: a slow drift (logs, the host) never fills it
             leak = GROWTH_MB * MIB * max(0.0, now - self._looked) if self._looked else 0.0
-            self._unexplained = max(0.0, self._unexplained + drop - explained - leak)
+            level = self._unexplained + drop - explained
+            # files deleted show as free space at once and as a smaller home only at its next
+            # walk: a credit (below 0, at most a quota) keeps that lag from reading as space
+            # gone unseen; it drains toward 0 like the rest
+            level = level - leak if level > 0 else min(0.0, level + leak)
+            self._unexplained = max(-rules.max_home_mb * MIB, level)
         self._looked = now
         if not low and self._unexplained > rules.max_home_mb * MIB / 2:
             self._end_hider(live)

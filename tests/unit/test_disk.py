@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,38 @@ def test_a_slow_drift_of_free_space_ends_nobody(tmp_path, monkeypatch):
         proc.kill()
         proc.wait()
         launch.close()
+
+
+def test_files_deleted_before_the_next_walk_do_not_count_as_hidden_space(tmp_path, monkeypatch):
+    """Free space rises at once when files go; the walk sees it up to a second later. That
+    lag must not read as space gone where no home shows it (and end a fast writer)."""
+    d = make(tmp_path, max_home_mb=32, min_free_mb=1)
+    free = [1 << 40]
+    monkeypatch.setattr(disk, "space", lambda p: Space(free[0], None))
+    launches, procs = {}, {}
+    for n in ("a", "c", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        if n != "writer":
+            write(home / "big.bin", 24)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    try:
+        wait_for(lambda: all(not w.ended for w in d.watcher._watched.values()) and
+                 d.watcher._looked, "a first look", 5)
+        for n in ("a", "c"):
+            (tmp_path / "data" / "users" / n / "big.bin").unlink()
+        free[0] += 48 * MIB                      # the file system has the room back at once
+        deadline = time.monotonic() + 2.5        # two walks of every home
+        while time.monotonic() < deadline:
+            assert launches["writer"].limit_hit() is None
+            time.sleep(0.05)
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
 
 
 def test_what_the_operator_is_told(tmp_path):
