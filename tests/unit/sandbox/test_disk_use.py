@@ -120,3 +120,23 @@ def test_a_process_trees_writes_are_counted_while_it_lives():
     finally:
         child.communicate(b"")
     assert write_bytes([child.pid]) == 0                        # gone: nothing
+
+
+def test_files_held_by_many_processes_add_up_and_one_file_counts_once(tmp_path):
+    dev = os.stat(tmp_path).st_dev
+    before = held_mb([os.getpid()], {dev})           # (pytest's own capture files)
+    shared = os.open(tmp_path / "shared", os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(shared, b"\1" * (2 * MIB))
+    os.unlink(tmp_path / "shared")                  # the child inherits it: one file, 2 MiB
+    code = ("import os, sys\nfd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)\n"
+            "os.write(fd, b'x' * (3 << 20)); os.unlink(sys.argv[1])\n"
+            "print('ready', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "own")],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(shared,))
+    try:
+        assert child.stdout.readline() == b"ready\n"
+        both = held_mb([os.getpid(), child.pid], {dev})
+        assert 5 <= both - before < 5.5, both                  # 2 (once) + 3
+    finally:
+        child.communicate(b"")
+        os.close(shared)
