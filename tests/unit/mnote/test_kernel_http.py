@@ -116,7 +116,8 @@ def test_a_kernel_answering_anything_but_an_envelope_is_one_code(kernel, caplog,
     calls = [b for _, b in kernel.requests if b["toolCallId"] == sent["toolCallId"]]
     assert len(calls) == attempts and all(c == calls[0] for c in calls)   # same key each time
     assert metric("hermes_service_kernel_calls_total", transport="http", outcome=reason) == before + 1
-    [line] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    [line] = [r for r in caplog.records if r.levelno == logging.WARNING
+              and r.name.startswith("hermes_service.mnote.kernel")]
     assert line.trace_id == "trace_1" and line.run_id == "run_1" and reason in line.getMessage()
     assert "SECRET" not in caplog.text and CRED not in caplog.text
 

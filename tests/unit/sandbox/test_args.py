@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from hermes_service import hermes_policy, sandbox, seccomp_filter
+from hermes_service import hermes_policy, instance, sandbox, seccomp_filter
 from hermes_service.sandbox import args as sandbox_args
 from hermes_service.user_homes import HERMES_SITE, UserHome
 
@@ -82,7 +82,7 @@ def test_the_whole_bubblewrap_argument_list(launch):
     for hidden in ("/proc/irq", "/proc/bus"):
         assert ("--tmpfs", hidden, "--remount-ro", hidden) == covers[
             covers.index(hidden) - 1:covers.index(hidden) + 3]
-    assert made.net.folder.parent == data / "sandbox" / "net"
+    assert made.net.folder.parent == data / "sandbox" / "net" / instance.current()
     assert made.argv == [
         "/usr/bin/bwrap", "--args", str(args_fd), "--", "/usr/bin/prlimit",
         f"--cpu={lim.cpu_seconds + 5}:{lim.cpu_seconds + 10}",
