@@ -119,9 +119,7 @@ class Handler(Relay):
                 return
             if self.command == "POST":
                 try:
-                    with proxy.parsing():
-                        prepared = proxy.policy.prepare_chat(body,
-                                                             self.headers.get("Content-Type"))
+                    prepared = proxy.prepare(user, body, self.headers.get("Content-Type"))
                 except Refusal as refusal:
                     self._refuse(refusal, read=True)
                     return

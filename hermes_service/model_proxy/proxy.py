@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..embedded_http import OpenConnections, stop_server
-from ..model_policy import Policy, Refusal, max_request_bytes
+from ..model_policy import Policy, Prepared, Refusal, max_request_bytes
 from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
+from .body_check import BodyChecker
 from .handler import Handler, Server, Server6
 from .upstream import Connections, Upstream, upstream
 
@@ -25,6 +26,12 @@ log = logging.getLogger("hermes_service.model_proxy")
 
 def _digest(credential: str) -> bytes:
     return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest()
+
+
+def user_body_budget(policy: Policy) -> int:
+    """Request body bytes one user may hold at once: :data:`~.limits.USER_BODY_BUDGET`, at
+    least the body cap (a lone body of the cap is always admitted)."""
+    return max(limits.USER_BODY_BUDGET, policy.max_body)
 
 
 class ModelProxy:
@@ -59,7 +66,7 @@ class ModelProxy:
         self._inflight: dict[str, int] = {}        # user -> requests in flight
         self._body_bytes = 0                       # request body bytes held now
         self._user_bytes: dict[str, int] = {}      # ... per user
-        self._parses = threading.BoundedSemaphore(limits.PARSES)
+        self.bodies = BodyChecker()
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -85,6 +92,7 @@ class ModelProxy:
             stop_server(srv, self._thread, self._conns)
             self._thread = None
         self.connections.clear()
+        self.bodies.close()
         self.usage.close()
 
     @property
@@ -148,11 +156,11 @@ class ModelProxy:
         :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
         with self._lock:
             if self._inflight.get(user_id, 0) >= limits.MAX_USER_REQUESTS or \
-                    self._user_bytes.get(user_id, 0) + length > limits.USER_BODY_BUDGET:
+                    self._user_bytes.get(user_id, 0) + length > user_body_budget(self.policy):
                 refusal: Refusal | None = Refusal(
                     429, "too_many_requests", f"more than {limits.MAX_USER_REQUESTS} model "
                     "requests (or their bodies over "
-                    f"{limits.USER_BODY_BUDGET // (1024 * 1024)} MiB) of this user at once",
+                    f"{user_body_budget(self.policy) // (1024 * 1024)} MiB) of this user at once",
                     etype="rate_limit_error", headers={"Retry-After": "1"})
             elif self._body_bytes + length > limits.BODY_BUDGET:
                 refusal = Refusal(503, "server_overloaded", "the pass-through holds too many "
@@ -182,10 +190,11 @@ class ModelProxy:
                     self._user_bytes.pop(user_id, None)
                 self._body_bytes -= length
 
-    def parsing(self) -> threading.BoundedSemaphore:
-        """Held while a request body is parsed and checked (at most
-        :data:`~.limits.PARSES` at once: a JSON body takes up to ~30 times its size)."""
-        return self._parses
+    def prepare(self, user_id: str, body: bytes, content_type: str | None) -> Prepared:
+        """The checked request ``body`` of ``user_id`` (:class:`~.body_check.BodyChecker`:
+        inline or in a worker process, within the user's share). Raises
+        :class:`~hermes_service.model_policy.Refusal`."""
+        return self.bodies.prepare(self.policy, user_id, body, content_type)
 
     # -- credentials --------------------------------------------------------------------
     def issue(self, user_id: str) -> str:

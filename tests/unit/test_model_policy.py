@@ -6,6 +6,7 @@ The real Hermes through it: tests/e2e/test_model_proxy_hermes.py; from inside a 
 tests/e2e/test_e2e_costs.py."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import socket
@@ -317,6 +318,7 @@ def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_p
     monkeypatch.setattr(limits, "BODY_SECONDS", 0.5)
     monkeypatch.setattr(limits, "USER_BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
+    proxy.policy = dataclasses.replace(proxy.policy, max_body=1000)   # the share: at least it
     cred = proxy.issue("slow")
     raw = chat_body("x" * 600)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
