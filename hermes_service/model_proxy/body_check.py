@@ -170,16 +170,23 @@ class BodyChecker:
                 self._buckets[user] = (level - cost, now)
 
     # -- checking -------------------------------------------------------------------------
+    def admit(self, policy: Policy, user: str, length: int) -> None:
+        """Charge a body of ``length`` bytes to ``user``'s bucket before it is read; raises
+        :class:`Refusal` 429 (the body is then drained, never parsed)."""
+        if length:
+            self.charge(user, length, parse_burst(policy.max_body))
+
     def prepare(self, policy: Policy, user: str, body: bytes, ctype: str | None) -> Prepared:
-        """``policy.prepare_chat(body, ctype)`` at a bounded cost (module doc). Raises
-        :class:`Refusal`: the policy's, and 400 ``request_too_complex``, 429
-        ``too_many_requests``, 503 ``server_overloaded``."""
-        capacity = parse_burst(policy.max_body)
+        """``policy.prepare_chat(body, ctype)`` at a bounded cost (module doc), for a body
+        :meth:`admit` charged. Raises :class:`Refusal`: the policy's, and 400
+        ``request_too_complex``, 429 ``too_many_requests`` (an inline body's values past its
+        bytes), 503 ``server_overloaded``."""
         values = token_bound(body) if len(body) <= limits.INLINE_BYTES else None
         if values is not None and values <= limits.INLINE_VALUES:
-            self.charge(user, max(len(body), values * limits.INLINE_VALUE_BYTES), capacity)
+            extra = values * limits.INLINE_VALUE_BYTES - len(body)
+            if extra > 0:
+                self.charge(user, extra, parse_burst(policy.max_body))
             return policy.prepare_chat(body, ctype)
-        self.charge(user, len(body), capacity)
         worker = self._take(user, worker_memory(policy.max_body))
         keep = False
         try:

@@ -107,6 +107,7 @@ class Handler(Relay):
             if self.command == "GET" and length:
                 raise Refusal(400, "invalid_request_body", "GET takes no body")
             proxy.check_budget(user)
+            proxy.bodies.admit(proxy.policy, user, length)
         except Refusal as refusal:
             self._refuse(refusal)
             return

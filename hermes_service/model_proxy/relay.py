@@ -20,6 +20,7 @@ from .. import metrics
 from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
 from ..model_usage import UsageReader, UsageStore
 from . import limits
+from .body_check import BodyChecker
 from .upstream import Connections, Upstream
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
@@ -42,6 +43,7 @@ class Endpoint(Protocol):
     policy: Policy
     usage: UsageStore
     connections: Connections
+    bodies: BodyChecker
 
     @property
     def settings(self) -> Upstream | None: ...

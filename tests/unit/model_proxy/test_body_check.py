@@ -78,19 +78,21 @@ def test_each_user_checks_at_most_its_bytes_a_second(checker, monkeypatch):
     monkeypatch.setattr(limits, "PARSE_BURST_BYTES", 0)
     policy = Policy(frozenset({"m"}), 3000)
     assert parse_burst(policy.max_body) == 6000                # two bodies of the cap
-    body = small(stop=["x" * 2000])
-    checker.prepare(policy, "greedy", body, JSON)
-    checker.prepare(policy, "greedy", body, JSON)
-    r = refusal(checker.prepare, policy, "greedy", body, JSON)
+    # charged by its length before it is read: a refused body is never parsed
+    checker.admit(policy, "greedy", 3000)
+    checker.admit(policy, "greedy", 2500)
+    r = refusal(checker.admit, policy, "greedy", 3000)
     assert (r.status, r.code, r.etype) == (429, "too_many_requests", "rate_limit_error")
     assert int(r.headers["Retry-After"]) >= 1
-    checker.prepare(policy, "polite", body, JSON)              # another user's share
+    checker.admit(policy, "polite", 3000)                      # another user's share
     # many small values cost more than their bytes: an inline body is charged per value
     values = json.dumps({"model": "m", "messages": [], "tools": [{"type": "function", "function": {
         "name": "x", "parameters": [[]] * 100}}]}).encode()
     assert len(values) < 1000
+    checker.admit(policy, "values", len(values))
     r = refusal(checker.prepare, policy, "values", values, JSON)   # 100+ values x 64 > 6000
     assert r.code == "too_many_requests"
+    checker.prepare(policy, "polite", small(), JSON)           # few values: its bytes only
 
 
 def test_no_worker_free_is_503_and_none_is_held_after(checker, monkeypatch):
