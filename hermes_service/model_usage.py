@@ -151,6 +151,12 @@ class UsageReader:
                 u.get("completion_tokens", u.get("output_tokens", 0)))
 
     @property
+    def usage_seen(self) -> bool:
+        """Has the provider's usage come in an event already (an event stream's usage chunk;
+        a JSON answer's is known at its end only)?"""
+        return bool(self._usage)
+
+    @property
     def reported(self) -> bool:
         """Did the answer carry the provider's own usage?"""
         self._finish()

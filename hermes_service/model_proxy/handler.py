@@ -129,7 +129,15 @@ class Handler(Relay):
             started = time.perf_counter()
             status = None
             try:
-                status = self._forward(settings, user, path[len("/v1"):], body, prepared)
+                if prepared is None:
+                    status = self._forward(settings, user, path[len("/v1"):], body, None)
+                else:
+                    with proxy.reserve(user, prepared):
+                        status = self._forward(settings, user, path[len("/v1"):], body,
+                                               prepared)
+            except Refusal as refusal:
+                self._refuse(refusal, read=True)
+                return
             finally:
                 ms = (time.perf_counter() - started) * 1000
                 log.debug("model request user=%s %s %s status=%s ms=%.1f", user, self.command,

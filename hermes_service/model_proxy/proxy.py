@@ -66,6 +66,7 @@ class ModelProxy:
         self._inflight: dict[str, int] = {}        # user -> requests in flight
         self._body_bytes = 0                       # request body bytes held now
         self._user_bytes: dict[str, int] = {}      # ... per user
+        self._reserved: dict[str, int] = {}        # user -> tokens its requests hold now
         self.bodies = BodyChecker()
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
@@ -133,7 +134,8 @@ class ModelProxy:
     def check_budget(self, user_id: str) -> None:
         """Raise :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``
         when ``user_id`` has used ``daily_tokens`` tokens today (UTC; every service process
-        on the data dir counted). Nothing without a budget; a usage db that cannot be read
+        on the data dir counted), those its requests in flight hold (:meth:`reserve`)
+        included. Nothing without a budget; a usage db that cannot be read
         does not stop a request (logged)."""
         budget = self.daily_tokens
         if not budget:
@@ -143,10 +145,38 @@ class ModelProxy:
         except sqlite3.Error as exc:
             log.warning("model usage of user=%s not readable: %s", user_id, exc)
             return
-        if spent >= budget:
-            raise Refusal(429, "token_budget_exceeded", budget_message(spent, budget),
+        with self._lock:
+            held = self._reserved.get(user_id, 0)
+        if spent + held >= budget:
+            raise Refusal(429, "token_budget_exceeded", budget_message(spent + held, budget),
                           etype="insufficient_quota",
                           headers={"Retry-After": str(seconds_to_midnight())})
+
+    @contextmanager
+    def reserve(self, user_id: str, prepared: Prepared) -> Iterator[None]:
+        """Hold the tokens ``prepared`` may cost (its prompt estimate and the output it asks
+        for, :data:`~.limits.RESERVE_OUTPUT_TOKENS` when it names none) against ``user_id``'s
+        ``daily_tokens`` while it runs — checked with :meth:`check_budget` (what is spent and
+        what the user's other requests hold), so requests in parallel cannot together go past
+        the budget: at most the one admitted last goes past it, by at most its own size.
+        Given back when the request ends (its usage is counted by then). Raises
+        :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``."""
+        if not self.daily_tokens:
+            yield
+            return
+        need = prepared.prompt_estimate + (prepared.max_output or limits.RESERVE_OUTPUT_TOKENS)
+        self.check_budget(user_id)
+        with self._lock:
+            self._reserved[user_id] = self._reserved.get(user_id, 0) + need
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._reserved.get(user_id, need) - need
+                if left > 0:
+                    self._reserved[user_id] = left
+                else:
+                    self._reserved.pop(user_id, None)
 
     @contextmanager
     def admit(self, user_id: str, length: int) -> Iterator[Refusal | None]:

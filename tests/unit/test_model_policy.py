@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import select
 import socket
 import subprocess
 import sys
@@ -269,6 +270,64 @@ def test_a_spent_daily_budget_is_answered_with_its_own_code(scripted, make_proxy
     assert c.call("POST", "/v1/chat/completions", chat_body("three"), cred)[0] == 200
     turn = classify_text(f"API call failed: HTTP 429: {err['message']}")
     assert (turn.status, turn.code) == (429, "token_budget_exceeded")
+
+
+def test_requests_in_parallel_cannot_together_overrun_the_daily_budget(scripted, make_proxy):
+    """Each request holds its prompt estimate + max_tokens while it runs: with 200 000 tokens
+    a day and 65 536 asked per request, the fourth is the last admitted (three hold 196 608
+    < 200 000); every later one is refused until they end, whatever they report."""
+    proxy = make_proxy(scripted.base_url, daily_tokens=200_000)
+    cred = proxy.issue("parallel")
+    held, refused = [], []
+    for i in range(8):
+        c = Client(proxy, timeout=30)
+        c.conn.request("POST", "/v1/chat/completions",
+                       chat_body(f"[[gate:p{i}]] [[usage:190000]]", stream=True,
+                                 max_tokens=65536),
+                       {"Authorization": f"Bearer {cred}", "Content-Type": "application/json"})
+        before = len(scripted.requests)
+        wait_for(lambda: len(scripted.requests) > before or select.select(
+            [c.conn.sock], [], [], 0)[0], what="the request forwarded or refused")
+        (held if len(scripted.requests) > before else refused).append((i, c))
+    assert [i for i, _ in held] == [0, 1, 2, 3]
+    for _, c in refused:
+        resp = c.conn.getresponse()
+        assert (resp.status, json.loads(resp.read())["error"]["code"]) == (
+            429, "token_budget_exceeded")
+    for i, c in held:
+        scripted.release(f"p{i}")
+        assert c.conn.getresponse().read().endswith(b"[DONE]\n\n")
+    [row] = usage_rows(proxy, 4)
+    assert row.requests == 4 and row.prompt_tokens == 4 * 190_000       # no more got through
+    assert not proxy._reserved                                          # all given back
+
+
+def test_a_caller_hanging_up_mid_answer_is_billed_what_the_provider_reports(gated, make_proxy):
+    proxy = make_proxy(gated.base + "/v1")
+    cred = proxy.issue("quitter")
+    resp = Client(proxy).request("POST", "/v1/chat/completions",
+                                 chat_body("gated", stream=True), cred)
+    assert b"first" in resp.read1(4096)            # the answer started (hidden reasoning next)
+    resp.close()                                   # the caller hangs up
+    gated.release.set()                            # the provider goes on to its usage
+    [row] = usage_rows(proxy, 1)
+    assert (row.prompt_tokens, row.completion_tokens, row.estimated_requests) == (11, 7, 0)
+    assert gated.finished.wait(10)
+
+
+def test_a_gone_callers_answer_is_read_within_bounds_then_counted_at_max_tokens(
+        scripted, make_proxy, monkeypatch):
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "ORPHAN_SECONDS", 0.2)
+    proxy = make_proxy(scripted.base_url)
+    cred = proxy.issue("quitter")
+    resp = Client(proxy).request("POST", "/v1/chat/completions",
+                                 chat_body("[[slow:2:40]] " + "w " * 40, stream=True,
+                                           max_tokens=5000), cred)
+    assert resp.read1(4096)
+    resp.close()              # the rest comes over 2 s: past the 0.2 s bound
+    [row] = usage_rows(proxy, 1)
+    assert row.estimated_requests == 1 and row.completion_tokens == 5000
 
 
 def test_what_a_user_spent_counts_every_process_and_the_queue(tmp_path):
