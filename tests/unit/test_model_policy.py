@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import select
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -393,3 +394,36 @@ def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_p
         assert s.recv(200).startswith(b"HTTP/1.1 408 ")        # the trickle is cut off
     wait_for(lambda: not proxy._user_bytes and proxy._body_bytes == 0, what="shares back")
     assert scripted.requests and all("x" * 600 in json.dumps(r) for r in scripted.requests)
+
+
+def test_usage_that_cannot_be_written_is_kept_and_retried(tmp_path, monkeypatch, caplog):
+    """A full disk: the counts stay in what the user spent, are written once there is room,
+    and only what still cannot be written when the service stops is logged as lost."""
+    from hermes_service import model_usage
+    real = model_usage._connect
+    full = [True]
+
+    def connect(path, create, shared=False):
+        if full[0] and create:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(path, create, shared)
+    db = tmp_path / "model_usage.db"
+    store = UsageStore(db)
+    monkeypatch.setattr(model_usage, "_connect", connect)
+    monkeypatch.setattr(model_usage, "RETRY_SECONDS", 0.05)
+    store.add("u", 100, 20)
+    assert store.flush()
+    assert store.spent("u") == 120 and read_usage(db) == []
+    assert "kept; retried" in caplog.text
+    store.add("u", 1, 2)
+    full[0] = False                                  # room again: both written
+    wait_for(lambda: read_usage(db) == [("u", None, 2, 101, 22, 0)], what="the retried write")
+    assert store.spent("u") == 123
+    store.close()
+    full[0] = False
+    store = UsageStore(db)
+    full[0] = True                                   # full until the service stops
+    store.add("u", 5, 5)
+    store.close()
+    assert "lost at this stop" in caplog.text
+    assert read_usage(db) == [("u", None, 2, 101, 22, 0)]
