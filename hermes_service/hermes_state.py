@@ -175,7 +175,8 @@ def _unwrap_merged(text: str) -> str:
     merge, so ``n`` compactions give ``n`` headers, then the original content, then ``n``
     delimiter+summary parts. The original is what follows the last leading header, up to the
     first delimiter (a summary may quote the delimiter; a real message does not). ``text``
-    without a header and a delimiter is returned as it is."""
+    without a header and a delimiter is returned as it is; past :data:`MAX_MERGES` leading
+    headers the rest is the message."""
     headers = _HEADERS.match(text)
     if headers is None:
         return text
@@ -185,9 +186,13 @@ def _unwrap_merged(text: str) -> str:
     return text[headers.end():end].strip()
 
 
-#: the leading headers of a merged summary, each followed by any whitespace: one linear match
-#: (a row of 4 MiB of headers is one pass, not one copy per header)
-_HEADERS = re.compile(r"(?:" + re.escape(MERGED_HEADER) + r"\s*)+")
+#: the most compactions merged into one message that are unwrapped: Hermes makes one per
+#: compaction of a conversation (a handful); a row of more (79 000 in 4 MiB) is a planted one,
+#: whose headers past these are shown as its text
+MAX_MERGES = 1000
+#: the leading headers of a merged summary, each followed by any whitespace: one bounded match
+#: (it was one copy of the rest of the text per header: ~30 s for 4 MiB of headers)
+_HEADERS = re.compile(r"(?:" + re.escape(MERGED_HEADER) + r"\s*){1,%d}" % MAX_MERGES)
 
 
 def display_content(role: str, content) -> str | None:
@@ -197,9 +202,12 @@ def display_content(role: str, content) -> str | None:
     if not isinstance(content, str):
         return content
     text = content.lstrip()
-    if text.startswith(MERGED_HEADER) and MERGED_DELIMITER in text:
+    inner = _unwrap_merged(text) if text.startswith(MERGED_HEADER) else text
+    if inner is not text:
         # the message kept before the summaries; itself perhaps an earlier summary or nudge
-        return display_content(role, _unwrap_merged(text))
+        if inner.startswith(MERGED_HEADER):       # past MAX_MERGES: not Hermes's; as it is
+            return inner
+        return display_content(role, inner)
     if text.startswith(SUMMARY_PREFIXES):
         return None
     if role == "user" and text.startswith(SYNTHETIC_USER_PREFIXES):
