@@ -19,7 +19,8 @@ pass-through, without counting them anywhere.
 
 :func:`route` — the method and the exact target (no query, no other spelling) →
 :data:`ROUTES`; :class:`Policy` — a chat request's body: JSON (UTF-8), an object whose
-fields are in :data:`CHAT_FIELDS`, ``model`` one the config offers, at most
+fields are in :data:`CHAT_FIELDS`, each object inside of the shape Hermes sends
+(:mod:`hermes_service.model_request`), ``model`` one the config offers, at most
 :func:`max_request_bytes`; streamed requests get ``stream_options.include_usage: true``
 (every token counted) and the body is sent re-encoded from what was checked (a key given
 twice, another encoding: the provider sees exactly what was checked); :func:`forward_headers`

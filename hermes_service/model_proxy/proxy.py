@@ -181,7 +181,7 @@ class ModelProxy:
     @contextmanager
     def admit(self, user_id: str, length: int) -> Iterator[Refusal | None]:
         """Hold one of ``user_id``'s :data:`~.limits.MAX_USER_REQUESTS` places and ``length``
-        bytes of :data:`~.limits.BODY_BUDGET` (and of :data:`~.limits.USER_BODY_BUDGET`)
+        bytes of :data:`~.limits.BODY_BUDGET` (and of :func:`user_body_budget`)
         while a request is read and answered; yields None, or the
         :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
         with self._lock:
