@@ -33,7 +33,6 @@ file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy`
 from __future__ import annotations
 
 import functools
-import json
 import re
 import sqlite3
 import time
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .json_cost import loads_bounded
 from .state_db import StateConn, bounded, check_triggers
 from .state_db import connect as _connect
 
@@ -66,6 +66,52 @@ _SUMMARY_COLS = ("id, source, title, model, started_at, ended_at, message_count,
                  "input_tokens, output_tokens, parent_session_id")
 _MESSAGE_COLS = ("id, session_id, role, content, tool_call_id, tool_name, tool_calls, timestamp, "
                  "finish_reason, reasoning, reasoning_content")
+
+#: the largest count or time the service takes from the record (2**53: exact in a float, in
+#: JSON)
+_MAX_NUMBER = 2 ** 53
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _text_or_null(v) -> bool:
+    return v is None or isinstance(v, str)
+
+
+def _count_or_null(v) -> bool:
+    return v is None or (type(v) is int and 0 <= v < _MAX_NUMBER)
+
+
+def _time(v) -> bool:
+    return type(v) in (int, float) and 0 <= v < _MAX_NUMBER      # NaN, ±inf fail too
+
+
+def _time_or_null(v) -> bool:
+    return v is None or _time(v)
+
+
+def _row_id(v) -> bool:
+    return type(v) is int
+
+
+#: the type of each column the service reads (Hermes's schema, ``hermes_state.py``
+#: SCHEMA_SQL: TEXT, INTEGER, REAL); a row holding anything else is refused, 409
+#: ``home_tampered`` (docs/data-and-durability.md §What a hostile state.db costs the service)
+SESSION_TYPES = {
+    "id": _text, "source": _text_or_null, "title": _text_or_null, "model": _text_or_null,
+    "started_at": _time, "ended_at": _time_or_null, "message_count": _count_or_null,
+    "tool_call_count": _count_or_null, "input_tokens": _count_or_null,
+    "output_tokens": _count_or_null, "parent_session_id": _text_or_null}
+MESSAGE_TYPES = {
+    "id": _row_id, "session_id": _text, "role": _text, "content": _text_or_null,
+    "tool_call_id": _text_or_null, "tool_name": _text_or_null, "tool_calls": _text_or_null,
+    "timestamp": _time, "finish_reason": _text_or_null, "reasoning": _text_or_null,
+    "reasoning_content": _text_or_null}
+#: the most values (json_cost.py) of a JSON column the service parses (a tool call list, a
+#: tool result): Hermes's hold a few dozen, their long strings counting one each
+JSON_VALUES = 4096
 
 
 def _on_record(empty: Callable[[], Any], write: bool = False):
@@ -97,7 +143,8 @@ def lineage(conn: StateConn, session_id: str, limit: int = 50) -> list[sqlite3.R
     current = session_id
     while current and current not in seen and len(rows) < limit:
         seen.add(current)
-        row = conn.row(f"SELECT {_SUMMARY_COLS} FROM sessions WHERE id = ?", (current,))
+        row = conn.row(f"SELECT {_SUMMARY_COLS} FROM sessions WHERE id = ?", (current,),
+                       SESSION_TYPES)
         if row is None:
             break
         rows.append(row)
@@ -115,7 +162,7 @@ def lineage_ids(conn: StateConn, session_id: str) -> list[str]:
 def session_source(conn: StateConn, session_id: str) -> str | None:
     """The ``source`` Hermes recorded for a session (``tool`` for CLI turns, ``acp`` for ACP
     sessions), or None when the session does not exist."""
-    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
+    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,), SESSION_TYPES)
     return row["source"] if row else None
 
 
@@ -128,13 +175,24 @@ def _unwrap_merged(text: str) -> str:
     merge, so ``n`` compactions give ``n`` headers, then the original content, then ``n``
     delimiter+summary parts. The original is what follows the last leading header, up to the
     first delimiter (a summary may quote the delimiter; a real message does not). ``text``
-    without a header and a delimiter is returned as it is."""
-    inner = text
-    while inner.startswith(MERGED_HEADER):
-        inner = inner[len(MERGED_HEADER):].lstrip()
-    if inner is text or MERGED_DELIMITER not in inner:
+    without a header and a delimiter is returned as it is; past :data:`MAX_MERGES` leading
+    headers the rest is the message."""
+    headers = _HEADERS.match(text)
+    if headers is None:
         return text
-    return inner.split(MERGED_DELIMITER, 1)[0].strip()
+    end = text.find(MERGED_DELIMITER, headers.end())
+    if end < 0:
+        return text
+    return text[headers.end():end].strip()
+
+
+#: the most compactions merged into one message that are unwrapped: Hermes makes one per
+#: compaction of a conversation (a handful); a row of more (79 000 in 4 MiB) is a planted one,
+#: whose headers past these are shown as its text
+MAX_MERGES = 1000
+#: the leading headers of a merged summary, each followed by any whitespace: one bounded match
+#: (it was one copy of the rest of the text per header: ~30 s for 4 MiB of headers)
+_HEADERS = re.compile(r"(?:" + re.escape(MERGED_HEADER) + r"\s*){1,%d}" % MAX_MERGES)
 
 
 def display_content(role: str, content) -> str | None:
@@ -144,9 +202,12 @@ def display_content(role: str, content) -> str | None:
     if not isinstance(content, str):
         return content
     text = content.lstrip()
-    if text.startswith(MERGED_HEADER) and MERGED_DELIMITER in text:
+    inner = _unwrap_merged(text) if text.startswith(MERGED_HEADER) else text
+    if inner is not text:
         # the message kept before the summaries; itself perhaps an earlier summary or nudge
-        return display_content(role, _unwrap_merged(text))
+        if inner.startswith(MERGED_HEADER):       # past MAX_MERGES: not Hermes's; as it is
+            return inner
+        return display_content(role, inner)
     if text.startswith(SUMMARY_PREFIXES):
         return None
     if role == "user" and text.startswith(SYNTHETIC_USER_PREFIXES):
@@ -191,11 +252,12 @@ def _tool_limit(content) -> str | None:
     if not isinstance(content, str):
         return None
     try:
-        data = json.loads(content)
+        data = loads_bounded(content, JSON_VALUES) if content.startswith("{") else None
     except ValueError:
         data = None
-    if isinstance(data, dict) and data.get("exit_code") in _LIMIT_EXITS:
-        return _LIMIT_EXITS[data["exit_code"]]
+    code = data.get("exit_code") if isinstance(data, dict) else None
+    if type(code) is int and code in _LIMIT_EXITS:
+        return _LIMIT_EXITS[code]
     for text, which in _LIMIT_TEXTS.items():
         if text in content:
             return which
@@ -222,8 +284,9 @@ def _turn_rows(conn: StateConn, session_id: str, message: str | None) -> list[sq
     ids = [r["id"] for r in lineage(conn, session_id)] or [session_id]
     marks = ",".join("?" * len(ids))
     rows = conn.rows(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
-                     "AND active = 1 ORDER BY id", ids)
+                     "AND active = 1 ORDER BY id", ids, MESSAGE_TYPES)
     for i in range(len(rows) - 1, -1, -1):
+        conn.check_time()
         r = rows[i]
         if r["role"] != "user" or not isinstance(r["content"], str) \
                 or r["content"].lstrip().startswith(MERGED_HEADER):
@@ -415,7 +478,7 @@ def _newest_turn(conn: StateConn, session_id: str) -> list[sqlite3.Row]:
 def session_state(conn: StateConn, session_id: str) -> tuple[str | None, tuple | None]:
     """(:func:`session_source`, :func:`fingerprint`) of a session, read in one opening of
     ``state.db`` (the ACP runner asks both before every turn)."""
-    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,))
+    row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,), SESSION_TYPES)
     if row is None:
         return None, None
     return row["source"], _fingerprint(conn, session_id)
@@ -446,20 +509,24 @@ def has_messages(hermes_home: Path, session_id: str | None) -> bool:
     return bool(record and record[0])
 
 
-def _first_call(tool_calls_json: str) -> tuple[str | None, str | None]:
+def _calls(tool_calls_json: str | None) -> list:
+    """The tool calls of an assistant row's ``tool_calls`` (a JSON list; [] for anything
+    else, or one of more than :data:`JSON_VALUES` values)."""
     try:
-        first = json.loads(tool_calls_json)[0]
-        return first.get("id"), (first.get("function") or {}).get("name")
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
-        return None, None
+        calls = loads_bounded(tool_calls_json or "[]", JSON_VALUES)
+    except ValueError:
+        return []
+    return calls if isinstance(calls, list) else []
 
 
-def _call_count(tool_calls_json: str | None) -> int:
-    try:
-        calls = json.loads(tool_calls_json or "[]")
-    except (ValueError, TypeError):
-        return 0
-    return len(calls) if isinstance(calls, list) else 0
+def _first_call(calls: list) -> tuple[str | None, str | None]:
+    """``(id, function name)`` of the first call, each None unless a string."""
+    first = calls[0] if calls and isinstance(calls[0], dict) else {}
+    fn = first.get("function")
+    name = fn.get("name") if isinstance(fn, dict) else None
+    call_id = first.get("id")
+    return (call_id if isinstance(call_id, str) else None,
+            name if isinstance(name, str) else None)
 
 
 def _transcript(conn: StateConn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
@@ -469,22 +536,24 @@ def _transcript(conn: StateConn, session_id: str) -> tuple[list[dict], list[sqli
         return [], chain
     marks = ",".join("?" * len(ids))
     rows = conn.rows(f"SELECT {_MESSAGE_COLS} FROM messages WHERE session_id IN ({marks}) "
-                     "AND active = 1 ORDER BY id", ids)
+                     "AND active = 1 ORDER BY id", ids, MESSAGE_TYPES)
     out: list[dict] = []
     for r in rows:
+        conn.check_time()
         content = display_content(r["role"], r["content"])
         if content is None:
             continue
         if r["role"] == "user" and _replayed(out, content):
             continue
         call_id, name = r["tool_call_id"], r["tool_name"]
-        if not call_id and r["tool_calls"]:
-            call_id, name = _first_call(r["tool_calls"])
+        calls = _calls(r["tool_calls"]) if r["tool_calls"] else []
+        if not call_id and calls:
+            call_id, name = _first_call(calls)
         out.append({"messageId": str(r["id"]), "role": r["role"], "content": content,
                     "toolCallId": call_id, "toolName": name,
                     "timestamp": int(r["timestamp"]),
                     "reasoning": _reasoning(r) if r["role"] == "assistant" else None,
-                    "_calls": _call_count(r["tool_calls"])})
+                    "_calls": len(calls)})
     return out, chain
 
 

@@ -19,7 +19,8 @@ pass-through, without counting them anywhere.
 
 :func:`route` — the method and the exact target (no query, no other spelling) →
 :data:`ROUTES`; :class:`Policy` — a chat request's body: JSON (UTF-8), an object whose
-fields are in :data:`CHAT_FIELDS`, ``model`` one the config offers, at most
+fields are in :data:`CHAT_FIELDS`, each object inside of the shape Hermes sends
+(:mod:`hermes_service.model_request`), ``model`` one the config offers, at most
 :func:`max_request_bytes`; streamed requests get ``stream_options.include_usage: true``
 (every token counted) and the body is sent re-encoded from what was checked (a key given
 twice, another encoding: the provider sees exactly what was checked); :func:`forward_headers`
@@ -35,19 +36,18 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .model_request import CHAT_REQUEST_FIELDS, Invalid, check
+
 #: target → the one method it is forwarded for
 ROUTES = {"/v1/chat/completions": "POST", "/v1/models": "GET"}
-#: the top-level fields of a chat completions request that are forwarded: those Hermes
-#: 0.19.0 sends to a ``custom`` provider (model, messages, tools, stream, stream_options,
-#: max_tokens, temperature, reasoning_effort, think) and the OpenAI sampling fields that
-#: change neither the account nor what is billed per token. Refused: ``n`` (several answers
-#: billed), ``service_tier``, ``store``/``metadata``, ``audio``/``modalities``,
+#: the top-level fields of a chat completions request that are forwarded (each object inside
+#: them checked too: :mod:`hermes_service.model_request`): those Hermes 0.19.0 sends to a
+#: ``custom`` provider (model, messages, tools, stream, stream_options, max_tokens,
+#: temperature, reasoning_effort, think) and the OpenAI sampling fields that change neither
+#: the account nor what is billed per token. Refused: ``n`` (several answers billed),
+#: ``service_tier``, ``store``/``metadata``, ``audio``/``modalities``,
 #: ``web_search_options``, ``prediction``, ``user`` and anything else.
-CHAT_FIELDS = frozenset({
-    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream",
-    "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop",
-    "seed", "presence_penalty", "frequency_penalty", "response_format", "reasoning_effort",
-    "reasoning", "think"})
+CHAT_FIELDS = frozenset(CHAT_REQUEST_FIELDS)
 #: request headers forwarded (lower case); ``Authorization`` is the service's own, added by
 #: the pass-through; ``Content-Length`` is recomputed; ``Accept-Encoding`` is ``identity``
 #: (the pass-through reads every answer). Everything else — ``x-api-key``, ``api-key``,
@@ -121,11 +121,14 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]
 class Prepared:
     """A checked chat request: ``body`` to send, ``stream`` (streamed answer), ``usage_asked``
     (the caller asked for the usage chunk itself), ``prompt_estimate`` (tokens, a quarter of
-    the body's bytes: what is counted if the provider's usage never comes)."""
+    the body's bytes: what is counted if the provider's usage never comes), ``max_output``
+    (the output tokens it asks for at most: ``max_completion_tokens``, ``max_tokens``, else
+    None)."""
     body: bytes
     stream: bool
     usage_asked: bool
     prompt_estimate: int
+    max_output: int | None = None
 
 
 def _no_constant(name: str):
@@ -183,20 +186,20 @@ class Policy:
                           f"(offered: {', '.join(sorted(self.models)) or 'none'})")
         if not isinstance(obj.get("messages"), list):
             raise Refusal(400, "invalid_request_body", "'messages' must be an array")
+        try:
+            check(obj)
+        except Invalid as bad:
+            raise Refusal(400, bad.code, bad.message) from None
         stream = obj.get("stream", False)
-        if not isinstance(stream, bool):
-            raise Refusal(400, "invalid_request_body", "'stream' must be a boolean")
         asked = False
         if stream:
-            opts = obj.get("stream_options")
-            if opts is not None and not isinstance(opts, dict):
-                raise Refusal(400, "invalid_request_body", "'stream_options' must be an object")
-            opts = dict(opts or {})
+            opts = dict(obj.get("stream_options") or {})
             asked = opts.get("include_usage") is True
             opts["include_usage"] = True
             obj["stream_options"] = opts
         out = _encode(obj)
-        return Prepared(out, stream, asked, len(out) // 4)
+        return Prepared(out, stream, asked, len(out) // 4,
+                        obj.get("max_completion_tokens") or obj.get("max_tokens"))
 
 
 def offered_models(home_config: dict, extra: Iterable[str] = ()) -> frozenset:

@@ -25,6 +25,7 @@ log = logging.getLogger("hermes_service.model_proxy")
 
 USAGE_DB_NAME = "model_usage.db"      # in the data dir; see usage_db_path()
 USAGE_SCAN_LIMIT = 16 * 1024 * 1024   # bytes of a JSON answer (decoded) kept to read its usage
+RETRY_SECONDS = 5.0                   # a usage write that failed is tried again this often
 
 
 def usage_db_path(data_dir: Path) -> Path:
@@ -151,6 +152,12 @@ class UsageReader:
                 u.get("completion_tokens", u.get("output_tokens", 0)))
 
     @property
+    def usage_seen(self) -> bool:
+        """Has the provider's usage come in an event already (an event stream's usage chunk;
+        a JSON answer's is known at its end only)?"""
+        return bool(self._usage)
+
+    @property
     def reported(self) -> bool:
         """Did the answer carry the provider's own usage?"""
         self._finish()
@@ -174,9 +181,10 @@ class UsageStore:
     https://www.sqlite.org/lang_upsert.html). WAL journal and a 10 s busy timeout
     (https://www.sqlite.org/wal.html), so two service processes sharing the data dir add to
     the same rows without losing counts. :meth:`flush` waits until everything queued is
-    written; :meth:`close` flushes and stops the thread. A write that fails (a full disk) is
-    logged and dropped (the metric still counted it); its tokens still count in
-    :meth:`spent` until this process stops.
+    written (or failed); :meth:`close` flushes and stops the thread. A write that fails (a
+    full disk) is logged and kept: retried with the next batch and every
+    :data:`RETRY_SECONDS`, its tokens counting in :meth:`spent` meanwhile; what still cannot
+    be written when the service stops is logged as lost (an ERROR line with the counts).
     """
 
     def __init__(self, path: Path):
@@ -185,7 +193,6 @@ class UsageStore:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str], int] = {}     # tokens queued, not yet in the db
-        self._lost: dict[tuple[str, str], int] = {}        # tokens whose write failed
         self._reader: sqlite3.Connection | None = None
         with _connect(self.path, create=True):
             pass
@@ -217,7 +224,7 @@ class UsageStore:
             row = self._reader.execute(
                 "SELECT prompt_tokens + completion_tokens FROM usage WHERE user_id = ? AND "
                 "day = ?", key).fetchone()
-            return (row[0] if row else 0) + self._pending.get(key, 0) + self._lost.get(key, 0)
+            return (row[0] if row else 0) + self._pending.get(key, 0)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued count is written (or failed); False on timeout."""
@@ -242,15 +249,20 @@ class UsageStore:
 
     def _writer(self) -> None:
         conn = None
+        failed: dict[tuple[str, str], list[int]] = {}     # rows not written yet: retried
         while True:
-            item = self._queue.get()
-            batch = [item]
+            try:
+                item = self._queue.get(timeout=RETRY_SECONDS if failed else None)
+                batch = [item]
+            except queue.Empty:
+                batch = []
             while True:
                 try:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            rows: dict[tuple[str, str], list[int]] = {}
+            rows = failed
+            failed = {}
             stop = False
             for it in batch:
                 if it is None:
@@ -261,7 +273,6 @@ class UsageStore:
                 r[1] += it[2]
                 r[2] += it[3]
                 r[3] += it[4]
-            written = False
             # under the lock: spent() reads the db and the pending counts as one (a count
             # is in exactly one of them)
             self._lock.acquire()
@@ -280,22 +291,24 @@ class UsageStore:
                             "estimated_requests = estimated_requests + "
                             "excluded.estimated_requests",
                             [(u, d, *v) for (u, d), v in rows.items()])
-                    written = True
+                    for key, v in rows.items():
+                        left = self._pending.get(key, 0) - v[1] - v[2]
+                        if left > 0:
+                            self._pending[key] = left
+                        else:
+                            self._pending.pop(key, None)
             except sqlite3.Error as exc:
-                log.warning("model usage: %d count(s) not written to %s: %s",
-                            sum(v[0] for v in rows.values()), self.path, exc)
+                # kept (still in the pending counts: spent() goes on counting them) and
+                # written with the next batch, or every RETRY_SECONDS
+                failed = rows
+                level = logging.ERROR if stop else logging.WARNING
+                log.log(level, "model usage: %d count(s) not written to %s%s: %s",
+                        sum(v[0] for v in rows.values()), self.path,
+                        " and lost at this stop" if stop else " (kept; retried)", exc)
                 if conn is not None:
                     conn.close()
                     conn = None
             finally:
-                for key, v in rows.items():
-                    left = self._pending.get(key, 0) - v[1] - v[2]
-                    if left > 0:
-                        self._pending[key] = left
-                    else:
-                        self._pending.pop(key, None)
-                    if not written:
-                        self._lost[key] = self._lost.get(key, 0) + v[1] + v[2]
                 self._lock.release()
                 for _ in batch:
                     self._queue.task_done()

@@ -33,16 +33,20 @@ requests run at once (docs/sandbox.md, measured figures in docs/benchmarks.md).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from . import homefs
 from .errors import ServiceError, StorageFull, storage_full
+
+log = logging.getLogger("hermes_service.state_db")
 
 #: The longest the service lets one use of a user's ``state.db`` run (seconds): Hermes's
 #: own queries of a session take milliseconds.
@@ -129,14 +133,23 @@ class StateConn(sqlite3.Connection):
     :class:`sqlite3.Row`; :meth:`rows`/:meth:`row` count what they read against the use's
     budget; :meth:`close` gives the use's place back."""
     home: Path
+    #: when this use's time is up (``time.monotonic()``): SQLite's statements and the
+    #: caller's work on what they read (:meth:`check_time`)
+    deadline = 0.0
     _slot: str | None = None
     _rows = 0
     _bytes = 0
 
-    def rows(self, sql: str, args=()) -> list[sqlite3.Row]:
+    def rows(self, sql: str, args=(), types: Mapping[str, Callable[[object], bool]] | None = None
+             ) -> list[sqlite3.Row]:
         """Every row of ``sql``, counted against :data:`MAX_READ_ROWS` and
-        :data:`MAX_READ_BYTES` (past either: :class:`~hermes_service.homefs.HomeTampered`)."""
+        :data:`MAX_READ_BYTES` (past either: :class:`~hermes_service.homefs.HomeTampered`).
+        ``types``: column name → a check of its value (SQLite gives None, int, float, str or
+        bytes: a column's declared type does not bind a file the agent wrote); a value that
+        fails it is refused (409 ``home_tampered``, naming the column and the value's type)."""
         cur = self.execute(sql, args)
+        names = [d[0] for d in cur.description or ()]
+        checks = [(i, n, types[n]) for i, n in enumerate(names) if n in types] if types else []
         out = []
         for r in cur:                       # one row at a time: at most one value over budget
             self._rows += 1
@@ -145,13 +158,26 @@ class StateConn(sqlite3.Connection):
                 cur.close()
                 raise _refuse(self.home, f"reading it took more than {MAX_READ_ROWS} rows or "
                               f"{MAX_READ_BYTES // (1024 * 1024)} MiB")
+            for i, name, ok in checks:
+                if not ok(r[i]):
+                    cur.close()
+                    raise _refuse(self.home, f"its column {name} holds a value of type "
+                                  f"{type(r[i]).__name__} Hermes never writes there")
             out.append(r)
         return out
 
-    def row(self, sql: str, args=()) -> sqlite3.Row | None:
-        """The first row of ``sql`` (counted like :meth:`rows`), or None."""
-        found = self.rows(sql + " LIMIT 1", args)
+    def row(self, sql: str, args=(), types: Mapping[str, Callable[[object], bool]] | None = None
+            ) -> sqlite3.Row | None:
+        """The first row of ``sql`` (counted and checked like :meth:`rows`), or None."""
+        found = self.rows(sql + " LIMIT 1", args, types)
         return found[0] if found else None
+
+    def check_time(self) -> None:
+        """Refuse (409 ``home_tampered``) once this use ran longer than
+        :data:`STATE_DB_SECONDS`: the caller's own work on the rows counts, called once per
+        row it processes (each row's work being linear in its size)."""
+        if time.monotonic() > self.deadline:
+            raise _refuse(self.home, f"reading it took longer than {STATE_DB_SECONDS:g} s")
 
     def close(self) -> None:
         try:
@@ -303,7 +329,7 @@ def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
         # a user's agent owns this file: whatever it wrote runs in the service, outside
         # every sandbox limit — bounded in size, memory and time (module doc)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        deadline = time.monotonic() + STATE_DB_SECONDS
+        deadline = conn.deadline = time.monotonic() + STATE_DB_SECONDS
         conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
         try:
             # trusted_schema off for reads: no function with side effects from the schema
@@ -343,14 +369,27 @@ def bounded(fn):
     (``malformed``, ``not a database``), a table without Hermes's columns, a write refused by
     a trigger the agent planted (``RAISE``: SQLite ``constraint``) → 409 ``home_tampered``; a
     lock held beyond the busy timeout → 503 ``home_busy``; no room (a full disk or quota:
-    :data:`~hermes_service.errors.SQLITE_FULL_ERRORS`) → 507 ``storage_full``."""
+    :data:`~hermes_service.errors.SQLITE_FULL_ERRORS`) → 507 ``storage_full``. What a value
+    of the file makes Python raise while the service works on it (:data:`CONTENT_ERRORS`: a
+    number out of range, text where a number belongs, a structure nested too deeply) → 409
+    ``home_tampered`` too, logged with its traceback (the service's code should have refused
+    that value by its type first)."""
     @functools.wraps(fn)
     def wrapper(hermes_home, *args, **kwargs):
         try:
             return fn(hermes_home, *args, **kwargs)
         except sqlite3.DatabaseError as exc:
             raise _mapped(hermes_home, exc) from None
+        except CONTENT_ERRORS as exc:
+            log.warning("state.db of %s: %s from its content", hermes_home, type(exc).__name__,
+                        exc_info=True)
+            raise _refuse(hermes_home, f"a value in it cannot be used "
+                          f"({type(exc).__name__})") from None
     return wrapper
+
+
+#: what hostile content can make Python raise while the service reads it
+CONTENT_ERRORS = (ValueError, TypeError, OverflowError, RecursionError)
 
 
 def _mapped(hermes_home: Path, exc: sqlite3.DatabaseError) -> ServiceError:

@@ -6,6 +6,7 @@ behind.
 * :mod:`.proxy` — :class:`ModelProxy`: lifetime, reload, credentials, shares and budget;
 * :mod:`.handler` — the HTTP server and the intake of a request (every refusal);
 * :mod:`.relay` — forwarding a checked request and relaying the answer;
+* :mod:`.body_check` — checking a body inline or in a worker process, at a bounded cost;
 * :mod:`.upstream` — the provider's settings, its HTTP proxy, the kept connections;
 * :mod:`.limits` — the bounds.
 

@@ -107,6 +107,7 @@ class Handler(Relay):
             if self.command == "GET" and length:
                 raise Refusal(400, "invalid_request_body", "GET takes no body")
             proxy.check_budget(user)
+            proxy.bodies.admit(proxy.policy, user, length)
         except Refusal as refusal:
             self._refuse(refusal)
             return
@@ -119,9 +120,7 @@ class Handler(Relay):
                 return
             if self.command == "POST":
                 try:
-                    with proxy.parsing():
-                        prepared = proxy.policy.prepare_chat(body,
-                                                             self.headers.get("Content-Type"))
+                    prepared = proxy.prepare(user, body, self.headers.get("Content-Type"))
                 except Refusal as refusal:
                     self._refuse(refusal, read=True)
                     return
@@ -130,7 +129,15 @@ class Handler(Relay):
             started = time.perf_counter()
             status = None
             try:
-                status = self._forward(settings, user, path[len("/v1"):], body, prepared)
+                if prepared is None:
+                    status = self._forward(settings, user, path[len("/v1"):], body, None)
+                else:
+                    with proxy.reserve(user, prepared):
+                        status = self._forward(settings, user, path[len("/v1"):], body,
+                                               prepared)
+            except Refusal as refusal:
+                self._refuse(refusal, read=True)
+                return
             finally:
                 ms = (time.perf_counter() - started) * 1000
                 log.debug("model request user=%s %s %s status=%s ms=%.1f", user, self.command,

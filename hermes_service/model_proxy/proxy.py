@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..embedded_http import OpenConnections, stop_server
-from ..model_policy import Policy, Refusal, max_request_bytes
+from ..model_policy import Policy, Prepared, Refusal, max_request_bytes
 from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
+from .body_check import BodyChecker
 from .handler import Handler, Server, Server6
 from .upstream import Connections, Upstream, upstream
 
@@ -25,6 +26,12 @@ log = logging.getLogger("hermes_service.model_proxy")
 
 def _digest(credential: str) -> bytes:
     return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest()
+
+
+def user_body_budget(policy: Policy) -> int:
+    """Request body bytes one user may hold at once: :data:`~.limits.USER_BODY_BUDGET`, at
+    least the body cap (a lone body of the cap is always admitted)."""
+    return max(limits.USER_BODY_BUDGET, policy.max_body)
 
 
 class ModelProxy:
@@ -59,7 +66,8 @@ class ModelProxy:
         self._inflight: dict[str, int] = {}        # user -> requests in flight
         self._body_bytes = 0                       # request body bytes held now
         self._user_bytes: dict[str, int] = {}      # ... per user
-        self._parses = threading.BoundedSemaphore(limits.PARSES)
+        self._reserved: dict[str, int] = {}        # user -> tokens its requests hold now
+        self.bodies = BodyChecker()
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -85,6 +93,7 @@ class ModelProxy:
             stop_server(srv, self._thread, self._conns)
             self._thread = None
         self.connections.clear()
+        self.bodies.close()
         self.usage.close()
 
     @property
@@ -125,7 +134,8 @@ class ModelProxy:
     def check_budget(self, user_id: str) -> None:
         """Raise :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``
         when ``user_id`` has used ``daily_tokens`` tokens today (UTC; every service process
-        on the data dir counted). Nothing without a budget; a usage db that cannot be read
+        on the data dir counted), those its requests in flight hold (:meth:`reserve`)
+        included. Nothing without a budget; a usage db that cannot be read
         does not stop a request (logged)."""
         budget = self.daily_tokens
         if not budget:
@@ -135,24 +145,52 @@ class ModelProxy:
         except sqlite3.Error as exc:
             log.warning("model usage of user=%s not readable: %s", user_id, exc)
             return
-        if spent >= budget:
-            raise Refusal(429, "token_budget_exceeded", budget_message(spent, budget),
+        with self._lock:
+            held = self._reserved.get(user_id, 0)
+        if spent + held >= budget:
+            raise Refusal(429, "token_budget_exceeded", budget_message(spent + held, budget),
                           etype="insufficient_quota",
                           headers={"Retry-After": str(seconds_to_midnight())})
 
     @contextmanager
+    def reserve(self, user_id: str, prepared: Prepared) -> Iterator[None]:
+        """Hold the tokens ``prepared`` may cost (its prompt estimate and the output it asks
+        for, :data:`~.limits.RESERVE_OUTPUT_TOKENS` when it names none) against ``user_id``'s
+        ``daily_tokens`` while it runs — checked with :meth:`check_budget` (what is spent and
+        what the user's other requests hold), so requests in parallel cannot together go past
+        the budget: at most the one admitted last goes past it, by at most its own size.
+        Given back when the request ends (its usage is counted by then). Raises
+        :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``."""
+        if not self.daily_tokens:
+            yield
+            return
+        need = prepared.prompt_estimate + (prepared.max_output or limits.RESERVE_OUTPUT_TOKENS)
+        self.check_budget(user_id)
+        with self._lock:
+            self._reserved[user_id] = self._reserved.get(user_id, 0) + need
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._reserved.get(user_id, need) - need
+                if left > 0:
+                    self._reserved[user_id] = left
+                else:
+                    self._reserved.pop(user_id, None)
+
+    @contextmanager
     def admit(self, user_id: str, length: int) -> Iterator[Refusal | None]:
         """Hold one of ``user_id``'s :data:`~.limits.MAX_USER_REQUESTS` places and ``length``
-        bytes of :data:`~.limits.BODY_BUDGET` (and of :data:`~.limits.USER_BODY_BUDGET`)
+        bytes of :data:`~.limits.BODY_BUDGET` (and of :func:`user_body_budget`)
         while a request is read and answered; yields None, or the
         :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
         with self._lock:
             if self._inflight.get(user_id, 0) >= limits.MAX_USER_REQUESTS or \
-                    self._user_bytes.get(user_id, 0) + length > limits.USER_BODY_BUDGET:
+                    self._user_bytes.get(user_id, 0) + length > user_body_budget(self.policy):
                 refusal: Refusal | None = Refusal(
                     429, "too_many_requests", f"more than {limits.MAX_USER_REQUESTS} model "
                     "requests (or their bodies over "
-                    f"{limits.USER_BODY_BUDGET // (1024 * 1024)} MiB) of this user at once",
+                    f"{user_body_budget(self.policy) // (1024 * 1024)} MiB) of this user at once",
                     etype="rate_limit_error", headers={"Retry-After": "1"})
             elif self._body_bytes + length > limits.BODY_BUDGET:
                 refusal = Refusal(503, "server_overloaded", "the pass-through holds too many "
@@ -182,10 +220,11 @@ class ModelProxy:
                     self._user_bytes.pop(user_id, None)
                 self._body_bytes -= length
 
-    def parsing(self) -> threading.BoundedSemaphore:
-        """Held while a request body is parsed and checked (at most
-        :data:`~.limits.PARSES` at once: a JSON body takes up to ~30 times its size)."""
-        return self._parses
+    def prepare(self, user_id: str, body: bytes, content_type: str | None) -> Prepared:
+        """The checked request ``body`` of ``user_id`` (:class:`~.body_check.BodyChecker`:
+        inline or in a worker process, within the user's share). Raises
+        :class:`~hermes_service.model_policy.Refusal`."""
+        return self.bodies.prepare(self.policy, user_id, body, content_type)
 
     # -- credentials --------------------------------------------------------------------
     def issue(self, user_id: str) -> str:

@@ -20,6 +20,7 @@ from .. import metrics
 from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
 from ..model_usage import UsageReader, UsageStore
 from . import limits
+from .body_check import BodyChecker
 from .upstream import Connections, Upstream
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
@@ -42,20 +43,18 @@ class Endpoint(Protocol):
     policy: Policy
     usage: UsageStore
     connections: Connections
+    bodies: BodyChecker
 
     @property
     def settings(self) -> Upstream | None: ...
     def user_for(self, authorization: str | None) -> str | None: ...
     def check_budget(self, user_id: str) -> None: ...
+    def reserve(self, user_id: str, prepared: Prepared) -> AbstractContextManager[None]: ...
     def admit(self, user_id: str, length: int) -> AbstractContextManager[Refusal | None]: ...
-    def parsing(self) -> AbstractContextManager[object]: ...
+    def prepare(self, user_id: str, body: bytes, content_type: str | None) -> Prepared: ...
     def local_location(self, value: str) -> str: ...
     def track(self, conn: socket.socket, add: bool) -> None: ...
     def open_connections(self) -> int: ...
-
-
-class Aborted(Exception):
-    """The exchange cannot go on (the caller or the provider went away mid-answer)."""
 
 
 class Relay(BaseHTTPRequestHandler):
@@ -101,11 +100,10 @@ class Relay(BaseHTTPRequestHandler):
             target = f"http://{s.netloc}{target}"
             if s.proxy.auth:
                 headers.append(("Proxy-Authorization", s.proxy.auth))
+        self._caller_gone = self._unbilled = False
+        self._upstream_sock: socket.socket | None = None
         try:
             conn, resp = self._exchange(s, target, headers, body)
-        except Aborted:
-            self.close_connection = True
-            return None
         except TimeoutError:
             metrics.model_request("unreachable")
             log.warning("model provider timed out (%s): no answer within %g s", s.where,
@@ -127,6 +125,7 @@ class Relay(BaseHTTPRequestHandler):
                  and 200 <= resp.status < 300 and reader.kind == "sse"
                  and (resp.getheader("Content-Encoding") or "identity").lower() == "identity")
         complete = False
+        self._upstream_sock = conn.sock
         try:
             complete = self._relay(resp, reader, UsageStripper() if strip else None)
         finally:
@@ -138,8 +137,12 @@ class Relay(BaseHTTPRequestHandler):
             estimated = False
             if prepared is not None and 200 <= resp.status < 300 and not reader.reported:
                 # the provider's usage never came (a stream cut before its usage chunk, a
-                # provider that does not report it): counted from what went through
+                # provider that does not report it): counted from what went through — or, when
+                # the caller left and its answer was not read to the end within the bounds, at
+                # the output it asked for (what the provider may have billed unseen)
                 prompt, completion = prepared.prompt_estimate, reader.estimate_completion()
+                if self._unbilled:
+                    completion = max(completion, prepared.max_output or 0)
                 estimated = True
                 metrics.model_tokens_estimated(prompt, completion)
             metrics.model_tokens(prompt, completion)
@@ -190,8 +193,10 @@ class Relay(BaseHTTPRequestHandler):
         raise AssertionError("unreachable")
 
     def _await_answer(self, conn: http.client.HTTPConnection, timeout: float) -> None:
-        """Block until the provider starts answering (or ``timeout`` → socket.timeout),
-        dropping the exchange (:class:`Aborted`) if our caller disconnects meanwhile."""
+        """Block until the provider starts answering (or ``timeout`` → socket.timeout). A
+        caller that disconnects meanwhile is noted (``_caller_gone``): the provider bills the
+        request all the same, so its answer is still awaited and read to its usage
+        (:meth:`_drain`)."""
         sock = conn.sock
         if sock is None:
             return
@@ -218,8 +223,9 @@ class Relay(BaseHTTPRequestHandler):
                     except OSError:
                         gone = True
                     if gone:
-                        raise Aborted("the caller disconnected before the provider answered")
-                    poller.unregister(self.connection)      # pipelined bytes: stop watching
+                        self._caller_gone = True
+                        self.close_connection = True
+                    poller.unregister(self.connection)      # gone, or pipelined bytes
                     watch_client = False
 
     def _relay(self, resp: http.client.HTTPResponse, reader: UsageReader,
@@ -228,14 +234,16 @@ class Relay(BaseHTTPRequestHandler):
         goes chunked); True when the whole body went through."""
         no_body = (self.command == "HEAD" or resp.status in (204, 304)
                    or 100 <= resp.status < 200)
-        chunked = self._relay_head(resp, no_body, stripper)
+        pieces = self._pieces(resp, reader, stripper)
+        chunked = None if self._caller_gone else self._relay_head(resp, no_body, stripper)
         if chunked is None:
+            self._drain(pieces, reader)
             return False
         if no_body:
             resp.read()
             return True
         write = self.wfile.write
-        for data in self._pieces(resp, reader, stripper):
+        for data in pieces:
             if data is None:           # the provider broke off: so does our answer
                 self._cut()
                 return False
@@ -243,6 +251,7 @@ class Relay(BaseHTTPRequestHandler):
                 write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             except OSError:
                 self.close_connection = True
+                self._drain(pieces, reader)
                 return False
         if chunked:
             try:
@@ -251,6 +260,27 @@ class Relay(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return False
         return True
+
+    def _drain(self, pieces: Iterator[bytes | None], reader: UsageReader) -> None:
+        """The caller is gone: read the rest of the provider's answer (counted by ``reader``,
+        sent nowhere) until its usage is in, for at most :data:`~.limits.ORPHAN_BYTES` and
+        :data:`~.limits.ORPHAN_SECONDS` (each read within the provider's read timeout) — a
+        provider bills an answer whether or not anyone reads it. Cut short before the usage:
+        ``_unbilled`` (counted at the output the request asked for)."""
+        self.close_connection = True
+        deadline = time.monotonic() + limits.ORPHAN_SECONDS
+        sock = self._upstream_sock
+        each = sock.gettimeout() if sock is not None else None
+        read = 0
+        while (left := deadline - time.monotonic()) > 0 and read <= limits.ORPHAN_BYTES:
+            if sock is not None:
+                sock.settimeout(min(left, each) if each else left)
+            data = next(pieces, None)
+            if data is None or reader.usage_seen:
+                break
+            read += len(data)
+        if not reader.reported:
+            self._unbilled = True
 
     def _relay_head(self, resp: http.client.HTTPResponse, no_body: bool,
                     stripper: UsageStripper | None) -> bool | None:

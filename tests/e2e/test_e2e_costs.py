@@ -6,9 +6,12 @@ terminal tool.
 The agent takes its own process's pass-through credential from inside its sandbox and tries
 everything a hostile agent would in one script: another model, other paths, a big body,
 credential headers of its own, fields that bill more, a stream without usage, a stream it
-drops early; then spends past the daily budget. And a user's ``state.db`` rebuilt with a
-40 MiB generated column, or claiming a 1 GB value, read by several transcript requests at once,
-costs the service nothing but a 409 while another user is served.
+drops early, image/file parts and search tools, a body costly to parse; then spends past the
+daily budget. And a user's ``state.db`` rebuilt with a
+40 MiB generated column, or claiming a 1 GB value, or holding a value of a type Hermes never
+writes, read by several transcript requests at once, costs the service nothing but a 409 while
+another user is served; rows costly to post-process (4 MiB of merged-summary headers) are
+served within the read's bounds.
 """
 from __future__ import annotations
 
@@ -95,8 +98,24 @@ status, code, data = call("POST", "/v1/chat/completions", chat("spoofed-headers"
 print(f"CHECK headers={status}")
 status, code, data = call("POST", "/v1/chat/completions", chat("no usage asked"))
 print(f"CHECK no_usage={status}:{b'completion_tokens' in data}")
-status, first = call("POST", "/v1/chat/completions", chat("dropped [[slow:3:30]]"), read=False)
+status, first = call("POST", "/v1/chat/completions",
+                     chat("dropped [[slow:3:30]] [[usage:77777]]"), read=False)
 print(f"CHECK dropped={status}")
+# inside the body: parts a provider would fetch, tools it would run, keys it might read
+for name, body in (
+        ("image", chat([{"type": "image_url", "image_url": {"url": "http://10.0.0.1/x.png"}}])),
+        ("file", chat([{"type": "file", "file": {"file_id": "file-abc"}}])),
+        ("search", chat("x", tools=[{"type": "web_search_preview"}])),
+        ("smuggle", chat("x", stream_options={"include_usage": True, "x_smuggled": 1})),
+        ("max_tokens", chat("x", max_tokens=10 ** 30))):
+    print(f"CHECK {name}=%s:%s" % call("POST", "/v1/chat/completions", body)[:2])
+# a body costly to parse: checked in a worker process, refused; a costly valid one forwarded
+lists = b",".join([b"[]"] * 100_000)
+print("CHECK costly=%s:%s" % call("POST", "/v1/chat/completions",
+      b'{"model": "scripted-model", "messages": [' + lists + b"]}")[:2])
+print("CHECK costly_ok=%s:%s" % call("POST", "/v1/chat/completions",
+      b'{"model": "scripted-model", "messages": [{"role": "user", "content": "ok"}], "tools": '
+      b'[{"type": "function", "function": {"name": "f", "parameters": [' + lists + b"]}}]}")[:2])
 """
 
 
@@ -122,6 +141,10 @@ def test_an_agent_with_its_credential_uses_the_account_only_for_the_configured_m
         res.json()["response"][-1500:]
     assert got["tier"] == "400:unsupported_parameter", got
     assert got["headers"] == "200" and got["no_usage"] == "200:False" and got["dropped"] == "200"
+    for name in ("image", "file", "search", "smuggle"):
+        assert got[name] == "400:unsupported_parameter", (name, got)
+    assert got["max_tokens"] == "400:invalid_request_body", got
+    assert got["costly"] == "400:invalid_request_body" and got["costly_ok"] == "200:-", got
     # what reached the provider: only the configured model, never the agent's headers
     mine = model.requests[seen:]
     assert {r["model"] for r in mine} == {"scripted-model"}
@@ -132,14 +155,15 @@ def test_an_agent_with_its_credential_uses_the_account_only_for_the_configured_m
                             "openai-organization", "cookie"}, h
     assert all(r.get("stream_options") == {"include_usage": True}
                for r in mine if r.get("stream"))
-    # every token counted: the stream without usage asked, the dropped one (by estimate)
+    # every token counted: the stream without usage asked; the dropped one as the provider
+    # reports it (its answer read to its usage after the caller hung up)
     db = usage_db_path(tmp_path / "data")
 
     def row():
         rows = [r for r in read_usage(db, user_id="mallory")]
-        return rows and rows[0].estimated_requests >= 1 and rows[0]
+        return rows and rows[0].prompt_tokens >= 77777 and rows[0]
     counted = wait_for(row, "the dropped stream counted", 30)
-    assert counted.prompt_tokens > 0 and counted.completion_tokens > 0
+    assert counted.completion_tokens > 0
     # the budget: spent by one big request, the next turn is refused before Hermes starts
     (home / "big.py").write_text(
         SPEND.split('print("CHECK other_model')[0] +
@@ -204,7 +228,21 @@ def test_a_hostile_state_db_costs_the_service_a_409_while_others_are_served(star
                 assert res.json()["code"] == "hermes_client_home_tampered"
         return answers
 
+    with sqlite3.connect(db) as c:        # a value of a type Hermes never writes: 409, not 500
+        c.execute("UPDATE messages SET timestamp = 'x' WHERE id = (SELECT min(id) FROM messages)")
+    read_at_once(1)
+    from hermes_service.hermes_state import MERGED_DELIMITER, MERGED_HEADER
+    with sqlite3.connect(db) as c:        # rows costly to post-process: served, in bounds
+        c.execute("UPDATE messages SET timestamp = 1.0")
+        sid, = c.execute("SELECT session_id FROM messages LIMIT 1").fetchone()
+        n = (4 * 1024 * 1024 - 200) // len(MERGED_HEADER.encode())
+        for _ in range(2):
+            c.execute("INSERT INTO messages (session_id, role, content, timestamp, active) "
+                      "VALUES (?, 'assistant', ?, 1.0, 1)", (sid, MERGED_HEADER * n + MERGED_DELIMITER))
+    h, url = made["tamper"]
+    assert svc.get(url, headers=h).status_code == 200
     with sqlite3.connect(db) as c:        # what the agent can do to its own record
+        c.execute("DELETE FROM messages WHERE length(content) > 1000000")
         c.executescript("ALTER TABLE messages RENAME COLUMN content TO real_content;"
                         "ALTER TABLE messages ADD COLUMN content TEXT GENERATED ALWAYS AS "
                         "(printf('%.*c', 41943040, 'x')) VIRTUAL;")

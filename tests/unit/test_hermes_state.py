@@ -4,14 +4,30 @@ client-proxy contract §2 ``GET /sessions/{id}``), built the way hermes-agent 0.
 in test_e2e_answers.py."""
 from __future__ import annotations
 
+import json
+import shutil
+import sqlite3
+
 import pytest
 
-from hermes_service.hermes_state import session_summary, transcript, turn_record
+from hermes_service import hermes_state, state_db
+from hermes_service.hermes_state import (
+    MERGED_DELIMITER,
+    has_messages,
+    lineage_ids,
+    rewind_orphan,
+    session_summary,
+    token_counts,
+    transcript,
+    turn_record,
+)
+from hermes_service.homefs import HomeTampered
 from support.hermes_record import (
     MERGED_HEADER,
     SUMMARY_END_MARKER,
     SUMMARY_PREFIX,
     active_rows,
+    append_message,
     archive_and_compact,
     merged_into,
     record_turn,
@@ -277,3 +293,151 @@ def test_a_stopped_turn_keeps_only_what_its_tool_steps_did_not_say(tmp_path):
     assert keep_partial(home, SID, "q", "calling a.\n\ncalling b.\n\nhalf an ans")
     assert [m["content"] for m in transcript(home, SID)][-1] == "half an ans"
     assert turn_record(home, SID, "q").answer == "calling a.\n\ncalling b.\n\nhalf an ans"
+
+
+# -- a hostile record: values of any type, rows costly to read ---------------------------------
+# (the red team's planted values; the service reads them as 409 home_tampered or as data,
+# never a 500 — docs/data-and-durability.md §What a hostile state.db costs the service)
+HOSTILE_READS = (
+    lambda home: transcript(home, SID),
+    lambda home: session_summary(home, SID),
+    lambda home: turn_record(home, SID, "question 1"),
+    lambda home: token_counts(home, SID),
+    lambda home: lineage_ids(home, SID),
+    lambda home: has_messages(home, SID),
+    lambda home: rewind_orphan(home, SID),
+)
+
+
+def hostile_home(tmp_path, *statements):
+    home = tmp_path / ".hermes"
+    record_turn(home, SID, "question 1", tool_call="terminal", answer="answer 1")
+    append_message(home, SID, "tool", '{"output": "", "exit_code": 0}')
+    with sqlite3.connect(home / "state.db") as db:
+        for s in statements:
+            db.execute(s)
+    return home
+
+
+def each_read(home):
+    """Every read over ``home``: what each returned, or the 409 it raised."""
+    out = []
+    for read in HOSTILE_READS:
+        try:
+            out.append(read(home))
+        except HomeTampered as exc:
+            assert (exc.status, exc.code) == (409, "home_tampered")
+            out.append(exc)
+    return out
+
+
+@pytest.mark.parametrize("planted, column", [
+    ("UPDATE messages SET timestamp = 'x' WHERE id = 1", "timestamp"),
+    ("UPDATE messages SET timestamp = 9e999 WHERE id = 1", "timestamp"),
+    ("UPDATE messages SET timestamp = -1 WHERE id = 1", "timestamp"),
+    ("UPDATE messages SET content = x'00ff' WHERE id = 1", "content"),
+    ("UPDATE messages SET role = x'00' WHERE id = 2", "role"),
+    ("UPDATE messages SET tool_calls = 5.5 WHERE id = 2", None),   # TEXT affinity: '5.5'
+    ("UPDATE sessions SET title = x'00ff'", "title"),
+    ("UPDATE sessions SET input_tokens = 'x'", "input_tokens"),
+    ("UPDATE sessions SET output_tokens = 9223372036854775807", "output_tokens"),
+    ("UPDATE sessions SET started_at = 'yesterday'", "started_at"),
+    ("UPDATE sessions SET parent_session_id = x'01'", "parent_session_id"),
+])
+def test_a_value_of_a_type_hermes_never_writes_is_409_not_500(tmp_path, planted, column):
+    results = each_read(hostile_home(tmp_path, planted))
+    refusals = [r for r in results if isinstance(r, HomeTampered)]
+    if column is None:
+        assert not refusals, refusals
+    else:
+        assert refusals and all(column in r.detail for r in refusals), results
+
+
+@pytest.mark.parametrize("content", [
+    '{"exit_code": []}', '{"exit_code": 1e999}', '{"exit_code": {"a": 1}}',
+    "[" * 100_000 + "]" * 100_000, '{"exit_code": 152, "x": [' + "[]," * 300_000 + "[]]}",
+    '{"exit_code": ' + "9" * 5000 + "}",
+])
+def test_a_planted_tool_result_costs_a_bounded_parse_and_is_no_rlimit(tmp_path, content):
+    home = hostile_home(tmp_path)
+    append_message(home, SID, "tool", content)
+    append_message(home, SID, "assistant", "answer 2")
+    assert turn_record(home, SID, "question 1").tool_limit is None
+    append_message(home, SID, "tool", '{"output": "", "exit_code": 152}')
+    assert turn_record(home, SID, "question 1").tool_limit == "cpu"
+
+
+@pytest.mark.parametrize("calls", [
+    '{"a": 1}', "[1, 2]", '[{"id": [], "function": "x"}]', '[{"id": 1, "function": {"name": 2}}]',
+    "[" * 100_000 + "]" * 100_000, "[" + "[]," * 1_000_000 + "[]]", "not json", "null",
+])
+def test_planted_tool_calls_read_as_no_call_and_cost_a_bounded_parse(tmp_path, calls):
+    home = hostile_home(tmp_path)
+    with sqlite3.connect(home / "state.db") as db:
+        db.execute("UPDATE messages SET tool_calls = ? WHERE id = 2", (calls,))
+    step = transcript(home, SID)[1]
+    assert step["role"] == "assistant"
+    assert (step["toolCallId"], step["toolName"]) in ((None, None),) or calls.startswith("[{")
+    assert all(isinstance(v, (str, type(None))) for v in (step["toolCallId"], step["toolName"]))
+    assert session_summary(home, SID)["toolCallCount"] in (0, 1, 2)
+
+
+def test_a_long_real_tool_call_is_still_read():
+    """A call whose arguments hold many commas (code, CSV) in one string is one value."""
+    args = json.dumps({"path": "a.csv", "content": "1,2,3:[{\n" * 50_000})
+    calls = json.dumps([{"id": "call_9", "type": "function",
+                         "function": {"name": "write_file", "arguments": args}}])
+    assert hermes_state._first_call(hermes_state._calls(calls)) == ("call_9", "write_file")
+
+
+def test_a_row_of_four_mebibytes_of_merged_headers_reads_within_the_bound(tmp_path,
+                                                                          monkeypatch):
+    """Unwrapping 79 000 leading headers is one pass (it was one copy of the rest per header:
+    ~30 s of CPU per read); the read must fit the per-use bound, here cut to 5 s."""
+    monkeypatch.setattr(state_db, "STATE_DB_SECONDS", 5.0)
+    n = (4 * 1024 * 1024 - 200) // len(MERGED_HEADER.encode())
+    home = hostile_home(tmp_path)
+    for _ in range(2):
+        append_message(home, SID, "assistant", MERGED_HEADER * n + MERGED_DELIMITER)
+    shown = transcript(home, SID)
+    assert [m["content"] for m in shown][:4] == ["question 1", "", "answer 1",
+                                                 '{"output": "", "exit_code": 0}']
+    # past MAX_MERGES leading headers, the rest is shown as the message it is
+    assert all(m["content"].startswith(MERGED_HEADER) for m in shown[4:]) and len(shown) == 6
+    assert hermes_state._unwrap_merged(MERGED_HEADER + " \n" + MERGED_HEADER + "\nold\n\n"
+                                       + MERGED_DELIMITER + "\n\nsummary") == "old"
+
+
+def test_post_processing_past_the_time_bound_is_409(tmp_path, monkeypatch):
+    home = hostile_home(tmp_path)
+    monkeypatch.setattr(state_db, "STATE_DB_SECONDS", -1.0)
+    with pytest.raises(HomeTampered, match="longer than"):
+        transcript(home, SID)
+
+
+# every column the service reads, each value SQLite can hold: read as data or refused (409)
+# (each of SQLite's storage classes, and the edges of each)
+FUZZ_VALUES = (None, -1, 2 ** 63 - 1, float("inf"), "", "[]", b"\xff\x00",
+               MERGED_HEADER * 3 + MERGED_DELIMITER)
+
+
+@pytest.mark.parametrize("table, types", [("sessions", "SESSION_TYPES"),
+                                          ("messages", "MESSAGE_TYPES")])
+def test_any_value_in_any_column_read_is_data_or_409(tmp_path, table, types):
+    base = tmp_path / "base"
+    hostile_home(base)
+    for column in getattr(hermes_state, types):
+        if column == "id":
+            continue                      # the key: another id is another row, not a value
+        for i, value in enumerate(FUZZ_VALUES):
+            home = tmp_path / f"{column}-{i}" / ".hermes"
+            home.mkdir(parents=True)
+            shutil.copy(base / ".hermes" / "state.db", home / "state.db")
+            with sqlite3.connect(home / "state.db") as db:
+                try:
+                    db.execute(f"UPDATE {table} SET {column} = ?", (value,))
+                except sqlite3.IntegrityError:
+                    continue             # NOT NULL: SQLite itself keeps it out
+            for result in each_read(home):
+                if isinstance(result, dict) and "messageCount" in result:
+                    json.dumps(result)    # what the API answers serializes

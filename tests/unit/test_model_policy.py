@@ -6,9 +6,12 @@ The real Hermes through it: tests/e2e/test_model_proxy_hermes.py; from inside a 
 tests/e2e/test_e2e_costs.py."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import select
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -270,6 +273,64 @@ def test_a_spent_daily_budget_is_answered_with_its_own_code(scripted, make_proxy
     assert (turn.status, turn.code) == (429, "token_budget_exceeded")
 
 
+def test_requests_in_parallel_cannot_together_overrun_the_daily_budget(scripted, make_proxy):
+    """Each request holds its prompt estimate + max_tokens while it runs: with 200 000 tokens
+    a day and 65 536 asked per request, the fourth is the last admitted (three hold 196 608
+    < 200 000); every later one is refused until they end, whatever they report."""
+    proxy = make_proxy(scripted.base_url, daily_tokens=200_000)
+    cred = proxy.issue("parallel")
+    held, refused = [], []
+    for i in range(8):
+        c = Client(proxy, timeout=30)
+        c.conn.request("POST", "/v1/chat/completions",
+                       chat_body(f"[[gate:p{i}]] [[usage:190000]]", stream=True,
+                                 max_tokens=65536),
+                       {"Authorization": f"Bearer {cred}", "Content-Type": "application/json"})
+        before = len(scripted.requests)
+        wait_for(lambda: len(scripted.requests) > before or select.select(
+            [c.conn.sock], [], [], 0)[0], what="the request forwarded or refused")
+        (held if len(scripted.requests) > before else refused).append((i, c))
+    assert [i for i, _ in held] == [0, 1, 2, 3]
+    for _, c in refused:
+        resp = c.conn.getresponse()
+        assert (resp.status, json.loads(resp.read())["error"]["code"]) == (
+            429, "token_budget_exceeded")
+    for i, c in held:
+        scripted.release(f"p{i}")
+        assert c.conn.getresponse().read().endswith(b"[DONE]\n\n")
+    [row] = usage_rows(proxy, 4)
+    assert row.requests == 4 and row.prompt_tokens == 4 * 190_000       # no more got through
+    assert not proxy._reserved                                          # all given back
+
+
+def test_a_caller_hanging_up_mid_answer_is_billed_what_the_provider_reports(gated, make_proxy):
+    proxy = make_proxy(gated.base + "/v1")
+    cred = proxy.issue("quitter")
+    resp = Client(proxy).request("POST", "/v1/chat/completions",
+                                 chat_body("gated", stream=True), cred)
+    assert b"first" in resp.read1(4096)            # the answer started (hidden reasoning next)
+    resp.close()                                   # the caller hangs up
+    gated.release.set()                            # the provider goes on to its usage
+    [row] = usage_rows(proxy, 1)
+    assert (row.prompt_tokens, row.completion_tokens, row.estimated_requests) == (11, 7, 0)
+    assert gated.finished.wait(10)
+
+
+def test_a_gone_callers_answer_is_read_within_bounds_then_counted_at_max_tokens(
+        scripted, make_proxy, monkeypatch):
+    from hermes_service.model_proxy import limits
+    monkeypatch.setattr(limits, "ORPHAN_SECONDS", 0.2)
+    proxy = make_proxy(scripted.base_url)
+    cred = proxy.issue("quitter")
+    resp = Client(proxy).request("POST", "/v1/chat/completions",
+                                 chat_body("[[slow:2:40]] " + "w " * 40, stream=True,
+                                           max_tokens=5000), cred)
+    assert resp.read1(4096)
+    resp.close()              # the rest comes over 2 s: past the 0.2 s bound
+    [row] = usage_rows(proxy, 1)
+    assert row.estimated_requests == 1 and row.completion_tokens == 5000
+
+
 def test_what_a_user_spent_counts_every_process_and_the_queue(tmp_path):
     db = tmp_path / "model_usage.db"
     store = UsageStore(db)
@@ -317,6 +378,7 @@ def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_p
     monkeypatch.setattr(limits, "BODY_SECONDS", 0.5)
     monkeypatch.setattr(limits, "USER_BODY_BUDGET", 1000)
     proxy = make_proxy(scripted.base_url)
+    proxy.policy = dataclasses.replace(proxy.policy, max_body=1000)   # the share: at least it
     cred = proxy.issue("slow")
     raw = chat_body("x" * 600)
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
@@ -332,3 +394,36 @@ def test_a_body_trickled_in_is_cut_off_and_its_share_given_back(scripted, make_p
         assert s.recv(200).startswith(b"HTTP/1.1 408 ")        # the trickle is cut off
     wait_for(lambda: not proxy._user_bytes and proxy._body_bytes == 0, what="shares back")
     assert scripted.requests and all("x" * 600 in json.dumps(r) for r in scripted.requests)
+
+
+def test_usage_that_cannot_be_written_is_kept_and_retried(tmp_path, monkeypatch, caplog):
+    """A full disk: the counts stay in what the user spent, are written once there is room,
+    and only what still cannot be written when the service stops is logged as lost."""
+    from hermes_service import model_usage
+    real = model_usage._connect
+    full = [True]
+
+    def connect(path, create, shared=False):
+        if full[0] and create:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(path, create, shared)
+    db = tmp_path / "model_usage.db"
+    store = UsageStore(db)
+    monkeypatch.setattr(model_usage, "_connect", connect)
+    monkeypatch.setattr(model_usage, "RETRY_SECONDS", 0.05)
+    store.add("u", 100, 20)
+    assert store.flush()
+    assert store.spent("u") == 120 and read_usage(db) == []
+    assert "kept; retried" in caplog.text
+    store.add("u", 1, 2)
+    full[0] = False                                  # room again: both written
+    wait_for(lambda: read_usage(db) == [("u", None, 2, 101, 22, 0)], what="the retried write")
+    assert store.spent("u") == 123
+    store.close()
+    full[0] = False
+    store = UsageStore(db)
+    full[0] = True                                   # full until the service stops
+    store.add("u", 5, 5)
+    store.close()
+    assert "lost at this stop" in caplog.text
+    assert read_usage(db) == [("u", None, 2, 101, 22, 0)]

@@ -20,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -484,17 +485,24 @@ def test_a_provider_that_does_not_answer_in_read_timeout_gets_504(scripted, make
                          ).code == "upstream_unavailable"
 
 
-def test_a_caller_that_leaves_before_the_answer_drops_the_upstream_request(scripted,
-                                                                          make_proxy):
+def test_a_caller_that_leaves_before_the_answer_is_still_billed_what_the_provider_reports(
+        scripted, make_proxy):
+    """The provider bills a request whether or not its caller waits (a Hermes process killed,
+    an agent hanging up on purpose): its answer is still awaited and read to its usage."""
     proxy = make_proxy(scripted.base_url)
     c = Client(proxy)
-    c.conn.request("POST", "/v1/chat/completions", chat_body("[[hang]]", stream=True),
+    c.conn.request("POST", "/v1/chat/completions",
+                   chat_body("[[gate:left]] [[usage:50000]]", stream=True),
                    {"Authorization": f"Bearer {proxy.issue('alice')}",
                     "Content-Type": "application/json"})
-    wait_for(lambda: len(scripted.requests) == 1, what="the hang to reach the provider")
-    assert len(scripted._conns) == 1
+    wait_for(lambda: len(scripted.requests) == 1, what="the request to reach the provider")
     c.close()                                          # e.g. the Hermes process was killed
-    wait_for(lambda: not scripted._conns, what="the upstream connection to be dropped")
+    time.sleep(0.3)        # (the proxy notices the hang-up; nothing to wait on but time)
+    assert len(scripted._conns) == 1                   # the upstream request is kept
+    scripted.release("left")
+    [row] = usage_rows(proxy, 1)
+    assert (row.prompt_tokens, row.estimated_requests) == (50000, 0)
+    wait_for(lambda: not scripted._conns, what="the upstream connection closed after")
 
 
 # -- usage ----------------------------------------------------------------------------------
