@@ -121,9 +121,14 @@ class Config:
         """Waitress threads the limits need: what the extensions' settings hold (e.g. every
         event stream: :attr:`thread_needs`), every v1 turn (running and waiting) and the tool
         calls of running turns each hold one."""
+        return sum(n for _need, n in self.thread_needs) + self.core_threads_needed
+
+    @property
+    def core_threads_needed(self) -> int:
+        """The part of :attr:`threads_needed` the core's limits hold: every v1 turn (running
+        and waiting) and the tool calls of running turns."""
         h = self.hermes
-        return sum(n for _need, n in self.thread_needs) + 2 * h.max_concurrent_runs + \
-            h.max_waiting_requests + 4
+        return 2 * h.max_concurrent_runs + h.max_waiting_requests + 4
 
     @property
     def connections_needed(self) -> int:

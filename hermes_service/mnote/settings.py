@@ -203,10 +203,15 @@ def max_active_runs(cfg: Config) -> int:
 
 def size(cfg: Config, m: MnoteSettings) -> tuple[MnoteSettings, list[str]]:
     """``mnote.max_event_streams`` left null: one per active client run
-    (:func:`max_active_runs`): every panel user can follow its run."""
+    (:func:`max_active_runs`): every panel user can follow its run — within the threads left
+    when the file sets ``service.threads`` (each stream holds one)."""
     if m.max_event_streams is not None:
         return m, []
-    return replace(m, max_event_streams=max_active_runs(cfg)), ["mnote.max_event_streams"]
+    streams = max_active_runs(cfg)
+    if cfg.service.threads is not None:     # set in the file: the streams fit in what the
+        # other holders leave (they count this section's null as none yet)
+        streams = max(1, min(streams, cfg.service.threads - cfg.threads_needed))
+    return replace(m, max_event_streams=streams), ["mnote.max_event_streams"]
 
 
 def explain(cfg: Config, derived: set[str]) -> list[str]:

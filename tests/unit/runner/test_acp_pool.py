@@ -569,3 +569,83 @@ def test_a_replacement_outdated_by_a_reload_while_it_starts_is_made_again(pool, 
     runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)
     wait_for(lambda: len(made) == 2 and runner._procs.get(("u1", "mnote")) is not None,
              "a second, current environment and its process")
+
+
+# -- a full pool, the turn slots and memory (docs/scaling.md §Sizing a node) -----------------
+class _Cli:
+    """The CLI runner's seam: records the turns it is handed."""
+    name = "cli"
+
+    def __init__(self, processes):
+        self.processes = processes
+        self.turns: list = []
+
+    def run_turn(self, req):
+        from hermes_service.runner import TurnResult
+        self.turns.append(req)
+        return TurnResult("from the CLI", "cli-session", 0.1)
+
+
+def test_a_full_pool_runs_the_turn_on_the_cli(pool, tmp_path):
+    """Every warm process busy: the turn runs on the CLI runner (docs/runners.md §Fallback to
+    the CLI) — never an internal error (the pool's signal once crashed the failure log line:
+    ``'UseCli' object has no attribute 'code'``) — and no turn slot stays taken."""
+    import threading
+
+    from hermes_service.runner import TurnRequest
+    from hermes_service.runner.choice import RunnerChoice
+    runner = pool(max_processes=1, new_session_delay=3600)
+    cancel = threading.Event()
+    busy = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                       family="mnote", cancel=cancel)
+    t, outcome = _turn_in_thread(runner, busy)
+    waiting_in_session_new(runner, "u1")           # u1's turn holds the only process
+    assert runner.processes.slots_held == 0        # a warm turn holds no turn slot
+    cli = _Cli(runner.processes)
+    choice = RunnerChoice(cli, runner, frozenset({"mnote"}))
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u2"), env=runner.env,
+                      family="mnote")
+    clock = SimpleNamespace(runner=None)
+    result = choice.run_turn(req, clock)
+    assert (result.answer, clock.runner, cli.turns) == ("from the CLI", "cli", [req])
+    assert runner.processes.slots_held == 0
+    cancel.set()
+    t.join(WAIT)
+    assert outcome.get("code") == "run_cancelled"
+
+
+def test_a_start_takes_a_turn_slot_and_a_warm_turn_none(pool, tmp_path):
+    """Starting a process is CPU-bound like a CLI turn: it waits for a turn slot, up to
+    ``queue_wait_seconds`` for a turn (then 429 ``too_many_runs``); a turn on a warm process
+    needs none."""
+    from hermes_service.errors import TooManyRuns
+    runner = pool(max_processes=2)
+    runner.processes.queue_wait = 0.3
+    taken = [runner.processes.try_slot() for _ in range(2)]      # every slot (2) taken
+    assert taken == [True, True]
+    with pytest.raises(TooManyRuns) as err:
+        acquire(runner, tmp_path, "u1", reserve=True).result(WAIT)
+    assert err.value.headers.get("Retry-After")
+    assert runner.process_count() == 0
+    runner.processes.release_slot()
+    proc = acquire(runner, tmp_path, "u1", reserve=True).result(WAIT)
+    assert runner.processes.slots_held == 1                      # the start gave it back
+    proc.reserved -= 1
+    assert runner.processes.try_slot()                           # every slot taken again
+    assert acquire(runner, tmp_path, "u1", reserve=True).result(WAIT) is proc   # warm: no slot
+    proc.reserved -= 1
+    for _ in range(2):
+        runner.processes.release_slot()
+
+
+def test_short_memory_closes_idle_processes_and_starts_none(pool, tmp_path, monkeypatch):
+    """Available memory below ``hermes.acp.min_available_mb``: the idle process is closed to
+    make room, and with none left idle the turn runs on the CLI (UseCli), whatever room
+    ``max_processes`` leaves."""
+    from hermes_service.runner.acp import pool as pool_module
+    runner = pool(max_processes=4)
+    idle = acquire(runner, tmp_path, "u1").result(WAIT)
+    monkeypatch.setattr(pool_module.machine, "available_mb", lambda: 10)
+    with pytest.raises(UseCli, match="memory"):
+        acquire(runner, tmp_path, "u2").result(WAIT)
+    assert idle.retired and runner.process_count() == 0
