@@ -260,8 +260,8 @@ class Pool:
     async def _sweeper(self) -> None:
         while True:
             await asyncio.sleep(min(SWEEP_SECONDS, max(1.0, self.idle_seconds / 4)))
-            # memory pressure: the least recently used idle processes go first, one a pass
-            # per sweep while the memory available is below the floor
+            # memory pressure: the least recently used idle processes go first, while the
+            # memory available is below the floor
             while self.memory_short():
                 idle = self._idle()
                 if not idle:
