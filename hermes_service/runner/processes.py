@@ -373,6 +373,11 @@ class Processes:
         self._slots.release()
 
     @property
+    def slot_count(self) -> int:
+        """Turn slots (``hermes.max_concurrent_runs``)."""
+        return self._slots.size
+
+    @property
     def slots_held(self) -> int:
         """Turn slots held now."""
         return self._slots.held

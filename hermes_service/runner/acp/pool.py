@@ -25,6 +25,7 @@ log = logging.getLogger("hermes_service.acp")
 IDLE_CPU_SECONDS = 5.0
 REPLACE_TRIES = 3             # attempts at a replacement process that reloads keep outdating
 SLOT_POLL_SECONDS = 0.05      # how often a start waiting for a turn slot looks again
+SPARE_POLL_SECONDS = 0.5     # how often a spare session waiting for room looks again
 SWEEP_SECONDS = 5.0           # the longest between two looks at idle processes and memory
 
 
@@ -135,6 +136,23 @@ class Pool:
                 await asyncio.sleep(SLOT_POLL_SECONDS)
         finally:
             self._turns_waiting -= turn
+
+    async def spare_slot(self) -> None:
+        """Wait for room for work made ahead (a spare session: :meth:`AcpProcess.make_spare`)
+        — fewer warm turns in flight than turn slots, no turn waiting for a slot, a slot
+        free — and take that slot (give it back with ``processes.release_slot()``). Raises
+        UseCli when the service drains or stops meanwhile."""
+        while True:
+            if self.processes.draining or self.processes.stopping:
+                raise UseCli("the service is draining")
+            if not self._turns_waiting and self.turns_in_flight() < self.processes.slot_count \
+                    and self.processes.try_slot():
+                return
+            await asyncio.sleep(SPARE_POLL_SECONDS)
+
+    def turns_in_flight(self) -> int:
+        """Turns running (or about to) on warm processes."""
+        return sum(p.busy for p in (*self._procs.values(), *self._retired))
 
     def memory_short(self) -> bool:
         """Is the memory available now (:func:`hermes_service.machine.available_mb`) below
