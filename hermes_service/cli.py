@@ -124,6 +124,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     for line in config.warnings:
         if line not in config.provider_issues:
             log.warning("config: %s", line)
+    from .config.sizing import summary
+    log.info("limits: %s", summary(config))
     from .lifecycle import no_provider, running
     if config.provider_issues:     # one line: what to set, and what happens until then
         log.warning("%s", no_provider(config))

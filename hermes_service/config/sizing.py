@@ -108,6 +108,15 @@ def size_rest(config, service_raw: dict):
                                        else machine_probe.probe(), tuple(auto)))
 
 
+def summary(config) -> str:
+    """One line of the node's limits (the service's start log; docs/operations.md §Logs)."""
+    h, svc = config.hermes, config.service
+    m = config.sizing.machine if config.sizing else None
+    machine = f" for {m.cores} cores, {m.memory_mb} MiB" if m else ""
+    return (f"{h.max_concurrent_runs} turn slots, {h.acp.max_processes} warm processes at "
+            f"most, {svc.threads} threads{machine} (check-config explains each)")
+
+
 def explain(config) -> list[str]:
     """The sizing rule with its numbers, one line each (``check-config``; docs/scaling.md
     §Sizing a node): the machine, then each derived limit and how it was computed."""

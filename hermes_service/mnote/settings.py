@@ -191,6 +191,11 @@ def page_store_usable(cfg: Config) -> list[str]:
 ACTIVE_RUNS_PER_SLOT = 4
 
 
+#: the fewest event streams a derived ``mnote.max_event_streams`` allows (reconnects, a few
+#: tabs on one run)
+MIN_EVENT_STREAMS = 12
+
+
 def max_active_runs(cfg: Config) -> int:
     """Client runs queued or running at once on this node (more: 429 ``hermes_client_busy``):
     one per warm process when the client routes run on ``acp`` (``hermes.acp.max_processes``:
@@ -203,11 +208,12 @@ def max_active_runs(cfg: Config) -> int:
 
 def size(cfg: Config, m: MnoteSettings) -> tuple[MnoteSettings, list[str]]:
     """``mnote.max_event_streams`` left null: one per active client run
-    (:func:`max_active_runs`): every panel user can follow its run — within the threads left
-    when the file sets ``service.threads`` (each stream holds one)."""
+    (:func:`max_active_runs`), at least :data:`MIN_EVENT_STREAMS`: every panel user can follow
+    its run — within the threads left when the file sets ``service.threads`` (each stream holds
+    one)."""
     if m.max_event_streams is not None:
         return m, []
-    streams = max_active_runs(cfg)
+    streams = max(MIN_EVENT_STREAMS, max_active_runs(cfg))
     if cfg.service.threads is not None:     # set in the file: the streams fit in what the
         # other holders leave (they count this section's null as none yet)
         streams = max(1, min(streams, cfg.service.threads - cfg.threads_needed))
@@ -222,7 +228,7 @@ def explain(cfg: Config, derived: set[str]) -> list[str]:
     return [f"client runs active at once: {max_active_runs(cfg)} (rule: {warm}"
             f"{ACTIVE_RUNS_PER_SLOT} × {h.max_concurrent_runs} turn slots)",
             f"mnote.max_event_streams: {m.max_event_streams} ({how}; rule: one per active "
-            "client run)"]
+            f"client run, at least {MIN_EVENT_STREAMS})"]
 
 
 SECTION = ConfigSection(
