@@ -145,7 +145,7 @@ def main() -> None:
     cfg = deep_merge(base_config(tmp, model.base_url), {
         "hermes": {"max_concurrent_runs": args.concurrency, "max_waiting_requests": args.concurrency},
         "service": {"threads": args.streams + 4 * args.concurrency + 8, "log_level": "warning"},
-        "mnote": {"max_event_streams": args.streams}})
+        "mnote": {"max_event_streams": args.streams, "max_streams_per_actor": args.streams}})
     svc = ServiceProcess(tmp, cfg).start()
     sampler = RssSampler(svc.data_dir)
     try:

@@ -212,7 +212,7 @@ def hang_run(svc: ServiceProcess, model: ScriptedModel, marker: str) -> str:
 
 def settings(n: int) -> dict:
     threads = n + 24
-    return {"mnote": {"max_event_streams": n},
+    return {"mnote": {"max_event_streams": n, "max_streams_per_actor": n},
             "service": {"threads": threads, "connection_limit": threads + 176}}
 
 

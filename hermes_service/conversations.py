@@ -69,13 +69,14 @@ class Conversations:
 
     # -- sessions --------------------------------------------------------
     def create(self, user_id: str, session_id: str | None = None, **fields) -> dict:
-        """Create a session (and the user's home on first use). Returns the record.
+        """Create a session. Returns the record. The user's home is made at its first turn
+        (:meth:`send`), not here: a session costs a registry entry, not a home
+        (docs/data-and-durability.md §What an API client can make the service keep).
 
-        Raises BadRequest (bad id), Conflict (``session_exists``), Unconfigured.
+        Raises BadRequest (bad id), Conflict (``session_exists``).
         """
         check_id(user_id, "user_id")
         session_id = check_id(session_id, "session_id") if session_id else str(uuid.uuid4())
-        self.homes.ensure(user_id)
         now = now_iso()
         record = {"session_id": session_id, "user_id": user_id, "hermes_session_id": None,
                   "created_at": now, "updated_at": now, "status": "active", "message_count": 0,

@@ -18,16 +18,18 @@ files are held at ``max_home_mb - reserve_mb`` (:attr:`Usage.files_mb`: the home
    folder a subvolume of :data:`RUN_FOLDER_MB`. The kernel refuses the writer (``EDQUOT``) at
    its quota, however fast it writes (``btrfs subvolume create``, ``btrfs qgroup create /
    assign / limit``: btrfs-progs). Homes made before (plain folders) are watched (2.).
-2. **The watcher** (every live sandbox, every mode): every :data:`WATCH_SECONDS` it reads the
-   free space and inodes of both file systems (``statvfs``), and measures each sandbox's home
-   and run folder (:func:`~hermes_service.sandbox.home_size_mb`) at most every second (less
-   often for a home that takes long to walk: at most ~5 % of a core per home) — at once when
-   the free space dropped by more than what is left of a home's quota since. A sandbox past
-   its quota (files or whole home; on btrfs the kernel holds it, the watcher only keeps the
-   floor) is ended: ``home_quota_exceeded`` (507). When a file system falls below
-   ``min_free_mb`` every sandbox is measured at once and the one that grew most during its
-   turn (by more than :data:`GROWTH_MB`) is ended: ``storage_full`` (507). Each process also
-   gets ``RLIMIT_FSIZE`` of what is left of its quota (:meth:`Disk.fsize_bytes`).
+2. **The watcher** (every live sandbox, every mode; :mod:`hermes_service.disk_watch`): every
+   50 ms it reads the free space and inodes of both file systems (``statvfs``), and
+   measures each sandbox's home and run folder — with the files its processes hold open or
+   mapped after their last name went (:func:`~hermes_service.sandbox.held_mb`) — at most
+   every second (at most ~5 % of a core per home), and every home at once when the free
+   space fell by more than what is left of a home's quota. A sandbox past its quota (files
+   or whole home; on btrfs the kernel holds it, the watcher only keeps the floor) is ended:
+   ``home_quota_exceeded`` (507), as is the fastest writer when space goes where no home
+   shows it (a file passed through a Unix socket). When a file system falls below
+   ``min_free_mb`` the sandbox that grew most during its turn, else the one writing
+   fastest, is ended: ``storage_full`` (507). Each process also gets ``RLIMIT_FSIZE`` of
+   what is left of its quota (:meth:`Disk.fsize_bytes`).
 3. **The floor** — no turn starts while either file system is below ``min_free_mb`` (507
    ``storage_full``) or while the whole home is at its quota (507 ``home_quota_exceeded``),
    ``/health`` says ``degraded`` (503, ``checks.disk``), and a write that finds the disk full
@@ -41,28 +43,21 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import disk_btrfs
 from .disk_btrfs import BTRFS
+from .disk_watch import MIB, Watcher
 from .errors import RunError, StorageFull
-from .sandbox import Launch, Settings, home_size_mb, signal_tree
+from .sandbox import STATE_FOLDER, Launch, Settings, Usage, usage
+
+__all__ = ["Disk", "Space", "Usage", "home_quota_error", "reserve_mb", "space", "storage_error",
+           "usage"]
 
 log = logging.getLogger("hermes_service.disk")
 
-MIB = 1024 * 1024
-#: how often the watcher looks at the free space (seconds); a drop of free space larger than
-#: what is left of a watched home's quota makes it measure every home at once
-WATCH_SECONDS = 0.05
-#: a home is walked at most this often, and at most ~1/WALK_SHARE of the time
-WALK_EVERY = 1.0
-WALK_SHARE = 20
-#: a sandbox is ended for a full file system only if it grew by more than this in its turn
-GROWTH_MB = 16
 #: free inodes kept (where the file system counts them: 10 000, or 5 % of a small one's)
 #: below which it counts as full
 MIN_FREE_INODES = 10_000
@@ -77,33 +72,9 @@ QUOTA_HEADROOM_MB = 4
 #: turn per second must not walk 100 000 files each time
 REUSE_SLOW_SECONDS = 30.0
 SLOW_WALK_SECONDS = 0.05
-#: the name of Hermes's own folder in a home (HERMES_HOME)
-STATE_FOLDER = ".hermes"
-
-
 def reserve_mb(max_home_mb: float) -> float:
     """What of ``max_home_mb`` is kept for Hermes's record: an eighth, 4 to 256 MiB."""
     return max(4.0, min(256.0, max_home_mb / 8))
-
-
-@dataclass(frozen=True)
-class Usage:
-    """MiB a user uses: ``files_mb`` (its home but ``.hermes``, and its run folder) and
-    ``state_mb`` (``.hermes``), walked with :func:`~hermes_service.sandbox.home_size_mb`."""
-    files_mb: float
-    state_mb: float
-
-    @property
-    def total_mb(self) -> float:
-        return self.files_mb + self.state_mb
-
-
-def usage(home_root: Path, run_dir: Path | None, stop_above: float | None = None) -> Usage:
-    """:class:`Usage` of a home and its run folder (each walk stops above ``stop_above``)."""
-    total = home_size_mb(home_root, stop_above)
-    state = home_size_mb(Path(home_root) / STATE_FOLDER, stop_above)
-    run = home_size_mb(run_dir, stop_above) if run_dir is not None else 0.0
-    return Usage(max(0.0, total - state) + run, state)
 
 
 def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
@@ -139,36 +110,14 @@ def space(path: Path) -> Space | None:
     return Space(st.f_bavail * st.f_frsize, st.f_favail, st.f_files)
 
 
-@dataclass
-class _Watched:
-    launch: Launch
-    user_id: str
-    home: Path
-    run_dir: Path
-    start: Usage
-    now: Usage
-    next_walk: float = 0.0
-    ended: bool = False
-    _cost: float = field(default=0.0, repr=False)
-
-    @property
-    def grown_mb(self) -> float:
-        return self.now.total_mb - self.start.total_mb
-
-
 class Disk:
     """The disk rules of one service process (module doc). ``settings``: ``hermes.sandbox``;
     ``data_dir``: the service's state; ``homes``: ``paths.homes_dir`` (or the data dir)."""
 
     def __init__(self, settings: Settings, data_dir: Path, homes: Path):
         self.data_dir, self.homes = Path(data_dir), Path(homes)
-        self._lock = threading.Lock()
-        self._watched: dict[int, _Watched] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._low: dict[str, bool] = {}
+        self.watcher = Watcher(self)
         self._limited: dict[Path, float] = {}      # home -> the qgroup limit set (MiB)
-        self._free: int | None = None              # free bytes at the watcher's last look
         self._sizes: dict[Path, tuple[float, Usage]] = {}   # home -> (reuse until, usage)
         self.configure(settings)
 
@@ -285,89 +234,20 @@ class Disk:
     def watch(self, launch: Launch, user_id: str, home_root: Path, run_dir: Path,
               used: Usage) -> None:
         """Watch ``launch``'s sandbox until it closes: the home ``home_root`` and run folder
-        ``run_dir``, using ``used`` now. Past its quota or below the floor its
-        :attr:`Launch.over` is set, which the runner reads as a limit hit."""
-        w = _Watched(launch, user_id, Path(home_root), Path(run_dir), used, used,
-                     next_walk=time.monotonic() + WALK_EVERY)
-        key = id(launch)
-        with self._lock:
-            self._watched[key] = w
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="disk-watch",
-                                                daemon=True)
-                self._thread.start()
-        self._wake.set()
+        ``run_dir``, using ``used`` now (:mod:`hermes_service.disk_watch`). Past its quota or
+        below the floor its :attr:`Launch.over` is set, which the runner reads as a limit
+        hit."""
+        self.watcher.watch(launch, user_id, home_root, run_dir, used)
 
-        def forget():
-            with self._lock:
-                self._watched.pop(key, None)
-        launch.on_close(forget)
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                watched = [w for w in self._watched.values() if not w.ended]
-            if not watched:
-                self._free = None
-                self._wake.wait(5.0)
-                self._wake.clear()
-                continue
-            try:
-                self._look(watched)
-            except Exception:  # the watcher must not die
-                log.exception("disk watcher")
-            time.sleep(WATCH_SECONDS)
-
-    def _look(self, watched: list[_Watched]) -> None:
-        low, free = [], 0
+    def free_space(self) -> list[tuple[str, int | None, bool]]:
+        """``(label, free bytes or None, below the floor)`` of the data dir's file system and
+        the homes' (when apart)."""
+        out = []
         for label, path in self._filesystems():
             sp = space(path)
-            if sp is not None:
-                free += sp.bytes
-                if self._is_low(sp):
-                    low.append(label)
-        now = time.monotonic()
-        left = min((self.files_cap_mb - w.now.files_mb for w in watched), default=0) * MIB
-        # free space fell faster than a home's quota has room: a fast writer, measure now
-        rush = self._free is not None and self._free - free > max(left, 0)
-        self._free = free
-        for w in watched:
-            if low or (self.backend != BTRFS and (rush or now >= w.next_walk)):
-                self._measure(w)
-                over = w.now.files_mb > self.files_cap_mb or w.now.total_mb > self.max_home_mb
-                if over and self.backend != BTRFS:
-                    self._end(w, "home_quota", f"its home uses {w.now.total_mb:.0f} MiB (files "
-                              f"{w.now.files_mb:.0f}), over max_home_mb {self.max_home_mb:g}")
-        for label in low:
-            if self._low.get(label) is not True:
-                log.warning("disk: %s is below hermes.sandbox.min_free_mb (%d MiB); no turn "
-                            "starts until there is room", label, self.min_free // MIB)
-            self._low[label] = True
-        for label in list(self._low):
-            if label not in low and self._low[label]:
-                log.info("disk: %s has room again", label)
-                self._low[label] = False
-        if low:
-            grown = [w for w in watched if not w.ended and w.grown_mb > GROWTH_MB]
-            if grown:
-                top = max(grown, key=lambda w: w.grown_mb)
-                self._end(top, "disk", f"{low[0]} is below the floor and its sandbox grew by "
-                          f"{top.grown_mb:.0f} MiB in this turn")
-
-    def _measure(self, w: _Watched) -> None:
-        t0 = time.monotonic()
-        w.now = usage(w.home, w.run_dir, stop_above=self.max_home_mb + 1)
-        w._cost = time.monotonic() - t0
-        w.next_walk = t0 + max(WALK_EVERY, WALK_SHARE * w._cost)
-
-    def _end(self, w: _Watched, why: str, detail: str) -> None:
-        """Stop the sandbox's writing at once (SIGKILL to every process in it: the runner,
-        which polls every ~0.2 s, then ends the turn with the code of :attr:`Launch.over`)."""
-        w.ended = True
-        w.launch.over = why
-        if w.launch.pid is not None:
-            signal_tree(w.launch.pid, signal.SIGKILL)
-        log.warning("disk: ended the sandbox of user=%s: %s", w.user_id, detail)
+            out.append((label, None if sp is None else sp.bytes,
+                        sp is not None and self._is_low(sp)))
+        return out
 
     # -- helpers ---------------------------------------------------------------------------
     def _filesystems(self) -> list[tuple[str, Path]]:

@@ -23,12 +23,21 @@ Rules (docs/v1-api.md §Idempotent retries is the manual):
   ``idempotency_key_conflict`` (client: ``hermes_client_idempotency_conflict``).
 * **What is replayed**: the first request's status, ``Content-Type`` and body, byte for byte
   (an error body keeps the first request's ``requestId``), with ``Idempotency-Replayed:
-  true``; ``X-Request-Id`` is the retry's own. Recorded (:func:`recordable`): every 2xx, and
-  every 4xx except those that say "try again later" (409 ``session_busy``, 429). Never
-  recorded: 5xx (a provider, Hermes, a timeout or a stopping service; the failed turn was taken
-  back, so the retry is a fresh attempt) and what is refused before the record is claimed
-  (authentication, a bad key, a conflict). An unrecorded outcome releases the key: the next
-  request with it runs.
+  true``; ``X-Request-Id`` is the retry's own. Recorded (:func:`recordable`): what did
+  something — every 2xx, and 422 (a turn that ran and was ended by a limit). Not recorded:
+  every other 4xx, which refused the request before anything ran (400, 401, 403, 404, 409,
+  413 …, and 429, 409 ``session_busy``, which say "later": a retry is checked afresh and,
+  while nothing changed, answered the same — so a client cannot make the service keep a
+  record of a request that cost nothing), every 5xx (a provider, Hermes, a timeout or a
+  stopping service; the failed turn was taken back, so the retry is a fresh attempt) and what
+  is refused before the record is claimed (authentication, a bad key, a conflict). An
+  unrecorded outcome releases the key: the next request with it runs.
+* **How many**: one API key keeps at most ``service.idempotency_max_records_per_key``
+  records (default 100 000, over every route and user of that key); a new one past it
+  makes the key's oldest finished records go (a retry of one of those runs afresh). Going
+  rather than refusing: one API key is usually every user's (mnote-web's server), so
+  refusing keyed requests would turn one client's flood into everyone's outage, while the
+  records that go are the ones least likely to be retried.
 * **The store unusable** (``idempotency.db`` locked by another process beyond the busy
   timeout of 10 s, damaged, unwritable): a keyed request is 503 ``idempotency_unavailable``
   with ``Retry-After`` before anything runs (client: ``hermes_client_idempotency_unavailable``);
@@ -104,6 +113,11 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_expires_at ON requests(expires_at);
 """
+#: added to a store made by an earlier version (which had no per-API-key count)
+_MIGRATE = ("ALTER TABLE requests ADD COLUMN api_key TEXT NOT NULL DEFAULT '-'",
+            "CREATE INDEX IF NOT EXISTS requests_api_key ON requests(api_key, created_at)")
+#: records one API key keeps (``service.idempotency_max_records_per_key``'s default)
+MAX_RECORDS_PER_KEY = 100_000
 
 
 def check_key(value: str | None) -> str | None:
@@ -118,13 +132,16 @@ def check_key(value: str | None) -> str | None:
     return value
 
 
+#: the 4xx recorded: a turn that ran and was ended by a limit (``run_limit_exceeded``)
+RECORDED_4XX = frozenset({422})
+
+
 def recordable(status: int, code: str | None = None) -> bool:
-    """Is an outcome replayed to retries? Every 2xx (and 3xx), and a 4xx that is the
-    request's own (400, 403, 404, 413, 422 …) — not 409 ``session_busy`` or a 429, which say
-    "later", and never a 5xx."""
-    if status >= 500 or status == 429:
-        return False
-    return not (status == 409 and code == "session_busy")
+    """Is an outcome replayed to retries? What did something: every 2xx (and 3xx), and the
+    4xx of :data:`RECORDED_4XX`. Every other 4xx refused the request before anything ran
+    (a retry is checked afresh), and a 5xx is a failure the retry may overcome. ``code``
+    (the error's) is accepted for callers; the status decides."""
+    return status < 400 or status in RECORDED_4XX
 
 
 def fingerprint(body: bytes, extra: tuple = ()) -> str:
@@ -146,11 +163,15 @@ def fingerprint(body: bytes, extra: tuple = ()) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def api_key_of() -> str:
+    """The request's API key as records name it: its digest, ``-`` when keys are off."""
+    return getattr(g.get("api_key"), "sha256", None) or "-"
+
+
 def scope_of(family: str, user: str | None) -> str:
-    """The owner of a key: ``family``, the request's API key (its digest; ``-`` when keys
-    are off) and ``user``."""
-    key = g.get("api_key")
-    parts = [family, getattr(key, "sha256", None) or "-", user or "-"]
+    """The owner of a key: ``family``, the request's API key (:func:`api_key_of`) and
+    ``user``."""
+    parts = [family, api_key_of(), user or "-"]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -176,10 +197,11 @@ class IdempotencyStore:
     seconds (tests move it). Raises :class:`~hermes_service.session_store.CorruptStore` when
     the file cannot be opened as the store (not SQLite, a folder, unreadable)."""
 
-    def __init__(self, path: str | Path, ttl_seconds: float, busy_timeout: float = 10.0):
+    def __init__(self, path: str | Path, ttl_seconds: float, busy_timeout: float = 10.0,
+                 max_records_per_key: int = MAX_RECORDS_PER_KEY):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.configure(ttl_seconds)
+        self.configure(ttl_seconds, max_records_per_key)
         self.busy_timeout = busy_timeout
         self.clock: Callable[[], float] = time.time
         self._local = threading.local()
@@ -188,6 +210,10 @@ class IdempotencyStore:
             con = self._con()
             con.execute("PRAGMA journal_mode=WAL")
             con.executescript(f"BEGIN IMMEDIATE;{_SCHEMA}COMMIT;")
+            columns = {row[1] for row in con.execute("PRAGMA table_info(requests)")}
+            if "api_key" not in columns:
+                con.executescript("BEGIN IMMEDIATE;" + ";".join(_MIGRATE) + ";COMMIT;")
+            con.execute(_MIGRATE[1])
         except sqlite3.Error as err:
             from .session_store import CorruptStore  # the service refuses to start (exit 3)
             raise CorruptStore(
@@ -195,10 +221,13 @@ class IdempotencyStore:
                 "stop every service process on the data dir, move it away with its -wal and "
                 "-shm files, and start again (docs/v1-api.md §Idempotent retries)") from None
 
-    def configure(self, ttl_seconds: float) -> None:
-        """Take a reloaded ``service.idempotency_ttl_seconds``: outcomes stored from now on
-        expire that long after they were answered."""
+    def configure(self, ttl_seconds: float,
+                  max_records_per_key: int = MAX_RECORDS_PER_KEY) -> None:
+        """Take a reloaded ``service.idempotency_ttl_seconds`` (outcomes stored from now on
+        expire that long after they were answered) and
+        ``service.idempotency_max_records_per_key``."""
         self.ttl = float(ttl_seconds)
+        self.max_records = int(max_records_per_key)
 
     def _con(self) -> sqlite3.Connection:
         """This thread's connection (re-opened after a fork)."""
@@ -211,12 +240,13 @@ class IdempotencyStore:
             self._local.con = (os.getpid(), con)
         return con
 
-    def claim(self, scope: str, key: str, fp: str) -> Outcome | str | None:
+    def claim(self, scope: str, key: str, fp: str, api_key: str = "-") -> Outcome | str | None:
         """Try to take ``key`` for this request: None when taken (run the request, then
         :meth:`finish` or :meth:`release`), the :class:`Outcome` to replay, or ``"running"``
         while another live request holds it. A record of a dead owner is taken over (None);
-        an expired one is replaced. Raises :class:`KeyConflict` (409
-        ``idempotency_key_conflict``) for another fingerprint."""
+        an expired one is replaced. A new record past :attr:`max_records` of ``api_key``
+        (:func:`api_key_of`) makes that key's oldest finished ones go. Raises
+        :class:`KeyConflict` (409 ``idempotency_key_conflict``) for another fingerprint."""
         now, me = self.clock(), instance.current()
         con = self._con()
         con.execute("BEGIN IMMEDIATE")
@@ -244,8 +274,14 @@ class IdempotencyStore:
                                 "AND idem_key = ?", (me, now + self.ttl, scope, key))
                     return None
             con.execute("INSERT OR REPLACE INTO requests (scope, idem_key, fingerprint, state, "
-                        "owner, created_at, expires_at) VALUES (?, ?, ?, 'running', ?, ?, ?)",
-                        (scope, key, fp, me, now, now + self.ttl))
+                        "owner, created_at, expires_at, api_key) VALUES (?, ?, ?, 'running', ?, "
+                        "?, ?, ?)", (scope, key, fp, me, now, now + self.ttl, api_key))
+            held = con.execute("SELECT count(*) FROM requests WHERE api_key = ?",
+                               (api_key,)).fetchone()[0]
+            if held > self.max_records:
+                con.execute("DELETE FROM requests WHERE rowid IN (SELECT rowid FROM requests "
+                            "WHERE api_key = ? AND state = 'done' ORDER BY created_at LIMIT ?)",
+                            (api_key, held - self.max_records))
             return None
         finally:
             con.execute("COMMIT")

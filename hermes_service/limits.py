@@ -69,3 +69,16 @@ class Limiter:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+#: one holder (an mnote actor, docs/mnote-client.md §Per-actor shares) may take at most this
+#: part of a node-wide limit ...
+SHARE = 4
+#: ... but never fewer than this many places (a reconnecting client briefly holds two)
+SHARE_AT_LEAST = 2
+
+
+def share(limit: int, at_least: int = SHARE_AT_LEAST) -> int:
+    """Places one holder may take of a node-wide ``limit``: a :data:`SHARE`-th of it, at
+    least ``at_least``, at most ``limit`` (12 → 3, 8 → 2, 2 → 2, 1 → 1)."""
+    return max(0, min(limit, max(at_least, limit // SHARE)))

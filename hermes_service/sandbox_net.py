@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import egress_proxy, metrics, service_gate
+from . import egress_proxy, instance, metrics, service_gate
 from .egress_policy import Policy
 from .hermes_site import netforward
 
@@ -124,13 +124,17 @@ class Attachment:
 
 class SandboxNet:
     """The sockets of every sandbox (see the module doc). ``root``: a service-owned folder
-    (``<data_dir>/sandbox/net``); ``targets``: ``{"model": (host, port), "service": (host,
-    port)}`` — set by :meth:`set_target` once each is listening. ``on_egress(attachment,
-    outcome)`` is called for every finished egress connection (logs, metrics, usage)."""
+    (``<data_dir>/sandbox/net``), shared by every service process on the data dir: each keeps
+    its sandboxes' folders in one of its own, ``<root>/<owner>`` (:func:`instance.current`),
+    and removes only the folders of owners no longer alive; ``targets``: ``{"model": (host,
+    port), "service": (host, port)}`` — set by :meth:`set_target` once each is listening.
+    ``on_egress(attachment, outcome)`` is called for every finished egress connection (logs,
+    metrics, usage)."""
 
     def __init__(self, root: Path, policy: Policy | None = None, caps: Caps | None = None,
                  on_egress: Callable | None = None):
         self.root = Path(root)
+        self.own = self.root / instance.current()       # this process's sandboxes' folders
         self.policy, self.caps = policy or Policy(), caps or Caps()
         self.on_egress = on_egress
         self.resolver = egress_proxy.default_resolver     # the policy's own name check
@@ -157,8 +161,9 @@ class SandboxNet:
                 self._thread.start()
                 ready.wait()
                 self._loop = loop
-                shutil.rmtree(self.root, ignore_errors=True)     # a crashed process's sockets
                 self.root.mkdir(parents=True, exist_ok=True)
+                sweep(self.root)                  # the sockets of processes that died
+                self.own.mkdir(mode=0o700, exist_ok=True)
         return self._loop
 
     def configure(self, policy: Policy, caps: Caps) -> None:
@@ -182,7 +187,7 @@ class SandboxNet:
     def attach(self, user_id: str, label: str = "") -> Attachment:
         """Open a new sandbox's sockets. Raises OSError when they cannot be made."""
         loop = self._ensure_loop()
-        folder = self.root / uuid.uuid4().hex[:16]
+        folder = self.own / uuid.uuid4().hex[:16]
         folder.mkdir(mode=0o700)
         att = Attachment(folder, user_id, label)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -297,6 +302,18 @@ class SandboxNet:
             o_writer.close()
 
 
+def sweep(root: Path) -> list[str]:
+    """Remove the folders under ``root`` whose owner process is gone (a crash leaves them);
+    those of live processes — another service process on the data dir — stay. Returns the
+    owners removed."""
+    gone = []
+    for entry in os.scandir(root):
+        if entry.is_dir(follow_symlinks=False) and not instance.alive(entry.name):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            gone.append(entry.name)
+    return gone
+
+
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
     try:
         while data := await src.read(CHUNK):
@@ -313,9 +330,13 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
 
 
 def report_egress(att: Attachment, out: egress_proxy.Outcome) -> None:
-    """One finished egress connection: a metric (no user label) and, for a refusal, a
-    warning line naming the user, the run (when one is running there) and the reason."""
+    """One finished egress connection: a metric (no user label) and a log line naming the
+    user and the run (when one is running there): for a refusal a warning with the reason,
+    else an info line with the bytes each way (per user, docs/operations.md §Logs)."""
     metrics.egress_connection(out.refused or "ok", out.up, out.down)
-    if out.refused:
+    if not out.refused:
+        log.info("egress user=%s run=%s: %s:%s up=%d down=%d", att.user_id, att.run_id or "-",
+                 out.host or "?", out.port or "?", out.up, out.down)
+    else:
         log.warning("egress refused for user=%s run=%s: %s:%s (%s)", att.user_id,
                     att.run_id or "-", out.host or "?", out.port or "?", out.refused)

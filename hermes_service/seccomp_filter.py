@@ -17,7 +17,12 @@ file handles (``open_by_handle_at``), raw I/O ports, clock and swap and reboot c
 personality flags that turn address-space randomisation off, and every socket family but
 Unix, IPv4, IPv6 and netlink (:data:`SOCKET_FAMILIES`: ``AF_VSOCK`` reaches the hypervisor
 past any network namespace). ``fallocate`` fails with ``EOPNOTSUPP`` (space reserved without
-writing would outrun the home quota's watcher, hermes_service/disk.py). System calls of another
+writing would outrun the home quota's watcher, hermes_service/disk.py), and so does an
+``open``/``openat`` with ``O_TMPFILE`` (a file no folder ever names: the watcher counts what
+a sandbox holds open, but a file that never had a name is refused outright, as by a file
+system without it — Python's ``tempfile`` then makes and unlinks a named one); ``openat2``
+fails with ``ENOSYS`` (its flags sit behind a pointer a filter cannot read; glibc and Python
+never need it, and fall back to ``openat`` where they would). System calls of another
 architecture (the i386 ABI from an x86-64 process) kill the caller (libseccomp's default
 for a foreign architecture), so no second system call table bypasses the list.
 
@@ -63,6 +68,9 @@ SOCKET_FAMILIES = (1, 2, 10, 16)          # AF_UNIX, AF_INET, AF_INET6, AF_NETLI
 AF_MAX = 46                               # Linux 6.x: families are 0 .. AF_MAX - 1
 #: ``ioctl`` requests refused: pushing input into a terminal, the Linux console ioctl
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+#: ``O_TMPFILE``'s own bit (``__O_TMPFILE``, asm-generic/fcntl.h; ``O_TMPFILE`` adds
+#: ``O_DIRECTORY``): open(2) carries the flags in argument 1, openat(2) in argument 2
+TMPFILE_BIT = 0o20000000
 #: personality(2) flags refused: ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO, READ_IMPLIES_EXEC
 PERSONALITY_FLAGS = (0x0040000, 0x0100000, 0x0400000)
 
@@ -93,6 +101,10 @@ def program() -> bytes:
     # space reserved at once, without writing, outruns the quota watcher (disk.py): refused as
     # by a file system without it (glibc's posix_fallocate then writes the zeros itself)
     filt.add_rule(sc.ERRNO(errno.EOPNOTSUPP), "fallocate")
+    for call, arg in (("open", 1), ("openat", 2)):
+        filt.add_rule(sc.ERRNO(errno.EOPNOTSUPP), call,
+                      sc.Arg(arg, sc.MASKED_EQ, TMPFILE_BIT, TMPFILE_BIT))
+    filt.add_rule(sc.ERRNO(errno.ENOSYS), "openat2")
     no_family = sc.ERRNO(errno.EAFNOSUPPORT)
     for call in ("socket", "socketpair"):
         for family in range(AF_MAX):

@@ -104,7 +104,8 @@ class Services:
             # those changed (a reload that rotates a key keeps every user's process warm)
             self.runners.acp.configure(h, retire=(h, self.homes.configured) != before)
         self.conversations.configure(h)
-        self.idempotency.configure(config.service.idempotency_ttl_seconds)
+        self.idempotency.configure(config.service.idempotency_ttl_seconds,
+                                   config.service.idempotency_max_records_per_key)
         for reload in self.reloaders:
             reload(config)
         self.admitted.resize(h.admission_places)
@@ -260,8 +261,9 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         conversations=Conversations(config, store, homes, processes, runners),
         admitted=Limiter(hermes.admission_places),
         sandbox=sandbox, disk=disk, model_proxy=proxy,
-        idempotency=IdempotencyStore(data_dir / IDEMPOTENCY_DB,
-                                     config.service.idempotency_ttl_seconds),
+        idempotency=IdempotencyStore(
+            data_dir / IDEMPOTENCY_DB, config.service.idempotency_ttl_seconds,
+            max_records_per_key=config.service.idempotency_max_records_per_key),
         service_url=service_url)
     sandbox.serve_back(service_url)     # an isolated sandbox's way back to us
     # gauges read at scrape time (docs/operations.md §Metrics)

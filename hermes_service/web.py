@@ -40,6 +40,7 @@ from .idempotency import (
     WAIT_MARGIN_SECONDS,
     IdempotencyStore,
     Outcome,
+    api_key_of,
     check_key,
     fingerprint,
     recordable,
@@ -279,12 +280,13 @@ def render_error(err: ServiceError):
 
 
 # -- idempotent routes ------------------------------------------------------------------------
-def _claim(store: IdempotencyStore, scope: str, key: str, fp: str) -> Outcome | str | None:
+def _claim(store: IdempotencyStore, scope: str, key: str, fp: str,
+           api_key: str) -> Outcome | str | None:
     """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
     beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
     ``Retry-After`` (nothing ran: the retry is safe), logged."""
     try:
-        return store.claim(scope, key, fp)
+        return store.claim(scope, key, fp, api_key)
     except sqlite3.Error as err:
         log.error("idempotency record store %s unusable (%s): keyed requests are refused",
                   store.path, err)
@@ -313,7 +315,7 @@ def idempotent(family: str, user: Callable[[], str | None], *,
             deadline, waiting = None, ExitStack()
             with waiting:             # held while this retry waits for the first request
                 while True:
-                    got = _claim(store, scope, key, fp)
+                    got = _claim(store, scope, key, fp, api_key_of())
                     if got is None:
                         break
                     if isinstance(got, Outcome):

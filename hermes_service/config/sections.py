@@ -120,6 +120,7 @@ class ServiceSettings:
     drain_seconds: float = key(60, {"type": "number", "minimum": 0})
     node_id: str | None = key(None, {"type": ["string", "null"], "pattern": NODE_ID_PATTERN})
     idempotency_ttl_seconds: float = key(86400, POS_NUM)
+    idempotency_max_records_per_key: int = key(100_000, POS_INT)
 
 
 @dataclass(frozen=True, slots=True)

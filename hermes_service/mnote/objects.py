@@ -45,8 +45,9 @@ class Mnote:
 
     def configure(self, config: Config) -> None:
         """A reloaded config (docs/configuring.md#reload): event retention, run and stream
-        limits."""
+        limits, an actor's share of the streams."""
         self.runs.configure(*run_limits(config))
+        self.runs.streams_per_actor = settings(config).max_streams_per_actor
 
     # -- drain source (Services.in_flight / outcome) ------------------------------
     def in_flight(self) -> dict:

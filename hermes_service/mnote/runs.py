@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from .. import instance, logs
 from ..errors import Conflict, NotFound, ServiceError, StorageFull, TooManyRuns, storage_full
-from ..limits import Limiter
+from ..limits import Limiter, share
 from . import metrics
 from .foreign_run import ForeignRun, LogPoller
 from .run import Run
@@ -57,6 +57,9 @@ class RunManager:
         self._runs: dict[str, Run] = {}
         self._by_session: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._streams_of: dict[str, int] = {}     # actor id -> its open event streams
+        #: ``mnote.max_streams_per_actor`` (None: :func:`~hermes_service.limits.share`)
+        self.streams_per_actor: int | None = None
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
         """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how
@@ -99,7 +102,8 @@ class RunManager:
         client knows, used in events). Raises Conflict ``session_busy`` if the session has an
         active run, in this or any other process on the data dir (``extra`` ``{"runId"}``:
         that run, for the caller to attach to), TooManyRuns if ``max_active`` runs are
-        already queued or running here."""
+        already queued or running here, or ``actor_id`` already has its share of them
+        (:func:`hermes_service.limits.share`)."""
         with self._lock:
             self._sweep()
             current = self._runs.get(self._by_session.get(session_key, ""))
@@ -108,6 +112,11 @@ class RunManager:
                                code="session_busy", extra={"runId": current.run_id})
             if sum(1 for r in self._runs.values() if not r.done) >= self.max_active:
                 raise TooManyRuns("too many runs in progress; retry later",
+                                  headers={"Retry-After": "5"})
+            mine = sum(1 for r in self._runs.values() if not r.done and r.actor_id == actor_id)
+            if mine >= share(self.max_active):
+                raise TooManyRuns(f"this actor has {mine} runs in progress, its share of "
+                                  f"{self.max_active}; retry when one has ended",
                                   headers={"Retry-After": "5"})
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
             if self.logs is not None:
@@ -286,20 +295,38 @@ class RunManager:
             log.info("run %s: dropped a %s request from another process: %s", run.run_id,
                      kind, err.detail)
 
-    def stream_slot(self) -> Callable[[], None]:
+    def stream_slot(self, actor_id: str | None = None) -> Callable[[], None]:
         """Take one event-stream slot; returns its release function (safe to call twice).
-        Raises TooManyRuns ``too_many_streams`` when all are taken."""
-        if not self.streams.acquire(blocking=False):
-            raise TooManyRuns("too many open event streams; retry later", code="too_many_streams",
-                              headers={"Retry-After": "5"})
+        Raises TooManyRuns ``too_many_streams`` when all are taken, or when ``actor_id``
+        holds its share of them (``mnote.max_streams_per_actor``, else
+        :func:`hermes_service.limits.share` of ``mnote.max_event_streams``)."""
+        key = actor_id or ""
+        with self._lock:
+            mine = self._streams_of.get(key, 0)
+            cap = self.streams_per_actor or share(self.streams.size)
+            if mine >= cap:
+                raise TooManyRuns(f"this actor has {mine} event streams open, its share of "
+                                  f"{self.streams.size}; close one or retry later",
+                                  code="too_many_streams", headers={"Retry-After": "5"})
+            if not self.streams.acquire(blocking=False):
+                raise TooManyRuns("too many open event streams; retry later",
+                                  code="too_many_streams", headers={"Retry-After": "5"})
+            self._streams_of[key] = mine + 1
         released = threading.Event()
         metrics.stream_opened()
 
         def release() -> None:
-            if not released.is_set():
+            with self._lock:
+                if released.is_set():
+                    return
                 released.set()
-                self.streams.release()
-                metrics.stream_closed()
+                left = self._streams_of.get(key, 1) - 1
+                if left > 0:
+                    self._streams_of[key] = left
+                else:
+                    self._streams_of.pop(key, None)
+            self.streams.release()
+            metrics.stream_closed()
         return release
 
     def subscribe(self, run: Run | ForeignRun,
@@ -310,7 +337,7 @@ class RunManager:
         ``client_gone``: a check whether the client has disconnected (waitress's
         ``waitress.client_disconnected``); when given, the stream ends within
         :data:`DISCONNECT_CHECK_SECONDS` of the client going away."""
-        sub = Subscription(run, self.stream_slot(), client_gone, self.watch)
+        sub = Subscription(run, self.stream_slot(run.actor_id), client_gone, self.watch)
         if client_gone is not None:
             self.watch.add(sub)
         return sub

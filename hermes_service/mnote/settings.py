@@ -89,6 +89,8 @@ class MnoteSettings:
     events_retention_seconds: float = key(3600, POS_NUM)
     keepalive_seconds: float = key(15, POS_NUM)
     max_event_streams: int = key(None, OPT_POS_INT)     # null: derived (:func:`size`)
+    #: open event streams one actor may hold (null: a quarter of max_event_streams, >= 2)
+    max_streams_per_actor: int | None = key(None, {"type": ["integer", "null"], "minimum": 1})
     default_capability_scope: tuple[str, ...] = key(
         ("page.read", "page.write", "artifact.write"), STR_LIST)
     service_url: str | None = key(None, {"type": ["string", "null"]})

@@ -12,7 +12,16 @@ pre-warm, ``/api/v1/execute``, ``hermes --version`` and ``gc``'s transcript dele
 """
 from .args import HOME, RUN_DIR, SITE_DIR, map_paths, proc_covers, runtime_roots
 from .cgroups import Cgroup, CgroupBase
-from .disk_use import MIN_ENTRY_BYTES, home_size_mb
+from .disk_use import (
+    MIN_ENTRY_BYTES,
+    STATE_FOLDER,
+    Usage,
+    held_mb,
+    home_size_mb,
+    open_folder,
+    usage,
+    write_bytes,
+)
 from .launcher import Credentials, Launch, Sandbox
 from .probe import Probe, fallback_warnings, probe, problems, warnings
 from .settings import (
@@ -33,12 +42,48 @@ from .trees import (
     signal_tree,
     tree_cpu_seconds,
     tree_rss_mb,
+    zombies,
 )
 
 __all__ = [
-    "HOME", "HOST_TOOLSETS", "MIN_ENTRY_BYTES", "MODEL_KEY_ENV", "MODEL_URL_ENV", "MODES",
-    "NETWORKS", "RUN_DIR", "SITE_DIR", "Cgroup", "CgroupBase", "Credentials", "Egress", "Launch",
-    "Limits", "Probe", "Sandbox", "Settings", "descendants", "fallback_warnings", "home_size_mb",
-    "host_toolsets", "kill_strays", "limit_signal", "map_paths", "probe", "problems",
-    "proc_covers", "runtime_roots", "signal_tree", "tree_cpu_seconds", "tree_rss_mb", "warnings",
+    "HOME",
+    "HOST_TOOLSETS",
+    "MIN_ENTRY_BYTES",
+    "MODEL_KEY_ENV",
+    "MODEL_URL_ENV",
+    "MODES",
+    "NETWORKS",
+    "RUN_DIR",
+    "SITE_DIR",
+    "STATE_FOLDER",
+    "Cgroup",
+    "CgroupBase",
+    "Credentials",
+    "Egress",
+    "Launch",
+    "Limits",
+    "Probe",
+    "Sandbox",
+    "Settings",
+    "Usage",
+    "descendants",
+    "fallback_warnings",
+    "held_mb",
+    "home_size_mb",
+    "host_toolsets",
+    "kill_strays",
+    "limit_signal",
+    "map_paths",
+    "open_folder",
+    "probe",
+    "problems",
+    "proc_covers",
+    "runtime_roots",
+    "signal_tree",
+    "tree_cpu_seconds",
+    "tree_rss_mb",
+    "usage",
+    "warnings",
+    "write_bytes",
+    "zombies",
 ]

@@ -83,6 +83,17 @@ def kill_strays(leader: int) -> int:
     return len(strays)
 
 
+def zombies(leader: int) -> int:
+    """How many zombies the sandbox led by ``leader`` holds: processes that ended under
+    Hermes (its PID 1), which never reaps the orphans re-parented to it. Each takes a place
+    of ``limits.processes`` until the Hermes process ends."""
+    try:
+        main = int(Path(f"/proc/{leader}/task/{leader}/children").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return sum(1 for p in descendants(main) if state(p) == "Z")
+
+
 def state(pid: int) -> str | None:
     """A process's state letter (``Z``: a zombie, which PID 1 — Hermes — never reaps)."""
     try:

@@ -207,8 +207,9 @@ def shards(tmp_path_factory, model):
 
 
 def node_of(nodes, user) -> str:
-    """The node whose data dir holds ``user``'s home (exactly one)."""
-    found = [n for n, svc in nodes.items() if (svc.data_dir / "users" / user).is_dir()]
+    """The node whose data dir holds ``user``'s sessions (exactly one; its home is made at
+    its first turn)."""
+    found = [n for n, svc in nodes.items() if (svc.data_dir / "sessions" / user).is_dir()]
     assert len(found) == 1, (user, found)
     return found[0]
 

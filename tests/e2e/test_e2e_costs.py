@@ -107,7 +107,8 @@ def test_an_agent_with_its_credential_uses_the_account_only_for_the_configured_m
                                     "sandbox": {"mode": "bwrap"},
                                     "limits": {"daily_tokens": 400_000}}})
     sid = svc.post("/api/v1/sessions", json={"user_id": "mallory"}).json()["session_id"]
-    home = tmp_path / "data" / "users" / "mallory"          # made with the session
+    home = tmp_path / "data" / "users" / "mallory"          # (made at its first turn)
+    home.mkdir(parents=True)
     (home / "spend.py").write_text(SPEND)
     seen = len(model.requests)
     res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("python spend.py")})

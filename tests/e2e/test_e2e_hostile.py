@@ -139,6 +139,7 @@ def test_a_hostile_agent_cannot_change_its_policy_or_reach_its_hermes(start_serv
     svc = start_service(cfg)
     home = tmp_path / "data" / "users" / "mallory"
     sid = svc.post("/api/v1/sessions", json={"user_id": "mallory"}).json()["session_id"]
+    home.mkdir(parents=True)                    # (made with its files at the first turn)
     (home / "attack.sh").write_text(ATTACK)
     (home / "reach.py").write_text(REACH)
     res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("sh attack.sh")})

@@ -186,6 +186,7 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
                         f"C='{svc.config_path}'", f"URL='{svc.url}'", f"BSID='{sid_b}'",
                         f"BPID={bpids[0]}", f"HOST_PORTS='{' '.join(map(str, ports))}'",
                         f"ABSTRACT='{abstract.getsockname()[1:].decode()}'", ATTACK])
+    (users / "alice").mkdir(exist_ok=True)             # (made at its first turn)
     (users / "alice" / "attack.sh").write_text(script)
     res = svc.post(f"/api/v1/sessions/{sid_a}/messages", json={"message": terminal("sh attack.sh")})
     assert res.status_code == 200, res.text
@@ -260,7 +261,9 @@ def test_limits_end_the_turn_with_their_code_and_others_carry_on(start_service, 
         if runner == "acp" and name in ("memory", "file_size"):
             continue          # the same sandbox and rules as the CLI; kept short on ACP
         sid = svc.post("/api/v1/sessions", json={"user_id": f"greedy-{name}"}).json()["session_id"]
-        (tmp_path / "data" / "users" / f"greedy-{name}" / "greedy.py").write_text(script)
+        home = tmp_path / "data" / "users" / f"greedy-{name}"
+        home.mkdir(parents=True)                # (made with its files at the first turn)
+        (home / "greedy.py").write_text(script)
         res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal(command)})
         assert res.status_code == 422, (name, res.json().get("response", res.text)[-600:])
         body = res.json()
@@ -296,12 +299,16 @@ def test_a_home_over_its_quota_fails_before_hermes_starts(start_service, tmp_pat
 
 def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
     """A tool command that daemonizes (setsid, background) is ended when the ACP turn ends,
-    so it cannot burn CPU or hold files between turns, outside every turn's limits."""
+    so it cannot burn CPU or hold files between turns, outside every turn's limits. Orphans
+    that ended stay zombies under Hermes (PID 1, which never reaps them), each holding a place
+    of ``limits.processes``: past a quarter of it the process is retired and replaced."""
     svc = start_service({"hermes": {"runner": "acp", "toolsets": TOOLS,
-                                    "sandbox": {"mode": "bwrap"}}})
+                                    "sandbox": {"mode": "bwrap", "limits": {"processes": 64}}}})
     sid = svc.post("/api/v1/sessions", json={"user_id": "daemon"}).json()["session_id"]
+    (tmp_path / "data" / "users" / "daemon").mkdir(parents=True)    # (the first turn's)
     (tmp_path / "data" / "users" / "daemon" / "d.sh").write_text(
-        "setsid sh -c 'while :; do sleep 0.37; done' </dev/null >/dev/null 2>&1 &\necho started\n")
+        "setsid sh -c 'while :; do sleep 0.37; done' </dev/null >/dev/null 2>&1 &\n"
+        "for i in $(seq 20); do (sleep 0.01 &); done; sleep 0.2\necho started\n")
     res = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": terminal("sh d.sh")})
     assert res.status_code == 200 and "started" in res.text, res.text
 
@@ -316,6 +323,7 @@ def test_nothing_a_warm_turn_started_outlives_it(start_service, tmp_path):
         return found
     wait_for(lambda: not looping(), "the daemonized loop to be ended", 30)
     svc.wait_log("left in its sandbox")
+    svc.wait_log("ended processes it does not reap")      # 21 zombies >= 64 // 4
     again = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "still warm"})
     assert again.status_code == 200, again.text
 
@@ -326,6 +334,7 @@ def test_an_env_file_planted_in_the_home_cannot_turn_approvals_off(start_service
     svc = start_service({"hermes": {"toolsets": ["terminal"], "sandbox": {"mode": "bwrap"}}})
     sid = svc.post("/api/v1/sessions", json={"user_id": "yolo"}).json()["session_id"]
     home = tmp_path / "data" / "users" / "yolo"
+    (home / ".hermes").mkdir(parents=True)      # (the home is made at the first turn)
     (home / ".hermes" / ".env").write_text("HERMES_YOLO_MODE=1\n")
     (home / "scratch").mkdir()
     (home / "scratch" / "keep.txt").write_text("still here")

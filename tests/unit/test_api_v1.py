@@ -65,6 +65,17 @@ def test_create_session_example(client, tmp_path):
     assert set(body) == {"session_id", "user_id", "hermes_path", "status"}
     assert body["user_id"] == "user123" and body["status"] == "created"
     assert body["hermes_path"] == str(tmp_path / "data" / "users" / "user123" / ".hermes")
+    # the home is made at the user's first turn, not for a session (an API client creating
+    # sessions for new user ids makes registry entries, not homes)
+    assert not (tmp_path / "data/users/user123").exists()
+
+
+def test_a_users_home_is_made_at_its_first_turn(client, tmp_path):
+    c = client()
+    sid = c.post("/api/v1/sessions", json={"user_id": "user123"}, headers=H).json["session_id"]
+    assert not (tmp_path / "data/users/user123").exists()
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=H)
+    assert res.status_code == 200, res.json
     assert (tmp_path / "data/users/user123/.hermes/config.yaml").is_file()
 
 

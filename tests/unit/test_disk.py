@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,7 @@ def test_the_watcher_ends_a_sandbox_past_its_quota_and_forgets_it_when_it_closes
     write(home / "grow.bin", 40)                   # faster than its room: measured at once
     wait_for(lambda: launch.limit_hit() == "home_quota", "the sandbox ended", 10)
     launch.close()
-    assert not d._watched
+    assert not len(d.watcher)
 
 
 def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypatch):
@@ -98,6 +99,168 @@ def test_below_the_floor_the_sandbox_that_grew_most_is_ended(tmp_path, monkeypat
     assert launches["small"].limit_hit() is None       # grew by less than GROWTH_MB: spared
     for launch in launches.values():
         launch.close()
+
+
+#: a sandbox's process: writes MiB into a file it unlinked (or made with O_TMPFILE, or sent
+#: through a Unix socket and closed), then waits for its stdin to close (or, "forever",
+#: writes on in place as fast as it can)
+HIDER = r"""
+import os, socket, sys
+where, how, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if how == "tmpfile":
+    fd = os.open(where, os.O_TMPFILE | os.O_WRONLY, 0o600)
+else:
+    fd = os.open(os.path.join(where, "h"), os.O_CREAT | os.O_WRONLY, 0o600)
+    os.unlink(os.path.join(where, "h"))
+a, b = socket.socketpair()
+for _ in range(mib):
+    os.write(fd, b"\1" * (1 << 20))
+    if how == "in-flight":             # out of every /proc/<pid>/fd: only its writes show
+        socket.send_fds(a, [b"x"], [fd])
+        os.close(fd)
+        fd = os.open(where, os.O_TMPFILE | os.O_WRONLY, 0o600) if False else \
+            os.open(os.path.join(where, "h"), os.O_CREAT | os.O_WRONLY, 0o600)
+        os.unlink(os.path.join(where, "h"))
+print("ready", flush=True)
+if len(sys.argv) > 4:                  # writing on, fast, in place: no more space taken
+    while True:
+        os.pwrite(fd, b"\1" * (1 << 20), 0)
+sys.stdin.read()
+"""
+
+
+def hider(folder: Path, how: str, mib: int, forever: bool = False):
+    import subprocess
+    import sys
+    folder.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", HIDER, str(folder), how, str(mib),
+                             *(["forever"] if forever else [])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("how", ["unlinked", "tmpfile"])
+def test_files_a_sandbox_holds_without_a_name_count_toward_its_quota(tmp_path, how):
+    home, run = tmp_path / "data" / "users" / "u", tmp_path / "data" / "runs" / "u"
+    write(home / "start.bin", 1)
+    d = make(tmp_path)
+    proc = hider(home, how, 40)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        launch = Launch(["true"], {}, "/")
+        launch.pid = proc.pid
+        d.watch(launch, "u", home, run, d.measure(home, run))
+        wait_for(lambda: launch.limit_hit() == "home_quota", "the hider ended", 10)
+        launch.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_below_the_floor_with_no_grower_the_fastest_writer_is_ended(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=4096, min_free_mb=64)
+    launches, procs = {}, {}
+    for n in ("quiet", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        write(home / "x.bin", 1)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        if n == "quiet":
+            assert procs[n].stdout.readline() == b"ready\n"      # and writes no more
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    try:
+        monkeypatch.setattr(disk, "space", lambda p: Space(MIB, None))
+        wait_for(lambda: launches["writer"].limit_hit() == "disk", "the writer ended", 10)
+        assert launches["quiet"].limit_hit() is None
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
+
+
+def test_space_going_where_no_home_shows_it_ends_the_fastest_writer(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=64, min_free_mb=1)
+    launches, procs = {}, {}
+    for n in ("quiet", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        write(home / "x.bin", 1)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        if n == "quiet":
+            assert procs[n].stdout.readline() == b"ready\n"
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    free = [1 << 40]
+
+    def vanishing(path):          # ~8 MiB gone per look (~160 MiB/s), no home grows
+        free[0] -= 4 * MIB        # (two file systems are asked: the data dir, the homes)
+        return Space(free[0], None)
+    try:
+        monkeypatch.setattr(disk, "space", vanishing)
+        wait_for(lambda: launches["writer"].limit_hit() == "home_quota", "the writer ended", 10)
+        assert launches["quiet"].limit_hit() is None
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
+
+
+def test_a_slow_drift_of_free_space_ends_nobody(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=8, min_free_mb=1)
+    home, run = tmp_path / "data" / "users" / "w", tmp_path / "data" / "runs" / "w"
+    write(home / "x.bin", 1)
+    proc = hider(home, "in-flight", 1, forever=True)
+    launch = Launch(["true"], {}, "/")
+    launch.pid = proc.pid
+    free, looks = [1 << 40], []
+
+    def drifting(path):           # 0.5 MiB per look, <= 10 MiB/s: under GROWTH_MB a second
+        free[0] -= MIB // 2
+        looks.append(1)
+        return Space(free[0], None)
+    monkeypatch.setattr(disk, "space", drifting)
+    try:
+        d.watch(launch, "w", home, run, d.measure(home, run))
+        wait_for(lambda: len(looks) > 40, "40 looks (20 MiB: past its quota, but slowly)", 20)
+        assert launch.limit_hit() is None
+    finally:
+        proc.kill()
+        proc.wait()
+        launch.close()
+
+
+def test_files_deleted_before_the_next_walk_do_not_count_as_hidden_space(tmp_path, monkeypatch):
+    """Free space rises at once when files go; the walk sees it up to a second later. That
+    lag must not read as space gone where no home shows it (and end a fast writer)."""
+    d = make(tmp_path, max_home_mb=32, min_free_mb=1)
+    free = [1 << 40]
+    monkeypatch.setattr(disk, "space", lambda p: Space(free[0], None))
+    launches, procs = {}, {}
+    for n in ("a", "c", "writer"):
+        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
+        if n != "writer":
+            write(home / "big.bin", 24)
+        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        launches[n] = Launch(["true"], {}, "/")
+        launches[n].pid = procs[n].pid
+        d.watch(launches[n], n, home, run, d.measure(home, run))
+    try:
+        wait_for(lambda: all(not w.ended for w in d.watcher._watched.values()) and
+                 d.watcher._looked, "a first look", 5)
+        for n in ("a", "c"):
+            (tmp_path / "data" / "users" / n / "big.bin").unlink()
+        free[0] += 48 * MIB                      # the file system has the room back at once
+        deadline = time.monotonic() + 2.5        # two walks of every home
+        while time.monotonic() < deadline:
+            assert launches["writer"].limit_hit() is None
+            time.sleep(0.05)
+    finally:
+        for n, proc in procs.items():
+            proc.kill()
+            proc.wait()
+            launches[n].close()
 
 
 def test_what_the_operator_is_told(tmp_path):

@@ -228,7 +228,7 @@ def test_the_longest_key_and_every_visible_character_are_accepted(c, stub):
 
 
 # -- what is recorded ------------------------------------------------------------------------
-def test_a_failed_turn_is_not_replayed_but_a_request_error_is(c, stub):
+def test_a_failed_turn_and_a_refusal_that_cost_nothing_are_not_recorded(c, stub):
     sid = new_session(c)
     stub.outcomes = [Outcome(1, "", "Traceback: boom\n", 0.1)]     # the CLI failed: 502
     failed = send(c, sid, "retry me", key="f")
@@ -236,10 +236,17 @@ def test_a_failed_turn_is_not_replayed_but_a_request_error_is(c, stub):
     ok = send(c, sid, "retry me", key="f")                 # the retry is a fresh attempt
     assert ok.status_code == 200 and REPLAYED_HEADER not in ok.headers
     assert len(stub.calls) == 2
-    missing = send(c, "no-such-session", "x", key="nf")
-    again = send(c, "no-such-session", "x", key="nf")
-    assert missing.status_code == again.status_code == 404
-    assert again.headers[REPLAYED_HEADER] == "true"
+    # a 4xx refused before anything ran: no record is kept (the red team made 86 a second
+    # of these); its retry is checked afresh and, nothing having changed, answered the same
+    before = c.svc.idempotency.count()
+    for i in range(50):
+        missing = send(c, f"no-such-session-{i}", "x", key=f"nf-{i}")
+        assert missing.status_code == 404
+    again = send(c, "no-such-session-0", "x", key="nf-0")
+    assert again.status_code == 404 and REPLAYED_HEADER not in again.headers
+    assert c.post("/api/v1/sessions", json={"user_id": "../x"},
+                  headers=keyed(K, "bad")).status_code == 400
+    assert c.svc.idempotency.count() == before
 
 
 def test_a_busy_session_is_not_replayed(c, stub):
@@ -333,3 +340,48 @@ def test_the_ttl_is_validated(make_config, value, problem):
 def test_the_ttl_follows_a_reload(c, make_config):
     c.svc.apply(make_config({"service": {"idempotency_ttl_seconds": 7200}}))
     assert c.svc.idempotency.ttl == 7200
+
+
+def test_one_api_key_keeps_at_most_its_records_the_oldest_finished_go(c, stub):
+    store = c.svc.idempotency
+    store.configure(store.ttl, max_records_per_key=5)
+    keys = [f"s-{i}" for i in range(8)]
+    for i, key in enumerate(keys):
+        res = c.post("/api/v1/sessions", json={"user_id": f"u{i}"}, headers=keyed(K, key))
+        assert res.status_code == 200
+    assert store.count() == 5                           # the newest five are kept
+    newest = c.post("/api/v1/sessions", json={"user_id": "u7"}, headers=keyed(K, keys[-1]))
+    assert newest.headers[REPLAYED_HEADER] == "true"
+    oldest = c.post("/api/v1/sessions", json={"user_id": "u0"}, headers=keyed(K, keys[0]))
+    assert oldest.status_code == 200 and REPLAYED_HEADER not in oldest.headers   # runs afresh
+
+
+def test_the_record_cap_is_per_api_key_and_follows_a_reload(make, make_config, stub):
+    c = make(TWO_KEYS)
+    c.svc.apply(make_config({**TWO_KEYS, "service": {"idempotency_max_records_per_key": 3}}))
+    store = c.svc.idempotency
+    assert store.max_records == 3
+    other = {"X-API-Key": OTHER_KEY}
+    for i in range(3):
+        c.post("/api/v1/sessions", json={"user_id": f"o{i}"}, headers=keyed(other, f"o{i}"))
+    for i in range(10):                                  # one key floods: its own records go
+        c.post("/api/v1/sessions", json={"user_id": f"f{i}"}, headers=keyed(K, f"f{i}"))
+    assert store.count() == 6
+    kept = c.post("/api/v1/sessions", json={"user_id": "o0"}, headers=keyed(other, "o0"))
+    assert kept.headers[REPLAYED_HEADER] == "true"       # the other key's records are kept
+
+
+def test_a_store_of_an_earlier_version_gets_the_per_key_column(tmp_path):
+    from hermes_service.idempotency import IdempotencyStore
+    old = tmp_path / "idempotency.db"
+    with sqlite3.connect(old) as db:
+        db.executescript("""CREATE TABLE requests (scope TEXT NOT NULL, idem_key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL, state TEXT NOT NULL, owner TEXT, status INTEGER,
+            content_type TEXT, body BLOB, created_at REAL NOT NULL, expires_at REAL NOT NULL,
+            PRIMARY KEY (scope, idem_key));
+            INSERT INTO requests VALUES ('s', 'k', 'f', 'done', NULL, 200, NULL, x'00', 1, 9e9);""")
+    db.close()
+    store = IdempotencyStore(old, 60)
+    assert store.count() == 1
+    assert store.claim("s2", "k2", "f2", "digest") is None
+

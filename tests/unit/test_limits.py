@@ -32,3 +32,9 @@ def test_shrinking_keeps_holders_and_growing_wakes_waiters():
     assert got.wait(5)
     t.join(5)
     assert lim.held == 2 and lim.size == 3
+
+
+def test_one_holders_share_is_a_quarter_at_least_two_never_more_than_all():
+    from hermes_service.limits import share
+    assert [share(n) for n in (1, 2, 3, 8, 12, 100, 1000)] == [1, 2, 2, 2, 3, 25, 250]
+    assert share(12, at_least=1) == 3 and share(3, at_least=1) == 1 and share(0) == 0

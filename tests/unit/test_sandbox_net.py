@@ -2,11 +2,13 @@
 the per-sandbox connection caps that keep one sandbox from starving another, detaching."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
 import pytest
 
+from hermes_service import instance
 from hermes_service.egress_policy import Policy
 from hermes_service.sandbox_net import Caps, SandboxNet
 from support.fixtures import wait_for
@@ -65,7 +67,11 @@ def server():
 def connect(att, name: str) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
-    s.connect(str(att.folder / f"{name}.sock"))
+    fd = os.open(att.folder, os.O_RDONLY | os.O_DIRECTORY)     # a path of any length
+    try:
+        s.connect(f"/proc/self/fd/{fd}/{name}.sock")
+    finally:
+        os.close(fd)
     return s
 
 
@@ -97,17 +103,19 @@ def test_a_sandbox_at_its_cap_waits_and_another_sandbox_is_served(net, server):
     net.set_target("model", "127.0.0.1", server.port)
     hog, other = net.attach("mallory"), net.attach("bob")
     flood = []
+    fd = os.open(hog.folder, os.O_RDONLY | os.O_DIRECTORY)
     for _ in range(20):
         c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         c.setblocking(False)
         try:
-            c.connect(str(hog.folder / "model.sock"))
+            c.connect(f"/proc/self/fd/{fd}/model.sock")
         except BlockingIOError:
             pass
         except OSError:
             c.close()
             continue
         flood.append(c)
+    os.close(fd)
     wait_for(lambda: server.accepted == 2, "the hog's two connections")
     assert hog.open["model"] == 2
     b = connect(other, "model")
@@ -142,3 +150,28 @@ def test_long_socket_folders_still_bind(tmp_path):
         assert len(str(att.folder / "model.sock")) > 108
     finally:
         n.close()
+
+
+def test_a_second_process_on_the_data_dir_keeps_the_first_ones_sockets(tmp_path, monkeypatch):
+    """Two service processes share ``<data_dir>/sandbox/net`` (a rolling restart): the one
+    that starts later removes the folders of processes that died, never a live one's — a
+    sandbox of the first process whose folder went could not start (bwrap: no source path)."""
+    root = tmp_path / "net"
+    (root / "999999-1").mkdir(parents=True)             # a crashed process's sockets
+    (root / "0123456789abcdef").mkdir()                 # the layout before owners
+    first = SandboxNet(root)
+    try:
+        att = first.attach("alice")
+        assert att.folder.parent == root / instance.current()
+        assert not (root / "999999-1").exists() and not (root / "0123456789abcdef").exists()
+        monkeypatch.setattr(instance, "current", lambda: "1-1")      # another process starts
+        second = SandboxNet(root)
+        try:
+            other = second.attach("bob")
+            assert other.folder.parent == root / "1-1"
+            assert (att.folder / "model.sock").exists(), "the live process's sockets went"
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert not att.folder.exists()

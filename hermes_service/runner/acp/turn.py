@@ -11,7 +11,7 @@ import time
 from ... import hermes_state
 from ...errors import RunError
 from ...hermes_site import run_binding
-from ...sandbox import kill_strays
+from ...sandbox import kill_strays, zombies
 from ..failures import KILLED, limit_error
 from ..protocol import TurnRequest
 from .pool import Pool
@@ -22,6 +22,13 @@ log = logging.getLogger("hermes_service.acp")
 
 ABORT_CANCEL_GRACE = 1.0      # seconds an aborted prompt gets to end after session/cancel
 POLL_SECONDS = 0.05
+
+
+def zombie_limit(processes: int) -> int:
+    """Zombies at which a warm process is retired after a turn (docs/runners.md §The pool):
+    a quarter of ``hermes.sandbox.limits.processes``, at least 8 — well before the limit
+    stops Hermes from starting a command."""
+    return max(8, processes // 4)
 
 
 def ended(reason: str) -> RunError:
@@ -83,6 +90,11 @@ class Turns(Pool):
                 log.warning("ended %d process(es) a turn of user=%s left in its sandbox",
                             strays, proc.key[0])
             proc.idle_cpu = proc.launch.cpu_seconds()
+            # Hermes (the sandbox's PID 1) never reaps the orphans it inherits: their zombies
+            # fill limits.processes over many turns, until the process cannot fork
+            dead, sandbox = zombies(proc.pgid), self.processes.sandbox
+            if sandbox is not None and dead >= zombie_limit(sandbox.settings.limits.processes):
+                self._retire_and_replace(proc, f"{dead} ended processes it does not reap")
         if proc.retired and not proc.busy and not proc.dead:
             asyncio.get_running_loop().create_task(self._close(proc, "retired"))
 

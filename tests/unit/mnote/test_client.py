@@ -830,3 +830,25 @@ def test_a_session_records_its_panel_model_and_writes_only_when_it_changes(make,
     assert run_with("hermes-agent") == ("hermes-agent", [["model"]])
     assert run_with("hermes-agent") == ("hermes-agent", [])           # unchanged: no write
     assert run_with("other") == ("other", [["model"]])
+
+
+def test_one_actor_cannot_take_every_event_stream(c, stub):
+    """The red team's M3: one X-Mnote-Actor-Id opened every stream of the node. Past its share
+    (a quarter of mnote.max_event_streams, 3 of 12) it gets the contract's busy answer; another
+    actor's panel still streams (docs/mnote-client.md §Per-actor shares)."""
+    stub.gate = threading.Event()
+    run_id = start(c)
+    held = [c.get(f"{P}/events/{run_id}", headers=A, buffered=False) for _ in range(3)]
+    assert [r.status_code for r in held] == [200, 200, 200]
+    refused = c.get(f"{P}/events/{run_id}", headers=A)
+    assert refused.status_code == 429 and refused.json["code"] == "hermes_client_busy"
+    assert refused.headers["Retry-After"] and "its share of 12" in refused.json["message"]
+    other = {**A, "X-Mnote-Actor-Id": "user_2"}
+    body = {**RUN_BODY, "sessionId": "mnote_doc_1_other"}
+    theirs = start(c, body, headers=other)
+    stream = c.get(f"{P}/events/{theirs}", headers=other, buffered=False)
+    assert stream.status_code == 200
+    stub.gate.set()
+    for r in reversed((*held, stream)):        # the test client's contexts: last in, first out
+        r.close()
+    assert c.svc.extensions["mnote"].runs.streams.held == 0

@@ -247,6 +247,22 @@ def test_the_seccomp_filter_denies_ptrace_and_the_rest_of_the_list():
             with open("/dev/null", "rb") as fh:        # no space reserved without writing
                 assert libc.fallocate(fh.fileno(), 0, 0, 1 << 20) == -1
                 assert ctypes.get_errno() == errno.EOPNOTSUPP
+            import tempfile  # no file that no folder ever names
+            with tempfile.TemporaryDirectory() as tmp:
+                for flags in (os.O_TMPFILE | os.O_WRONLY, os.O_TMPFILE | os.O_RDWR | os.O_EXCL):
+                    try:
+                        os.close(os.open(tmp, flags, 0o600))
+                        raise AssertionError("O_TMPFILE opened")
+                    except OSError as exc:
+                        assert exc.errno == errno.EOPNOTSUPP, exc
+                if os.uname().machine == "x86_64":       # open(2) is 2, openat2(2) 437
+                    assert libc.syscall(2, tmp.encode(), os.O_TMPFILE | os.O_WRONLY, 0o600) == -1
+                    assert ctypes.get_errno() == errno.EOPNOTSUPP
+                    assert libc.syscall(437, -100, tmp.encode(), 0, 0) == -1
+                    assert ctypes.get_errno() == errno.ENOSYS
+                with tempfile.TemporaryFile(dir=tmp) as fh:   # Python falls back to a name
+                    fh.write(b"x")
+                os.close(os.open(os.path.join(tmp, "f"), os.O_CREAT | os.O_WRONLY, 0o600))
             assert os.getpid() > 0                       # the rest works
         except BaseException:      # noqa: BLE001 - report through the exit code
             code = 1
