@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -147,6 +147,12 @@ bench: setup
 # alternately in one run (docs/benchmarks.md §First token); ~1 min. BENCH_ARGS="--turns 50".
 bench-first-token: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/first_token.py $(BENCH_ARGS)
+
+# N panel users at once (8, 16, 32) with the shipped limits and a provider answering after 5 s
+# (docs/scaling.md §Sizing a node); ~5 min, ~5 GB of warm processes at 32.
+# BENCH_ARGS="--users 8,16 --delay 5".
+bench-users: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/panel_users.py $(BENCH_ARGS)
 
 # Session registry at 1 000 / 10 000 / 100 000 sessions (no CLI; ~4 min; up to ~150 MB and
 # 100 000 small files in a temp folder, removed afterwards). BENCH_ARGS="--ops 200" etc.

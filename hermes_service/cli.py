@@ -124,6 +124,8 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     for line in config.warnings:
         if line not in config.provider_issues:
             log.warning("config: %s", line)
+    from .config.sizing import summary
+    log.info("limits: %s", summary(config))
     from .lifecycle import no_provider, running
     if config.provider_issues:     # one line: what to set, and what happens until then
         log.warning("%s", no_provider(config))
@@ -190,7 +192,9 @@ def check_config(ctx):
     print ``file:key: problem`` lines and exit 2 if any. Every problem it can find is printed
     in one run: the file's (schema and cross-field checks) and, for the keys that validated,
     what they name. Warnings (``warning: file:key: …``: expired keys, no usable provider) are
-    printed too but do not fail."""
+    printed too but do not fail. Then the sandbox, the disk and the sizing of the limits
+    (``sizing: …`` lines: the machine, each limit, and the rule and numbers of those the file
+    left null; docs/scaling.md §Sizing a node)."""
     from . import preflight
     config, problems = preflight.load_and_check(ctx.obj["config_path"], overlay=_overlay(ctx),
                                                 sections=installed.config_sections())
@@ -207,6 +211,9 @@ def check_config(ctx):
     click.echo(f"sandbox: {box.describe()}")
     disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
     click.echo(f"disk: {disk.describe()}")
+    from .config.sizing import explain
+    for line in explain(config):      # the sizing rule with its numbers (docs/scaling.md)
+        click.echo(f"sizing: {line}")
     click.echo(f"{config.source}: OK" + (f" ({len(config.warnings)} warning(s))"
                                          if config.warnings else ""))
 

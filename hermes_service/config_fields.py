@@ -28,6 +28,8 @@ DERIVED = "config_derived"
 
 STR_LIST = {"type": "array", "items": {"type": "string"}}
 POS_INT = {"type": "integer", "minimum": 1}
+#: a count, or null: derived from the machine the service starts on (config/sizing.py)
+OPT_POS_INT = {"type": ["integer", "null"], "minimum": 1}
 POS_NUM = {"type": "number", "exclusiveMinimum": 0}
 
 

@@ -26,10 +26,12 @@ import yaml
 
 from .. import sandbox
 from ..errors import schema_error
+from ..machine import Machine, probe
 from .checks import run_checks
 from .model import Config, ConfigError, ConfigSection
 from .resolve import Resolver, provider_issues, resolve
 from .sections import DEFAULTS, SCHEMA, TAIL_SECTIONS
+from .sizing import size_rest
 
 ENV_CONFIG = "HERMES_SERVICE_CONFIG"
 
@@ -104,8 +106,11 @@ def _schema_problem(err: jsonschema.ValidationError) -> str:
 
 def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path | None = None,
                  need_keys: bool = True, overlay=None,
-                 sections: Iterable[ConfigSection] = ()) -> Config:
+                 sections: Iterable[ConfigSection] = (), machine: Machine | None = None) -> Config:
     """Validate a parsed config mapping and resolve it into a :class:`Config`.
+
+    The limits the file leaves null are derived for ``machine`` (default: the one this
+    process runs on; :mod:`.sizing`, docs/scaling.md §Sizing a node).
 
     ``sections``: the extensions' config sections, validated and resolved with the core's
     (:func:`hermes_service.installed.build_config` passes the installed ones; without them a
@@ -126,10 +131,12 @@ def build_config(raw_file: dict | None, source: str = "<dict>", base_dir: Path |
     invalid = frozenset(k for e in errors for k in _refused_keys(e))
     raw = _merge(defaults(sections), _without(raw_file, invalid))
     res = Resolver(source, invalid)
-    config = Config(**resolve(raw, source, base_dir or Path.cwd(), res, need_keys),
+    config = Config(**resolve(raw, source, base_dir or Path.cwd(), res, need_keys,
+                              machine or probe()),
                     extensions=MappingProxyType({s.name: s.build(raw[s.name], res.ok)
                                                  for s in sections}),
                     extension_sections=sections, overlay=overlay, invalid=invalid)
+    config = size_rest(config, raw["service"])
     problems = [f"{source}:{_schema_problem(e)}" for e in errors] + res.problems + \
         run_checks(config)
     issues = provider_issues(config.hermes.model, source) if res.ok("hermes.model") else []

@@ -91,6 +91,9 @@ class Config:
     #: (``--demo``: the installed demo's overlay); reloads apply it to the new file too
     overlay: object = None
     invalid: frozenset = frozenset()
+    #: the machine the limits the file left null were derived for, and those keys
+    #: (:class:`~.sizing.Sizing`; docs/scaling.md §Sizing a node)
+    sizing: Any = None
 
     # -- derived sizes (one place; config.yaml's comments and check-config name them) --
     @property
@@ -118,9 +121,14 @@ class Config:
         """Waitress threads the limits need: what the extensions' settings hold (e.g. every
         event stream: :attr:`thread_needs`), every v1 turn (running and waiting) and the tool
         calls of running turns each hold one."""
+        return sum(n for _need, n in self.thread_needs) + self.core_threads_needed
+
+    @property
+    def core_threads_needed(self) -> int:
+        """The part of :attr:`threads_needed` the core's limits hold: every v1 turn (running
+        and waiting) and the tool calls of running turns."""
         h = self.hermes
-        return sum(n for _need, n in self.thread_needs) + 2 * h.max_concurrent_runs + \
-            h.max_waiting_requests + 4
+        return 2 * h.max_concurrent_runs + h.max_waiting_requests + 4
 
     @property
     def connections_needed(self) -> int:
@@ -197,7 +205,10 @@ class ConfigSection:
     * ``checks`` — its cross-field checks (:class:`Check`), run after the core's;
     * ``restart_only`` — its keys a reload cannot apply (None: the whole section), after the
       core's :data:`RESTART_ONLY`;
-    * ``threads`` — the waitress threads its settings hold (:class:`ThreadNeed`).
+    * ``threads`` — the waitress threads its settings hold (:class:`ThreadNeed`);
+    * ``size(config, settings)`` — its settings with the limits the file left null derived
+      from ``config``'s (the core's already sized: :mod:`.sizing`), and the dotted keys
+      derived; ``explain(config, derived_keys)`` — check-config's lines saying how.
     """
     name: str
     schema: dict
@@ -206,3 +217,5 @@ class ConfigSection:
     checks: tuple[Check, ...] = ()
     restart_only: tuple[str | None, ...] = ()
     threads: tuple[ThreadNeed, ...] = ()
+    size: Callable[[Config, Any], tuple[Any, list[str]]] | None = None
+    explain: Callable[[Config, set[str]], list[str]] | None = None

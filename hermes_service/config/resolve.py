@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..config_fields import read_only, settings_from
+from ..machine import Machine
 from .model import is_invalid
 from .sections import (
     DEFAULT_SCOPES,
@@ -24,6 +25,7 @@ from .sections import (
     SecuritySettings,
     ServiceSettings,
 )
+from .sizing import Sizing, size_hermes
 
 #: The example provider shipped in early versions of config.yaml: not a provider.
 PLACEHOLDER_PROVIDERS = {("http://127.0.0.1:8000/v1", "gpt-4o-mini")}
@@ -122,8 +124,9 @@ class Resolver:
 
 
 def resolve(raw: dict, source: str, base_dir: Path, res: Resolver,
-             need_keys: bool) -> dict:
-    """The section objects of the merged mapping ``raw`` (keyword arguments of :class:`Config`)."""
+             need_keys: bool, m: Machine) -> dict:
+    """The section objects of the merged mapping ``raw`` (keyword arguments of :class:`Config`);
+    the ``hermes`` limits it leaves null derived for the machine ``m`` (:mod:`.sizing`)."""
     def path(p: str) -> Path:
         found = Path(os.path.expanduser(p))
         return (found if found.is_absolute() else base_dir / found).resolve()
@@ -137,7 +140,8 @@ def resolve(raw: dict, source: str, base_dir: Path, res: Resolver,
                           trusted_proxies=res.networks("nginx.trusted_proxies",
                                                        raw["nginx"]["trusted_proxies"]))
     security = replace(security, api_keys=res.api_keys(sec["api_keys"], need_keys))
-    hermes = settings_from(HermesSettings, raw["hermes"],
+    hermes_raw, auto = size_hermes(raw["hermes"], m)
+    hermes = settings_from(HermesSettings, hermes_raw,
                            extra_env=read_only(raw["hermes"]["extra_env"]))
     return dict(
         source=source, security=security, nginx=nginx,
@@ -146,7 +150,8 @@ def resolve(raw: dict, source: str, base_dir: Path, res: Resolver,
         paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"]),
                             path(raw["paths"]["homes_dir"]) if raw["paths"]["homes_dir"]
                             else None),
-        retention=settings_from(RetentionSettings, raw["retention"]))
+        retention=settings_from(RetentionSettings, raw["retention"]),
+        sizing=Sizing(m, tuple(auto)))
 
 
 def provider_issues(model: ModelSettings, source: str = "<dict>") -> list[str]:

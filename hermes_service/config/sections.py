@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from .. import sandbox
 from ..config_fields import (
+    OPT_POS_INT,
     POS_INT,
     POS_NUM,
     STR_LIST,
@@ -112,9 +113,9 @@ class ServiceSettings:
     port: int = key(9123, {"type": "integer", "minimum": 0, "maximum": 65535})
     log_level: str = key("info", {"enum": ["debug", "info", "warning", "error"]})
     log_format: str = key("text", {"enum": ["text", "json"]})
-    threads: int = key(32, POS_INT)
+    threads: int = key(None, OPT_POS_INT)      # null: derived (config/sizing.py)
     max_body_bytes: int = key(1048576, POS_INT)
-    connection_limit: int = key(500, POS_INT)
+    connection_limit: int = key(None, OPT_POS_INT)   # null: derived
     idle_timeout_seconds: int = key(20, POS_INT)
     drain_seconds: float = key(60, {"type": "number", "minimum": 0})
     node_id: str | None = key(None, {"type": ["string", "null"], "pattern": NODE_ID_PATTERN})
@@ -135,7 +136,8 @@ class CorsSettings:
 class AcpSettings:
     """``hermes.acp.*``: the warm ``hermes acp`` pool."""
     idle_seconds: float = key(600, POS_NUM)
-    max_processes: int = key(8, POS_INT)
+    max_processes: int = key(None, OPT_POS_INT)   # null: derived from the memory
+    min_available_mb: int = key(None, OPT_POS_INT)  # null: derived from the memory
     recycle_after_sessions: int = key(100, POS_INT)
     max_rss_mb: float = key(300, POS_NUM)
     start_timeout_seconds: float = key(60, POS_NUM)
@@ -188,7 +190,7 @@ class HermesSettings:
     timeout_seconds: float = key(300, POS_NUM)
     stall_timeout_seconds: float = key(240, POS_NUM)
     approvals: ApprovalSettings = section(ApprovalSettings)
-    max_concurrent_runs: int = key(2, POS_INT)
+    max_concurrent_runs: int = key(None, OPT_POS_INT)   # null: the cores
     queue_wait_seconds: float = key(30, {"type": "number", "minimum": 0})
     max_waiting_requests: int = key(4, {"type": "integer", "minimum": 0})
     max_message_bytes: int = key(122880, {"type": "integer", "minimum": 1, "maximum": 126976})

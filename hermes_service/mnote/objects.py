@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .settings import NAME
+from .settings import NAME, max_active_runs
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -27,16 +27,6 @@ def settings(config: Config) -> MnoteSettings:
     with the core's sections by :func:`hermes_service.config.build_config`). KeyError for a
     config built without it."""
     return config.section(NAME)
-
-
-#: background runs queued or running at once, per turn slot (``hermes.max_concurrent_runs``)
-ACTIVE_RUNS_PER_SLOT = 4
-
-
-def max_active_runs(config: Config) -> int:
-    """Background (client) runs queued or running at once (more: 429
-    ``hermes_client_busy``): :data:`ACTIVE_RUNS_PER_SLOT` per turn slot."""
-    return config.hermes.max_concurrent_runs * ACTIVE_RUNS_PER_SLOT
 
 
 def run_limits(config: Config) -> tuple[float, int, int]:

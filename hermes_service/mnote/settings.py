@@ -18,12 +18,12 @@ import ipaddress
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 from ..config import Check, Config, ConfigSection, ThreadNeed, env_unset
 from ..config_fields import (
-    POS_INT,
+    OPT_POS_INT,
     POS_NUM,
     STR_LIST,
     defaults_of,
@@ -88,7 +88,7 @@ class MnoteSettings:
         {"type": "array", "minItems": 1, "items": _MODEL_ENTRY})
     events_retention_seconds: float = key(3600, POS_NUM)
     keepalive_seconds: float = key(15, POS_NUM)
-    max_event_streams: int = key(12, POS_INT)
+    max_event_streams: int = key(None, OPT_POS_INT)     # null: derived (:func:`size`)
     #: open event streams one actor may hold (null: a quarter of max_event_streams, >= 2)
     max_streams_per_actor: int | None = key(None, {"type": ["integer", "null"], "minimum": 1})
     default_capability_scope: tuple[str, ...] = key(
@@ -188,6 +188,51 @@ def page_store_usable(cfg: Config) -> list[str]:
     return out
 
 
+#: client runs queued or running at once per turn slot (``hermes.max_concurrent_runs``),
+#: beyond one per warm process (docs/scaling.md §Sizing a node)
+ACTIVE_RUNS_PER_SLOT = 4
+
+
+#: the fewest event streams a derived ``mnote.max_event_streams`` allows (reconnects, a few
+#: tabs on one run)
+MIN_EVENT_STREAMS = 12
+
+
+def max_active_runs(cfg: Config) -> int:
+    """Client runs queued or running at once on this node (more: 429 ``hermes_client_busy``):
+    one per warm process when the client routes run on ``acp`` (``hermes.acp.max_processes``:
+    a warm turn waits on the provider), plus :data:`ACTIVE_RUNS_PER_SLOT` per turn slot
+    (CLI turns, and the runs waiting for one)."""
+    h = cfg.hermes
+    warm = h.acp.max_processes if cfg.section(NAME).runner == "acp" else 0
+    return warm + ACTIVE_RUNS_PER_SLOT * h.max_concurrent_runs
+
+
+def size(cfg: Config, m: MnoteSettings) -> tuple[MnoteSettings, list[str]]:
+    """``mnote.max_event_streams`` left null: one per active client run
+    (:func:`max_active_runs`), at least :data:`MIN_EVENT_STREAMS`: every panel user can follow
+    its run — within the threads left when the file sets ``service.threads`` (each stream holds
+    one)."""
+    if m.max_event_streams is not None:
+        return m, []
+    streams = max(MIN_EVENT_STREAMS, max_active_runs(cfg))
+    if cfg.service.threads is not None:     # set in the file: the streams fit in what the
+        # other holders leave (they count this section's null as none yet)
+        streams = max(1, min(streams, cfg.service.threads - cfg.threads_needed))
+    return replace(m, max_event_streams=streams), ["mnote.max_event_streams"]
+
+
+def explain(cfg: Config, derived: set[str]) -> list[str]:
+    """check-config's lines on the client runs' limits (docs/scaling.md §Sizing a node)."""
+    m, h = cfg.section(NAME), cfg.hermes
+    warm = f"{h.acp.max_processes} warm + " if m.runner == "acp" else ""
+    how = "derived" if "mnote.max_event_streams" in derived else "set in the file"
+    return [f"client runs active at once: {max_active_runs(cfg)} (rule: {warm}"
+            f"{ACTIVE_RUNS_PER_SLOT} × {h.max_concurrent_runs} turn slots)",
+            f"mnote.max_event_streams: {m.max_event_streams} ({how}; rule: one per active "
+            f"client run, at least {MIN_EVENT_STREAMS})"]
+
+
 SECTION = ConfigSection(
     NAME, SCHEMA, DEFAULTS, build,
     checks=(Check("default_model_listed", ("mnote.models", "mnote.default_model"),
@@ -200,4 +245,5 @@ SECTION = ConfigSection(
     restart_only=("service_url", "runner", "enabled", "page_store"),
     # every open event stream holds a waitress thread
     threads=(ThreadNeed("mnote.max_event_streams", "event streams",
-                        lambda m: m.max_event_streams),))
+                        lambda m: m.max_event_streams or 0),),
+    size=size, explain=explain)

@@ -12,11 +12,12 @@ under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
 ``token_budget_exceeded`` (429); every sandbox is watched while it lives
 (:mod:`hermes_service.disk`).
 
-**Limits.** At most ``hermes.max_concurrent_runs`` turns run at once on both runners (per
-service process); a caller waits up to ``hermes.queue_wait_seconds`` for a slot, then gets
-:class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process group is recorded in
-``<data>/pids/`` while it runs (:class:`ProcessGroups`), so shutdown kills them all and the
-next start reaps what a crashed service left.
+**Limits.** At most ``hermes.max_concurrent_runs`` CLI turns, and starts of warm ACP
+processes, run at once (per service process: the cores by default; a warm ACP turn holds no
+slot, docs/scaling.md §Sizing a node); a caller waits up to ``hermes.queue_wait_seconds`` for
+a slot, then gets :class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process
+group is recorded in ``<data>/pids/`` while it runs (:class:`ProcessGroups`), so shutdown
+kills them all and the next start reaps what a crashed service left.
 """
 from __future__ import annotations
 
@@ -352,12 +353,34 @@ class Processes:
             if cancel is not None and cancel.is_set():
                 raise RunError("the run was aborted", code="run_cancelled", status=409)
             if time.monotonic() >= deadline:
-                raise TooManyRuns("too many Hermes runs in progress; retry later",
-                                  headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+                raise self.too_many_runs()
         try:
             yield time.monotonic() - started
         finally:
             self._slots.release()
+
+    def too_many_runs(self) -> TooManyRuns:
+        """The 429 of a turn that found no slot within ``queue_wait_seconds``."""
+        return TooManyRuns("too many Hermes runs in progress; retry later",
+                           headers={"Retry-After": str(max(1, int(self.timeout // 10)))})
+
+    def try_slot(self) -> bool:
+        """Take a turn slot if one is free now (for a caller that cannot block: the ACP
+        runner's loop starting a process); give it back with :meth:`release_slot`."""
+        return self._slots.acquire(blocking=False)
+
+    def release_slot(self) -> None:
+        self._slots.release()
+
+    @property
+    def slot_count(self) -> int:
+        """Turn slots (``hermes.max_concurrent_runs``)."""
+        return self._slots.size
+
+    @property
+    def slots_held(self) -> int:
+        """Turn slots held now."""
+        return self._slots.held
 
     def toolset_names(self, extra: list[str] | None = None) -> list[str]:
         """``hermes.toolsets`` plus ``extra`` (e.g. an extension plugin's for its runs)."""

@@ -9,10 +9,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from ... import machine
 from ...errors import RunError
 from ...hermes_site import run_binding
 from ..failures import failure_reason
-from ..processes import Processes
+from ..processes import Processes, stopping_error
 from ..protocol import TurnRequest, UseCli
 from .client import APPROVAL_MARGIN, APPROVAL_TIMEOUT_ENV, CLARIFY_ENV, CLARIFY_TOOLSET
 from .process import AcpProcess
@@ -23,6 +24,9 @@ log = logging.getLogger("hermes_service.acp")
 #: (Hermes's own idle work is far below; a process left behind by a turn is not)
 IDLE_CPU_SECONDS = 5.0
 REPLACE_TRIES = 3             # attempts at a replacement process that reloads keep outdating
+SLOT_POLL_SECONDS = 0.05      # how often a start waiting for a turn slot looks again
+SPARE_POLL_SECONDS = 0.5     # how often a spare session waiting for room looks again
+SWEEP_SECONDS = 5.0           # the longest between two looks at idle processes and memory
 
 
 class Pool:
@@ -30,6 +34,7 @@ class Pool:
     ``hermes.approvals``) are set by :meth:`~.runner.AcpRunner.configure`."""
     idle_seconds: float
     max_processes: int
+    min_available_mb: int
     start_timeout: float
     approval_timeout: float
     allow_always: bool
@@ -42,6 +47,7 @@ class Pool:
         self._procs: dict[tuple[str, str], AcpProcess] = {}     # accepting new turns
         self._retired: set[AcpProcess] = set()
         self._generation = 0      # counts the reloads that retired every process
+        self._turns_waiting = 0   # turns waiting for a slot to start their process
 
     @property
     def own_tool_prefixes(self) -> tuple[str, ...]:
@@ -63,30 +69,96 @@ class Pool:
                        reserve: bool = False) -> AcpProcess:
         """The user's process for ``key``, started if needed (``toolsets``: the family's,
         beside ``hermes.toolsets``). ``reserve``: for a turn, which must release it
-        (``proc.reserved -= 1``); a reserved process is never idle."""
-        while True:       # every await below may change the pool: look again after it
-            proc = self._procs.get(key)
-            if proc is not None and not proc.dead and proc.ready is not None:
-                ok = await asyncio.shield(proc.ready)
-                if ok and not proc.dead and not proc.retired:
-                    proc.last_used = time.monotonic()
-                    proc.reserved += reserve
-                    return proc
-                continue
-            if self.processes.draining:     # the service is stopping: no new process (
-                raise UseCli("the service is draining")   # docs/operations.md §Process lifetime)
-            if self.process_count() >= self.max_processes:
-                idle = self._idle()
-                if not idle:
-                    raise UseCli("the ACP process pool is full")
-                await self._close(idle[0], "evicted")
-                continue
-            proc = await self._start(key, home, env, toolsets)
-            if proc.retired:      # retired while it started (a reload): start a fresh one
-                asyncio.get_running_loop().create_task(self._close(proc, "retired"))
-                continue
-            proc.reserved += reserve
-            return proc
+        (``proc.reserved -= 1``); a reserved process is never idle.
+
+        A start holds a turn slot (it is CPU-bound like a CLI turn): a turn waits for one up
+        to ``queue_wait_seconds`` (then TooManyRuns), a pre-warm or a replacement as long as
+        it takes, after the turns waiting. Raises UseCli when the pool is full of busy
+        processes, or memory is below ``hermes.acp.min_available_mb`` with none idle to close
+        (docs/runners.md §Fallback to the CLI), or the service drains."""
+        slot = False
+        deadline = time.monotonic() + self.processes.queue_wait
+        try:
+            while True:       # every await below may change the pool: look again after it
+                proc = self._procs.get(key)
+                if proc is not None and not proc.dead and proc.ready is not None:
+                    ok = await asyncio.shield(proc.ready)
+                    if ok and not proc.dead and not proc.retired:
+                        proc.last_used = time.monotonic()
+                        proc.reserved += reserve
+                        return proc
+                    continue
+                if self.processes.draining:     # the service is stopping: no new process (
+                    raise UseCli("the service is draining")  # docs/operations.md §Process lifetime)
+                if self.process_count() >= self.max_processes:
+                    idle = self._idle()
+                    if not idle:
+                        raise UseCli("the ACP process pool is full")
+                    await self._close(idle[0], "evicted")
+                    continue
+                if self.memory_short():
+                    idle = self._idle()
+                    if not idle:
+                        raise UseCli("memory is below hermes.acp.min_available_mb")
+                    await self._close(idle[0], "memory is short")
+                    continue
+                if not slot:
+                    slot = await self._start_slot(deadline if reserve else None)
+                    continue      # the wait may have changed the pool
+                proc = await self._start(key, home, env, toolsets)
+                self.processes.release_slot()
+                slot = False
+                if proc.retired:      # retired while it started (a reload): start a fresh one
+                    asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+                    continue
+                proc.reserved += reserve
+                return proc
+        finally:
+            if slot:
+                self.processes.release_slot()
+
+    async def _start_slot(self, deadline: float | None) -> bool:
+        """Wait for a turn slot to start a process: until ``deadline`` (a turn: then
+        TooManyRuns), or without end after every turn waiting for one (None: a pre-warm or a
+        replacement). Raises UseCli when the service drains or stops meanwhile."""
+        turn = deadline is not None
+        self._turns_waiting += turn
+        try:
+            while True:
+                if self.processes.stopping:
+                    raise stopping_error()
+                if self.processes.draining:
+                    raise UseCli("the service is draining")
+                if (turn or not self._turns_waiting) and self.processes.try_slot():
+                    return True
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self.processes.too_many_runs()
+                await asyncio.sleep(SLOT_POLL_SECONDS)
+        finally:
+            self._turns_waiting -= turn
+
+    async def spare_slot(self) -> None:
+        """Wait for room for work made ahead (a spare session: :meth:`AcpProcess.make_spare`)
+        — fewer warm turns in flight than turn slots, no turn waiting for a slot, a slot
+        free — and take that slot (give it back with ``processes.release_slot()``). Raises
+        UseCli when the service drains or stops meanwhile."""
+        while True:
+            if self.processes.draining or self.processes.stopping:
+                raise UseCli("the service is draining")
+            if not self._turns_waiting and self.turns_in_flight() < self.processes.slot_count \
+                    and self.processes.try_slot():
+                return
+            await asyncio.sleep(SPARE_POLL_SECONDS)
+
+    def turns_in_flight(self) -> int:
+        """Turns running (or about to) on warm processes."""
+        return sum(p.busy for p in (*self._procs.values(), *self._retired))
+
+    def memory_short(self) -> bool:
+        """Is the memory available now (:func:`hermes_service.machine.available_mb`) below
+        ``hermes.acp.min_available_mb``?"""
+        available = machine.available_mb()
+        return available is not None and available < self.min_available_mb
 
     async def _start(self, key, home, env: dict, extra: list[str]) -> AcpProcess:
         toolsets = self.processes.toolset_names(extra)      # hermes.toolsets in force now
@@ -205,7 +277,14 @@ class Pool:
 
     async def _sweeper(self) -> None:
         while True:
-            await asyncio.sleep(min(10.0, max(1.0, self.idle_seconds / 4)))
+            await asyncio.sleep(min(SWEEP_SECONDS, max(1.0, self.idle_seconds / 4)))
+            # memory pressure: the least recently used idle processes go first, while the
+            # memory available is below the floor
+            while self.memory_short():
+                idle = self._idle()
+                if not idle:
+                    break
+                await self._close(idle[0], "memory is short")
             now = time.monotonic()
             for proc in list(self._procs.values()) + list(self._retired):
                 if proc.dead or proc.busy or proc.ready is None or not proc.ready.done():

@@ -36,6 +36,8 @@ class Owner(Asking, Protocol):
 
     def gone(self, proc: AcpProcess) -> None: ...
 
+    async def spare_slot(self) -> None: ...
+
 
 class AcpProcess:
     """One ``hermes acp`` process: its connection, the sessions it has loaded, its running
@@ -57,6 +59,7 @@ class AcpProcess:
         self.inflight: dict[str, Sink] = {}
         self.reserved = 0        # turns that acquired this process and have not ended yet
         self.sessions_opened = 0
+        self.spare_opening = False     # the spare's session/new was sent (not still waiting)
         # a session/new made ahead for the next conversation
         self.spare: asyncio.Task | None = None
         self.last_used = time.monotonic()
@@ -167,9 +170,12 @@ class AcpProcess:
 
     async def new_session(self) -> str:
         """An ACP session for a new conversation: the spare one made ahead when there is one
-        (``session/new`` takes 1.5–3 s in Hermes 0.19.0), else a new one."""
+        (``session/new`` takes 1.5–3 s in Hermes 0.19.0), else a new one — also when the
+        spare still waits for room to be made (:meth:`make_spare`)."""
         spare, self.spare = self.spare, None
-        if spare is not None:
+        if spare is not None and not self.spare_opening:
+            spare.cancel()
+        elif spare is not None:
             try:
                 return await spare
             except Exception:  # noqa: BLE001 - the spare failed: make one now
@@ -177,11 +183,29 @@ class AcpProcess:
         return await self.open_session()
 
     def make_spare(self) -> None:
-        """Make the next conversation's session ahead, while the process is idle."""
+        """Make the next conversation's session ahead, while the process is idle. It is
+        work done ahead, CPU-bound: it waits for room (:meth:`Owner.spare_slot`: fewer warm
+        turns in flight than turn slots, no turn waiting for one) and holds a turn slot, so a
+        burst of turns is never slowed by the spares of those that ended first."""
         if self.spare is None and not self.inflight and not self.retired and not self.dead \
                 and not self.runner.processes.draining:
-            self.spare = asyncio.get_running_loop().create_task(self.open_session())
+            self.spare_opening = False
+            self.spare = asyncio.get_running_loop().create_task(self._make_spare())
             self.spare.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _make_spare(self) -> str:
+        """The spare's ``session/new``, holding a turn slot for at most ``start_timeout``
+        seconds (a session/new that never answers keeps no slot)."""
+        await self.runner.spare_slot()
+        try:
+            if self.inflight or self.retired or self.dead:
+                raise RuntimeError("no longer idle")
+            self.spare_opening = True
+            opening = asyncio.ensure_future(self.open_session())
+            await asyncio.wait({opening}, timeout=self.runner.start_timeout)
+        finally:
+            self.runner.processes.release_slot()
+        return await opening
 
     # -- state -------------------------------------------------------------------------
     @property

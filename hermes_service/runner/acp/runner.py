@@ -59,6 +59,7 @@ class AcpRunner(Turns):
         acp = hermes.acp
         self.idle_seconds = float(acp.idle_seconds)
         self.max_processes = int(acp.max_processes)
+        self.min_available_mb = int(acp.min_available_mb)
         self.recycle_after = int(acp.recycle_after_sessions)
         self.max_rss_mb = float(acp.max_rss_mb)
         self.start_timeout = float(acp.start_timeout_seconds)
@@ -106,8 +107,10 @@ class AcpRunner(Turns):
         fut.add_done_callback(failed)
 
     def run_turn(self, req: TurnRequest) -> TurnResult:
-        """Run one turn on the user's ACP process (holding a slot). Raises
-        :class:`UseCli` when this runner cannot serve it, else like the CLI runner."""
+        """Run one turn on the user's ACP process; a process started for it holds a turn slot
+        while it starts (:meth:`~.pool.Pool._acquire`). Raises :class:`UseCli` when this
+        runner cannot serve it (before anything reached Hermes), TooManyRuns when no slot to
+        start its process was free within ``queue_wait_seconds``, else like the CLI runner."""
         source, now = hermes_state.session_state(req.home.hermes_home, req.resume_id)
         if req.model and req.model != self.default_model:
             if source == "acp":       # the CLI turn adds to the record, not to a warm process
@@ -116,35 +119,38 @@ class AcpRunner(Turns):
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
         self.processes.check_home_quota(req.home)
-        with self.processes.slot(req.cancel) as waited:
-            started = time.monotonic()
-            sink = Sink(req.listener, approvals=req.approvals)
-            if source != "acp":
-                now = None
-            lost = req.resume_id is not None and source is None
-            fut = self._call(self._turn(req, sink, lost=lost, record=now))
-            try:
-                sid, response, resumed, proc = fut.result()
-                sink.close_tools()
-            except (ServiceError, UseCli) as err:
-                sink.close_tools()
-                code = getattr(err, "code", None)
-                if self.processes.stopping and isinstance(err, ServiceError) \
-                        and code not in ("run_cancelled", "service_stopping"):
-                    raise stopping_error() from None  # the shutdown killed the process it needed
-                if code == "run_cancelled" and sink.shown:
-                    self._keep_shown(req, getattr(err, "hermes_session_id", None), sink)
-                if code not in ("run_cancelled", "service_stopping", None):
-                    log.warning("hermes acp turn failed %s code=%s", context_text(req.log_ctx),
-                                code)
-                raise
-            except Exception as exc:  # noqa: BLE001 - the protocol failed (process died, ...)
-                sink.close_tools()
-                if self.processes.stopping:    # the shutdown killed the process and ended the loop
-                    raise stopping_error() from None
-                log.warning("hermes acp turn failed %s: %r", context_text(req.log_ctx), exc)
-                self._call(self._retire_key((req.home.user_id, req.family))).result(5)
-                raise RunError("the Hermes agent failed", code="hermes_failed") from None
+        # no turn slot held: a warm turn waits on the provider, its CPU is small; the start of
+        # a process (CPU-bound, like a CLI turn) takes one (docs/scaling.md §Sizing a node)
+        started = time.monotonic()
+        sink = Sink(req.listener, approvals=req.approvals)
+        if source != "acp":
+            now = None
+        lost = req.resume_id is not None and source is None
+        fut = self._call(self._turn(req, sink, lost=lost, record=now))
+        try:
+            sid, response, resumed, proc, waited = fut.result()
+            sink.close_tools()
+        except UseCli:          # no warm process for it (a full pool, a drain): nothing was
+            sink.close_tools()  # sent to Hermes; the caller runs the turn on the CLI
+            raise
+        except ServiceError as err:
+            sink.close_tools()
+            code = err.code
+            if self.processes.stopping and code not in ("run_cancelled", "service_stopping"):
+                raise stopping_error() from None  # the shutdown killed the process it needed
+            if code == "run_cancelled" and sink.shown:
+                self._keep_shown(req, getattr(err, "hermes_session_id", None), sink)
+            if code not in ("run_cancelled", "service_stopping", "too_many_runs"):
+                log.warning("hermes acp turn failed %s code=%s", context_text(req.log_ctx),
+                            code)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the protocol failed (process died, ...)
+            sink.close_tools()
+            if self.processes.stopping:    # the shutdown killed the process and ended the loop
+                raise stopping_error() from None
+            log.warning("hermes acp turn failed %s: %r", context_text(req.log_ctx), exc)
+            self._call(self._retire_key((req.home.user_id, req.family))).result(5)
+            raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
         try:
             answer = answer_from_record(req, sid, limits=self.processes.sandboxed)

@@ -43,10 +43,12 @@ class Turns(Pool):
     max_rss_mb: float
 
     async def _turn(self, req: TurnRequest, sink: Sink, lost: bool, record: tuple | None = None):
-        """Returns (ACP session id, PromptResponse, resumed, process). Raises RunError/UseCli.
+        """Returns (ACP session id, PromptResponse, resumed, process, seconds until the
+        process was had). Raises RunError/UseCli/TooManyRuns.
         ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
-        deadline = time.monotonic() + self.processes.timeout
+        begun = time.monotonic()
+        deadline = begun + self.processes.timeout
         while True:
             acquiring = asyncio.ensure_future(self._acquire(
                 key, req.home, req.env, req.toolsets, reserve=True))
@@ -57,6 +59,7 @@ class Turns(Pool):
                 acquiring.add_done_callback(self._unreserve)
                 raise ended(reason)
             proc = acquiring.result()
+            waited = time.monotonic() - begun
             sid = req.resume_id
             if proc.record_file not in (None, record_file(req.home)):
                 # its state.db was replaced (the service removed what the agent planted
@@ -72,7 +75,7 @@ class Turns(Pool):
             self._retire(proc, "another process continued one of its sessions")
             self._release(proc)
         try:
-            return (*await self._turn_in(proc, req, sink, lost, deadline), proc)
+            return (*await self._turn_in(proc, req, sink, lost, deadline), proc, waited)
         finally:
             self._release(proc)
 

@@ -20,6 +20,7 @@ import yaml
 from hermes_service import config, installed, sandbox
 from hermes_service.config import DEFAULTS
 from hermes_service.installed import build_config
+from hermes_service.machine import Machine
 from support.shipped import shipped_text
 
 #: dotted key -> why config.yaml ships a value that is not the code's default
@@ -92,10 +93,17 @@ def test_the_sandbox_settings_defaults_are_the_config_defaults():
 
 
 def test_an_empty_file_resolves_to_the_defaults():
-    cfg = build_config({"security": {"enable_api_key": False}})
+    cfg = build_config({"security": {"enable_api_key": False}}, machine=Machine(2, 24576))
     assert cfg.service.port == DEFAULTS["service"]["port"]
     assert cfg.hermes.execute.allowed == tuple(map(tuple, DEFAULTS["hermes"]["execute"]["allowed"]))
-    assert cfg.hermes.admission_places == 2 + 4 and cfg.threads_needed == 12 + 2 * 2 + 4 + 4
+    # the limits left null are sized for the machine (docs/scaling.md §Sizing a node)
+    assert cfg.hermes.max_concurrent_runs == 2 and cfg.hermes.admission_places == 2 + 4
+    assert cfg.hermes.acp.min_available_mb == 24576 // 16
+    assert cfg.hermes.acp.max_processes == (24576 - 256 - 2 * 200 - 1536) // 150
+    streams = cfg.hermes.acp.max_processes + 4 * 2     # one per active client run
+    assert cfg.section("mnote").max_event_streams == streams
+    assert cfg.service.threads == cfg.threads_needed == streams + 2 * 2 + 4 + 4
+    assert cfg.service.connection_limit == 500
 
 
 def test_an_empty_file_resolves_each_extension_section_to_its_defaults():
@@ -105,7 +113,10 @@ def test_an_empty_file_resolves_each_extension_section_to_its_defaults():
     for section in installed.config_sections():
         got = asdict(cfg.section(section.name))
         assert set(got) == set(section.defaults), section.name
-        assert _holds(got, section.defaults), (section.name, got, section.defaults)
+        derived = {k for k in got if f"{section.name}.{k}" in cfg.sizing.auto}
+        assert all(section.defaults[k] is None for k in derived)   # null: sized
+        expected = {k: v for k, v in section.defaults.items() if k not in derived}
+        assert _holds(got, expected), (section.name, got, expected)
     from hermes_service.mnote.settings import DEFAULTS as MNOTE
     assert [asdict(m) for m in cfg.section("mnote").models] == \
         [{"hermes_model": None, **m} for m in MNOTE["models"]]

@@ -47,7 +47,8 @@ EXTRA = ConfigSection(
 
 def build(tmp_path, over=None, **kw):
     sections = (*installed.config_sections(), EXTRA)
-    base = deep_merge(base_config(tmp_path), {"service": {"threads": 40}})
+    base = deep_merge(base_config(tmp_path), {"service": {"threads": 40},
+                                              "mnote": {"max_event_streams": 12}})
     return config.build_config(deep_merge(base, over or {}), sections=sections, **kw)
 
 

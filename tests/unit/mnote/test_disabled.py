@@ -103,7 +103,8 @@ def test_off_its_section_is_still_validated_and_its_streams_still_counted(tmp_pa
             raise AssertionError(f"mnote: {bad} was accepted while off")
     cfg = build_config(off)
     assert cfg.section("mnote").enabled is False
-    assert cfg.threads_needed == 12 + 2 * 2 + 4 + 4
+    streams = cfg.section("mnote").max_event_streams       # sized: at least 12
+    assert streams == 12 and cfg.threads_needed == streams + 2 * 2 + 4 + 4
 
 
 def test_off_the_mnote_commands_say_so(tmp_path):

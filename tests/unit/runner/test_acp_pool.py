@@ -569,3 +569,105 @@ def test_a_replacement_outdated_by_a_reload_while_it_starts_is_made_again(pool, 
     runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)
     wait_for(lambda: len(made) == 2 and runner._procs.get(("u1", "mnote")) is not None,
              "a second, current environment and its process")
+
+
+# -- a full pool, the turn slots and memory (docs/scaling.md §Sizing a node) -----------------
+class _Cli:
+    """The CLI runner's seam: records the turns it is handed."""
+    name = "cli"
+
+    def __init__(self, processes):
+        self.processes = processes
+        self.turns: list = []
+
+    def run_turn(self, req):
+        from hermes_service.runner import TurnResult
+        self.turns.append(req)
+        return TurnResult("from the CLI", "cli-session", 0.1)
+
+
+def test_a_full_pool_runs_the_turn_on_the_cli(pool, tmp_path):
+    """Every warm process busy: the turn runs on the CLI runner (docs/runners.md §Fallback to
+    the CLI) — never an internal error (the pool's signal once crashed the failure log line:
+    ``'UseCli' object has no attribute 'code'``) — and no turn slot stays taken."""
+    import threading
+
+    from hermes_service.runner import TurnRequest
+    from hermes_service.runner.choice import RunnerChoice
+    runner = pool(max_processes=1, new_session_delay=3600)
+    cancel = threading.Event()
+    busy = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u1"), env=runner.env,
+                       family="mnote", cancel=cancel)
+    t, outcome = _turn_in_thread(runner, busy)
+    waiting_in_session_new(runner, "u1")           # u1's turn holds the only process
+    cli = _Cli(runner.processes)
+    choice = RunnerChoice(cli, runner, frozenset({"mnote"}))
+    req = TurnRequest(message="hi", resume_id=None, home=home(tmp_path, "u2"), env=runner.env,
+                      family="mnote")
+    clock = SimpleNamespace(runner=None)
+    held = runner.processes.slots_held    # (u1's spare session/new, which never answers here)
+    result = choice.run_turn(req, clock)
+    assert (result.answer, clock.runner, cli.turns) == ("from the CLI", "cli", [req])
+    assert runner.processes.slots_held == held     # the ACP attempt kept none
+    cancel.set()
+    t.join(WAIT)
+    assert outcome.get("code") == "run_cancelled"
+
+
+def test_a_start_takes_a_turn_slot_and_a_warm_turn_none(pool, tmp_path):
+    """Starting a process is CPU-bound like a CLI turn: it waits for a turn slot, up to
+    ``queue_wait_seconds`` for a turn (then 429 ``too_many_runs``); a turn on a warm process
+    needs none."""
+    from hermes_service.errors import TooManyRuns
+    runner = pool(max_processes=2)
+    runner.processes.queue_wait = 0.3
+    taken = [runner.processes.try_slot() for _ in range(2)]      # every slot (2) taken
+    assert taken == [True, True]
+    with pytest.raises(TooManyRuns) as err:
+        acquire(runner, tmp_path, "u1", reserve=True).result(WAIT)
+    assert err.value.headers.get("Retry-After")
+    assert runner.process_count() == 0
+    runner.processes.release_slot()
+    proc = acquire(runner, tmp_path, "u1", reserve=True).result(WAIT)
+    # the start gave its slot back; the spare session made ahead takes one while it opens
+    wait_for(lambda: proc.spare is not None and proc.spare.done(), "the spare session")
+    assert runner.processes.slots_held == 1
+    proc.reserved -= 1
+    assert runner.processes.try_slot()                           # every slot taken again
+    assert acquire(runner, tmp_path, "u1", reserve=True).result(WAIT) is proc   # warm: no slot
+    proc.reserved -= 1
+    for _ in range(2):
+        runner.processes.release_slot()
+
+
+def test_a_spare_session_waits_while_turns_fill_the_slots(pool, tmp_path):
+    """A spare session (made ahead, CPU-bound ``session/new``) waits while as many warm turns
+    are in flight as there are turn slots, and a turn needing a session meanwhile opens its
+    own instead of waiting for the spare."""
+    runner = pool(max_processes=3)
+    busy = [acquire(runner, tmp_path, u).result(WAIT) for u in ("u1", "u2")]
+    for p in busy:                       # their spares are made while the slots are free
+        wait_for(lambda p=p: p.spare is not None and p.spare.done(), "a spare session")
+        p.reserved += 1                  # now a turn runs on each
+    assert runner.turns_in_flight() == 2 == runner.processes.slot_count
+    idle = acquire(runner, tmp_path, "u3").result(WAIT)       # its spare must wait
+    assert not idle.spare_opening and idle.spare is not None and not idle.spare.done()
+    assert runner._call(idle.new_session()).result(WAIT)      # opened directly, not waited
+    for p in busy:
+        p.reserved -= 1
+    runner.loop.call_soon_threadsafe(idle.make_spare)        # room again: made
+    wait_for(lambda: idle.spare is not None and idle.spare.done(), "the spare session")
+    wait_for(lambda: runner.processes.slots_held == 0, "every slot given back")
+
+
+def test_short_memory_closes_idle_processes_and_starts_none(pool, tmp_path, monkeypatch):
+    """Available memory below ``hermes.acp.min_available_mb``: the idle process is closed to
+    make room, and with none left idle the turn runs on the CLI (UseCli), whatever room
+    ``max_processes`` leaves."""
+    from hermes_service.runner.acp import pool as pool_module
+    runner = pool(max_processes=4)
+    idle = acquire(runner, tmp_path, "u1").result(WAIT)
+    monkeypatch.setattr(pool_module.machine, "available_mb", lambda: 10)
+    with pytest.raises(UseCli, match="memory"):
+        acquire(runner, tmp_path, "u2").result(WAIT)
+    assert idle.retired and runner.process_count() == 0
