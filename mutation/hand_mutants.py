@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ class Hand:
     new: str             # ... replaced by this
     tests: list[str]     # pytest arguments selecting the tests that must fail
     repeat: int = 1
+    group: str = "review"    # the module group it counts in (docs/testing.md, the table)
 
 
 SEC = "tests/unit/test_security.py"
@@ -146,21 +148,36 @@ def _pytest(dest: Path, env: dict, tests: list[str]) -> int:
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
 
 
-def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
-    """Apply each of :data:`MUTANTS` in a fresh copy of the work tree at ``dest``, run its
-    tests, restore the file. Returns ``[{name, path, killed, runs, note}]`` and prints a line
-    per mutant."""
+def all_mutants() -> list[Hand]:
+    """:data:`MUTANTS` and those of every module group of :mod:`mutation.rules`."""
+    from mutation.rules import MUTANTS as RULES
+    return [*MUTANTS, *RULES]
+
+
+def groups() -> list[str]:
+    return sorted({m.group for m in all_mutants()})
+
+
+def run_all(dest: Path, copy_tree, make_env, only: list[str] | None = None) -> list[dict]:
+    """Apply each hand mutant (:func:`all_mutants`; of the groups ``only`` when given) in a
+    fresh copy of the work tree at ``dest``, run its tests, restore the file. Each distinct
+    selection first runs once unmutated and must pass. Returns ``[{name, group, path,
+    killed, runs, note, seconds}]`` and prints a line per mutant."""
     copy_tree(dest)
     env = make_env(dest)
-    print(f"== hand-made mutants: {len(MUTANTS)}", flush=True)
+    chosen = [m for m in all_mutants() if not only or m.group in only]
+    print(f"== hand-made mutants: {len(chosen)}", flush=True)
     out = []
-    for m in MUTANTS:
+    clean: dict[tuple, bool] = {}      # selection -> passes unmutated
+    for m in chosen:
+        started = time.monotonic()
         path = dest / m.path
         original = path.read_text("utf-8")
         note, codes = "", []
+        key = tuple(m.tests)
         if original.count(m.old) != 1:
             note = f"the text to change occurs {original.count(m.old)} times (not once)"
-        elif _pytest(dest, env, m.tests) != 0:
+        elif not clean.setdefault(key, _pytest(dest, env, m.tests) == 0):
             note = "its tests fail without the mutation"
         else:
             path.write_text(original.replace(m.old, m.new), "utf-8")
@@ -171,9 +188,10 @@ def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
             if any(c not in (1,) for c in codes):
                 note = f"pytest exit codes {codes} (1 = a test failed)"
         killed = not note
-        print(f"   {'killed  ' if killed else 'SURVIVED'} {m.name}"
+        print(f"   {'killed  ' if killed else 'SURVIVED'} [{m.group}] {m.name}"
               + (f" ({len(codes)}/{m.repeat} runs)" if m.repeat > 1 and killed else "")
               + (f": {note}" if note else ""), flush=True)
-        out.append({"name": m.name, "path": m.path, "killed": killed, "runs": codes, "note": note})
+        out.append({"name": m.name, "group": m.group, "path": m.path, "killed": killed,
+                    "runs": codes, "note": note, "seconds": round(time.monotonic() - started, 1)})
     return out
 

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutation"
 SURVIVORS = Path(__file__).resolve().parent / "survivors.tsv"   # the explained survivors
 PYTHON = sys.executable
+if str(ROOT) not in sys.path:          # mutation.* when run as a script
+    sys.path.insert(0, str(ROOT))
 
 #: Replaces the hermes CLI in mutation runs: a unit test that starts a real CLI turn fails
 #: loudly instead of slowing every mutant down (the selections run no CLI).
@@ -253,13 +255,39 @@ def run_module(key: str, module: Module, max_children: int) -> dict:
             "unexplained": {n: diffs[n] for n in unexplained}, "other": {n: results[n] for n in bad}}
 
 
+def hand_groups() -> list[str]:
+    from mutation.hand_mutants import groups
+    return groups()
+
+
+def kill_rates(hand: list[dict]) -> dict[str, dict]:
+    """Per module group of the hand mutants' verdicts: mutants, killed, rate, seconds."""
+    out: dict[str, dict] = {}
+    for h in hand:
+        r = out.setdefault(h["group"], {"mutants": 0, "killed": 0, "seconds": 0.0})
+        r["mutants"] += 1
+        r["killed"] += bool(h["killed"])
+        r["seconds"] = round(r["seconds"] + h.get("seconds", 0), 1)
+    for r in out.values():
+        r["rate"] = r["killed"] / r["mutants"]
+    return dict(sorted(out.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(MODULES))
     ap.add_argument("--no-hand", action="store_true", help="skip the hand-made mutants")
     ap.add_argument("--hand-only", action="store_true", help="only the hand-made mutants")
     ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once (2)")
+    ap.add_argument("--group", action="append", default=[], metavar="GROUP",
+                    help="only the hand-made mutants of this module group (repeatable; "
+                         "implies --hand-only): " + ", ".join(hand_groups()))
     args = ap.parse_args(argv)
+    if args.group:
+        args.hand_only = True
+        for g in args.group:
+            if g not in hand_groups():
+                ap.error(f"unknown group {g!r}: one of {', '.join(hand_groups())}")
     for key in args.modules:
         if key not in MODULES:
             ap.error(f"unknown module {key!r}: one of {', '.join(MODULES)}")
@@ -273,12 +301,23 @@ def main(argv: list[str] | None = None) -> int:
             summary["modules"].append(res)
             ok &= not res.get("error") and not res["unexplained"] and not res["other"]
     if not args.no_hand and not args.modules:
-        sys.path.insert(0, str(ROOT))
         from mutation.hand_mutants import run_all
-        summary["hand"] = run_all(BUILD / "hand", _copy_tree, _env)
-        ok &= all(h["killed"] for h in summary["hand"])
+        # a copy per selection of groups: two selections may run at once
+        dest = BUILD / ("hand-" + "-".join(sorted(args.group)) if args.group else "hand")
+        summary["hand"] = run_all(dest, _copy_tree, _env, args.group or None)
+        explained = explained_survivors()
+        for h in summary["hand"]:
+            # a hand mutant that survives is listed in survivors.tsv as module
+            # ``hand:<group>``, function ``-``, its name as the mutated line
+            h["explained"] = explained.get((f"hand:{h['group']}", "-", h["name"]))
+            if not h["killed"] and not (h["explained"] and h["runs"]):
+                ok = False
+        summary["groups"] = kill_rates(summary["hand"])
+        for g, r in summary["groups"].items():
+            print(f"   {g}: {r['killed']}/{r['mutants']} killed ({r['rate']:.0%}), {r['seconds']} s")
     summary["seconds"] = round(time.monotonic() - started)
-    (BUILD / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    (BUILD / ("summary-" + "-".join(sorted(args.group)) + ".json" if args.group
+             else "summary.json")).write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     print(f"== mutation testing {'passed' if ok else 'FAILED'} in {summary['seconds']} s "
           f"(summary: {BUILD / 'summary.json'})")
     return 0 if ok else 1
