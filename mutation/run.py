@@ -12,15 +12,18 @@ Two parts, run one after the other (never two mutation runs at once):
    Every survivor must be explained in :data:`SURVIVORS` (``mutation/survivors.tsv``, matched
    by module, function and the mutated line); an unexplained survivor fails the run.
 2. **Hand-made mutants** (:mod:`mutation.hand_mutants`): one-line changes mutmut cannot make
-   (it skips decorated functions: Flask routes, context managers) and the survivors a review
-   found with hand-made mutations. Each must make its tests fail.
+   (it skips decorated functions: Flask routes, context managers), the survivors a review
+   found with hand-made mutations, and the one-line slips of each security- or
+   durability-critical module group (:mod:`mutation.rules`). Each must make its tests fail,
+   or be listed in :data:`SURVIVORS` as module ``hand:<group>`` with why.
 
 Output: one line per module (mutants, killed, survived, timeout, explained survivors), the
 diff of every unexplained survivor, the hand mutants' verdicts, and
 ``build/mutation/summary.json``. Exit status 0 when nothing survives unexplained, else 1.
 
-Usage: ``python mutation/run.py [MODULE ...] [--no-hand] [--hand-only] [--max-children N]``
-(MODULE: a key of :data:`MODULES`; default all).
+Usage: ``python mutation/run.py [MODULE ...] [--no-hand] [--hand-only] [--max-children N]
+[--group GROUP ...] [--resume LOG]`` (MODULE: a key of :data:`MODULES`; default all; GROUP: a
+module group of the hand mutants, :mod:`mutation.rules`, which implies ``--hand-only``).
 """
 from __future__ import annotations
 
@@ -282,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", action="append", default=[], metavar="GROUP",
                     help="only the hand-made mutants of this module group (repeatable; "
                          "implies --hand-only): " + ", ".join(hand_groups()))
+    ap.add_argument("--resume", action="append", default=[], metavar="LOG",
+                    help="reuse the hand mutants' verdicts printed in LOG by a run cut short")
     args = ap.parse_args(argv)
     if args.group:
         args.hand_only = True
@@ -301,10 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             summary["modules"].append(res)
             ok &= not res.get("error") and not res["unexplained"] and not res["other"]
     if not args.no_hand and not args.modules:
-        from mutation.hand_mutants import run_all
+        from mutation.hand_mutants import run_all, verdicts
         # a copy per selection of groups: two selections may run at once
         dest = BUILD / ("hand-" + "-".join(sorted(args.group)) if args.group else "hand")
-        summary["hand"] = run_all(dest, _copy_tree, _env, args.group or None)
+        resume: dict[str, bool] = {}
+        for log_path in args.resume:
+            resume.update(verdicts(Path(log_path)))
+        summary["hand"] = run_all(dest, _copy_tree, _env, args.group or None, resume)
         explained = explained_survivors()
         for h in summary["hand"]:
             # a hand mutant that survives is listed in survivors.tsv as module

@@ -73,7 +73,7 @@ MUTANTS = [
     # -- the route wrapper ---------------------------------------------------------------
     H("a request that raised keeps its claim (the key is stuck running)", W,
       "                store.release(scope, key)     # e.g. 413 or an internal error: not replayed\n",
-      "                pass\n", ROUTES),
+      "                pass\n", RULES),
     H("an unrecorded outcome keeps its claim", W,
       "                else:\n                    store.release(scope, key)\n",
       "                else:\n                    pass\n", ROUTES),

@@ -177,3 +177,28 @@ def test_a_claim_takes_the_write_lock_before_it_reads(store):
         other.execute("ROLLBACK")
         other.close()
     assert isinstance(store.claim("s", "k", "fp"), Outcome)
+
+
+# -- the route wrapper (web.idempotent) ------------------------------------------------------
+def test_a_request_that_raised_releases_its_key(stubbed_app, stub):
+    """An unexpected error inside a keyed request (a 500) records nothing and leaves no claim
+    behind: the retry runs at once instead of waiting for a request that is over."""
+    from support.fixtures import API_KEY
+    app = stubbed_app()
+    c = app.test_client()
+    headers = {"X-API-Key": API_KEY, "Idempotency-Key": "boom"}
+    sid = c.post("/api/v1/sessions", json={"user_id": "alice"},
+                 headers={"X-API-Key": API_KEY}).json["session_id"]
+
+    def boom():
+        raise RuntimeError("an unexpected failure inside the turn")
+    stub.block = boom
+    try:
+        res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=headers)
+        assert res.status_code == 500
+    except RuntimeError:
+        pass                          # the test client re-raised it
+    assert app.extensions["hermes_service"].idempotency.count() == 0
+    stub.block = None
+    res = c.post(f"/api/v1/sessions/{sid}/messages", json={"message": "hi"}, headers=headers)
+    assert res.status_code == 200 and "Idempotency-Replayed" not in res.headers

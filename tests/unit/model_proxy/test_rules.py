@@ -157,6 +157,8 @@ def test_no_credential_or_forwarding_header_reaches_the_provider():
     assert {"connection", "proxy-authorization", "transfer-encoding", "te", "upgrade",
             "keep-alive", "trailer", "proxy-authenticate"} <= HOP_BY_HOP
     assert forward_headers([("Accept", "x" * 2000)]) == [("Accept", "x" * 1000)]
+    # a folded value cannot smuggle a header line to the provider
+    assert forward_headers([("Accept", "a\r\n x-api-key: k\tb")]) == [("Accept", "a x-api-key: k b")]
 
 
 def test_the_body_cap_is_32_bytes_a_token_within_4_and_64_mib():
