@@ -147,7 +147,7 @@ MUTANTS = [
 #: each run imports afresh from the mutated copy), then forks a child per pytest run. It
 #: halves the CPU a hand mutant costs (the imports were half of a small selection's run).
 _ZYGOTE = r"""
-import json, os, sys
+import json, os, signal, sys
 import pytest, xdist, flask, werkzeug, waitress, jsonschema, yaml, filelock, requests
 import prometheus_client, sqlite3, http.client, asyncio, hypothesis
 for line in sys.stdin:
@@ -161,10 +161,17 @@ for line in sys.stdin:
         sys.path.insert(0, req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        signal.alarm(req["timeout"])         # a mutant that hangs its tests: SIGALRM
         os._exit(int(pytest.main(req["args"])))
     _, status = os.waitpid(pid, 0)
     print(os.waitstatus_to_exitcode(status), flush=True)
 """
+
+
+#: seconds one run of a selection may take; a mutant whose tests hang past it is detected
+#: (a timeout, like mutmut's), its tests killed by SIGALRM
+TIMEOUT = 120
+TIMED_OUT = -14
 
 
 class _Forks:
@@ -179,7 +186,8 @@ class _Forks:
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"cwd": str(dest), "env": env, "args": args}) + "\n")
+        self.proc.stdin.write(json.dumps({"cwd": str(dest), "env": env, "args": args,
+                                          "timeout": TIMEOUT}) + "\n")
         self.proc.stdin.flush()
         return int(self.proc.stdout.readline())
 
@@ -255,7 +263,7 @@ def run_all(dest: Path, copy_tree, make_env, only: list[str] | None = None,
                 codes = [_pytest(dest, env, m.tests) for _ in range(m.repeat)]
             finally:
                 path.write_text(original, "utf-8")
-            if any(c not in (1,) for c in codes):
+            if any(c not in (1, TIMED_OUT) for c in codes):
                 note = f"pytest exit codes {codes} (1 = a test failed)"
         killed = not note
         print(f"   {'killed  ' if killed else 'SURVIVED'} [{m.group}] {m.name}"

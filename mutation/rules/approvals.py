@@ -8,8 +8,8 @@ from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="approvals")
 Q = "hermes_service/mnote/run_questions.py"
-QT = ["tests/unit/mnote/test_run_questions.py"]
-RULES = ["tests/unit/mnote/test_run_questions.py", "tests/unit/mnote/test_run_log_rules.py"]
+QT = ["tests/unit/mnote/test_run_questions.py", "tests/unit/mnote/test_run_questions_rules.py"]
+RULES = [*QT, "tests/unit/mnote/test_run_log_rules.py"]
 
 MUTANTS = [
     H("any choice is accepted", Q, "            if choice not in choices:\n",

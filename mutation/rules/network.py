@@ -12,9 +12,10 @@ EP = "hermes_service/egress_policy.py"
 EX = "hermes_service/egress_proxy.py"
 SG = "hermes_service/service_gate.py"
 SN = "hermes_service/sandbox_net.py"
-POLICY = ["tests/unit/test_egress_policy.py"]
-PROXY = ["tests/unit/test_egress_proxy.py"]
-GATE = ["tests/unit/test_service_gate.py"]
+RULES = "tests/unit/test_network_rules.py"
+POLICY = ["tests/unit/test_egress_policy.py", RULES]
+PROXY = ["tests/unit/test_egress_proxy.py", RULES]
+GATE = ["tests/unit/test_service_gate.py", RULES]
 NET = ["tests/unit/test_sandbox_net.py"]
 
 MUTANTS = [

@@ -142,3 +142,17 @@ def test_a_pending_question_of_a_followed_run_is_answered_through_its_owner(tmp_
     assert ops == [{"op": "approval", "approval_id": APR, "choice": "deny"}]
     with pytest.raises(Conflict):
         run.answer(APR, "approve")           # claimed: the first answer won
+
+
+def test_a_question_the_owner_resolved_is_not_pending_for_a_follower(tmp_path):
+    """Resolved in the log (``approval.responded``) even without a claim file (the owner's
+    claim could not be written): a follower refuses a late answer."""
+    logs = RunLogs(tmp_path)
+    w = logs.create(meta())
+    w.append({"event": "approval.request", "approval_id": APR, "choices": ["approve", "deny"]})
+    w.append({"event": "approval.responded", "approval_id": APR, "choice": "deny",
+              "resolved_by": "timeout"})
+    run = ForeignRun(SimpleNamespace(logs=logs), logs.load(RUN))
+    with pytest.raises(Conflict):
+        run.answer(APR, "approve")
+    assert logs.claimed(RUN, APR) is None and logs.requests_since(RUN, 0)[0] == []
