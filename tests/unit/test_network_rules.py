@@ -18,7 +18,7 @@ from hermes_service.egress_policy import Policy
 
 
 def test_one_answer_that_is_no_address_taints_the_name(monkeypatch):
-    def getaddrinfo(host, port, type=0):      # noqa: A002 - socket's own name
+    def getaddrinfo(host, port, type=0):      # socket's own signature
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port)),
                 (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("not-an-address", port, 0, 0))]
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
