@@ -267,12 +267,16 @@ def kill_rates(hand: list[dict]) -> dict[str, dict]:
     """Per module group of the hand mutants' verdicts: mutants, killed, rate, seconds."""
     out: dict[str, dict] = {}
     for h in hand:
-        r = out.setdefault(h["group"], {"mutants": 0, "killed": 0, "seconds": 0.0})
+        r = out.setdefault(h["group"], {"mutants": 0, "killed": 0, "equivalent": 0,
+                                        "seconds": 0.0})
         r["mutants"] += 1
         r["killed"] += bool(h["killed"])
+        r["equivalent"] += bool(not h["killed"] and h.get("explained"))
         r["seconds"] = round(r["seconds"] + h.get("seconds", 0), 1)
     for r in out.values():
         r["rate"] = r["killed"] / r["mutants"]
+        # the mutation score: of the mutants a test could tell from the original
+        r["score"] = r["killed"] / max(1, r["mutants"] - r["equivalent"])
     return dict(sorted(out.items()))
 
 
@@ -322,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
                 ok = False
         summary["groups"] = kill_rates(summary["hand"])
         for g, r in summary["groups"].items():
-            print(f"   {g}: {r['killed']}/{r['mutants']} killed ({r['rate']:.0%}), {r['seconds']} s")
+            print(f"   {g}: {r['killed']}/{r['mutants']} killed ({r['rate']:.0%}); "
+                  f"{r['equivalent']} explained survivor(s), score {r['score']:.0%}; "
+                  f"{r['seconds']} s")
     summary["seconds"] = round(time.monotonic() - started)
     (BUILD / ("summary-" + "-".join(sorted(args.group)) + ".json" if args.group
              else "summary.json")).write_text(json.dumps(summary, indent=1, ensure_ascii=False))
