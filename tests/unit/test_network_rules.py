@@ -92,3 +92,16 @@ def test_the_proxy_dials_the_address_it_checked(origin_on_127_0_0_2):
     got, out = asyncio.run(main())
     assert got.startswith(b"HTTP/1.0 200") or got.startswith(b"HTTP/1.1 200"), got
     assert got.endswith(b"ok") and out.refused is None
+
+
+@pytest.mark.parametrize("v6, v4", [
+    ("::ffff:10.0.0.1", "10.0.0.1"),             # IPv4-mapped
+    ("::10.0.0.2", "10.0.0.2"),                  # IPv4-compatible
+    ("64:ff9b::a00:3", "10.0.0.3"),              # NAT64
+    ("2002:a00:4::1", "10.0.0.4"),               # 6to4
+    ("2001:0:4136:e378:8000:63bf:f5ff:fffa", "10.0.0.5"),   # Teredo (client, obfuscated)
+])
+def test_the_ipv4_address_an_ipv6_address_carries_is_read(v6, v4):
+    import ipaddress
+    assert egress_policy.embedded_ipv4(ipaddress.ip_address(v6)) == ipaddress.ip_address(v4)
+    assert egress_policy.embedded_ipv4(ipaddress.ip_address("2606:4700::1111")) is None
