@@ -13,8 +13,10 @@ sometimes is not enough). Every mutant's tests first run unmutated and must pass
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ class Hand:
     new: str             # ... replaced by this
     tests: list[str]     # pytest arguments selecting the tests that must fail
     repeat: int = 1
+    group: str = "review"    # the module group it counts in (docs/testing.md, the table)
 
 
 SEC = "tests/unit/test_security.py"
@@ -140,27 +143,119 @@ MUTANTS = [
 ]
 
 
+#: A fork server: imports pytest and the third-party libraries once (never the package, which
+#: each run imports afresh from the mutated copy), then forks a child per pytest run. It
+#: halves the CPU a hand mutant costs (the imports were half of a small selection's run).
+_ZYGOTE = r"""
+import json, os, signal, sys
+import pytest, xdist, flask, werkzeug, waitress, jsonschema, yaml, filelock, requests
+import prometheus_client, sqlite3, http.client, asyncio, hypothesis
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.chdir(req["cwd"])
+        sys.path.insert(0, req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        signal.alarm(req["timeout"])         # a mutant that hangs its tests: SIGALRM
+        os._exit(int(pytest.main(req["args"])))
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+#: seconds one run of a selection may take; a mutant whose tests hang past it is detected
+#: (a timeout, like mutmut's), its tests killed by SIGALRM
+TIMEOUT = 120
+TIMED_OUT = -14
+
+
+class _Forks:
+    """The fork server of one run (:data:`_ZYGOTE`)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def run(self, dest: Path, env: dict, args: list[str]) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE], cwd="/", env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"cwd": str(dest), "env": env, "args": args,
+                                          "timeout": TIMEOUT}) + "\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()          # type: ignore[union-attr]
+            self.proc.wait()
+
+
+_FORKS = _Forks()
+
+
 def _pytest(dest: Path, env: dict, tests: list[str]) -> int:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           "-m", "not e2e", *tests], cwd=dest, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
+    return _FORKS.run(dest, env, ["-q", "-x", "-p", "no:cacheprovider", "-m", "not e2e", *tests])
 
 
-def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
-    """Apply each of :data:`MUTANTS` in a fresh copy of the work tree at ``dest``, run its
-    tests, restore the file. Returns ``[{name, path, killed, runs, note}]`` and prints a line
-    per mutant."""
+def all_mutants() -> list[Hand]:
+    """:data:`MUTANTS` and those of every module group of :mod:`mutation.rules`."""
+    from mutation.rules import MUTANTS as RULES
+    return [*MUTANTS, *RULES]
+
+
+def groups() -> list[str]:
+    return sorted({m.group for m in all_mutants()})
+
+
+def verdicts(log: Path) -> dict[str, bool]:
+    """Verdicts of hand mutants in the printed output of an earlier run (``--resume``): name
+    -> killed. A run cut short is resumed without running again what it decided."""
+    out = {}
+    for line in log.read_text("utf-8").splitlines():
+        for mark, killed in (("   killed   [", True), ("   SURVIVED [", False)):
+            if line.startswith(mark):
+                name = line[len(mark):].split("] ", 1)[1]
+                name = name.split(" (", 1)[0] if killed else name.split(": pytest exit", 1)[0]
+                out[name] = killed
+    return out
+
+
+def run_all(dest: Path, copy_tree, make_env, only: list[str] | None = None,
+            resume: dict[str, bool] | None = None) -> list[dict]:
+    """Apply each hand mutant (:func:`all_mutants`; of the groups ``only`` when given) in a
+    fresh copy of the work tree at ``dest``, run its tests, restore the file. Each distinct
+    selection first runs once unmutated and must pass. Returns ``[{name, group, path,
+    killed, runs, note, seconds}]`` and prints a line per mutant."""
     copy_tree(dest)
     env = make_env(dest)
-    print(f"== hand-made mutants: {len(MUTANTS)}", flush=True)
+    chosen = [m for m in all_mutants() if not only or m.group in only]
+    print(f"== hand-made mutants: {len(chosen)}", flush=True)
     out = []
-    for m in MUTANTS:
+    clean: dict[tuple, bool] = {}      # selection -> passes unmutated
+    for m in chosen:
+        if resume and m.name in resume:
+            killed = resume[m.name]
+            print(f"   {'killed  ' if killed else 'SURVIVED'} [{m.group}] {m.name}"
+                  + ("" if killed else ": pytest exit codes [0] (an earlier run)"), flush=True)
+            out.append({"name": m.name, "group": m.group, "path": m.path, "killed": killed,
+                        "runs": [1 if killed else 0], "note": "" if killed else "earlier run",
+                        "seconds": 0.0})
+            continue
+        started = time.monotonic()
         path = dest / m.path
         original = path.read_text("utf-8")
         note, codes = "", []
+        key = tuple(m.tests)
         if original.count(m.old) != 1:
             note = f"the text to change occurs {original.count(m.old)} times (not once)"
-        elif _pytest(dest, env, m.tests) != 0:
+        elif not clean.setdefault(key, _pytest(dest, env, m.tests) == 0):
             note = "its tests fail without the mutation"
         else:
             path.write_text(original.replace(m.old, m.new), "utf-8")
@@ -168,12 +263,14 @@ def run_all(dest: Path, copy_tree, make_env) -> list[dict]:
                 codes = [_pytest(dest, env, m.tests) for _ in range(m.repeat)]
             finally:
                 path.write_text(original, "utf-8")
-            if any(c not in (1,) for c in codes):
+            if any(c not in (1, TIMED_OUT) for c in codes):
                 note = f"pytest exit codes {codes} (1 = a test failed)"
         killed = not note
-        print(f"   {'killed  ' if killed else 'SURVIVED'} {m.name}"
+        print(f"   {'killed  ' if killed else 'SURVIVED'} [{m.group}] {m.name}"
               + (f" ({len(codes)}/{m.repeat} runs)" if m.repeat > 1 and killed else "")
               + (f": {note}" if note else ""), flush=True)
-        out.append({"name": m.name, "path": m.path, "killed": killed, "runs": codes, "note": note})
+        out.append({"name": m.name, "group": m.group, "path": m.path, "killed": killed,
+                    "runs": codes, "note": note, "seconds": round(time.monotonic() - started, 1)})
+    _FORKS.close()
     return out
 

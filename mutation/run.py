@@ -12,15 +12,18 @@ Two parts, run one after the other (never two mutation runs at once):
    Every survivor must be explained in :data:`SURVIVORS` (``mutation/survivors.tsv``, matched
    by module, function and the mutated line); an unexplained survivor fails the run.
 2. **Hand-made mutants** (:mod:`mutation.hand_mutants`): one-line changes mutmut cannot make
-   (it skips decorated functions: Flask routes, context managers) and the survivors a review
-   found with hand-made mutations. Each must make its tests fail.
+   (it skips decorated functions: Flask routes, context managers), the survivors a review
+   found with hand-made mutations, and the one-line slips of each security- or
+   durability-critical module group (:mod:`mutation.rules`). Each must make its tests fail,
+   or be listed in :data:`SURVIVORS` as module ``hand:<group>`` with why.
 
 Output: one line per module (mutants, killed, survived, timeout, explained survivors), the
 diff of every unexplained survivor, the hand mutants' verdicts, and
 ``build/mutation/summary.json``. Exit status 0 when nothing survives unexplained, else 1.
 
-Usage: ``python mutation/run.py [MODULE ...] [--no-hand] [--hand-only] [--max-children N]``
-(MODULE: a key of :data:`MODULES`; default all).
+Usage: ``python mutation/run.py [MODULE ...] [--no-hand] [--hand-only] [--max-children N]
+[--group GROUP ...] [--resume LOG]`` (MODULE: a key of :data:`MODULES`; default all; GROUP: a
+module group of the hand mutants, :mod:`mutation.rules`, which implies ``--hand-only``).
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutation"
 SURVIVORS = Path(__file__).resolve().parent / "survivors.tsv"   # the explained survivors
 PYTHON = sys.executable
+if str(ROOT) not in sys.path:          # mutation.* when run as a script
+    sys.path.insert(0, str(ROOT))
 
 #: Replaces the hermes CLI in mutation runs: a unit test that starts a real CLI turn fails
 #: loudly instead of slowing every mutant down (the selections run no CLI).
@@ -253,13 +258,45 @@ def run_module(key: str, module: Module, max_children: int) -> dict:
             "unexplained": {n: diffs[n] for n in unexplained}, "other": {n: results[n] for n in bad}}
 
 
+def hand_groups() -> list[str]:
+    from mutation.hand_mutants import groups
+    return groups()
+
+
+def kill_rates(hand: list[dict]) -> dict[str, dict]:
+    """Per module group of the hand mutants' verdicts: mutants, killed, rate, seconds."""
+    out: dict[str, dict] = {}
+    for h in hand:
+        r = out.setdefault(h["group"], {"mutants": 0, "killed": 0, "equivalent": 0,
+                                        "seconds": 0.0})
+        r["mutants"] += 1
+        r["killed"] += bool(h["killed"])
+        r["equivalent"] += bool(not h["killed"] and h.get("explained"))
+        r["seconds"] = round(r["seconds"] + h.get("seconds", 0), 1)
+    for r in out.values():
+        r["rate"] = r["killed"] / r["mutants"]
+        # the mutation score: of the mutants a test could tell from the original
+        r["score"] = r["killed"] / max(1, r["mutants"] - r["equivalent"])
+    return dict(sorted(out.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("modules", nargs="*", metavar="MODULE", help=", ".join(MODULES))
     ap.add_argument("--no-hand", action="store_true", help="skip the hand-made mutants")
     ap.add_argument("--hand-only", action="store_true", help="only the hand-made mutants")
     ap.add_argument("--max-children", type=int, default=2, help="mutants tested at once (2)")
+    ap.add_argument("--group", action="append", default=[], metavar="GROUP",
+                    help="only the hand-made mutants of this module group (repeatable; "
+                         "implies --hand-only): " + ", ".join(hand_groups()))
+    ap.add_argument("--resume", action="append", default=[], metavar="LOG",
+                    help="reuse the hand mutants' verdicts printed in LOG by a run cut short")
     args = ap.parse_args(argv)
+    if args.group:
+        args.hand_only = True
+        for g in args.group:
+            if g not in hand_groups():
+                ap.error(f"unknown group {g!r}: one of {', '.join(hand_groups())}")
     for key in args.modules:
         if key not in MODULES:
             ap.error(f"unknown module {key!r}: one of {', '.join(MODULES)}")
@@ -273,12 +310,28 @@ def main(argv: list[str] | None = None) -> int:
             summary["modules"].append(res)
             ok &= not res.get("error") and not res["unexplained"] and not res["other"]
     if not args.no_hand and not args.modules:
-        sys.path.insert(0, str(ROOT))
-        from mutation.hand_mutants import run_all
-        summary["hand"] = run_all(BUILD / "hand", _copy_tree, _env)
-        ok &= all(h["killed"] for h in summary["hand"])
+        from mutation.hand_mutants import run_all, verdicts
+        # a copy per selection of groups: two selections may run at once
+        dest = BUILD / ("hand-" + "-".join(sorted(args.group)) if args.group else "hand")
+        resume: dict[str, bool] = {}
+        for log_path in args.resume:
+            resume.update(verdicts(Path(log_path)))
+        summary["hand"] = run_all(dest, _copy_tree, _env, args.group or None, resume)
+        explained = explained_survivors()
+        for h in summary["hand"]:
+            # a hand mutant that survives is listed in survivors.tsv as module
+            # ``hand:<group>``, function ``-``, its name as the mutated line
+            h["explained"] = explained.get((f"hand:{h['group']}", "-", h["name"]))
+            if not h["killed"] and not (h["explained"] and h["runs"]):
+                ok = False
+        summary["groups"] = kill_rates(summary["hand"])
+        for g, r in summary["groups"].items():
+            print(f"   {g}: {r['killed']}/{r['mutants']} killed ({r['rate']:.0%}); "
+                  f"{r['equivalent']} explained survivor(s), score {r['score']:.0%}; "
+                  f"{r['seconds']} s")
     summary["seconds"] = round(time.monotonic() - started)
-    (BUILD / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+    (BUILD / ("summary-" + "-".join(sorted(args.group)) + ".json" if args.group
+             else "summary.json")).write_text(json.dumps(summary, indent=1, ensure_ascii=False))
     print(f"== mutation testing {'passed' if ok else 'FAILED'} in {summary['seconds']} s "
           f"(summary: {BUILD / 'summary.json'})")
     return 0 if ok else 1

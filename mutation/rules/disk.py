@@ -1,0 +1,46 @@
+"""Group ``disk``: a home's quota and the disk floor (disk.py) as the launcher and the
+watcher apply them."""
+from __future__ import annotations
+
+from functools import partial
+
+from mutation.hand_mutants import Hand
+
+H = partial(Hand, group="disk")
+D = "hermes_service/disk.py"
+DISK = ["tests/unit/test_disk.py", "-k", "not 507"]
+RULES = ["tests/unit/test_disk.py", "tests/unit/test_disk_rules.py", "-k", "not 507"]
+
+MUTANTS = [
+    H("the record's reserve is a quarter", D, "return max(4.0, min(256.0, max_home_mb / 8))",
+      "return max(4.0, min(256.0, max_home_mb / 4))", RULES),
+    H("the run folder is not counted", D, "return Usage(max(0.0, total - state) + run, state)",
+      "return Usage(max(0.0, total - state), state)", RULES),
+    H("the record is counted twice", D, "return Usage(max(0.0, total - state) + run, state)",
+      "return Usage(total + run, state)", RULES),
+    H("a turn checks the files only, not the whole home", D,
+      "        if used.total_mb > self.max_home_mb - QUOTA_HEADROOM_MB:",
+      "        if used.files_mb > self.max_home_mb - QUOTA_HEADROOM_MB:", RULES),
+    H("a turn starts below the disk floor", D,
+      "            if sp is not None and self._is_low(sp):\n                raise storage_error(label)\n",
+      "", RULES),
+    H("the file size limit ignores what is left of the quota", D,
+      "return int(min(float(file_size_mb), left) * MIB)", "return int(float(file_size_mb) * MIB)",
+      RULES),
+    H("the file size limit may be zero", D,
+      "left = max(1.0, self.files_cap_mb - used.files_mb)",
+      "left = max(0.0, self.files_cap_mb - used.files_mb)", RULES),
+    H("the watcher ignores files past their cap", D,
+      "over = w.now.files_mb > self.files_cap_mb or w.now.total_mb > self.max_home_mb",
+      "over = w.now.total_mb > self.max_home_mb", RULES),
+    H("the watcher never ends a sandbox over its quota", D,
+      "                if over and self.backend != BTRFS:", "                if False:", DISK),
+    H("an ended sandbox is not marked over", D, "        w.launch.over = why\n", "", DISK),
+    H("an ended sandbox is not killed", D,
+      "            signal_tree(w.launch.pid, signal.SIGKILL)\n", "            pass\n", RULES),
+    H("the floor is half of min_free_mb", D, "        if sp.bytes < self.min_free:",
+      "        if sp.bytes < self.min_free / 2:", RULES),
+    H("below the floor every sandbox that grew a little is ended", D,
+      "grown = [w for w in watched if not w.ended and w.grown_mb > GROWTH_MB]",
+      "grown = [w for w in watched if not w.ended and w.grown_mb >= 0]", RULES),
+]
