@@ -60,11 +60,13 @@ def set_owner(store, key, owner, state="running", expires=None):
 
 # -- what is recorded ------------------------------------------------------------------------
 @pytest.mark.parametrize("status,code,kept", [
-    (200, None, True), (201, None, True), (302, None, True), (400, "bad", True),
-    (404, None, True), (409, "idempotency_key_conflict", True), (422, None, True),
-    (409, "session_busy", False), (429, None, False), (499, None, True),
+    (200, None, True), (201, None, True), (302, None, True), (400, "bad", False),
+    (404, None, False), (409, "idempotency_key_conflict", False), (422, None, True),
+    (409, "session_busy", False), (429, None, False), (499, None, False),
     (500, None, False), (502, None, False), (503, None, False), (504, None, False)])
-def test_a_5xx_or_a_try_later_is_never_recorded(status, code, kept):
+def test_only_an_outcome_that_did_something_is_recorded(status, code, kept):
+    """A 5xx or a try-later is never recorded; a 4xx refusal did nothing, so its retry is
+    checked again (docs/v1-api.md §Idempotent retries); a 422 (the turn ran) is kept."""
     assert recordable(status, code) is kept
 
 

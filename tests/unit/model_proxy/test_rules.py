@@ -6,6 +6,7 @@ edge, the routes and their methods, the fields, models and headers forwarded, th
 Each in milliseconds; the same rules over HTTP: test_proxy.py, test_model_policy.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -75,6 +76,8 @@ def test_one_user_holds_at_most_its_share_and_gets_it_back(proxy, monkeypatch):
 def test_a_users_body_bytes_and_everyones_are_bounded_to_the_byte(proxy, monkeypatch):
     monkeypatch.setattr(limits, "USER_BODY_BUDGET", 100)
     monkeypatch.setattr(limits, "BODY_BUDGET", 150)
+    # the user's share is at least the body cap (model_proxy.proxy.user_body_budget)
+    monkeypatch.setattr(proxy, "policy", dataclasses.replace(proxy.policy, max_body=100))
     with proxy.admit("alice", 100) as d:
         assert d is None
         with proxy.admit("alice", 1) as over:
