@@ -78,6 +78,9 @@ def body(**kw):
      "invalid_request_body"),
     ('{"model": "m1", "messages": [], "seed": ' + "9" * 5000 + "}", "application/json", 400,
      "invalid_request_body"),
+    ('{"model": "m1", "messages": [], "tools": [{"type": "function", "function": {"name": '
+     '"t", "parameters": {"maximum": ' + "9" * 41 + "}}}]}", "application/json", 400,
+     "invalid_request_body"),                    # a long integer anywhere: quadratic to parse
     ("[" * 100000 + "]" * 100000, "application/json", 400, "invalid_request_body"),
     ("[1, 2]", "application/json", 400, "invalid_request_body"),
     ("{bad", "application/json", 400, "invalid_request_body"),
@@ -89,6 +92,14 @@ def test_a_body_the_config_does_not_offer_is_refused(raw, ctype, status, code):
     with pytest.raises(Refusal) as err:
         POLICY.prepare_chat(raw.encode(), ctype)
     assert (err.value.status, err.value.code) == (status, code), err.value.message
+
+
+def test_an_integer_of_up_to_40_digits_is_kept():
+    tool = {"type": "function", "function": {"name": "t", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "maximum": 10 ** 39}}}}}
+    sent = POLICY.prepare_chat(body(tools=[tool]).encode(), "application/json")
+    params = json.loads(sent.body)["tools"][0]["function"]["parameters"]
+    assert params["properties"]["n"]["maximum"] == 10 ** 39
 
 
 def test_other_encodings_are_refused_and_what_is_sent_is_what_was_checked():
