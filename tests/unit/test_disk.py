@@ -5,6 +5,7 @@ answered 507 by the app, never 500. On real file systems with real sandboxes:
 tests/e2e/test_e2e_disk.py."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -156,55 +157,46 @@ def test_files_a_sandbox_holds_without_a_name_count_toward_its_quota(tmp_path, h
         proc.wait()
 
 
-def test_below_the_floor_with_no_grower_the_fastest_writer_is_ended(tmp_path, monkeypatch):
-    d = make(tmp_path, max_home_mb=4096, min_free_mb=64)
-    launches, procs = {}, {}
+def watch_quiet_and_writer(d, tmp_path, stack: contextlib.ExitStack) -> dict:
+    """Two watched sandboxes, each holding 1 MiB unlinked: "quiet" then writes no more,
+    "writer" writes on. Returns their launches; closing ``stack`` ends both."""
+    launches = {}
     for n in ("quiet", "writer"):
         home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
         write(home / "x.bin", 1)
-        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
+        proc = hider(home, "in-flight", 1, forever=n == "writer")
+        stack.callback(proc.wait)
+        stack.callback(proc.kill)
         if n == "quiet":
-            assert procs[n].stdout.readline() == b"ready\n"      # and writes no more
+            assert proc.stdout.readline() == b"ready\n"      # and writes no more
         launches[n] = Launch(["true"], {}, "/")
-        launches[n].pid = procs[n].pid
+        stack.callback(launches[n].close)
+        launches[n].pid = proc.pid
         d.watch(launches[n], n, home, run, d.measure(home, run))
-    try:
+    return launches
+
+
+def test_below_the_floor_with_no_grower_the_fastest_writer_is_ended(tmp_path, monkeypatch):
+    d = make(tmp_path, max_home_mb=4096, min_free_mb=64)
+    with contextlib.ExitStack() as stack:
+        launches = watch_quiet_and_writer(d, tmp_path, stack)
         monkeypatch.setattr(disk, "space", lambda p: Space(MIB, None))
         wait_for(lambda: launches["writer"].limit_hit() == "disk", "the writer ended", 10)
         assert launches["quiet"].limit_hit() is None
-    finally:
-        for n, proc in procs.items():
-            proc.kill()
-            proc.wait()
-            launches[n].close()
 
 
 def test_space_going_where_no_home_shows_it_ends_the_fastest_writer(tmp_path, monkeypatch):
     d = make(tmp_path, max_home_mb=64, min_free_mb=1)
-    launches, procs = {}, {}
-    for n in ("quiet", "writer"):
-        home, run = tmp_path / "data" / "users" / n, tmp_path / "data" / "runs" / n
-        write(home / "x.bin", 1)
-        procs[n] = hider(home, "in-flight", 1, forever=n == "writer")
-        if n == "quiet":
-            assert procs[n].stdout.readline() == b"ready\n"
-        launches[n] = Launch(["true"], {}, "/")
-        launches[n].pid = procs[n].pid
-        d.watch(launches[n], n, home, run, d.measure(home, run))
-    free = [1 << 40]
+    with contextlib.ExitStack() as stack:
+        launches = watch_quiet_and_writer(d, tmp_path, stack)
+        free = [1 << 40]
 
-    def vanishing(path):          # ~8 MiB gone per look (~160 MiB/s), no home grows
-        free[0] -= 4 * MIB        # (two file systems are asked: the data dir, the homes)
-        return Space(free[0], None)
-    try:
+        def vanishing(path):          # ~8 MiB gone per look (~160 MiB/s), no home grows
+            free[0] -= 4 * MIB        # (two file systems are asked: the data dir, the homes)
+            return Space(free[0], None)
         monkeypatch.setattr(disk, "space", vanishing)
         wait_for(lambda: launches["writer"].limit_hit() == "home_quota", "the writer ended", 10)
         assert launches["quiet"].limit_hit() is None
-    finally:
-        for n, proc in procs.items():
-            proc.kill()
-            proc.wait()
-            launches[n].close()
 
 
 def test_a_slow_drift_of_free_space_ends_nobody(tmp_path, monkeypatch):
