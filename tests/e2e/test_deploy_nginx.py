@@ -106,6 +106,9 @@ def test_bodies_over_the_limit_stop_at_nginx(front):
     small = session_from(ALLOWED).post(nginx.url + "/api/v1/sessions", json={"user_id": "u1"},
                                        headers={"X-API-Key": API_KEY}, timeout=60)
     assert small.status_code == 200
+    # access lines are written by the log writer thread after the answer: wait for the small
+    # one's; the big one, sent first, would have logged before it
+    wait_for(lambda: seen_by_service() > before, "the small request's access line", 10)
     assert seen_by_service() == before + 1                 # the big one never reached it
 
 
