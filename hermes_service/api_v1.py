@@ -21,7 +21,7 @@ from .idempotency import HEADER as IDEMPOTENCY_HEADER
 from .idempotency import KEY_SCHEMA
 from .preflight import describe, health_checks
 from .routing import OPEN_UNLESS, RouteFamily, declare
-from .runner import FINISH_REASON, classify_failure
+from .runner import FINISH_REASON, USAGE, classify_failure
 from .security import acting_user
 from .web import (
     V1_ERRORS,
@@ -124,7 +124,11 @@ MESSAGE_REPLY = {"type": "object",
                                 "resumed": {"type": "boolean"},
                                 "reasoning": {"type": ["string", "null"]},
                                 "notice": {"type": "string", "description": "set when a new "
-                                           "Hermes conversation had to be started"}}}
+                                           "Hermes conversation had to be started"},
+                                "usage": {**USAGE, "type": ["object", "null"],
+                                          "description": "added: " + USAGE["description"]
+                                          + " (null when Hermes talks to the provider "
+                                          "itself, without the service's pass-through)"}}}
 EXECUTE_RESULT = {"type": "object",
                   "required": ["success", "stdout", "stderr", "returncode", "truncated"],
                   "properties": {"success": {"type": "boolean"}, "stdout": {"type": "string"},
@@ -381,7 +385,8 @@ def send_message(session_id):
                                              kind="v1")
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": rec.get("hermes_session_id"), "resumed": result.resumed,
-           "reasoning": result.reasoning, "finish_reason": result.finish_reason}
+           "reasoning": result.reasoning, "finish_reason": result.finish_reason,
+           "usage": result.usage}
     if result.notice:
         out["notice"] = result.notice
     return jsonify(out)

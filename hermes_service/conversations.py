@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 
@@ -45,6 +46,38 @@ class _Timed:
         if self._listener is None:
             return lambda *a, **kw: None
         return getattr(self._listener, name)
+
+
+def turn_line(ctx: dict, clock: metrics.TurnClock, result: TurnResult | None,
+              err: ServiceError | None) -> None:
+    """The one log line of a turn, both route families and both runners (docs/operations.md
+    §Logs, "A line per turn"): ``event: "turn"``, its run (an extension's run id, from
+    ``ctx["run"]``), trace and request ids (the log context), ``session``, ``user``,
+    ``family``, ``runner``, ``outcome`` (``ok`` | ``failed``) and ``code``, ``status``
+    (HTTP), ``duration_ms`` (from the turn holding its session), the tokens of its model calls
+    (``input_tokens``, ``output_tokens``, ``total_tokens``, ``estimated``, ``model_calls``: the
+    numbers its answer names) and ``tool_calls``. No text of the user's."""
+    usage = (result.usage if result is not None else err.usage if err is not None else None) \
+        or {}
+    ms = round((time.monotonic() - clock.asked) * 1000, 1)
+    fields = {"event": "turn", "session": ctx.get("session"), "user": ctx.get("user"),
+              "family": ctx.get("family"), "runner": clock.runner,
+              "outcome": "ok" if err is None else "failed",
+              "code": None if err is None else err.code,
+              "status": 200 if err is None else err.status, "duration_ms": ms,
+              "input_tokens": usage.get("input_tokens"),
+              "output_tokens": usage.get("output_tokens"),
+              "total_tokens": usage.get("total_tokens"),
+              "estimated": usage.get("estimated"), "model_calls": usage.get("requests"),
+              "tool_calls": result.tool_calls if result is not None else None,
+              "finish_reason": result.finish_reason if result is not None else None}
+    if ctx.get("run"):
+        fields["run_id"] = ctx["run"]
+    log.info("turn %s %s", fields["outcome"] if err is None else f"failed code={err.code}",
+             " ".join(f"{k}={v}" for k, v in fields.items()
+                      if v is not None and k not in ("event", "outcome", "code", "status",
+                                                     "duration_ms")),
+             extra=fields)
 
 
 class Conversations:
@@ -200,9 +233,11 @@ class Conversations:
                 result = self.runners.run_turn(req, clock)
             except ServiceError as err:
                 clock.finished(err.code)
+                turn_line(req.log_ctx, clock, None, err)
                 self._after_failure(session_id, rec, home, err, message)
                 raise
             clock.finished("ok")
+            turn_line(req.log_ctx, clock, result, None)
             updated = self.store.update(
                 session_id,
                 hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
@@ -236,7 +271,7 @@ class Conversations:
         saved = getattr(err, "hermes_session_id", None)
         if not saved:
             return
-        hermes_state.rewind_unanswered(home.hermes_home, saved, message)
+        hermes_state.rewind_unanswered(home.hermes_home, saved, message, broken=err.broken)
         if saved != rec.get("hermes_session_id") \
                 and hermes_state.has_messages(home.hermes_home, saved):
             # an aborted/failed turn Hermes kept (e.g. tool calls already made): the next

@@ -20,6 +20,10 @@ class ServiceError(Exception):
     code = "internal_error"
     #: the Hermes session a failed turn left behind (set by the runners), or None
     hermes_session_id: str | None = None
+    #: the failed turn's provider answer broke off: its text is taken back too (runners)
+    broken: bool = False
+    #: what the failed turn's model calls cost (``TurnCalls.usage``; set by the runners)
+    usage: dict | None = None
 
     def __init__(self, detail: str, *, code: str | None = None, status: int | None = None,
                  headers: dict | None = None, extra: dict | None = None):

@@ -239,6 +239,8 @@ class TurnRecord:
     row_ids: list[int] = field(default_factory=list)
     #: a tool command of the turn ended by a sandbox rlimit: ``"cpu"`` | ``"file_size"``
     tool_limit: str | None = None
+    #: the tool results Hermes recorded in the turn (one per tool call it ran)
+    tool_calls: int = 0
 
 
 #: How a terminal/code tool result says a sandbox rlimit killed its command: the shell's
@@ -341,8 +343,10 @@ def turn_record(conn: StateConn, session_id: str, message: str) -> TurnRecord:
     rec = TurnRecord(found=bool(rows), row_ids=[r["id"] for r in rows])
     thoughts: list[str] = []
     for r in rows[1:]:
-        if r["role"] == "tool" and rec.tool_limit is None:
-            rec.tool_limit = _tool_limit(r["content"])
+        if r["role"] == "tool":
+            rec.tool_calls += 1
+            if rec.tool_limit is None:
+                rec.tool_limit = _tool_limit(r["content"])
         if r["role"] != "assistant":
             continue
         rec.assistant_rows += 1
@@ -376,15 +380,19 @@ def _write_transaction(conn):
 
 
 @_on_record(lambda: False, write=True)
-def rewind_unanswered(conn: StateConn, session_id: str, message: str) -> bool:
+def rewind_unanswered(conn: StateConn, session_id: str, message: str,
+                      broken: bool = False) -> bool:
     """Take back the turn that sent ``message`` if it produced no answer: soft-delete its
     rows (``active = 0``, ``sessions.rewind_count + 1``), as Hermes's own
     ``rewind_to_message`` does, so a retried message reaches the model once. Its rows after
     the user message must be Hermes's nudges and at most its ``(empty)`` sentinel; a turn
     with real assistant work (text or tool calls: it stays in the model's context) is left
-    alone. Returns True when rows were taken back."""
+    alone. ``broken``: the provider's answer broke off on every try (docs/runners.md
+    §Outcomes as they were): assistant text without tool calls — the pieces Hermes glued
+    together — counts as no answer too; a turn that ran tool calls is still left alone
+    (what its tools did stays known to the model). Returns True when rows were taken back."""
     rows = _turn_rows(conn, session_id, message)
-    if not rows or not all(_unanswered(r) for r in rows):
+    if not rows or not all(_unanswered(r, broken) for r in rows):
         return False
     conn.execute(f"UPDATE messages SET active = 0 WHERE id IN ({','.join('?' * len(rows))})",
                  [r["id"] for r in rows])
@@ -441,11 +449,12 @@ def _keep_shown(conn: StateConn, session_id: str, message: str, shown: str) -> b
     return True
 
 
-def _unanswered(r) -> bool:
+def _unanswered(r, broken: bool = False) -> bool:
     """A row of a turn that has no answer: its user message, Hermes's nudges, an empty or
-    ``(empty)`` assistant message without tool calls."""
-    return r["role"] == "user" or (r["role"] == "assistant" and not r["tool_calls"]
-                                   and (r["content"] or "").strip() in ("", EMPTY_SENTINEL))
+    ``(empty)`` assistant message without tool calls (``broken``: any assistant message
+    without tool calls)."""
+    return r["role"] == "user" or (r["role"] == "assistant" and not r["tool_calls"] and (
+        broken or (r["content"] or "").strip() in ("", EMPTY_SENTINEL)))
 
 
 @bounded

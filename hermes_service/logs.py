@@ -23,6 +23,7 @@ they reach a log.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import logging
 import os
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -55,6 +56,18 @@ def start(**fields) -> None:
 def bind(**fields) -> None:
     """Add fields (e.g. ``run_id``) to the current context."""
     _CONTEXT.set({**_CONTEXT.get(), **{k: v for k, v in fields.items() if v is not None}})
+
+
+@contextlib.contextmanager
+def scoped(**fields) -> Iterator[None]:
+    """Log with exactly these context fields in the block (what is unset shows as unset), and
+    with the context as it was after it: a line about one run logged from a thread or task
+    that last served another request names that run's ids, not the other request's."""
+    token = _CONTEXT.set({k: v for k, v in fields.items() if v is not None})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
 
 def current() -> dict:

@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import time
@@ -25,6 +26,8 @@ log = logging.getLogger("hermes_service.model_proxy")
 
 USAGE_DB_NAME = "model_usage.db"      # in the data dir; see usage_db_path()
 USAGE_SCAN_LIMIT = 16 * 1024 * 1024   # bytes of a JSON answer (decoded) kept to read its usage
+#: a finish reason as a provider sends it (others are not kept)
+FINISH_REASON = re.compile(r"[a-z_]{1,32}")
 RETRY_SECONDS = 5.0                   # a usage write that failed is tried again this often
 
 
@@ -45,7 +48,8 @@ class UsageReader:
     piece as relayed; :meth:`tokens` then gives ``(prompt_tokens, completion_tokens)`` (0 for
     what the provider did not report), :attr:`reported` whether it reported any, and
     :meth:`estimate_completion` the completion tokens estimated from the text that went
-    through (a quarter of its characters: content, reasoning, tool-call arguments). Event
+    through (a quarter of its characters: content, reasoning, tool-call arguments), and
+    :attr:`finish_reason` the last ``finish_reason`` of a choice (None when none came). Event
     streams are scanned line by line; a JSON body is kept (decoded, up to
     :data:`USAGE_SCAN_LIMIT` bytes) and parsed once at the end. Any other type, an unknown
     content encoding or a body that does not parse counts no tokens.
@@ -67,6 +71,7 @@ class UsageReader:
         self._buf = bytearray()
         self._usage: dict[str, int] = {}
         self._chars = 0              # answer text seen (estimate_completion)
+        self.finish_reason: str | None = None    # the provider's last finish_reason
         self._parsed = False
 
     def feed(self, data: bytes) -> None:
@@ -107,6 +112,9 @@ class UsageReader:
         if not isinstance(choices, list):
             return
         for choice in choices:
+            reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+            if isinstance(reason, str) and FINISH_REASON.fullmatch(reason):
+                self.finish_reason = reason
             part = choice.get(key) if isinstance(choice, dict) else None
             if not isinstance(part, dict):
                 continue

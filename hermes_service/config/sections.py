@@ -149,6 +149,10 @@ class ApprovalSettings:
     mode: str = key("ask", {"enum": ["ask", "deny"]})          # "ask" | "deny"
     timeout_seconds: float = key(120, POS_NUM)
     allow_always: bool = key(True, _BOOL)
+    #: route family -> what a command Hermes flags does where nobody can approve it:
+    #: ``deny`` (the default for every family not named) | ``run`` (inside the sandbox)
+    unattended: Mapping[str, str] = key(MappingProxyType({}), {
+        "type": "object", "additionalProperties": {"enum": ["deny", "run"]}})
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,16 @@ connection, its loop and the session) and waits for ``{"answer": text}``. ``{"an
 null}`` (nobody answered in time) becomes what Hermes's own CLI says after its clarify
 timeout: the user did not provide a response, use your best judgement.
 
+**A session's title is made in its turn** (``hermes acp``): Hermes 0.19.0 makes the title of
+a session after its first exchanges in a thread of its own, once the prompt has answered
+(``agent.title_generator.maybe_auto_title``), so its model call would land after the turn's
+accounting. Here it runs in the prompt's own thread, before the answer returns: the call is
+one of the turn's (docs/runners.md §One usage truth).
+
+**A flagged command nobody can approve** (``unattended.py``, ``HERMES_SERVICE_UNATTENDED``):
+refused at once with a text saying so, not "User denied" (docs/sandbox.md §What approvals
+are).
+
 **Each tool call names its tool** (``hermes acp``; docs/mnote-client.md §Tool events): the ACP
 adapter's tool-call updates carry a display title only; ``toolcalls.py`` adds the tool's own
 name and its redacted preview in ACP's ``_meta`` field.
@@ -314,13 +324,38 @@ def _tool_names(module):
     toolcalls.patch(module)
 
 
-def _no_allowlist_save(module):
+def _approvals(module):
     if _approval_timeout() is not None and hasattr(module, "save_permanent_allowlist"):
         module.save_permanent_allowlist = lambda patterns: None
+    # nobody to ask in this process's turns: refuse at once, saying who refused
+    if os.environ.get(unattended.ENV) == "deny":
+        unattended.patch(module, os.environ.get(unattended.ROUTE_ENV))
+
+
+class _InlineThreading:
+    """``threading`` for ``agent.title_generator``: its one ``Thread`` runs its target in the
+    caller's thread at ``start()`` (see :func:`_titles_in_turn`)."""
+
+    class Thread:
+        def __init__(self, target=None, args=(), kwargs=None, **_kw):
+            self._run = (target, args, kwargs or {})
+
+        def start(self):
+            target, args, kwargs = self._run
+            if target is not None:
+                target(*args, **kwargs)
+
+
+def _titles_in_turn(module):
+    """An ACP session's title is made before its prompt answers, not in a thread after it:
+    its model call then belongs to the turn that caused it (the turn's usage, its log line:
+    docs/runners.md §One usage truth)."""
+    module.threading = _InlineThreading
 
 
 #: module name -> what to do to it once it has been executed
 _PATCHES = {
+    "agent.title_generator": _titles_in_turn,
     "cli": _patch_cli,
     # main() imports the name at call time: the module attribute is what it gets
     "hermes_cli.config": _no_container_mode,
@@ -328,7 +363,7 @@ _PATCHES = {
     "acp_adapter.permissions": _remember_channel,
     # imported at call time by server.py: the module attribute is what it gets
     "acp_adapter.edit_approval": lambda m: _with_timeout(m, "make_acp_edit_approval_requester"),
-    "tools.approval": _no_allowlist_save,
+    "tools.approval": _approvals,
     "tools.clarify_tool": _patch_clarify,
     # imported by name by acp_adapter.events and .server: patch it before they run
     "acp_adapter.tools": _tool_names,
@@ -367,6 +402,7 @@ class _PatchCli(importlib.abc.MetaPathFinder):
 
 # this folder is on the path (PYTHONPATH's): its modules import by their own names
 import run_binding  # noqa: E402
+import unattended  # noqa: E402
 
 run_binding.take_env()          # first: no process Hermes starts may inherit it
 sys.meta_path.insert(0, _PatchCli())

@@ -148,7 +148,7 @@ def run_turn(svc, turn: Turn, run) -> None:
             closing.append(("reasoning.delta", {"delta": result.reasoning}))
         closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
     completed = {"output": result.answer, "finish_reason": result.finish_reason,
-                 "usage": _usage_delta(before, after, result.usage)}
+                 "usage": result.usage or _usage_delta(before, after)}
     if result.notice:
         completed["notice"] = result.notice
     run.finish([*closing, ("run.completed", completed)])
@@ -161,14 +161,13 @@ def _pieces(text: str) -> list[str]:
     return [text[i:i + cap] for i in range(0, len(text), cap)]
 
 
-def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dict:
-    """Tokens this run used: the growth of Hermes's own per-session counters, or what the
-    runner reported when the counters did not move."""
+def _usage_delta(before: dict, after: dict) -> dict:
+    """Tokens this run used when the service counted none (no model pass-through: Hermes talks
+    to the provider itself): the growth of Hermes's own per-session counters."""
     inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
     out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
-    if not inp and not out and reported:
-        inp, out = reported.get("input_tokens", 0), reported.get("output_tokens", 0)
-    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
+    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out,
+            "estimated": False}
 
 
 def capability_scope(svc) -> list[str]:

@@ -7,17 +7,16 @@ these schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/R
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
 schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
 ``reasoning.delta``, ``approval.*``, ``tool.*``'s ``preview`` and ``run.completed``'s
-``finish_reason`` and ``notice`` are additions to the contract. Fields beyond these may be added
-later; clients ignore what they do not know.
+``finish_reason``, ``notice`` and ``usage.estimated``/``usage.requests`` are additions to
+the contract. Fields beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
-from ..runner import FINISH_REASON
+from ..runner import FINISH_REASON, USAGE
 from .client_codes import CODE_MAP, EXTRA_CODES, client_code
 
 _STR = {"type": "string"}
 _NULLABLE = {"type": ["string", "null"]}
-_TOKENS = {"type": "integer", "minimum": 0}
 #: docs/mnote-client.md §Tool events
 _TOOL_NAME = {"type": ["string", "null"], "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
               "description": "the tool's own name, never with its arguments: Hermes's tools by "
@@ -68,9 +67,7 @@ EVENTS = {
                     "the model wrote in the turn; the run's message.delta texts add up to it"},
          "finish_reason": {**FINISH_REASON, "description": "added: "
                            + FINISH_REASON["description"]},
-         "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
-                   "properties": {"input_tokens": _TOKENS, "output_tokens": _TOKENS,
-                                  "total_tokens": _TOKENS}},
+         "usage": USAGE,
          "notice": {"type": "string", "description": "added: the old Hermes conversation was "
                                                      "gone and a new one was started"}})),
     "run.failed": ("RunFailedEvent", _event(

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import logs
 from ..errors import BadRequest, Conflict
 from . import metrics
 
@@ -43,6 +44,9 @@ class RunQuestions:
     """The question methods of :class:`~.run.Run` (its lock, events and status are the
     run's)."""
     run_id: str
+    session_id: str
+    actor_id: str
+    trace_id: str
     status: str
     cancel: threading.Event
     questions: dict
@@ -108,17 +112,29 @@ class RunQuestions:
             return None
 
     def _resolve(self, question: Question, value, resolved_by: str) -> None:
-        """Hand ``value`` to the waiting runner and say so on the stream (under ``_cond``)."""
+        """Hand ``value`` to the waiting runner and say so on the stream (under ``_cond``)
+        and in the log: one line naming the run, its trace and the question (the request id
+        only of the request that answered; docs/operations.md §Logs)."""
         del self.questions[question.question_id]
         self._waiting()
         if question.kind == "approval":
             self.emit("approval.responded", approval_id=question.question_id, choice=value,
                       resolved_by=resolved_by)
             metrics.approval_answered(resolved_by, value)
+            answer = value
         else:
             self.emit("clarify.responded", clarify_id=question.question_id,
                       resolved_by=resolved_by)
-            metrics.approval_answered(resolved_by, "answer" if value is not None else "none")
+            answer = "answer" if value is not None else "none"
+            metrics.approval_answered(resolved_by, answer)
+        rid = logs.field("request_id") if resolved_by == "user" else None
+        with logs.scoped(request_id=rid, trace_id=self.trace_id, run_id=self.run_id):
+            log.info("run %s: %s %s resolved by %s: %s", self.run_id, question.kind,
+                     question.question_id, resolved_by, answer,
+                     extra={"event": "question.resolved", "question_id": question.question_id,
+                            "kind": question.kind, "answer": answer,
+                            "resolved_by": resolved_by, "actor": self.actor_id,
+                            "session": self.session_id})
         question.future.set_result(value)
 
     def ask_clarify(self, question: str, choices: list[str] | None) -> tuple[str, Future] | None:

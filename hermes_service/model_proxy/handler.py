@@ -132,7 +132,8 @@ class Handler(Relay):
                 if prepared is None:
                     status = self._forward(settings, user, path[len("/v1"):], body, None)
                 else:
-                    with proxy.reserve(user, prepared):
+                    with proxy.reserve(user, prepared), \
+                            proxy.relaying(self.headers.get("Authorization")):
                         status = self._forward(settings, user, path[len("/v1"):], body,
                                                prepared)
             except Refusal as refusal:

@@ -3,7 +3,6 @@ port, live reload, the per-process credentials, what one user and all users may 
 once, and the daily token budget."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import socket
@@ -18,14 +17,19 @@ from ..model_policy import Policy, Prepared, Refusal, max_request_bytes
 from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
 from .body_check import BodyChecker
+from .calls import Call, CallLog, TurnCalls, credential_key
 from .handler import Handler, Server, Server6
 from .upstream import Connections, Upstream, upstream
 
 log = logging.getLogger("hermes_service.model_proxy")
 
 
-def _digest(credential: str) -> bytes:
-    return hashlib.sha256(credential.encode("utf-8", "surrogatepass")).digest()
+def _bearer(authorization: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <credential>`` header, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def user_body_budget(policy: Policy) -> int:
@@ -68,6 +72,7 @@ class ModelProxy:
         self._user_bytes: dict[str, int] = {}      # ... per user
         self._reserved: dict[str, int] = {}        # user -> tokens its requests hold now
         self.bodies = BodyChecker()
+        self.calls = CallLog()                     # how each process's calls ended
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -234,25 +239,50 @@ class ModelProxy:
             raise ValueError("user_id must be a non-empty string")
         credential = "hsm-" + secrets.token_urlsafe(32)
         with self._lock:
-            self._creds[_digest(credential)] = user_id
+            self._creds[credential_key(credential)] = user_id
         return credential
 
     def revoke(self, credential: str) -> None:
         """Make ``credential`` invalid at once (unknown ones are ignored)."""
         with self._lock:
-            self._creds.pop(_digest(credential), None)
+            self._creds.pop(credential_key(credential), None)
 
     def user_for(self, authorization: str | None) -> str | None:
         """The user of an ``Authorization: Bearer <credential>`` header (RFC 6750 §2.1), or
         None for any other header or a credential not issued or revoked. The lookup is by
         digest: the raw credential is compared nowhere."""
-        if not authorization:
-            return None
-        scheme, _, token = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = _bearer(authorization)
+        if token is None:
             return None
         with self._lock:
-            return self._creds.get(_digest(token.strip()))
+            return self._creds.get(credential_key(token))
+
+    # -- how each call ended (calls.py) ------------------------------------------------
+    def record_call(self, authorization: str | None, call: Call) -> None:
+        """Keep ``call`` under the credential of ``authorization`` (an issued one: the
+        request was let through)."""
+        token = _bearer(authorization)
+        if token is not None:
+            self.calls.add(credential_key(token), call)
+
+    @contextmanager
+    def relaying(self, authorization: str | None) -> Iterator[None]:
+        """A model call of ``authorization``'s credential is relayed in the block
+        (:meth:`calls_since` waits for it)."""
+        token = _bearer(authorization)
+        if token is None:
+            yield
+            return
+        with self.calls.relaying(credential_key(token)):
+            yield
+
+    def call_position(self, credential: str | None) -> int:
+        """How many model calls the process holding ``credential`` made so far."""
+        return self.calls.position(credential)
+
+    def calls_since(self, credential: str | None, position: int = 0) -> TurnCalls:
+        """The model calls of ``credential`` after ``position`` (:meth:`call_position`)."""
+        return TurnCalls(tuple(self.calls.since(credential, position)))
 
     # -- answers and connections ---------------------------------------------------------
     def local_location(self, value: str) -> str:

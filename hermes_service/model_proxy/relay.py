@@ -21,6 +21,7 @@ from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_hea
 from ..model_usage import UsageReader, UsageStore
 from . import limits
 from .body_check import BodyChecker
+from .calls import Call
 from .upstream import Connections, Upstream
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
@@ -30,6 +31,19 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-a
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
 
 log = logging.getLogger("hermes_service.model_proxy")
+
+
+def _ending(status: int, complete: bool, broke: bool, reader: UsageReader,
+            stream: bool) -> str:
+    """How a relayed answer ended (:data:`~.calls.ENDINGS`): an error status is ``error``;
+    a body the provider broke off — or an event stream it ended without a finish reason
+    (Hermes takes that for a dropped stream too) — ``broken``; a body the caller left
+    before its end ``abandoned``."""
+    if status >= 400:
+        return "error"
+    if broke or (stream and reader.kind == "sse" and complete and reader.finish_reason is None):
+        return "broken"
+    return "complete" if complete else "abandoned"
 
 
 def openai_error(message: str, etype: str, code: str) -> bytes:
@@ -54,6 +68,8 @@ class Endpoint(Protocol):
     def prepare(self, user_id: str, body: bytes, content_type: str | None) -> Prepared: ...
     def local_location(self, value: str) -> str: ...
     def track(self, conn: socket.socket, add: bool) -> None: ...
+    def record_call(self, authorization: str | None, call: Call) -> None: ...
+    def relaying(self, authorization: str | None) -> AbstractContextManager[None]: ...
     def open_connections(self) -> int: ...
 
 
@@ -81,16 +97,19 @@ class Relay(BaseHTTPRequestHandler):
     def _forward(self, s: Upstream | None, user: str, suffix: str, body: bytes,
                  prepared: Prepared | None) -> int | None:
         proxy = self.endpoint
+        stream = prepared is not None and prepared.stream
         if s is None:
             metrics.model_request("unreachable")
             self._reply(502, "model provider unreachable: no model provider is configured",
                         "server_error", "upstream_unreachable")
+            self._record(prepared, Call("error", 502, stream, None, 0, 0, False))
             return 502
         if s.proxy_error is not None:
             metrics.model_request("unreachable")
             log.warning("model provider %s:%s not tried: %s", s.host, s.port, s.proxy_error)
             self._reply(502, f"model provider unreachable: {s.proxy_error}", "server_error",
                         "upstream_unreachable")
+            self._record(prepared, Call("error", 502, stream, None, 0, 0, False))
             return 502
         headers = self._upstream_headers(s, body)
         target = s.base_path + suffix
@@ -100,7 +119,7 @@ class Relay(BaseHTTPRequestHandler):
             target = f"http://{s.netloc}{target}"
             if s.proxy.auth:
                 headers.append(("Proxy-Authorization", s.proxy.auth))
-        self._caller_gone = self._unbilled = False
+        self._caller_gone = self._unbilled = self._broke = False
         self._upstream_sock: socket.socket | None = None
         try:
             conn, resp = self._exchange(s, target, headers, body)
@@ -111,6 +130,7 @@ class Relay(BaseHTTPRequestHandler):
             self.close_connection = True
             self._reply(504, f"model provider timed out (no answer within "
                         f"{s.read_timeout:g} s)", "server_error", "upstream_timeout")
+            self._record(prepared, Call("error", 504, stream, None, 0, 0, False))
             return 504
         except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
             metrics.model_request("unreachable")
@@ -118,6 +138,7 @@ class Relay(BaseHTTPRequestHandler):
                         type(exc).__name__, exc)
             self._reply(502, f"model provider unreachable: {type(exc).__name__}",
                         "server_error", "upstream_unreachable")
+            self._record(prepared, Call("error", 502, stream, None, 0, 0, False))
             return 502
         metrics.model_request("ok" if resp.status < 400 else "provider_error")
         reader = UsageReader(resp.getheader("Content-Type"), resp.getheader("Content-Encoding"))
@@ -146,8 +167,17 @@ class Relay(BaseHTTPRequestHandler):
                 estimated = True
                 metrics.model_tokens_estimated(prompt, completion)
             metrics.model_tokens(prompt, completion)
-            proxy.usage.add(user, prompt, completion, estimated=estimated)
+            if prepared is not None:       # a model call (a GET of the model list is none)
+                proxy.usage.add(user, prompt, completion, estimated=estimated)
+            self._record(prepared, Call(
+                _ending(resp.status, complete, self._broke, reader, stream), resp.status,
+                stream, reader.finish_reason, prompt, completion, estimated))
         return resp.status
+
+    def _record(self, prepared: Prepared | None, call: Call) -> None:
+        """Keep how a model call (a checked POST) ended for its process's credential."""
+        if prepared is not None:
+            self.endpoint.record_call(self.headers.get("Authorization"), call)
 
     def _upstream_headers(self, s: Upstream, body: bytes) -> list[tuple[str, str]]:
         """What the provider gets: the allowlisted headers of the caller
@@ -325,6 +355,7 @@ class Relay(BaseHTTPRequestHandler):
             try:
                 data = resp.read1(limits.READ_CHUNK)
             except (OSError, http.client.HTTPException):
+                self._broke = True
                 yield None
                 return
             if not data:
@@ -336,6 +367,7 @@ class Relay(BaseHTTPRequestHandler):
                     continue
             yield data
         if resp.length not in (None, 0):     # shorter than it said
+            self._broke = True
             yield None
             return
         if not resp.isclosed():

@@ -15,25 +15,34 @@ from .choice import RunnerChoice, acp_families
 from .cli import CliRunner
 from .failures import classify_failure, classify_text
 from .processes import CliProcess, Outcome, Processes, ProcessGroups
-from .protocol import FINISH_REASON, Questions, TurnListener, TurnRequest, TurnResult, UseCli
+from .protocol import (
+    FINISH_REASON,
+    USAGE,
+    Questions,
+    TurnListener,
+    TurnRequest,
+    TurnResult,
+    UseCli,
+)
 from .run_files import RunFiles
 
 __all__ = [
-           "FINISH_REASON",
-           "AcpRunner",
-           "CliProcess",
-           "CliRunner",
-           "Outcome",
-           "ProcessGroups",
-           "Processes",
-           "Questions",
-           "RunFiles",
-           "RunnerChoice",
-           "TurnListener",
-           "TurnRequest",
-           "TurnResult",
-           "UseCli",
-           "acp_families",
-           "classify_failure",
-           "classify_text",
+    "FINISH_REASON",
+    "USAGE",
+    "AcpRunner",
+    "CliProcess",
+    "CliRunner",
+    "Outcome",
+    "ProcessGroups",
+    "Processes",
+    "Questions",
+    "RunFiles",
+    "RunnerChoice",
+    "TurnListener",
+    "TurnRequest",
+    "TurnResult",
+    "UseCli",
+    "acp_families",
+    "classify_failure",
+    "classify_text",
 ]

@@ -80,7 +80,9 @@ class CliRunner:
         user_dir = self.processes.run_files.user_dir(req.home.user_id)
         turn_id = "cli-" + uuid.uuid4().hex
         marker = user_dir / f"{turn_id}.turn"
-        env = {**req.env, "HERMES_SERVICE_TURN_FILE": str(marker)}
+        # the CLI never asks anyone: the family's choice for flagged commands
+        env = {**req.env, "HERMES_SERVICE_TURN_FILE": str(marker),
+               **self.processes.unattended_env(req.family)}
         if req.plugin_run is not None:    # in Hermes's memory only (hermes_site/run_binding.py)
             env[run_binding.ENV] = run_binding.encode(req.plugin_run)
         try:
@@ -102,15 +104,19 @@ class CliRunner:
             if outcome.returncode != 0 or outcome.killed:
                 err = classify_failure(outcome)
                 err.hermes_session_id = sid
+                err.usage = outcome.calls.usage() if outcome.calls.calls else None
                 if outcome.killed is None:
                     log.warning("hermes turn failed %s code=%s reason=%s",
                                 context_text(req.log_ctx), err.code,
                                 failure_reason(outcome.stdout + "\n" + outcome.stderr))
                 raise err
-            answer = answer_from_record(req, sid, outcome.stdout, limits=self.processes.sandboxed)
+            answer = answer_from_record(req, sid, outcome.stdout, limits=self.processes.sandboxed,
+                                        calls=outcome.calls)
             return TurnResult(answer.text, sid, outcome.duration, runner=self.name,
                               reasoning=answer.reasoning, resumed=bool(resume), notice=notice,
-                              finish_reason=answer.finish_reason)
+                              finish_reason=answer.finish_reason,
+                              usage=outcome.calls.usage() if outcome.calls.calls else None,
+                              tool_calls=answer.tool_calls)
         finally:
             self.processes.run_files.remove(marker)
 
@@ -125,6 +131,7 @@ class CliRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.processes.timeout, self.processes.stall_timeout, cancel)
+        outcome.calls = self.processes.calls_since(proc.launch)
         log.info("hermes chat %s rc=%s killed=%s resume=%s", context_text(log_ctx),
                  outcome.returncode, outcome.killed, "--resume" in args,
                  extra={"status": "ok" if outcome.returncode == 0 and not outcome.killed

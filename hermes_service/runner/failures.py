@@ -124,6 +124,20 @@ def failure_reason(text: str, limit: int = 500) -> str:
     return reason if len(reason) <= limit else reason[:limit] + "…"
 
 
+def broken_answer(tries: int) -> RunError:
+    """``upstream_unavailable`` (502) for a turn whose provider answer broke off (or failed)
+    on the last of the tries Hermes made (docs/runners.md §Outcomes as they were): what Hermes
+    recorded is pieces of answers the provider never finished. ``err.broken`` tells the
+    caller to take the turn's text back (:func:`hermes_service.hermes_state.rewind_unanswered`
+    with ``broken``)."""
+    err = RunError(f"the model provider's answer broke off before its end on "
+                   f"{'each of the ' + str(tries) + ' tries' if tries > 1 else 'the try'} "
+                   "Hermes made; the partial answer was not kept, retry",
+                   code="upstream_unavailable", status=502)
+    err.broken = True
+    return err
+
+
 def empty_answer() -> RunError:
     """The turn ended without an answer in Hermes's record (the model returned nothing)."""
     return RunError("the model returned an empty answer", code="upstream_empty_answer", status=502)

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +42,7 @@ from ..files import atomic_write
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
 from ..model_policy import Refusal
+from ..model_proxy.calls import TurnCalls
 from ..model_usage import budget_error
 from ..sandbox import Launch, Sandbox, limit_signal, signal_tree
 from .run_files import RunFiles
@@ -73,6 +74,8 @@ class Outcome:
     killed: str | None = None        # "timeout" | "stall" | "cancelled" | "limit" | None
     truncated: bool = False
     limit: str | None = None         # with killed="limit": memory | processes | cpu | file_size
+    #: the model calls it made, as the pass-through saw them end (set by the CLI runner)
+    calls: TurnCalls = field(default_factory=TurnCalls)
 
 
 class CliProcess:
@@ -300,6 +303,12 @@ def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = 
     wait(5.0)
 
 
+#: how a refusal names a route family with nobody to ask (hermes_site/unattended.py)
+ROUTE_NAMES = {"v1": "the v1 API"}
+UNATTENDED_ENV = "HERMES_SERVICE_UNATTENDED"          # read by hermes_site/unattended.py
+UNATTENDED_ROUTE_ENV = "HERMES_SERVICE_UNATTENDED_ROUTE"
+
+
 class Processes:
     """Every Hermes process the service starts — CLI turns, ACP processes, ``execute``,
     ``--version``, ``gc``'s deletions — and the one owner of what they share: the command,
@@ -447,6 +456,23 @@ class Processes:
             return better
         return err
 
+    def call_position(self, launch: Launch | None) -> int:
+        """How many model calls the process of ``launch`` made so far (0 without the
+        pass-through)."""
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
+        if proxy is None or launch is None:
+            return 0
+        return proxy.call_position(launch.credential)
+
+    def calls_since(self, launch: Launch | None, position: int = 0) -> TurnCalls:
+        """The model calls the process of ``launch`` made after ``position``
+        (:meth:`call_position`), as the pass-through saw them end (docs/runners.md §Outcomes
+        as they were); none without the pass-through."""
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
+        if proxy is None or launch is None:
+            return TurnCalls()
+        return proxy.calls_since(launch.credential, position)
+
     def spawn(self, args: list[str], env: dict, home: UserHome,
               max_output_bytes: int | None = None) -> CliProcess:
         """Start ``hermes <args>`` (no shell) for ``home`` in a new process group (in its
@@ -498,4 +524,17 @@ class Processes:
         self.toolsets = (self.sandbox.allowed_toolsets(hermes.toolsets) if self.sandbox
                          else list(hermes.toolsets))
         self._slots.resize(hermes.cli_slots)
+        self.unattended = dict(hermes.approvals.unattended)
+
+    def unattended_env(self, family: str) -> dict:
+        """The environment of a Hermes process whose turns of ``family`` have nobody to ask
+        (``hermes.approvals.unattended``; docs/sandbox.md §What approvals are): the
+        family's choice for the import hook (``hermes_site/unattended.py``), and
+        ``HERMES_YOLO_MODE=1`` when it is ``run``."""
+        choice = self.unattended.get(family, "deny")
+        env = {UNATTENDED_ENV: choice, UNATTENDED_ROUTE_ENV: ROUTE_NAMES.get(
+            family, f"the {family} routes when nobody can be asked")}
+        if choice == "run":
+            env["HERMES_YOLO_MODE"] = "1"
+        return env
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .. import hermes_state
-from .failures import empty_answer, limit_error
+from ..errors import RunError
+from ..model_proxy.calls import TurnCalls
+from .failures import broken_answer, empty_answer, limit_error
 
 if TYPE_CHECKING:
     from ..user_homes import UserHome
@@ -99,7 +101,10 @@ class TurnResult:
     answer ended: ``stop``, ``length`` — cut at the provider's output limit —, …; None when
     Hermes recorded none) come from Hermes's record; ``streamed`` says the answer already
     reached the listener as deltas (which add up to it); ``duration`` and ``queue_wait`` are
-    seconds; ``usage`` is the runner's own token report (ACP) or None."""
+    seconds; ``usage`` the turn's model calls as the pass-through counted them
+    (:meth:`~hermes_service.model_proxy.calls.TurnCalls.usage`: ``input_tokens``,
+    ``output_tokens``, ``total_tokens``, ``estimated``, ``requests``), or None without the
+    pass-through; ``tool_calls`` the tool calls Hermes recorded for the turn."""
     answer: str
     hermes_session_id: str | None
     duration: float
@@ -111,6 +116,7 @@ class TurnResult:
     usage: dict | None = None
     queue_wait: float = 0.0
     finish_reason: str | None = None
+    tool_calls: int = 0
 
 
 #: why an answer ended, in a reply (docs/v1-api.md; the client proxy's run.completed)
@@ -123,11 +129,27 @@ FINISH_REASON: dict = {"type": ["string", "null"],
                  "examples": ["stop", "length"]}
 
 
+_TOKENS = {"type": "integer", "minimum": 0}
+#: a turn's usage in a reply (docs/v1-api.md; the client proxy's run.completed): the model
+#: calls as the pass-through counted them — the numbers `main.py usage`, /metrics and the
+#: daily budget got (docs/runners.md §One usage truth)
+USAGE: dict = {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
+               "description": "the tokens the turn's model calls used, as the service counted "
+                              "them for `main.py usage`, /metrics and the daily budget",
+               "properties": {
+                   "input_tokens": _TOKENS, "output_tokens": _TOKENS, "total_tokens": _TOKENS,
+                   "estimated": {"type": "boolean", "description": "added: some of the "
+                                 "numbers are the service's estimate (the provider reported "
+                                 "no usage for a call)"},
+                   "requests": {**_TOKENS, "description": "added: the turn's model calls"}}}
+
+
 class Answer(NamedTuple):
     """A turn's answer as :func:`answer_from_record` reads it."""
     text: str
     reasoning: str | None
     finish_reason: str | None
+    tool_calls: int = 0
 
 
 class UseCli(Exception):
@@ -140,24 +162,35 @@ LOST_HISTORY_NOTICE = ("the earlier Hermes conversation could not be found; "
 
 
 def answer_from_record(req: TurnRequest, session_id: str | None, fallback: str = "",
-                       limits: bool = False) -> Answer:
+                       limits: bool = False, calls: TurnCalls | None = None) -> Answer:
     """The turn's :class:`Answer` from Hermes's record; ``fallback`` (the CLI's stdout) only
     when the store holds no row of the turn (then no reasoning, no finish reason). Raises
     ``upstream_empty_answer``, and with ``limits`` (the turn ran in a sandbox)
     ``run_limit_exceeded`` when one of its tool commands was ended by a sandbox rlimit (CPU
-    time, file size)."""
+    time, file size).
+
+    ``calls``: the turn's model calls as the pass-through saw them end (docs/runners.md
+    §Outcomes as they were). When the provider's answer to the last try broke off, the turn
+    is ``upstream_unavailable`` (:func:`~.failures.broken_answer`), whatever Hermes made of
+    the pieces; the finish reason is the provider's (:meth:`TurnCalls.finish_reason`: no
+    ``length`` the provider never sent). The error carries the calls' usage."""
+    calls = calls or TurnCalls()
     record = hermes_state.turn_record(req.home.hermes_home, session_id, req.message)
+    err: RunError | None = None
     if limits and record.tool_limit:
         err = limit_error(record.tool_limit)
-        err.hermes_session_id = session_id
-        raise err
+    elif calls.broken:
+        err = broken_answer(calls.tries)
     if record.found:
-        answer = Answer(record.answer, record.reasoning, record.finish_reason)
+        answer = Answer(record.answer, record.reasoning, calls.finish_reason(
+            record.finish_reason), record.tool_calls)
     else:
         answer = Answer(fallback.strip(), None, None)
-    if not answer.text:
+    if err is None and not answer.text:
         err = empty_answer()
+    if err is not None:
         err.hermes_session_id = session_id
+        err.usage = calls.usage() if calls.calls else None
         raise err
     return answer
 

@@ -10,7 +10,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from .. import hermes_policy, sandbox_net, seccomp_filter
@@ -20,6 +20,9 @@ from .cgroups import Cgroup, CgroupBase
 from .probe import Probe, fallback_warnings, probe, warnings
 from .settings import MODEL_KEY_ENV, MODEL_URL_ENV, Settings, host_toolsets
 from .trees import tree_cpu_seconds
+
+if TYPE_CHECKING:
+    from ..model_proxy.calls import TurnCalls
 
 log = logging.getLogger("hermes_service.sandbox")
 
@@ -40,6 +43,8 @@ class Launch:
     #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
     over: str | None = None
     net: sandbox_net.Attachment | None = None   # its sockets (network: isolated)
+    #: its model credential (the pass-through keeps how its calls ended under it), or None
+    credential: str | None = None
     _fds: list = field(default_factory=list)
     _on_close: list = field(default_factory=list)
     _baseline: dict = field(default_factory=dict)
@@ -113,6 +118,8 @@ class Credentials(Protocol):
     def issue(self, user_id: str) -> str: ...
     def revoke(self, token: str) -> None: ...
     def check_budget(self, user_id: str) -> None: ...
+    def call_position(self, credential: str | None) -> int: ...
+    def calls_since(self, credential: str | None, position: int = 0) -> TurnCalls: ...
 
 
 class Sandbox:
@@ -214,6 +221,7 @@ class Sandbox:
         env = {**env, **hermes_policy.HERMES_ENV}
         args = [*hermes_policy.HERMES_ARGS, *args]
         on_close = []
+        token = None
         if self.credentials is not None and MODEL_KEY_ENV in env:
             credentials = self.credentials
             with self._lock:
@@ -223,7 +231,8 @@ class Sandbox:
             env[MODEL_URL_ENV] = credentials.base_url
             on_close.append(lambda: credentials.revoke(token))
         if not self.active:
-            return Launch([command_path, *args], env, str(home.root), _on_close=on_close)
+            return Launch([command_path, *args], env, str(home.root), _on_close=on_close,
+                          credential=token)
         net = None
         if self.isolated:
             if self.credentials is not None:
@@ -240,6 +249,7 @@ class Sandbox:
                 fn()
             raise
         launch.net = net
+        launch.credential = token
         return launch
 
     def _bwrap(self, args, env, home, run_dir, command_path, on_close, net,

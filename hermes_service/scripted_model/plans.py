@@ -29,6 +29,8 @@ _REASONING_RE = re.compile(r"\[\[reasoning\]\]")
 _THINK_RE = re.compile(r"\[\[think\]\]")
 _EMPTY_RE = re.compile(r"\[\[empty\]\]")
 _CUT_RE = re.compile(r"\[\[cut\]\]")
+_CUT_EVERY_RE = re.compile(r"\[\[cut-every\]\]")
+_NO_USAGE_RE = re.compile(r"\[\[no-usage\]\]")
 _SURROGATE_RE = re.compile(r"\[\[surrogate\]\]")
 _LENGTH_RE = re.compile(r"\[\[length\]\]")
 _USAGE_RE = re.compile(r"\[\[usage:(\d+)\]\]")
@@ -54,6 +56,7 @@ class Plan:
         self.cut: bool = kw.get("cut", False)           # drop the stream mid-answer
         self.prompt_tokens: int | None = kw.get("prompt_tokens")
         self.finish: str = kw.get("finish", "stop")      # finish_reason of a text reply
+        self.no_usage: bool = kw.get("no_usage", False)  # report no usage at all
 
 
 def plan_reply(body: dict, cut_done: set | None = None) -> Plan:
@@ -62,9 +65,12 @@ def plan_reply(body: dict, cut_done: set | None = None) -> Plan:
     ``cut_done`` (shared per server) remembers the ``[[cut]]`` messages already cut once.
     """
     plan = _plan_reply(body)
-    if is_auxiliary(body) or plan.kind != "text":
+    if is_auxiliary(body):
         return plan
     msgs = messages(body)
+    plan.no_usage = bool(_NO_USAGE_RE.search(asked_text(msgs)))
+    if plan.kind != "text":
+        return plan
     li = last_user_index(msgs)
     user_text = content_text(msgs[li].get("content")) if li >= 0 else ""
     if _EMPTY_RE.search(user_text):
@@ -85,6 +91,10 @@ def plan_reply(body: dict, cut_done: set | None = None) -> Plan:
     if _CUT_RE.search(user_text) and cut_done is not None and user_text not in cut_done:
         cut_done.add(user_text)
         plan.cut = True
+    if _CUT_EVERY_RE.search(asked_text(msgs)):
+        plan.cut = True
+        if user_text.lstrip().startswith(NUDGE_PREFIX):      # Hermes asks for the rest
+            plan.text = f"(continued, part {nudges(msgs) + 1}) and more"
     return plan
 
 

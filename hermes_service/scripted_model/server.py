@@ -193,7 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "model": self.server.scripted.model_id,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish,
                              "logprobs": None}],
-                "usage": self._usage(body, message, plan.prompt_tokens),
+                **({} if plan.no_usage else {
+                    "usage": self._usage(body, message, plan.prompt_tokens)}),
             },
         )
 
@@ -262,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
             completion = plan.text
 
         opts = body.get("stream_options")
-        if isinstance(opts, dict) and opts.get("include_usage"):
+        if isinstance(opts, dict) and opts.get("include_usage") and not plan.no_usage:
             self._write_chunk(frame(None, usage=self._usage(body, completion, plan.prompt_tokens)))
         self._write_chunk(b"data: [DONE]\n\n")
         self._write_chunk(b"")  # terminating zero-length chunk

@@ -118,8 +118,9 @@ class Client:
             except (Conflict, BadRequest):     # answered at that very moment
                 return future.result()
         choice = await self._human(sink, future, deny)
-        log.info("permission request of Hermes (session %s, %s) answered %s", session_id, kind,
-                 choice)
+        # (the answer's own line, with its run and trace ids, is the asker's)
+        log.debug("permission request of Hermes (session %s, %s) answered %s", session_id,
+                  kind, choice)
         if choice not in CHOICE_OPTIONS or choice == "deny":
             return RequestPermissionResponse(outcome=AllowedOutcome(outcome="selected",
                                                                     option_id="deny"))

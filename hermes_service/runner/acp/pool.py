@@ -167,11 +167,13 @@ class Pool:
         env.pop("HERMES_SERVICE_TURN_FILE", None)
         env.pop(run_binding.ENV, None)       # a CLI turn's run binding is not for it
         family = self.processes.families.get(key[1])
-        if family is not None and family.asks_user:
-            if self.ask:           # its turns can ask the panel's user: offer clarify
-                toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
-                env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
-                env[CLARIFY_ENV] = "1"
+        if family is not None and family.asks_user and self.ask:
+            # its turns can ask the panel's user: offer clarify
+            toolsets = [*(t for t in toolsets if t != CLARIFY_TOOLSET), CLARIFY_TOOLSET]
+            env["HERMES_SERVICE_ACP_TOOLSETS"] = ",".join(toolsets)
+            env[CLARIFY_ENV] = "1"
+        else:                      # nobody to ask: the family's choice for flagged commands
+            env.update(self.processes.unattended_env(key[1]))
         proc = AcpProcess(self, key, home, env, extra)
         ready = proc.ready = asyncio.get_running_loop().create_future()
         self._procs[key] = proc

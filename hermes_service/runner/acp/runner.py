@@ -135,6 +135,8 @@ class AcpRunner(Turns):
             raise
         except ServiceError as err:
             sink.close_tools()
+            calls = self.processes.calls_since(*sink.calls_from)
+            err.usage = calls.usage() if calls.calls else None
             code = err.code
             if self.processes.stopping and code not in ("run_cancelled", "service_stopping"):
                 raise stopping_error() from None  # the shutdown killed the process it needed
@@ -152,15 +154,18 @@ class AcpRunner(Turns):
             self._call(self._retire_key((req.home.user_id, req.family))).result(5)
             raise RunError("the Hermes agent failed", code="hermes_failed") from None
         notice = LOST_HISTORY_NOTICE if req.resume_id and source is None else None
+        calls = self.processes.calls_since(*sink.calls_from)
         try:
-            answer = answer_from_record(req, sid, limits=self.processes.sandboxed)
+            answer = answer_from_record(req, sid, limits=self.processes.sandboxed, calls=calls)
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
             proc.record_file = record_file(req.home)
         except RunError as failed:
             error: ServiceError = failed
             record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
-            if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
+            if record.assistant_rows == 0 and not record.empty_sentinel and sink.text \
+                    and not failed.broken:
                 error = classify_text("".join(sink.text))   # a provider error, sent as text
+                error.usage = failed.usage
                 log.warning("hermes acp turn failed %s code=%s reason=%s",
                             context_text(req.log_ctx), error.code,
                             failure_reason("".join(sink.text)))
@@ -170,15 +175,16 @@ class AcpRunner(Turns):
             raise error from None
         sink.release()
         sink.complete(answer.text)
-        usage = None
-        if response is not None and getattr(response, "usage", None) is not None:
-            u = response.usage
+        usage = calls.usage() if calls.calls else None
+        if usage is None and response is not None \
+                and getattr(response, "usage", None) is not None:
+            u = response.usage       # no pass-through: Hermes's own report of the prompt
             usage = {"input_tokens": u.input_tokens or 0, "output_tokens": u.output_tokens or 0,
-                     "total_tokens": u.total_tokens or 0}
+                     "total_tokens": u.total_tokens or 0, "estimated": False}
         return TurnResult(answer.text, sid, time.monotonic() - started, runner=self.name,
                           reasoning=answer.reasoning, resumed=resumed, notice=notice,
                           streamed=sink.delivered > 0, usage=usage, queue_wait=waited,
-                          finish_reason=answer.finish_reason)
+                          finish_reason=answer.finish_reason, tool_calls=answer.tool_calls)
 
     def _keep_shown(self, req: TurnRequest, sid: str | None, sink: Sink) -> None:
         """A stopped turn keeps the answer text the client was shown (docs/runners.md §A

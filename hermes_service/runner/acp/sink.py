@@ -50,6 +50,8 @@ class Sink:
     ended: bool = False              # the prompt has answered: the runner decides what is shown
     approvals: Questions | None = None   # who answers Hermes's questions (TurnRequest.approvals)
     asking: int = 0                  # questions waiting for a human now (no stall meanwhile)
+    #: the process's launch and its model calls before the prompt (the turn's calls follow)
+    calls_from: tuple = (None, 0)
     _timer: asyncio.TimerHandle | None = None
 
     def touch(self) -> None:

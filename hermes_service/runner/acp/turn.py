@@ -152,6 +152,7 @@ class Turns(Pool):
         # the run binding rides in the prompt's _meta, into Hermes's memory only
         meta = {run_binding.META: req.plugin_run} if req.plugin_run is not None else {}
         proc.inflight[sid] = sink
+        sink.calls_from = (proc.launch, self.processes.call_position(proc.launch))
         if proc.launch is not None and len(proc.inflight) == 1:
             proc.launch.mark()        # this turn's CPU budget (hermes.sandbox.limits.cpu_seconds)
         if req.listener is not None:

@@ -111,7 +111,7 @@ def test_run_example_and_events_example(c, stub):
     assert delta == {"event": "message.delta", "run_id": run_id, "session_id": "mnote_doc_1_trace_1",
                      "delta": "当前页标题是项目计划"}
     assert set(done) == {"event", "run_id", "session_id", "output", "finish_reason", "usage"}
-    assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens"}
+    assert set(done["usage"]) == {"input_tokens", "output_tokens", "total_tokens", "estimated"}
     # the message goes to Hermes as typed; the page context travels in the run file, which
     # the mnote plugin hands to Hermes for this run only
     assert stub.calls[0]["message"] == "概括当前页面标题和第一段"
