@@ -88,12 +88,16 @@ class CallLog:
                     self._busy[key] = left
                 self._lock.notify_all()
 
-    def position(self, credential: str | None) -> int:
-        """How many calls the credential made so far (0 for None or an unknown one)."""
+    def position(self, credential: str | None, settle: float = SETTLE_SECONDS) -> int:
+        """How many calls the credential made so far (0 for None or an unknown one), once
+        the calls being relayed have ended (at most ``settle`` seconds; 0: at once)."""
         if not credential:
             return 0
+        key = credential_key(credential)
         with self._lock:
-            held = self._calls.get(credential_key(credential))
+            if settle > 0:
+                self._lock.wait_for(lambda: not self._busy.get(key), settle)
+            held = self._calls.get(key)
             return held[0] if held is not None else 0
 
     def since(self, credential: str | None, position: int = 0,

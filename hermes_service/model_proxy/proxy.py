@@ -17,7 +17,7 @@ from ..model_policy import Policy, Prepared, Refusal, max_request_bytes
 from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
 from .body_check import BodyChecker
-from .calls import Call, CallLog, TurnCalls, credential_key
+from .calls import SETTLE_SECONDS, Call, CallLog, TurnCalls, credential_key
 from .handler import Handler, Server, Server6
 from .upstream import Connections, Upstream, upstream
 
@@ -276,9 +276,10 @@ class ModelProxy:
         with self.calls.relaying(credential_key(token)):
             yield
 
-    def call_position(self, credential: str | None) -> int:
-        """How many model calls the process holding ``credential`` made so far."""
-        return self.calls.position(credential)
+    def call_position(self, credential: str | None, settle: float = SETTLE_SECONDS) -> int:
+        """How many model calls the process holding ``credential`` made so far (waiting at
+        most ``settle`` seconds for those being relayed)."""
+        return self.calls.position(credential, settle)
 
     def calls_since(self, credential: str | None, position: int = 0) -> TurnCalls:
         """The model calls of ``credential`` after ``position`` (:meth:`call_position`)."""

@@ -457,12 +457,13 @@ class Processes:
         return err
 
     def call_position(self, launch: Launch | None) -> int:
-        """How many model calls the process of ``launch`` made so far (0 without the
-        pass-through)."""
+        """How many model calls the process of ``launch`` made so far, at once (0 without the
+        pass-through). Called on the ACP runner's loop: it never waits for calls still being
+        relayed (those of a turn that ended were settled by its own reading)."""
         proxy = self.sandbox.credentials if self.sandbox is not None else None
         if proxy is None or launch is None:
             return 0
-        return proxy.call_position(launch.credential)
+        return proxy.call_position(launch.credential, settle=0)
 
     def calls_since(self, launch: Launch | None, position: int = 0) -> TurnCalls:
         """The model calls the process of ``launch`` made after ``position``
@@ -533,7 +534,7 @@ class Processes:
         ``HERMES_YOLO_MODE=1`` when it is ``run``."""
         choice = self.unattended.get(family, "deny")
         env = {UNATTENDED_ENV: choice, UNATTENDED_ROUTE_ENV: ROUTE_NAMES.get(
-            family, f"the {family} routes when nobody can be asked")}
+            family, f"the {family} routes")}
         if choice == "run":
             env["HERMES_YOLO_MODE"] = "1"
         return env

@@ -122,7 +122,14 @@ def test_deny_keeps_the_folder_and_the_model_is_told(start_service, tmp_path):
     sid = "mnote_doc_1_deny"
     run_id = start_run(svc, sid, terminal("rm -r ./scratch"))
     stream, frames = until_question(svc, run_id)
-    assert answer(svc, run_id, sid, frames[-1][1]["approval_id"], "deny").status_code == 200
+    aid = frames[-1][1]["approval_id"]
+    res = answer(svc, run_id, sid, aid, "deny")
+    assert res.status_code == 200
+    # one line for the answer, naming its run, the run's trace and the answering request
+    [line] = [ln for ln in svc.log_through(res).splitlines()
+              if f"approval {aid} resolved by user: deny" in ln]
+    assert f"rid={res.headers['X-Request-Id']}" in line and f"run={run_id}" in line, line
+    assert " trace=" in line, line          # the run's trace id
     frames += list(stream)
     assert names(frames)[-1] == "run.completed", frames
     assert (folder / "keep.txt").read_text() == "still here"
@@ -210,6 +217,9 @@ def test_where_nobody_can_be_asked_it_is_denied_as_before(start_service, tmp_pat
         output = res.json()["response"]
     assert "tools done: " in output, output
     assert (folder / "keep.txt").read_text() == "still here"
+    # the model is told who refused (hermes.approvals.unattended; docs/sandbox.md)
+    assert "flagged by Hermes as dangerous" in output and "User denied" not in output, output
+    assert ("the v1 API" if runner == "acp" else "the mnote routes") in output, output
 
 
 def clarify(question: str, choices: list[str] | None = None) -> str:
