@@ -42,7 +42,7 @@ log = logging.getLogger("hermes_service")
 # security.health_requires_api_key)
 V1 = RouteFamily("v1", ("/api/v1/",), V1_ERRORS, scope="v1")
 EXECUTE = RouteFamily("execute", ("/api/v1/execute/",), V1_ERRORS, scope="execute")
-HEALTH = RouteFamily("health", ("/health",), V1_ERRORS, auth=OPEN_UNLESS,
+HEALTH = RouteFamily("health", ("/health", "/"), V1_ERRORS, auth=OPEN_UNLESS,
                      key_setting="health_requires_api_key")
 bp = declare(Blueprint("api_v1", __name__), V1, EXECUTE, HEALTH)
 
@@ -197,6 +197,25 @@ def _public(rec: dict) -> dict:
             "created_at": rec["created_at"], "status": rec["status"],
             "updated_at": rec.get("updated_at"), "message_count": rec.get("message_count", 0),
             "hermes_session_id": rec.get("hermes_session_id")}
+
+
+ROOT_BODY = {"type": "object", "required": ["service", "health", "docs", "openapi", "api"],
+             "properties": {"service": {"const": "hermes-service"},
+                            "health": {"type": "string"}, "docs": {"type": "string"},
+                            "openapi": {"type": "string"}, "api": {"type": "string"}}}
+
+
+@bp.get("/")
+@documented(summary="What this service serves", tags=("health",),
+            replies={200: Reply("where to go from here", ROOT_BODY)})
+def root():
+    """What this address serves, with the key rule of ``/health`` (open unless
+    ``security.health_requires_api_key``): a newcomer's first request gets directions, not
+    a bare 401. Names no version, host path or configuration."""
+    return jsonify(service="hermes-service", health="/health", docs="/docs",
+                   openapi="/openapi.json",
+                   api="the REST API under /api/v1/ (and the page AI panel's under "
+                       "/api/hermes/client/), with an API key: see /docs")
 
 
 _last_health: list = [None]    # the last reported problems, so a change is logged once

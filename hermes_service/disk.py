@@ -78,10 +78,11 @@ def reserve_mb(max_home_mb: float) -> float:
 
 
 def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
-    """``home_quota_exceeded`` (507): the home is over ``hermes.sandbox.max_home_mb``."""
-    return RunError(f"the user's home uses {size_mb:.0f} MB, over its quota of {cap_mb:g} MB "
-                    "(hermes.sandbox.max_home_mb); remove files from it",
-                    code="home_quota_exceeded", status=507)
+    """``home_quota_exceeded`` (507): the home is within :data:`QUOTA_HEADROOM_MB` of
+    ``hermes.sandbox.max_home_mb`` (a turn needs that room)."""
+    return RunError(f"the user's home uses {size_mb:.1f} MB of its {cap_mb:g} MB quota "
+                    f"(hermes.sandbox.max_home_mb); a turn needs {QUOTA_HEADROOM_MB:g} MB of it "
+                    "free: remove files from the home", code="home_quota_exceeded", status=507)
 
 
 def storage_error(where: str) -> StorageFull:

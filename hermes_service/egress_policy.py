@@ -91,6 +91,19 @@ def denied_address(addr: IPAddress, own: frozenset[IPAddress] = frozenset()) -> 
     return inner is not None and denied_address(inner, own)
 
 
+def always_refused(rule: Rule) -> str | None:
+    """Why an ``allow`` entry can never let a connection through — its host is an address no
+    sandbox may reach (:func:`denied_address`), or ``localhost`` / a ``.localhost`` name
+    (RFC 6761 §6.3: always loopback) — or None. For check-config's warning: the entry is
+    valid, the proxy refuses it all the same (``denied_address``)."""
+    host = rule.host[2:] if rule.host.startswith("*.") else rule.host
+    if host == "localhost" or host.endswith(".localhost"):
+        return "a localhost name is always loopback"
+    if is_ip(host) and denied_address(ipaddress.ip_address(host.strip("[]"))):
+        return "the address is loopback, private, link-local or otherwise not public"
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def host_addresses() -> frozenset[IPAddress]:
     """This host's own addresses (every interface's: ``/proc/net/fib_trie`` LOCAL entries and

@@ -136,7 +136,7 @@ def open_dirs(base: Path, *names: str, create: bool = False, repair: bool = Fals
     of ``names`` below it with :func:`open_dir`; returns the last folder's fd. Raises
     FileNotFoundError, NotADirectoryError (``base``) or :class:`HomeTampered`."""
     fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    where = Path(base)
+    where = Path()           # named relative to base: no host path in a refusal's text
     try:
         for name in names:
             where = where / name

@@ -76,7 +76,7 @@ def no_provider(config: Config) -> str | None:
     return (f"no model provider: {'; '.join(config.provider_issues)} — until it is set every "
             "turn is answered 503 hermes_unconfigured (README, first screen; config.yaml: then "
             "`.venv/bin/python main.py reload`; an environment variable: restart the service "
-            "with it exported)")
+            "with it exported); to try the service without a provider: `make demo`")
 
 
 def waitress_options(config: Config, threads: int | None = None) -> dict:

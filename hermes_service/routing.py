@@ -87,7 +87,7 @@ class RouteFamily:
         0 when none does (the longest owner wins among families)."""
         best = 0
         for entry in self.paths:
-            if entry.endswith("/"):
+            if entry.endswith("/") and entry != "/":     # "/" itself: that path only
                 hit = path.startswith(entry) or path == entry[:-1]
             else:
                 hit = path == entry

@@ -76,7 +76,8 @@ class Services:
         issues = self.config.provider_issues
         if issues:
             reason = issues[0].split(": ", 1)[-1]
-            raise Unconfigured(reason, code="hermes_unconfigured")
+            raise Unconfigured(f"{reason} (to try the service without a provider, the operator "
+                               "runs `make demo`)", code="hermes_unconfigured")
 
     def apply(self, config: Config) -> None:
         """Hand a reloaded, validated config to the service objects (docs/configuring.md §Reload):

@@ -219,8 +219,11 @@ def _refuse(hermes_home: Path, what: str, repaired: bool = False) -> homefs.Home
     then = ("the next turn removes what was planted" if repaired else
             "no turn repairs this: an operator moves that state.db aside (its transcripts "
             "are then gone) or restores it")
-    return homefs.HomeTampered(f"{Path(hermes_home) / 'state.db'}: {what}; the service does not "
-                               f"open it (the user's agent changed its Hermes home; {then})")
+    # the client is told the home's own name of the file; the operator the host path
+    log.warning("refused %s: %s", Path(hermes_home) / "state.db", what)
+    return homefs.HomeTampered(f".hermes/state.db of the user's home: {what}; the service "
+                               f"does not open it (the user's agent changed its Hermes home; "
+                               f"{then})")
 
 
 def _same(conn, hermes_home: Path, db: str, real_dir: str, dfd: int, before) -> None:

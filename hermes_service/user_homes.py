@@ -232,7 +232,7 @@ class UserHomes:
         root = homefs.open_dirs(home.root.parent, home.root.name, create=True, mode=0o777)
         try:
             hfd = homefs.open_dir(home.hermes_home.name, root, create=True, repair=True,
-                                  mode=0o777, where=str(home.hermes_home))
+                                  mode=0o777, where=".hermes")
             try:
                 for src in sorted(self.template.rglob("*")):
                     rel = src.relative_to(self.template).parts
@@ -256,7 +256,7 @@ class UserHomes:
         """Write template file ``rel`` (path parts under ``.hermes``) into the home."""
         fd, opened = hfd, []
         try:
-            where = home.hermes_home
+            where = Path(".hermes")     # (in refusals: never the host path)
             for part in rel[:-1]:
                 where = where / part
                 fd = homefs.open_dir(part, fd, create=True, repair=True, mode=0o777,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import seccomp_filter
-from ..egress_policy import Rule
+from ..egress_policy import Rule, always_refused
 from .args import base_args
 from .cgroups import CgroupBase
 from .settings import Settings, host_toolsets
@@ -73,6 +73,15 @@ def warnings(settings: Settings, source: str | None = None) -> list[str]:
     (:func:`fallback_warnings`, also ``/health``'s), and a service running as root."""
     where = f"{source}:" if source else ""
     out = fallback_warnings(settings, source)
+    for entry in settings.egress.allow:
+        try:
+            why = always_refused(Rule.parse(entry))
+        except ValueError:            # (a problem: problems() names it)
+            continue
+        if why:
+            out.append(f"{where}hermes.sandbox.egress.allow: {entry!r} is never reachable from "
+                       f"a sandbox ({why}): the egress proxy refuses it whatever the allow list "
+                       "says (docs/sandbox.md §Network); remove it")
     if settings.mode != "none" and os.geteuid() == 0:
         out.append(f"{where}hermes.sandbox: the service runs as root, so each sandbox's user "
                    "is the host's uid 0 (without capabilities, its kernel settings read-only "

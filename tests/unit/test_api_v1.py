@@ -53,6 +53,13 @@ def test_health_example(client):
     assert res.json == {"status": "healthy", "service": "hermes-service", "multi_user": True}
 
 
+def test_the_root_says_what_it_serves_without_a_key_and_other_paths_still_need_one(client):
+    res = client().get("/")
+    assert res.status_code == 200 and res.json["service"] == "hermes-service"
+    assert res.json["docs"] == "/docs" and "/api/v1/" in res.json["api"]
+    assert client().get("/nothing-here").status_code == 401
+
+
 def test_status_example(client):
     res = client().get("/api/v1/status", headers=H)
     assert res.status_code == 200 and set(res.json) == {"status", "version"}
@@ -326,7 +333,10 @@ def test_cli_environment_is_built_from_scratch(client, stub, monkeypatch, tmp_pa
     assert set(env) <= {"PATH", "HOME", "HERMES_HOME", "LANG", "LC_ALL", "PYTHONDONTWRITEBYTECODE",
                         "HERMES_SERVICE_MODEL_KEY", "HERMES_SERVICE_MODEL_URL", "NO_PROXY",
                         "no_proxy", "HERMES_STREAM_RETRIES", "HERMES_SERVICE_TURN_FILE",
-                        "PYTHONPATH"}
+                        "PYTHONPATH", "HERMES_SERVICE_UNATTENDED",
+                        "HERMES_SERVICE_UNATTENDED_ROUTE"}
+    # nobody to ask on v1: flagged commands are refused saying so (docs/sandbox.md)
+    assert env["HERMES_SERVICE_UNATTENDED"] == "deny" and "HERMES_YOLO_MODE" not in env
     from hermes_service.user_homes import HERMES_SITE
     assert env["PYTHONPATH"] == str(HERMES_SITE)      # a message is text (sitecustomize.py)
     assert stub.calls[0]["cwd"].root == home

@@ -39,6 +39,9 @@ def refused(fn, *args, what=""):
         fn(*args)
     assert (err.value.status, err.value.code) == (409, "home_tampered")
     assert what in err.value.detail, err.value.detail
+    # the client is told the file's name in the user's home, never a path of the host
+    assert "/tmp" not in err.value.detail and str(args[0]) not in err.value.detail \
+        if args else True, err.value.detail
     return err.value
 
 

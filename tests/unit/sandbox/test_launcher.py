@@ -210,3 +210,11 @@ def test_home_size_counts_every_entry_and_paths_too_long_to_name(tmp_path):
     assert sandbox.home_size_mb(tmp_path) > 8.5
     import shutil
     shutil.rmtree(deep)
+
+
+def test_egress_entries_the_proxy_always_refuses_are_warned_about(tmp_path):
+    config = cfg(tmp_path, sandbox={"egress": {"allow": [
+        "localhost", "127.0.0.1:8080", "[::1]", "10.0.0.5", "*.localhost", "pypi.org"]}})
+    named = [w for w in config.warnings if "never reachable from a sandbox" in w]
+    assert len(named) == 5 and not any("pypi.org" in w for w in named), named
+    assert all("hermes.sandbox.egress.allow" in w and "remove it" in w for w in named)
