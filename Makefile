@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel bench-warm-cpu wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
@@ -142,6 +142,12 @@ mutation: setup
 bench: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/runners.py $(BENCH_ARGS)
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/turn_overhead.py
+
+# The service's own CPU per warm ACP turn beside Hermes's own CPU per turn, v1 and panel
+# (docs/benchmarks.md §The service's CPU per warm turn; target <= 5 %); ~1 min.
+# BENCH_ARGS="--turns 50".
+bench-warm-cpu: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/warm_turn_cpu.py $(BENCH_ARGS)
 
 # The panel's first message.delta against a bare ACP client of the same hermes acp, taken
 # alternately in one run (docs/benchmarks.md §First token); ~1 min. BENCH_ARGS="--turns 50".

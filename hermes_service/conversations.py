@@ -73,10 +73,8 @@ def turn_line(ctx: dict, clock: metrics.TurnClock, result: TurnResult | None,
               "finish_reason": result.finish_reason if result is not None else None}
     if ctx.get("run"):
         fields["run_id"] = ctx["run"]
-    log.info("turn %s %s", fields["outcome"] if err is None else f"failed code={err.code}",
-             " ".join(f"{k}={v}" for k, v in fields.items()
-                      if v is not None and k not in ("event", "outcome", "code", "status",
-                                                     "duration_ms")),
+    log.info("turn %s", " ".join(f"{k}={v}" for k, v in fields.items()
+                                 if v is not None and k not in ("event", "status", "duration_ms")),
              extra=fields)
 
 

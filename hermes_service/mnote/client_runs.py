@@ -141,14 +141,14 @@ def run_turn(svc, turn: Turn, run) -> None:
             record={"model": turn.model_id}, approvals=run if turn.asking else None)
     finally:
         mnote_of(svc).tools.end_run(run)
-    after = session_summary(home, result.hermes_session_id) or {}
     closing = []
     if not result.streamed:      # the CLI runner: the answer arrives whole, at the end
         if result.reasoning:
             closing.append(("reasoning.delta", {"delta": result.reasoning}))
         closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
     completed = {"output": result.answer, "finish_reason": result.finish_reason,
-                 "usage": result.usage or _usage_delta(before, after)}
+                 "usage": result.usage or _usage_delta(
+                     before, session_summary(home, result.hermes_session_id) or {})}
     if result.notice:
         completed["notice"] = result.notice
     run.finish([*closing, ("run.completed", completed)])
