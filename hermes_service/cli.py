@@ -132,10 +132,10 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     from waitress.channel import HTTPChannel
     from waitress.server import create_server
 
-    from . import framing
     from .app import create_app
     from .lifecycle import Lifecycle, ServiceRecord, waitress_options
     from .services import default_service_url
+    from .web import framing
     host = host or config.service.host
     port = config.service.port if port is None else port
     try:
@@ -204,9 +204,9 @@ def check_config(ctx):
         click.echo(f"warning: {line}", err=True)
     if problems or config is None:
         sys.exit(2)
-    from .disk import Disk
+    from .disk.quota import Disk
+    from .homes.users import HERMES_SITE
     from .sandbox import Sandbox
-    from .user_homes import HERMES_SITE
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
     disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
@@ -352,7 +352,7 @@ def usage(ctx, user_id, days, daily):
     Exit 0 (also when nothing is recorded yet); 3 if the usage db cannot be read."""
     import sqlite3
 
-    from .model_usage import read_usage, usage_db_path
+    from .model_proxy.usage import read_usage, usage_db_path
     config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     path = usage_db_path(config.data_dir)
     try:

@@ -19,12 +19,13 @@ from contextlib import contextmanager
 
 from filelock import FileLock, Timeout
 
-from . import hermes_state, metrics
+from . import metrics
 from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
+from .homes import hermes_state
+from .homes.users import UserHome, UserHomes
 from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
-from .user_homes import UserHome, UserHomes
 
 log = logging.getLogger("hermes_service.conversations")
 
@@ -168,7 +169,7 @@ class Conversations:
         ``log_ctx``: fields the caller adds to the turn's log lines (e.g. its run id).
 
         A turn that ends without an answer is taken back from Hermes's record
-        (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
+        (:func:`~hermes_service.homes.hermes_state.rewind_unanswered`), so a retried message
         reaches the model once; a Hermes session that keeps messages of a failed or aborted
         first turn is still mapped to this session (found exactly, by the turn marker).
 

@@ -28,7 +28,7 @@ One pass (:func:`collect`) removes, in this order:
    records past ``retention.idempotency_window_seconds`` and the run event logs.
 
 Nothing is removed with ``dry_run``; the report says what would be. Users' homes are read only
-through :func:`~hermes_service.hermes_state.lineage_ids` (which never follows what a user's
+through :func:`~hermes_service.homes.hermes_state.lineage_ids` (which never follows what a user's
 agent planted there: a tampered ``state.db`` is a problem of the report, its mapping kept);
 run folders are swept by :meth:`RunFiles.sweep <hermes_service.runner.RunFiles.sweep>` at
 start, which follows nothing either.
@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from .errors import ServiceError
-from .hermes_state import lineage_ids
 from .homefs import HomeTampered
+from .homes.hermes_state import lineage_ids
 from .session_store import CorruptShard
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from flask import Response, g, request, stream_with_context
 
 from ..errors import ID_SCHEMA, BadRequest, NotFound, check_id
-from ..hermes_state import session_summary, token_counts
-from ..web import Param, Reply, documented, has_body, json_body, services
+from ..homes.hermes_state import session_summary, token_counts
+from ..web.helpers import Param, Reply, documented, has_body, json_body, services
 from . import event_bounds
 from .client import (
     MNOTE_TOOLSET,
@@ -210,7 +210,8 @@ def events(run_id):
     * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
       204 No Content, which tells a browser EventSource to stop reconnecting;
     * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
-      that disconnects frees its slot within ~1 s (:class:`~hermes_service.mnote.runs.ClientWatch`).
+      that disconnects frees its slot within ~1 s
+      (:class:`~hermes_service.mnote.runs.manager.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")

@@ -13,8 +13,8 @@ import time
 from http.server import ThreadingHTTPServer
 
 from .. import metrics
-from ..model_policy import Prepared, Refusal, route
 from . import limits
+from .policy import Prepared, Refusal, route
 from .relay import Endpoint, Relay
 
 log = logging.getLogger("hermes_service.model_proxy")

@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import Protocol
 
 from .. import metrics
-from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
-from ..model_usage import UsageReader, UsageStore
 from . import limits
 from .body_check import BodyChecker
+from .policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
 from .upstream import Connections, Upstream
+from .usage import UsageReader, UsageStore
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
@@ -151,7 +151,7 @@ class Relay(BaseHTTPRequestHandler):
 
     def _upstream_headers(self, s: Upstream, body: bytes) -> list[tuple[str, str]]:
         """What the provider gets: the allowlisted headers of the caller
-        (:func:`~hermes_service.model_policy.forward_headers`), ``Content-Type:
+        (:func:`~hermes_service.model_proxy.policy.forward_headers`), ``Content-Type:
         application/json`` on a body, ``Accept-Encoding: identity``, the service's key and
         the body's length."""
         out = [(k, v) for k, v in forward_headers(self.headers.items())

@@ -8,7 +8,7 @@ from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="idempotency")
 I = "hermes_service/idempotency.py"
-W = "hermes_service/web.py"
+W = "hermes_service/web/helpers.py"
 RULES = ["tests/unit/test_idempotency_rules.py"]
 ROUTES = ["tests/unit/test_idempotency.py"]
 

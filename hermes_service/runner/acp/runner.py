@@ -11,9 +11,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from ... import hermes_state
 from ...config import HermesSettings
 from ...errors import RunError, ServiceError
+from ...homes import hermes_state
 from ..failures import classify_text, failure_reason
 from ..processes import Processes, stopping_error
 from ..protocol import (
@@ -42,7 +42,7 @@ class AcpRunner(Turns):
                  process_env: Callable[[str], tuple] | None = None):
         """``process_env(user_id)`` → ``(home, env)``: the user's home brought up to date and
         the environment of a new Hermes process, from the settings in force (the
-        composition root gives :class:`~hermes_service.user_homes.UserHomes`'); a
+        composition root gives :class:`~hermes_service.homes.users.UserHomes`'); a
         replacement process (:meth:`_replace`) is built from it. None: no replacement is
         started ahead; the user's next turn starts one with its own environment."""
         super().__init__(processes, process_env)

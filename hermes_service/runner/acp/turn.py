@@ -8,9 +8,9 @@ import asyncio
 import logging
 import time
 
-from ... import hermes_state
 from ...errors import RunError
 from ...hermes_site import run_binding
+from ...homes import hermes_state
 from ...sandbox import kill_strays, zombies
 from ..failures import KILLED, limit_error
 from ..protocol import TurnRequest
@@ -45,7 +45,7 @@ class Turns(Pool):
     async def _turn(self, req: TurnRequest, sink: Sink, lost: bool, record: tuple | None = None):
         """Returns (ACP session id, PromptResponse, resumed, process, seconds until the
         process was had). Raises RunError/UseCli/TooManyRuns.
-        ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
+        ``record``: the session's :func:`~hermes_service.homes.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
         begun = time.monotonic()
         deadline = begun + self.processes.timeout

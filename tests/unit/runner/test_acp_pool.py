@@ -268,7 +268,7 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     reads a loaded session once), so its next turn there would not see the other's turns
     (seen live: [[recall]] on one service missed the turn the other had answered). A change
     of the record since its last turn there sends the turn to a fresh process."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from hermes_service.runner import TurnRequest
     from hermes_service.runner.acp.sink import Sink
     from support.hermes_record import record_turn
@@ -355,7 +355,7 @@ def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp
     """docs/runners.md "A stopped turn": the agent ignores session/cancel, so the process is
     killed before it saves the partial reply: the service writes the text the listener was
     shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore")
     assert code == "run_cancelled" and shown.startswith("echo: part one")
@@ -386,7 +386,7 @@ def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_war
     """The agent honours session/cancel and saves the partial reply itself: nothing is
     written twice, and the process stays warm with its record fingerprint current (else the
     next turn there would retire it as stale)."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "honour")
     assert code == "run_cancelled"

@@ -2,12 +2,12 @@
 runners (``Processes.check_home_quota``, docs/sandbox.md §Disk): a turn refused there starts no
 Hermes process. The seam: ``Processes.check_home_quota`` made to refuse; the CLI runner's
 process is the stub of ``CliRunner.run_process``, the warm runner's the fake ACP agent
-(tests/support/fake_acp_agent.py). What the check itself measures: tests/unit/test_disk.py."""
+(tests/support/fake_acp_agent.py). What the check itself measures: tests/unit/disk/test_quota.py."""
 from __future__ import annotations
 
 import pytest
 
-from hermes_service.disk import home_quota_error
+from hermes_service.disk.quota import home_quota_error
 from hermes_service.errors import RunError
 from hermes_service.runner import TurnRequest
 from unit.runner.test_acp_pool import agent_log, home, pool  # noqa: F401  (the pool fixture)
