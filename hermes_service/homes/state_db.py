@@ -270,6 +270,35 @@ def check_triggers(conn: StateConn) -> None:
                           "not write through it")
 
 
+def _bound(conn: StateConn, hermes_home: Path, write: bool) -> set[str]:
+    """Bound what the just-opened ``conn`` may cost (its values, cache, time; no trusted schema
+    for reads), take the read snapshot and check the schema: Hermes's tables found there.
+    Raises :class:`StateBusy`, the full-disk error or a refusal (409)."""
+    # a user's agent owns this file: whatever it wrote runs in the service, outside
+    # every sandbox limit — bounded in size, memory and time (module doc)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+    deadline = conn.deadline = time.monotonic() + STATE_DB_SECONDS
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    try:
+        # trusted_schema off for reads: no function with side effects from the schema
+        # (a write fires Hermes's triggers, whose fts5 tables it would refuse)
+        for pragma in (f"cache_size = -{CACHE_KIB}", "mmap_size = 0",
+                       "cell_size_check = ON", *(() if write else ("trusted_schema = OFF",))):
+            conn.execute(f"PRAGMA {pragma}")
+        if not write:     # one snapshot for the check and every read after it
+            conn.execute("BEGIN")
+        tables = _check_schema(conn, hermes_home, write)
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise StateBusy("the user's Hermes record is locked; retry") from None
+        if storage_full(exc):
+            raise _full(hermes_home) from None
+        raise _refuse(hermes_home, f"SQLite could not open it ({exc})") from None
+    except sqlite3.DatabaseError as exc:       # "file is not a database"
+        raise _refuse(hermes_home, f"it is not a SQLite database ({exc})") from None
+    return tables
+
+
 def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
     """Open the user's ``state.db`` (``mode=ro``, or ``rw`` with ``write``) so that nothing
     the user's agent plants in its home redirects a read or a write; None when there is no
@@ -326,28 +355,7 @@ def connect(hermes_home: Path, write: bool = False) -> StateConn | None:
         conn._slot, conn.home = str(hermes_home), hermes_home
         # before anything is read (the main file is open, its WAL not yet): is it ours?
         _same(conn, hermes_home, db, real_dir, dfd, before)
-        # a user's agent owns this file: whatever it wrote runs in the service, outside
-        # every sandbox limit — bounded in size, memory and time (module doc)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
-        deadline = conn.deadline = time.monotonic() + STATE_DB_SECONDS
-        conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
-        try:
-            # trusted_schema off for reads: no function with side effects from the schema
-            # (a write fires Hermes's triggers, whose fts5 tables it would refuse)
-            for pragma in (f"cache_size = -{CACHE_KIB}", "mmap_size = 0",
-                           "cell_size_check = ON", *(() if write else ("trusted_schema = OFF",))):
-                conn.execute(f"PRAGMA {pragma}")
-            if not write:     # one snapshot for the check and every read after it
-                conn.execute("BEGIN")
-            tables = _check_schema(conn, hermes_home, write)
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc):
-                raise StateBusy("the user's Hermes record is locked; retry") from None
-            if storage_full(exc):
-                raise _full(hermes_home) from None
-            raise _refuse(hermes_home, f"SQLite could not open it ({exc})") from None
-        except sqlite3.DatabaseError as exc:       # "file is not a database"
-            raise _refuse(hermes_home, f"it is not a SQLite database ({exc})") from None
+        tables = _bound(conn, hermes_home, write)
         _same(conn, hermes_home, db, real_dir, dfd, before)    # and with its WAL open
         if tables != {"sessions", "messages"}:
             conn.close()

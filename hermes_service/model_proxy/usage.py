@@ -170,6 +170,22 @@ class UsageReader:
         return -(-self._chars // 4)
 
 
+def _add_up(rows: dict[tuple[str, str], list[int]], batch: list) -> bool:
+    """Add a batch of queued counts (``(user, day, prompt, completion, estimated)``) into
+    ``rows``; True when the batch holds the stop mark (None)."""
+    stop = False
+    for it in batch:
+        if it is None:
+            stop = True
+            continue
+        r = rows.setdefault((it[0], it[1]), [0, 0, 0, 0])
+        r[0] += 1
+        r[1] += it[2]
+        r[2] += it[3]
+        r[3] += it[4]
+    return stop
+
+
 class UsageStore:
     """Per-user, per-UTC-day model usage in SQLite: table ``usage(user_id, day, requests,
     prompt_tokens, completion_tokens, estimated_requests)``, primary key ``(user_id, day)``,
@@ -251,28 +267,10 @@ class UsageStore:
         conn = None
         failed: dict[tuple[str, str], list[int]] = {}     # rows not written yet: retried
         while True:
-            try:
-                item = self._queue.get(timeout=RETRY_SECONDS if failed else None)
-                batch = [item]
-            except queue.Empty:
-                batch = []
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            batch = self._take_batch(RETRY_SECONDS if failed else None)
             rows = failed
             failed = {}
-            stop = False
-            for it in batch:
-                if it is None:
-                    stop = True
-                    continue
-                r = rows.setdefault((it[0], it[1]), [0, 0, 0, 0])
-                r[0] += 1
-                r[1] += it[2]
-                r[2] += it[3]
-                r[3] += it[4]
+            stop = _add_up(rows, batch)
             # under the lock: spent() reads the db and the pending counts as one (a count
             # is in exactly one of them)
             self._lock.acquire()
@@ -280,23 +278,7 @@ class UsageStore:
                 if rows:
                     if conn is None:
                         conn = _connect(self.path, create=True)
-                    with conn:
-                        conn.executemany(
-                            "INSERT INTO usage (user_id, day, requests, prompt_tokens, "
-                            "completion_tokens, estimated_requests) VALUES (?, ?, ?, ?, ?, ?) "
-                            "ON CONFLICT (user_id, day) DO UPDATE SET "
-                            "requests = requests + excluded.requests, "
-                            "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
-                            "completion_tokens = completion_tokens + excluded.completion_tokens, "
-                            "estimated_requests = estimated_requests + "
-                            "excluded.estimated_requests",
-                            [(u, d, *v) for (u, d), v in rows.items()])
-                    for key, v in rows.items():
-                        left = self._pending.get(key, 0) - v[1] - v[2]
-                        if left > 0:
-                            self._pending[key] = left
-                        else:
-                            self._pending.pop(key, None)
+                    self._write(conn, rows)
             except sqlite3.Error as exc:
                 # kept (still in the pending counts: spent() goes on counting them) and
                 # written with the next batch, or every RETRY_SECONDS
@@ -316,6 +298,41 @@ class UsageStore:
                 if conn is not None:
                     conn.close()
                 return
+
+    def _take_batch(self, wait: float | None) -> list:
+        """The queued counts: the first waited for up to ``wait`` seconds (None: until one
+        comes), then every one queued by then. None in the list: stop."""
+        try:
+            batch = [self._queue.get(timeout=wait)]
+        except queue.Empty:
+            batch = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                return batch
+
+    def _write(self, conn: sqlite3.Connection, rows: dict[tuple[str, str], list[int]]) -> None:
+        """Add ``rows`` (``(user, day)`` → requests, prompt and completion tokens, estimated
+        requests) to the database in one transaction, and take them off the pending counts.
+        Caller holds the lock."""
+        with conn:
+            conn.executemany(
+                "INSERT INTO usage (user_id, day, requests, prompt_tokens, "
+                "completion_tokens, estimated_requests) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (user_id, day) DO UPDATE SET "
+                "requests = requests + excluded.requests, "
+                "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
+                "completion_tokens = completion_tokens + excluded.completion_tokens, "
+                "estimated_requests = estimated_requests + "
+                "excluded.estimated_requests",
+                [(u, d, *v) for (u, d), v in rows.items()])
+        for key, v in rows.items():
+            left = self._pending.get(key, 0) - v[1] - v[2]
+            if left > 0:
+                self._pending[key] = left
+            else:
+                self._pending.pop(key, None)
 
 
 def _connect(path: Path, create: bool, shared: bool = False) -> sqlite3.Connection:

@@ -415,19 +415,28 @@ class Processes:
         """Do new Hermes processes run in a sandbox (with its limits)?"""
         return self.sandbox is not None and self.sandbox.active
 
-    def check_home_quota(self, home: UserHome) -> None:
-        """Before Hermes starts a turn for ``home``: raise ``home_quota_exceeded`` (507) when
-        the home and its run folder are over ``hermes.sandbox.max_home_mb``,
-        ``storage_full`` (507) when the data or homes file system is below
-        ``hermes.sandbox.min_free_mb`` (:meth:`hermes_service.disk.quota.Disk.check_turn`), and
-        ``token_budget_exceeded`` (429) when the user has spent its
-        ``hermes.limits.daily_tokens`` today."""
+    def check_turn(self, home: UserHome) -> None:
+        """Before Hermes starts a turn for ``home``: the user's token budget
+        (:meth:`check_budget`), then the home's disk (:meth:`check_home_quota`)."""
+        self.check_budget(home)
+        self.check_home_quota(home)
+
+    def check_budget(self, home: UserHome) -> None:
+        """Raise ``token_budget_exceeded`` (429) when ``home``'s user has spent its
+        ``hermes.limits.daily_tokens`` today (asked of the pass-through, which holds the
+        count: ``sandbox.credentials``); nothing without a pass-through."""
         proxy = self.sandbox.credentials if self.sandbox is not None else None
         if proxy is not None:
             try:
                 proxy.check_budget(home.user_id)
             except Refusal:
                 raise budget_error() from None
+
+    def check_home_quota(self, home: UserHome) -> None:
+        """Raise ``home_quota_exceeded`` (507) when ``home`` and its run folder are over
+        ``hermes.sandbox.max_home_mb``, ``storage_full`` (507) when the data or homes file
+        system is below ``hermes.sandbox.min_free_mb``
+        (:meth:`hermes_service.disk.quota.Disk.check_turn`); nothing unsandboxed."""
         if self.sandbox is None or self.disk is None:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)

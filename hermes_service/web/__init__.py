@@ -11,6 +11,7 @@ docs/api-description.md).
   :mod:`.ops` — ``/metrics``.
 
 It may import the core below it (config, errors, idempotency, security, preflight, logs,
-metrics, :mod:`hermes_service.service_objects`, the runners' public surface); nothing below it
+metrics, :mod:`hermes_service.service_objects`, :mod:`hermes_service.conversations`' request,
+the runners' public surface); nothing below it
 imports the web, except the extensions (``mnote/``), which add their routes through it.
 """

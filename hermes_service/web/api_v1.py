@@ -16,6 +16,7 @@ import uuid
 
 from flask import Blueprint, g, jsonify, request
 
+from ..conversations import SendRequest
 from ..errors import ID_SCHEMA, NO_NUL, BadRequest, Forbidden, ServiceError, check_id
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER
 from ..idempotency import KEY_SCHEMA
@@ -377,8 +378,8 @@ def send_message(session_id):
     svc.check_accepting()         # 503 service_draining: the service is stopping gracefully
     svc.require_provider()        # 503 hermes_unconfigured at once, no CLI run
     with svc.admission(f"v1 message on session {session_id}"):
-        rec, result = svc.conversations.send(session_id, body["message"], owner=owner,
-                                             kind="v1")
+        rec, result = svc.conversations.send(
+            SendRequest(session_id, body["message"], owner=owner, kind="v1"))
     out = {"session_id": rec["session_id"], "response": result.answer, "success": True,
            "hermes_session_id": rec.get("hermes_session_id"), "resumed": result.resumed,
            "reasoning": result.reasoning, "finish_reason": result.finish_reason}

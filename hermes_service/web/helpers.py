@@ -312,51 +312,67 @@ def idempotent(family: str, user: Callable[[], str | None], *,
             store = svc.idempotency
             scope = scope_of(family, user())
             fp = fingerprint(request.get_data(), extra())
-            deadline, waiting = None, ExitStack()
-            with waiting:             # held while this retry waits for the first request
-                while True:
-                    got = _claim(store, scope, key, fp, api_key_of())
-                    if got is None:
-                        break
-                    if isinstance(got, Outcome):
-                        log.info("idempotent replay of %s %s (status %d)", request.method,
-                                 request.path, got.status)
-                        return got.response()
-                    if deadline is None:   # "running": wait for the first request's outcome
-                        deadline = time.monotonic() + \
-                            float(svc.config.hermes.longest_turn_seconds) + WAIT_MARGIN_SECONDS
-                        if wait is not None:
-                            waiting.enter_context(wait())   # may raise 429: nothing claimed
-                    if time.monotonic() >= deadline:
-                        raise ServiceError(f"the first request with this {HEADER} is still "
-                                           "in progress; retry later",
-                                           code="idempotency_key_in_progress", status=409,
-                                           headers={"Retry-After": "5"})
-                    store.wait(POLL_SECONDS)
-            try:
-                try:
-                    resp = make_response(view(**kwargs))
-                    code = None
-                except ServiceError as err:
-                    resp, code = render_error(err), err.code
-            except BaseException:
-                store.release(scope, key)     # e.g. 413 or an internal error: not replayed
-                raise
-            try:
-                if recordable(resp.status_code, code) and not resp.is_streamed:
-                    store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
-                                                     resp.get_data()))
-                else:
-                    store.release(scope, key)
-            except sqlite3.Error:
-                # the work is done and its answer goes out; a record left "running" would hold
-                # the key until this process ends, so it is dropped (a retry runs again)
-                log.exception("idempotency record of %s %s not written", request.method,
-                              request.path)
-                try:
-                    store.release(scope, key)
-                except sqlite3.Error:
-                    pass
-            return resp
+            with ExitStack() as waiting:   # held while this retry waits for the first request
+                got = _claim_or_wait(svc, scope, key, fp, wait, waiting)
+                if got is not None:
+                    log.info("idempotent replay of %s %s (status %d)", request.method,
+                             request.path, got.status)
+                    return got.response()
+            return _run_recorded(view, kwargs, store, scope, key)
         return inner
     return wrap
+
+
+def _claim_or_wait(svc, scope: str, key: str, fp: str, wait: Callable | None,
+                   waiting: ExitStack) -> Outcome | None:
+    """Claim ``key`` in ``scope`` for this request (None), or the first request's
+    :class:`Outcome` to replay; while the first is running, wait for it (entering ``wait()``
+    into ``waiting`` first; it may raise 429 with nothing claimed) up to the longest turn,
+    then 409 ``idempotency_key_in_progress``."""
+    store = svc.idempotency
+    deadline = None
+    while True:
+        got = _claim(store, scope, key, fp, api_key_of())
+        if got is None or isinstance(got, Outcome):
+            return got
+        if deadline is None:   # "running": wait for the first request's outcome
+            deadline = time.monotonic() + \
+                float(svc.config.hermes.longest_turn_seconds) + WAIT_MARGIN_SECONDS
+            if wait is not None:
+                waiting.enter_context(wait())   # may raise 429: nothing claimed
+        if time.monotonic() >= deadline:
+            raise ServiceError(f"the first request with this {HEADER} is still "
+                               "in progress; retry later",
+                               code="idempotency_key_in_progress", status=409,
+                               headers={"Retry-After": "5"})
+        store.wait(POLL_SECONDS)
+
+
+def _run_recorded(view, kwargs: dict, store, scope: str, key: str):
+    """Run ``view`` for the request that claimed ``key``, record its answer for retries (or
+    release the key when it is not recordable), and return it."""
+    try:
+        try:
+            resp = make_response(view(**kwargs))
+            code = None
+        except ServiceError as err:
+            resp, code = render_error(err), err.code
+    except BaseException:
+        store.release(scope, key)     # e.g. 413 or an internal error: not replayed
+        raise
+    try:
+        if recordable(resp.status_code, code) and not resp.is_streamed:
+            store.finish(scope, key, Outcome(resp.status_code, resp.content_type,
+                                             resp.get_data()))
+        else:
+            store.release(scope, key)
+    except sqlite3.Error:
+        # the work is done and its answer goes out; a record left "running" would hold
+        # the key until this process ends, so it is dropped (a retry runs again)
+        log.exception("idempotency record of %s %s not written", request.method,
+                      request.path)
+        try:
+            store.release(scope, key)
+        except sqlite3.Error:
+            pass
+    return resp

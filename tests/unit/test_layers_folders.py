@@ -15,8 +15,8 @@ from unit.test_layers_imports import ROOT, graph
 
 #: folder (dotted, under hermes_service) → what its modules may import outside it
 MAY_IMPORT = {
-    "web": {"config", "errors", "idempotency", "logs", "metrics", "preflight", "runner",
-            "security", "service_objects"},
+    "web": {"config", "conversations", "errors", "idempotency", "logs", "metrics", "preflight",
+            "runner", "security", "service_objects"},
     "homes": {"config", "errors", "homefs", "json_cost", "sandbox"},
     "sandbox": {"config_fields", "homefs"},
     "sandbox.net": {"hermes_site", "instance", "metrics"},

@@ -133,26 +133,41 @@ class CommandKernel:
                         sel.unregister(pidfd)
                         exited_at = time.monotonic()
                     elif key.data == "in":
-                        try:
-                            n = os.write(stdin.fileno(), pending[:65536])
-                        except BrokenPipeError:
-                            n = len(pending)     # it stopped reading: its answer tells
-                        pending = pending[n:]
-                        if not pending:
-                            sel.unregister(stdin)
-                            stdin.close()
+                        pending = CommandKernel._feed(sel, stdin, pending)
                     else:
-                        chunk = os.read(key.fd, 65536)
-                        if not chunk:
-                            sel.unregister(key.fileobj)
-                        elif key.data == "out":
-                            out += chunk
-                            if len(out) > MAX_ANSWER_BYTES:
-                                raise KernelFailure("too_large", f"more than {MAX_ANSWER_BYTES}"
-                                                                 " bytes on standard output")
-                        else:
-                            err += chunk
-                            del err[:-STDERR_TAIL]
+                        CommandKernel._take(sel, key, out, err)
         finally:
             sel.close()
             os.close(pidfd)
+
+    @staticmethod
+    def _feed(sel: selectors.BaseSelector, stdin, pending: memoryview) -> memoryview:
+        """Write what the command's ``stdin`` takes of ``pending``; what is left (``stdin``
+        closed and unwatched once all is written, or once the command stopped reading)."""
+        try:
+            n = os.write(stdin.fileno(), pending[:65536])
+        except BrokenPipeError:
+            n = len(pending)     # it stopped reading: its answer tells
+        pending = pending[n:]
+        if not pending:
+            sel.unregister(stdin)
+            stdin.close()
+        return pending
+
+    @staticmethod
+    def _take(sel: selectors.BaseSelector, key: selectors.SelectorKey, out: bytearray,
+              err: bytearray) -> None:
+        """Read what ``key``'s pipe holds into ``out`` (standard output; KernelFailure
+        ``too_large`` past :data:`MAX_ANSWER_BYTES`) or ``err`` (its last
+        :data:`STDERR_TAIL` bytes); a closed pipe is unwatched."""
+        chunk = os.read(key.fd, 65536)
+        if not chunk:
+            sel.unregister(key.fileobj)
+        elif key.data == "out":
+            out += chunk
+            if len(out) > MAX_ANSWER_BYTES:
+                raise KernelFailure("too_large", f"more than {MAX_ANSWER_BYTES}"
+                                                 " bytes on standard output")
+        else:
+            err += chunk
+            del err[:-STDERR_TAIL]

@@ -358,26 +358,34 @@ class RunLogs:
                 continue
             removed += 1
             if not dry_run:
-                answers = list(self.root.glob(f"{run_id}.*.answer*"))
-                for p in (self.path(run_id), self._requests_path(run_id), *answers):
-                    if p is None:
-                        continue
-                    try:
-                        p.unlink()
-                    except FileNotFoundError:
-                        pass
+                self._delete(run_id)
         if not dry_run:
-            with self._sessions_lock:
-                for entry in os.scandir(self.root / "sessions"):
-                    indexed = _read_small(Path(entry.path))
-                    path = self.path(indexed) if indexed is not None else None
-                    if path is None or not path.exists():
-                        try:
-                            os.unlink(entry.path)
-                        except OSError:      # not a file (a damaged data dir): left, logged
-                            log.warning("run-events/sessions/%s is not a file; left as is",
-                                        entry.name)
+            self._sweep_sessions()
         return removed
+
+    def _delete(self, run_id: str) -> None:
+        """Delete run ``run_id``'s files: its log, its request file, its answers."""
+        answers = list(self.root.glob(f"{run_id}.*.answer*"))
+        for p in (self.path(run_id), self._requests_path(run_id), *answers):
+            if p is None:
+                continue
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _sweep_sessions(self) -> None:
+        """Delete the index files of sessions whose run is gone."""
+        with self._sessions_lock:
+            for entry in os.scandir(self.root / "sessions"):
+                indexed = _read_small(Path(entry.path))
+                path = self.path(indexed) if indexed is not None else None
+                if path is None or not path.exists():
+                    try:
+                        os.unlink(entry.path)
+                    except OSError:      # not a file (a damaged data dir): left, logged
+                        log.warning("run-events/sessions/%s is not a file; left as is",
+                                    entry.name)
 
     # -- sessions: busy across processes ------------------------------------------------------
     def claim_session(self, session_key: str, run_id: str, owner: str,

@@ -118,7 +118,7 @@ class AcpRunner(Turns):
             raise UseCli(f"model {req.model} is not hermes.model.default")
         if req.resume_id and source not in (None, "acp"):
             raise UseCli(f"the Hermes session was made by the {source} runner")
-        self.processes.check_home_quota(req.home)
+        self.processes.check_turn(req.home)
         # no turn slot held: a warm turn waits on the provider, its CPU is small; the start of
         # a process (CPU-bound, like a CLI turn) takes one (docs/scaling.md §Sizing a node)
         started = time.monotonic()
@@ -135,14 +135,7 @@ class AcpRunner(Turns):
             raise
         except ServiceError as err:
             sink.close_tools()
-            code = err.code
-            if self.processes.stopping and code not in ("run_cancelled", "service_stopping"):
-                raise stopping_error() from None  # the shutdown killed the process it needed
-            if code == "run_cancelled" and sink.shown:
-                self._keep_shown(req, getattr(err, "hermes_session_id", None), sink)
-            if code not in ("run_cancelled", "service_stopping", "too_many_runs"):
-                log.warning("hermes acp turn failed %s code=%s", context_text(req.log_ctx),
-                            code)
+            self._turn_failed(req, sink, err)
             raise
         except Exception as exc:  # noqa: BLE001 - the protocol failed (process died, ...)
             sink.close_tools()
@@ -157,17 +150,7 @@ class AcpRunner(Turns):
             proc.seen[sid] = hermes_state.fingerprint(req.home.hermes_home, sid)
             proc.record_file = record_file(req.home)
         except RunError as failed:
-            error: ServiceError = failed
-            record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
-            if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
-                error = classify_text("".join(sink.text))   # a provider error, sent as text
-                log.warning("hermes acp turn failed %s code=%s reason=%s",
-                            context_text(req.log_ctx), error.code,
-                            failure_reason("".join(sink.text)))
-            error.hermes_session_id = sid
-            # its in-memory history may hold the turn the record takes back: no further turn there
-            self._call(self._retire_key((req.home.user_id, req.family))).result(5)
-            raise error from None
+            raise self._unanswered(req, sid, sink, failed) from None
         sink.release()
         sink.complete(answer.text)
         usage = None
@@ -180,6 +163,36 @@ class AcpRunner(Turns):
                           streamed=sink.delivered > 0, usage=usage, queue_wait=waited,
                           finish_reason=answer.finish_reason)
 
+
+    def _turn_failed(self, req: TurnRequest, sink: Sink, err: ServiceError) -> None:
+        """What a turn that failed with ``err`` leaves: raises 503 ``service_stopping`` when
+        the shutdown killed the process it needed; a cancelled turn's shown text is kept in
+        the record; an unexpected code is logged."""
+        code = err.code
+        if self.processes.stopping and code not in ("run_cancelled", "service_stopping"):
+            raise stopping_error() from None  # the shutdown killed the process it needed
+        if code == "run_cancelled" and sink.shown:
+            self._keep_shown(req, getattr(err, "hermes_session_id", None), sink)
+        if code not in ("run_cancelled", "service_stopping", "too_many_runs"):
+            log.warning("hermes acp turn failed %s code=%s", context_text(req.log_ctx),
+                        code)
+
+    def _unanswered(self, req: TurnRequest, sid: str, sink: Sink,
+                    failed: RunError) -> ServiceError:
+        """The error of a turn whose record holds no answer (``failed``): a provider error
+        Hermes streamed as text when that is all there is; the process is retired (its
+        in-memory history may hold the turn the record takes back)."""
+        error: ServiceError = failed
+        record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
+        if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
+            error = classify_text("".join(sink.text))   # a provider error, sent as text
+            log.warning("hermes acp turn failed %s code=%s reason=%s",
+                        context_text(req.log_ctx), error.code,
+                        failure_reason("".join(sink.text)))
+        error.hermes_session_id = sid
+        # its in-memory history may hold the turn the record takes back: no further turn there
+        self._call(self._retire_key((req.home.user_id, req.family))).result(5)
+        return error
     def _keep_shown(self, req: TurnRequest, sid: str | None, sink: Sink) -> None:
         """A stopped turn keeps the answer text the client was shown (docs/runners.md §A
         stopped turn): Hermes saved it when ``session/cancel`` ended the prompt, else (the
