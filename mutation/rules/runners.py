@@ -51,7 +51,7 @@ MUTANTS = [
       "", BUDGET),
     # -- a warm process after an abort -------------------------------------------------------
     H("an aborted turn's process is left running", TURN,
-      "            await self._kill(proc, reason, replace=reason != \"shutdown\")\n", "            pass\n",
+      "            await self.pool.kill(proc, reason, replace=reason != \"shutdown\")\n", "            pass\n",
       ABORT),
     H("a killed process is not signalled", POOL, "        await proc.kill_async(reason)\n", "", ABORT),
     H("an ACP process that ended keeps its launch open (credential not revoked)", PROC,
