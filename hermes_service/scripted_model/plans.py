@@ -88,6 +88,12 @@ def plan_reply(body: dict, cut_done: set | None = None) -> Plan:
         plan.finish = "length"
         if user_text.lstrip().startswith(NUDGE_PREFIX):      # Hermes asks for the rest
             plan.text = f"(continued, part {nudges(msgs) + 1})"
+    _cuts(plan, msgs, user_text, cut_done)
+    return plan
+
+
+def _cuts(plan: Plan, msgs: list[dict], user_text: str, cut_done: set | None) -> None:
+    """``[[cut]]`` (the first request carrying it) and ``[[cut-every]]`` (every try)."""
     if _CUT_RE.search(user_text) and cut_done is not None and user_text not in cut_done:
         cut_done.add(user_text)
         plan.cut = True
@@ -95,7 +101,6 @@ def plan_reply(body: dict, cut_done: set | None = None) -> Plan:
         plan.cut = True
         if user_text.lstrip().startswith(NUDGE_PREFIX):      # Hermes asks for the rest
             plan.text = f"(continued, part {nudges(msgs) + 1}) and more"
-    return plan
 
 
 def _plan_reply(body: dict) -> Plan:

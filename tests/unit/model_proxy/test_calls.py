@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from hermes_service.model_proxy import ModelProxy
+from hermes_service.model_proxy.proxy import ModelProxy
 from hermes_service.model_proxy.calls import Call, CallLog, TurnCalls, credential_key
-from hermes_service.model_usage import UsageReader, read_usage, usage_db_path
+from hermes_service.model_proxy.usage import UsageReader, read_usage, usage_db_path
 from hermes_service.scripted_model import ScriptedModel
 
 from .test_proxy import Client, chat_body
