@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from hermes_service.model_proxy.proxy import ModelProxy
 from hermes_service.model_proxy.calls import Call, CallLog, TurnCalls, credential_key
+from hermes_service.model_proxy.proxy import ModelProxy
 from hermes_service.model_proxy.usage import UsageReader, read_usage, usage_db_path
 from hermes_service.scripted_model import ScriptedModel
 
