@@ -36,7 +36,7 @@ class Call:
     """One model request: ``ended`` (one of :data:`ENDINGS`), ``status`` (the provider's HTTP
     status, or the pass-through's own 502/504), ``stream`` (an event stream was asked for),
     ``finish_reason`` (the provider's last one, or None), the tokens counted and whether they
-    are the pass-through's estimate (the provider reported none)."""
+    are the pass-through's estimate (the provider reported none), and when it ``started``."""
     ended: str
     status: int | None
     stream: bool
@@ -44,6 +44,9 @@ class Call:
     prompt_tokens: int
     completion_tokens: int
     estimated: bool
+    #: when the request came (``time.monotonic()``): a turn's calls in the order Hermes made
+    #: them, whatever order their relays ended in
+    started: float = 0.0
 
 
 def credential_key(credential: str) -> bytes:

@@ -281,9 +281,12 @@ class ModelProxy:
         most ``settle`` seconds for those being relayed)."""
         return self.calls.position(credential, settle)
 
-    def calls_since(self, credential: str | None, position: int = 0) -> TurnCalls:
-        """The model calls of ``credential`` after ``position`` (:meth:`call_position`)."""
-        return TurnCalls(tuple(self.calls.since(credential, position)))
+    def calls_since(self, credential: str | None, position: int = 0,
+                    settle: float = SETTLE_SECONDS) -> TurnCalls:
+        """The model calls of ``credential`` after ``position`` (:meth:`call_position`),
+        waiting at most ``settle`` seconds for those being relayed."""
+        calls = self.calls.since(credential, position, settle)
+        return TurnCalls(tuple(sorted(calls, key=lambda c: c.started)))
 
     # -- answers and connections ---------------------------------------------------------
     def local_location(self, value: str) -> str:

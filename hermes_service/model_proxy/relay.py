@@ -3,6 +3,7 @@
 provider's status, headers and body back chunk by chunk, the usage counted."""
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -96,6 +97,7 @@ class Relay:
         self.req = req
         self.endpoint = endpoint
         self._caller_gone = self._unbilled = self._broke = False
+        self._started = 0.0
         self._upstream_sock: socket.socket | None = None
 
     def forward(self, s: Upstream | None, user: str, suffix: str, body: bytes,
@@ -105,6 +107,7 @@ class Relay:
         in the user's usage."""
         proxy = self.endpoint
         stream = prepared is not None and prepared.stream
+        self._started = time.monotonic()
         if s is None:
             metrics.model_request("unreachable")
             reply(self.req, 502, "model provider unreachable: no model provider is configured",
@@ -182,7 +185,8 @@ class Relay:
     def _record(self, prepared: Prepared | None, call: Call) -> None:
         """Keep how a model call (a checked POST) ended for its process's credential."""
         if prepared is not None:
-            self.endpoint.record_call(self.req.headers.get("Authorization"), call)
+            self.endpoint.record_call(self.req.headers.get("Authorization"),
+                                      dataclasses.replace(call, started=self._started))
 
     def _upstream_headers(self, s: Upstream, body: bytes) -> list[tuple[str, str]]:
         """What the provider gets: the allowlisted headers of the caller

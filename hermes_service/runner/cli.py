@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from ..hermes_site import run_binding
+from ..model_proxy.calls import SETTLE_SECONDS
 from .failures import SESSION_LINE, classify_failure, failure_reason
 from .processes import Outcome, Processes
 from .protocol import LOST_HISTORY_NOTICE, TurnRequest, TurnResult, answer_from_record, context_text
@@ -131,7 +132,9 @@ class CliRunner:
         if on_spawn:
             on_spawn(proc)
         outcome = proc.wait(self.processes.timeout, self.processes.stall_timeout, cancel)
-        outcome.calls = self.processes.calls_since(proc.launch)
+        # a killed turn does not wait for its last call, which the pass-through may drain
+        outcome.calls = self.processes.calls_since(
+            proc.launch, settle=0 if outcome.killed else SETTLE_SECONDS)
         log.info("hermes chat %s rc=%s killed=%s resume=%s", context_text(log_ctx),
                  outcome.returncode, outcome.killed, "--resume" in args,
                  extra={"status": "ok" if outcome.returncode == 0 and not outcome.killed

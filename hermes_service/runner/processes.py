@@ -41,7 +41,7 @@ from ..errors import RunError, TooManyRuns, Unconfigured
 from ..files import atomic_write
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
-from ..model_proxy.calls import TurnCalls
+from ..model_proxy.calls import SETTLE_SECONDS, TurnCalls
 from ..model_proxy.policy import Refusal
 from ..model_proxy.usage import budget_error
 from ..sandbox import Launch, Sandbox, limit_signal, signal_tree
@@ -474,14 +474,17 @@ class Processes:
             return 0
         return proxy.call_position(launch.credential, settle=0)
 
-    def calls_since(self, launch: Launch | None, position: int = 0) -> TurnCalls:
+    def calls_since(self, launch: Launch | None, position: int = 0,
+                    settle: float = SETTLE_SECONDS) -> TurnCalls:
         """The model calls the process of ``launch`` made after ``position``
         (:meth:`call_position`), as the pass-through saw them end (docs/runners.md §Outcomes
-        as they were); none without the pass-through."""
+        as they were), once those being relayed ended (at most ``settle`` seconds; 0 for a
+        turn that was ended: its last call may still be drained); none without the
+        pass-through."""
         proxy = self.sandbox.credentials if self.sandbox is not None else None
         if proxy is None or launch is None:
             return TurnCalls()
-        return proxy.calls_since(launch.credential, position)
+        return proxy.calls_since(launch.credential, position, settle)
 
     def spawn(self, args: list[str], env: dict, home: UserHome,
               max_output_bytes: int | None = None) -> CliProcess:

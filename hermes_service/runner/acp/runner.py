@@ -140,7 +140,9 @@ class AcpRunner:
             raise
         except ServiceError as err:
             sink.close_tools()
-            calls = self.processes.calls_since(*sink.calls_from)
+            # (no wait for calls still being relayed: an aborted turn ends at once)
+            launch, position = sink.calls_from
+            calls = self.processes.calls_since(launch, position, settle=0)
             err.usage = calls.usage() if calls.calls else None
             self._turn_failed(req, sink, err)
             raise
@@ -192,10 +194,9 @@ class AcpRunner:
         in-memory history may hold the turn the record takes back)."""
         error: ServiceError = failed
         record = hermes_state.turn_record(req.home.hermes_home, sid, req.message)
-        if record.assistant_rows == 0 and not record.empty_sentinel and sink.text \
-                and not failed.broken:
+        if record.assistant_rows == 0 and not record.empty_sentinel and sink.text:
             error = classify_text("".join(sink.text))   # a provider error, sent as text
-            error.usage = failed.usage
+            error.usage, error.broken = failed.usage, failed.broken
             log.warning("hermes acp turn failed %s code=%s reason=%s",
                         context_text(req.log_ctx), error.code,
                         failure_reason("".join(sink.text)))

@@ -50,7 +50,7 @@ def test_each_call_is_recorded_with_how_it_ended(proxy):
     call(proxy, cred, "[[cut-every]] broken")
     call(proxy, cred, "[[status:503]] down")
     call(proxy, cred, "[[no-usage]] quiet")
-    calls = proxy.calls_since(cred).calls
+    calls = proxy.calls_since(cred).calls      # in the order they were made
     assert [(c.ended, c.finish_reason, c.stream) for c in calls] == [
         ("complete", "stop", True), ("complete", "length", True), ("complete", "stop", False),
         ("broken", None, True), ("error", None, True), ("complete", "stop", True)]
