@@ -22,13 +22,11 @@ import threading
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.model_proxy.usage import read_usage, usage_db_path
 from support.fixtures import API_KEY, wait_for
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 
 def terminal(command: str) -> str:

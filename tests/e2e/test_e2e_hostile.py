@@ -29,14 +29,12 @@ import threading
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.scripted_model import is_auxiliary
 from support.fixtures import API_KEY, wait_for
 from support.sse_client import SSEStream, read_all
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 TOOLS = ["terminal", "file", "code_execution"]
 P = "/api/hermes/client"
