@@ -26,10 +26,9 @@ This module is the service's one place that understands it:
 These two are the only writes the service makes.
 
 Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
-in a folder the user's agent can write: it is opened by :mod:`hermes_service.homes.state_db`, so
-that
-what was planted there is refused (409 ``home_tampered``), never followed, and what a hostile
-file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy``).
+in a folder the user's agent can write: it is opened by :mod:`hermes_service.homes.state_db`,
+so that what was planted there is refused (409 ``home_tampered``), never followed, and what a
+hostile file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy``).
 """
 from __future__ import annotations
 

@@ -13,12 +13,11 @@ users' agents never see this folder, unlike ``data/runs/<user_id>/``):
     (``owner``: :func:`hermes_service.instance.current` of the process running the turn;
     ``created``: unix seconds). Every further line is one event payload exactly as the stream
     sends it (:mod:`hermes_service.mnote.runs.manager` lists them); the event's id
-    (``Last-Event-ID``) is
-    its line number after the meta line (1-based). Deltas are appended without fsync; the
-    terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``) is fsynced before
-    any subscriber sees it. Only complete lines (ending in ``\\n``) count: a line torn by a
-    crash mid-write is never read, and is cut off (under the lock below) before a closer
-    appends. The file's mtime after the terminal event is the run's end (retention).
+    (``Last-Event-ID``) is its line number after the meta line (1-based). Deltas are appended
+    without fsync; the terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``)
+    is fsynced before any subscriber sees it. Only complete lines (ending in ``\\n``) count: a
+    line torn by a crash mid-write is never read, and is cut off (under the lock below) before
+    a closer appends. The file's mtime after the terminal event is the run's end (retention).
 ``<run_id>.requests``
     requests from other processes for the owner (JSON Lines, appended with ``O_APPEND``):
     ``{"op": "abort"}``, ``{"op": "approval", "approval_id", "choice"}``,
