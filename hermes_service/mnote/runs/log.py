@@ -41,6 +41,10 @@ so two processes noticing at once write it once.
 
 Run ids become file names only through :func:`valid_run_id` (the id rule of
 :func:`hermes_service.errors.is_id` plus the shape ``run_<24 hex>`` every run gets).
+
+One module over 500 lines on purpose: the file format, its writer, its readers, the exactly-once
+close, the session index and the answers' claims all rest on one locking rule on the same files
+(``flock`` on the run file, the sessions lock); apart, each would have to restate it.
 """
 from __future__ import annotations
 
