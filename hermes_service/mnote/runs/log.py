@@ -210,12 +210,8 @@ class RunLogs:
     # -- reading ----------------------------------------------------------------------------
     def load(self, run_id: str) -> LogState | None:
         """The whole run file (meta + events); None when there is none (or no valid meta)."""
-        path = self.path(run_id)
-        if path is None:
-            return None
-        try:
-            fd = _open_file(path, os.O_RDONLY)
-        except OSError:
+        fd = self._open_run(run_id)
+        if fd is None:
             return None
         try:
             st = os.fstat(fd)
@@ -227,14 +223,21 @@ class RunLogs:
             return None
         return LogState(run_id, lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
 
+    def _open_run(self, run_id: str) -> int | None:
+        """A descriptor of run ``run_id``'s file opened to read (never through a symlink:
+        :func:`_open_file`), or None when there is none."""
+        path = self.path(run_id)
+        if path is None:
+            return None
+        try:
+            return _open_file(path, os.O_RDONLY)
+        except OSError:
+            return None
+
     def read_more(self, state: LogState) -> bool:
         """Add the events appended since ``state.offset``; returns whether there were any."""
-        path = self.path(state.run_id)
-        if path is None:
-            return False
-        try:
-            fd = _open_file(path, os.O_RDONLY)
-        except OSError:
+        fd = self._open_run(state.run_id)
+        if fd is None:
             return False
         try:
             st = os.fstat(fd)
