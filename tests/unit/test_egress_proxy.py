@@ -4,14 +4,16 @@ tests/unit/test_egress_policy.py shows)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hermes_service import egress_proxy
+from hermes_service import egress_policy, egress_proxy
 from hermes_service.egress_policy import Policy
+from hermes_service.sandbox.net.lookups import Lookups
 
 
 class Origin(BaseHTTPRequestHandler):
@@ -19,7 +21,7 @@ class Origin(BaseHTTPRequestHandler):
     seen: list = []
 
     def do_GET(self):
-        Origin.seen.append((self.requestline, dict(self.headers)))
+        Origin.seen.append((self.requestline, dict(self.headers), self.headers.items()))
         body = b"origin says hi"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -53,8 +55,9 @@ def exchange(policy: Policy, request: bytes, resolver, then: bytes = b"") -> tup
     proxy answered), return everything the proxy sent back and the outcome."""
     async def main():
         a, b = socket.socketpair()
-        reader, writer = await asyncio.open_connection(sock=a, limit=egress_proxy.MAX_HEAD)
-        task = asyncio.create_task(egress_proxy.serve(reader, writer, policy, resolver))
+        a.setblocking(False)
+        task = asyncio.create_task(egress_proxy.serve(a, policy, resolver))
+        task.add_done_callback(lambda _: a.close())
         loop = asyncio.get_running_loop()
         b.setblocking(False)
         await loop.sock_sendall(b, request)
@@ -73,7 +76,6 @@ def exchange(policy: Policy, request: bytes, resolver, then: bytes = b"") -> tup
             if then and b"origin says hi" in got:
                 b.shutdown(socket.SHUT_WR)
         out = await asyncio.wait_for(task, 5)
-        writer.close()
         b.close()
         return got, out
     return asyncio.run(main())
@@ -94,11 +96,12 @@ def test_connect_to_an_allowed_name_tunnels_to_the_checked_address(origin):
 
 def test_plain_http_goes_in_origin_form_without_proxy_fields(origin):
     Origin.seen.clear()
-    got, out = exchange(ALLOW, b"GET http://example.org:8080/a/b?q=1 HTTP/1.1\r\nHost: evil.cdn.test"
-                        b"\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\n"
-                        b"X-Tool: curl\r\n\r\n", to_loopback(origin))
+    got, out = exchange(ALLOW, b"GET http://example.org:8080/a/b?q=1 HTTP/1.1\r\nHost: Example.ORG."
+                        b":8080\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive"
+                        b"\r\nX-Tool: curl\r\n\r\n", to_loopback(origin))
     assert got.startswith(b"HTTP/1.1 200"), got
-    line, headers = Origin.seen[-1]
+    line, headers, items = Origin.seen[-1]
+    assert [v for k, v in items if k.lower() == "host"] == ["example.org:8080"]
     assert line == "GET /a/b?q=1 HTTP/1.1"
     assert headers.get("X-Tool") == "curl" and headers.get("Connection") == "close"
     assert headers.get("Host") == "example.org:8080"        # the checked name, not the sent one
@@ -143,6 +146,8 @@ def test_an_allowed_name_that_cannot_be_reached_is_502():
 
 def test_the_real_resolver_refuses_loopback_names():
     policy = Policy.from_lists(["localhost"], [])
+    lookups = Lookups(2, 10.0)
     got, out = exchange(policy, b"CONNECT localhost:80 HTTP/1.1\r\n\r\n",
-                        egress_proxy.default_resolver)
+                        functools.partial(lookups.resolve, egress_policy.resolve))
+    lookups.close()
     assert got.startswith(b"HTTP/1.1 403") and out.refused == "denied_address"
