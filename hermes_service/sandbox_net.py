@@ -294,7 +294,7 @@ class SandboxNet:
                 if out.refused:
                     self.refusals.refused(att, out.refused, (
                         f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
-                        f"{out.host or '?'}:{out.port or '?'}"))
+                        f"{out.host or '?'}:{out.port or '?'}"), "egress")
                 if self.on_egress is not None:
                     self.on_egress(att, out)
             elif name == "service":
@@ -305,7 +305,7 @@ class SandboxNet:
             pass
         except Exception as exc:  # noqa: BLE001 - one connection never stops the loop
             self.refusals.refused(att, "error", f"sandbox {name} connection failed for "
-                                  f"user={att.user_id}", exc_info=exc)
+                                  f"user={att.user_id}", name, exc_info=exc)
         finally:
             att.open[name] -= 1
             att.room[name].set()
@@ -319,7 +319,7 @@ class SandboxNet:
         if refused:
             metrics.sandbox_request_refused(refused)
             self.refusals.refused(att, refused, "sandbox request to this service refused for "
-                                  f"user={att.user_id} run={att.run_id or '-'}")
+                                  f"user={att.user_id} run={att.run_id or '-'}", "service")
 
     async def _relay(self, name: str, conn: socket.socket) -> None:
         target = self.targets.get(name)

@@ -14,6 +14,7 @@ import pytest
 from hermes_service import egress_policy, egress_proxy
 from hermes_service.egress_policy import Policy
 from hermes_service.sandbox.net.lookups import Lookups
+from support.fixtures import wait_for
 
 
 class Origin(BaseHTTPRequestHandler):
@@ -151,3 +152,77 @@ def test_the_real_resolver_refuses_loopback_names():
                         functools.partial(lookups.resolve, egress_policy.resolve))
     lookups.close()
     assert got.startswith(b"HTTP/1.1 403") and out.refused == "denied_address"
+
+
+@pytest.mark.parametrize("host", [b"api.example.com", b"API.Example.com.", b"api.example.com:80"])
+def test_the_origin_gets_only_the_checked_name_as_host(origin, host):
+    """Fronting: whatever ``Host`` the tool sends that agrees with the URI, the origin sees one
+    ``Host``, the name the proxy checked, in the form the proxy writes."""
+    Origin.seen.clear()
+    got, _ = exchange(ALLOW, b"GET http://api.example.com/x HTTP/1.1\r\nHost: " + host +
+                      b"\r\n\r\n", to_loopback(origin))
+    assert got.startswith(b"HTTP/1.1 200"), got
+    _, _, items = Origin.seen[-1]
+    assert [v for k, v in items if k.lower() == "host"] == ["api.example.com"]
+
+
+@pytest.mark.parametrize("fields,reason", [
+    (b"Host: blocked.example.com\r\n", "host_mismatch"),      # another (allowed-looking) name
+    (b"Host: evil.cdn.test\r\n", "host_mismatch"),
+    (b"Host: api.example.com:8080\r\n", "host_mismatch"),     # another port
+    (b"Host: api.example.com\r\nHost: evil.cdn.test\r\n", "bad_request"),   # two of them
+    (b"Host: api.example.com\r\nTransfer-Encoding: chunked\r\n", "length_required"),
+])
+def test_a_host_that_disagrees_with_the_uri_is_refused(origin, fields, reason):
+    Origin.seen.clear()
+    got, out = exchange(ALLOW, b"GET http://api.example.com/ HTTP/1.1\r\n" + fields + b"\r\n",
+                        to_loopback(origin))
+    assert out.refused == reason and f"X-Hermes-Egress-Refused: {reason}".encode() in got
+    assert Origin.seen == []
+
+
+@pytest.mark.parametrize("target", [b"http://api.example.com@evil.test/",
+                                    b"http://evil.test#@api.example.com/",
+                                    b"http://[api.example.com]/", b"http://::1:80/"])
+def test_an_authority_that_could_name_two_hosts_is_refused(origin, target):
+    got, out = exchange(ALLOW, b"GET " + target + b" HTTP/1.1\r\n\r\n", to_loopback(origin))
+    assert out.refused in ("bad_request", "ip_literal"), out
+
+
+class RawOrigin:
+    """A TCP origin that answers after a request head, then keeps reading until the proxy
+    closes, and records every byte it received."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        conn, _ = self.sock.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        conn.shutdown(socket.SHUT_WR)
+        while chunk := conn.recv(65536):
+            data += chunk
+        conn.close()
+        self.received.append(data)
+
+
+def test_nothing_after_the_body_reaches_the_origin():
+    """A second request pipelined behind the first (with another ``Host``) never reaches the
+    origin: only the first request's head and its ``Content-Length`` bytes go up."""
+    raw = RawOrigin()
+    second = b"GET /second HTTP/1.1\r\nHost: evil.cdn.test\r\n\r\n"
+    got, out = exchange(ALLOW, b"POST http://api.example.com/first HTTP/1.1\r\nHost: "
+                        b"api.example.com\r\nContent-Length: 4\r\n\r\nbody" + second,
+                        to_loopback(raw.port))
+    assert got.startswith(b"HTTP/1.1 200"), got
+    wait_for(lambda: raw.received, "the origin's record")
+    assert raw.received[0] == (b"POST /first HTTP/1.1\r\nHost: api.example.com\r\n"
+                               b"Content-Length: 4\r\nConnection: close\r\n\r\nbody")
+    assert out.up == len(raw.received[0])
+    raw.sock.close()

@@ -28,17 +28,18 @@ class _Window:
 class RefusalLog:
     """``refused(sandbox, reason, detail)`` for every refusal; :meth:`flush` (on a timer, and
     when a sandbox ends) writes the counts of the windows that are over. ``sandbox``: any
-    hashable naming one sandbox; ``detail``: the line's text without the reason. Used from
-    one thread (the sockets' loop)."""
+    hashable naming one sandbox; ``detail``: the line's text without the reason; ``kind``:
+    what refused it (``egress``, ``service``: one window each). Used from one thread (the
+    sockets' loop)."""
 
     def __init__(self, logger: logging.Logger, interval: float = INTERVAL,
                  clock: Callable[[], float] = time.monotonic):
         self.log, self.interval, self.clock = logger, interval, clock
-        self.windows: dict[tuple[Hashable, str], _Window] = {}
+        self.windows: dict[tuple[Hashable, str, str], _Window] = {}
 
-    def refused(self, sandbox: Hashable, reason: str, detail: str,
+    def refused(self, sandbox: Hashable, reason: str, detail: str, kind: str = "",
                 exc_info: BaseException | None = None) -> None:
-        key = (sandbox, reason)
+        key = (sandbox, kind, reason)
         window = self.windows.get(key)
         now = self.clock()
         if window is not None and now - window.since < self.interval:
@@ -58,7 +59,7 @@ class RefusalLog:
                 self._write(key, window)
                 del self.windows[key]
 
-    def _write(self, key: tuple[Hashable, str], window: _Window) -> None:
+    def _write(self, key: tuple[Hashable, str, str], window: _Window) -> None:
         if window.count:
-            self.log.warning("%s (%s) and %d more like it in %.0f s", window.detail, key[1],
+            self.log.warning("%s (%s) and %d more like it in %.0f s", window.detail, key[2],
                              window.count, self.clock() - window.since)

@@ -32,7 +32,8 @@ from collections.abc import Callable
 #: bytes asked of one ``splice``/``recv`` (the pipe's capacity is raised to it where allowed)
 BUFFER = 1 << 20
 PIPE_BYTES = BUFFER
-_SPLICE: Callable[..., int] | None = getattr(os, "splice", None)
+#: ``os.splice`` where the platform has it; None: every copy goes through the buffer
+SPLICE: Callable[..., int] | None = getattr(os, "splice", None)
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: the errors of a splice the kernel does not do for this pair of files (then: the buffer)
@@ -74,7 +75,7 @@ async def send_all(sock: socket.socket, data: bytes | memoryview) -> None:
 
 
 def _pipe() -> tuple[int, int] | None:
-    if _SPLICE is None:
+    if SPLICE is None:
         return None
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     with contextlib.suppress(OSError):      # a smaller pipe only means more rounds
@@ -86,17 +87,17 @@ async def _splice_round(src: socket.socket, dst: socket.socket, pipe: tuple[int,
                         want: int) -> int:
     """Move up to ``want`` bytes ``src`` → pipe → ``dst``; 0 at ``src``'s end of input."""
     r, w = pipe
-    assert _SPLICE is not None          # a pipe is made only where splice is
+    assert SPLICE is not None          # a pipe is made only where splice is
     while True:
         try:
-            n = _SPLICE(src.fileno(), w, want, flags=_SPLICE_FLAGS)
+            n = SPLICE(src.fileno(), w, want, flags=_SPLICE_FLAGS)
             break
         except BlockingIOError:
             await _ready(src, False)
     left = n
     while left:
         try:
-            left -= _SPLICE(r, dst.fileno(), left, flags=_SPLICE_FLAGS)
+            left -= SPLICE(r, dst.fileno(), left, flags=_SPLICE_FLAGS)
         except BlockingIOError:
             await _ready(dst, True)
     return n
