@@ -187,7 +187,8 @@ class SandboxNet:
         loop.call_later(min(5.0, self.refusals.interval), self._flush_refusals)
 
     def configure(self, policy: Policy, caps: Caps) -> None:
-        """A reloaded policy and caps: for every connection from now on."""
+        """A reloaded policy and caps: for every connection from now on (the lookup caps: for
+        every sandbox attached from now on)."""
         self.policy, self.caps = policy, caps
 
     def set_target(self, name: str, host: str, port: int) -> None:
