@@ -126,7 +126,8 @@ class Attachment:
     egress_up: int = 0
     egress_down: int = 0
     run_id: str | None = None           # the run its Hermes works on now (set by the runner)
-    pace: service_gate.Pace = field(default_factory=service_gate.Pace)
+    # (a lambda: service_gate may be the module being imported when this class is made)
+    pace: service_gate.Pace = field(default_factory=lambda: service_gate.Pace())
     tasks: set = field(default_factory=set)
     room: dict = field(default_factory=lambda: {n: asyncio.Event() for n in SOCKETS})
     closed: bool = False
