@@ -140,8 +140,6 @@ MUTANTS = [
       PROXY),
     H("bytes after the body reach the origin", EX,
       "            limit = len(req.upstream) + req.body", "            limit = None", PROXY),
-    H("userinfo in the authority is taken", EX,
-      '    if "@" in text:\n        return None\n', "", PROXY),
     # -- the relay and the log ----------------------------------------------------------------
     H("the relay passes no end of input on", NETDIR + "relay.py",
       "                dst.shutdown(socket.SHUT_WR)", "                pass",

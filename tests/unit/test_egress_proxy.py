@@ -190,12 +190,15 @@ def test_an_authority_that_could_name_two_hosts_is_refused(origin, target):
 
 
 class RawOrigin:
-    """A TCP origin that answers after a request head, then keeps reading until the proxy
-    closes, and records every byte it received."""
+    """A TCP origin that reads a request head and ``body`` bytes, then answers and keeps
+    reading until the proxy closes; records every byte it received (``got_head`` is set once
+    the head is in)."""
 
-    def __init__(self):
+    def __init__(self, body: int):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.body = body
+        self.got_head = threading.Event()
         self.received: list[bytes] = []
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -203,6 +206,9 @@ class RawOrigin:
         conn, _ = self.sock.accept()
         data = b""
         while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        self.got_head.set()
+        while len(data) - data.index(b"\r\n\r\n") - 4 < self.body:
             data += conn.recv(65536)
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
         conn.shutdown(socket.SHUT_WR)
@@ -214,12 +220,29 @@ class RawOrigin:
 
 def test_nothing_after_the_body_reaches_the_origin():
     """A second request pipelined behind the first (with another ``Host``) never reaches the
-    origin: only the first request's head and its ``Content-Length`` bytes go up."""
-    raw = RawOrigin()
+    origin: only the first request's head and its ``Content-Length`` bytes go up — also when
+    the body and the second request come after the proxy has started relaying."""
+    raw = RawOrigin(body=4)
     second = b"GET /second HTTP/1.1\r\nHost: evil.cdn.test\r\n\r\n"
-    got, out = exchange(ALLOW, b"POST http://api.example.com/first HTTP/1.1\r\nHost: "
-                        b"api.example.com\r\nContent-Length: 4\r\n\r\nbody" + second,
-                        to_loopback(raw.port))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        task = asyncio.create_task(egress_proxy.serve(a, ALLOW, to_loopback(raw.port)))
+        await loop.sock_sendall(b, b"POST http://api.example.com/first HTTP/1.1\r\nHost: "
+                                   b"api.example.com\r\nContent-Length: 4\r\n\r\n")
+        await loop.run_in_executor(None, raw.got_head.wait, 10)
+        await loop.sock_sendall(b, b"body" + second)
+        got = b""
+        while chunk := await asyncio.wait_for(loop.sock_recv(b, 65536), 10):
+            got += chunk
+        out = await asyncio.wait_for(task, 10)
+        a.close()
+        b.close()
+        return got, out
+    got, out = asyncio.run(main())
     assert got.startswith(b"HTTP/1.1 200"), got
     wait_for(lambda: raw.received, "the origin's record")
     assert raw.received[0] == (b"POST /first HTTP/1.1\r\nHost: api.example.com\r\n"
