@@ -138,8 +138,8 @@ class SandboxNet:
     """The sockets of every sandbox (see the module doc). ``root``: a service-owned folder
     (``<data_dir>/sandbox/net``), shared by every service process on the data dir: each keeps
     its sandboxes' folders in one of its own, ``<root>/<owner>`` (:func:`instance.current`),
-    and removes only the folders of owners no longer alive; ``targets``: ``{"model": (host,
-    port), "service": (host, port)}`` — set by :meth:`set_target` once each is listening.
+    and removes only the folders of owners no longer alive; ``targets``: ``{"model": (family,
+    address), "service": (family, address)}`` — set by :meth:`set_target` once each listens.
     ``on_egress(attachment, outcome)`` is called for every finished egress connection (metrics,
     usage); refusals are logged here (:class:`RefusalLog`). ``resolve``: the name lookup each
     sandbox runs on its own threads (:func:`egress_policy.resolve`; a seam for tests)."""
