@@ -1,7 +1,7 @@
-"""Group ``network``: a sandbox's network (sandbox_net.py), the egress rules and deny set
-(egress_policy.py), the egress proxy (egress_proxy.py), the service port's gate
-(service_gate.py), and sandbox/net/: the relay, strict heads, each sandbox's lookups, the
-host's own addresses, the refusal log."""
+"""Group ``network``: a sandbox's network (sandbox/net/): its sockets (sockets.py), the
+egress rules and deny set (egress_policy.py), the egress proxy (egress_proxy.py), the service
+port's gate (service_gate.py), the relay, strict heads, each sandbox's lookups, the host's own
+addresses, the refusal log."""
 from __future__ import annotations
 
 from functools import partial
@@ -9,17 +9,17 @@ from functools import partial
 from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="network")
-EP = "hermes_service/egress_policy.py"
-EX = "hermes_service/egress_proxy.py"
-SG = "hermes_service/service_gate.py"
-SN = "hermes_service/sandbox_net.py"
+EP = "hermes_service/sandbox/net/egress_policy.py"
+EX = "hermes_service/sandbox/net/egress_proxy.py"
+SG = "hermes_service/sandbox/net/service_gate.py"
+SN = "hermes_service/sandbox/net/sockets.py"
 NETDIR = "hermes_service/sandbox/net/"
 UNIT = "tests/unit/sandbox/net/"
-RULES = "tests/unit/test_network_rules.py"
-POLICY = ["tests/unit/test_egress_policy.py", RULES]
-PROXY = ["tests/unit/test_egress_proxy.py", RULES]
-GATE = ["tests/unit/test_service_gate.py", RULES]
-NET = ["tests/unit/test_sandbox_net.py"]
+RULES = "tests/unit/sandbox/net/test_network_rules.py"
+POLICY = ["tests/unit/sandbox/net/test_egress_policy.py", RULES]
+PROXY = ["tests/unit/sandbox/net/test_egress_proxy.py", RULES]
+GATE = ["tests/unit/sandbox/net/test_service_gate.py", RULES]
+NET = ["tests/unit/sandbox/net/test_sockets.py"]
 
 MUTANTS = [
     # -- the deny set --------------------------------------------------------------------

@@ -176,6 +176,7 @@ ALLOWED_LABELS = {"route", "method", "status", "runner", "family", "outcome", "t
                   "kind",    # hermes_service_model_tokens_total: prompt | completion
                   "resolved_by", "choice",    # approvals_answered: fixed sets of values
                   "transport",    # kernel_calls, kernel_retries: http | command
+                  "reason",       # sandbox_requests_refused: the gate's fixed reasons
                   # standard collectors
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 #: ``resolve(host, port)`` → ``(addresses, None)`` or ``([], reason)``
-#: (:func:`hermes_service.egress_policy.resolve`)
+#: (:func:`hermes_service.sandbox.net.egress_policy.resolve`)
 Resolve = Callable[[str, int], tuple[list, str | None]]
 
 

@@ -1,5 +1,5 @@
 """The launcher's whole bubblewrap argument list, read back (hermes_service/sandbox/,
-hermes_policy.py, seccomp_filter.py; docs/sandbox.md): every bind and its mode, every
+sandbox/hermes_policy.py, sandbox/seccomp_filter.py; docs/sandbox.md): every bind and its mode, every
 namespace and flag, the seccomp filter, the limits. A one-line slip in any of them — a
 policy file bound read-write, ``--disable-userns`` or ``--die-with-parent`` dropped, the
 filter missing — fails here in well under a second, without starting a sandbox."""
@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 
 import pytest
 
-from hermes_service import hermes_policy, instance, sandbox, seccomp_filter
+from hermes_service import instance, sandbox
+from hermes_service.homes.users import HERMES_SITE, UserHome
 from hermes_service.sandbox import args as sandbox_args
-from hermes_service.user_homes import HERMES_SITE, UserHome
+from hermes_service.sandbox import hermes_policy, seccomp_filter
 
 PY = "/opt/venv/bin/hermes"
 
@@ -152,7 +154,7 @@ def test_the_model_url_is_the_pass_through_by_its_inside_name(tmp_path, monkeypa
                       UserHome("dan", root, root / ".hermes"), None, PY)
     assert made.env[sandbox.MODEL_URL_ENV] == "http://model.hermes.internal:9401/v1"
     assert made.env[sandbox.MODEL_KEY_ENV] == "cred-dan"
-    assert sb.net.targets["model"] == ("127.0.0.1", 4567)
+    assert sb.net.targets["model"] == (socket.AF_INET, ("127.0.0.1", 4567))
     folder = made.net.folder
     made.close()
     assert not folder.exists() and Credentials.revoked == ["cred-dan"]

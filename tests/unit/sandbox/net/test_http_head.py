@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hermes_service import egress_proxy, service_gate
-from hermes_service.sandbox.net import http_head
+from hermes_service.sandbox.net import egress_proxy, http_head, service_gate
 
 #: digits str.isdigit() accepts that are not ASCII; int() reads some of them (Arabic-Indic,
 #: full-width, mathematical bold, Devanagari) and refuses others (superscripts, circled)

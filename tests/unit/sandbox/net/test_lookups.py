@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from hermes_service.egress_policy import Policy
+from hermes_service.sandbox.net.egress_policy import Policy
 from hermes_service.sandbox.net.lookups import Lookups
-from hermes_service.sandbox_net import Caps, SandboxNet
+from hermes_service.sandbox.net.sockets import Caps, SandboxNet
 from support.fixtures import wait_for
 
 REAL_GETADDRINFO = socket.getaddrinfo

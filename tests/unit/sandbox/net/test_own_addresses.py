@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[4]
 
 IN_NAMESPACE = r"""
 import ipaddress, subprocess, sys
-from hermes_service import egress_policy
+from hermes_service.sandbox.net import egress_policy
 from hermes_service.sandbox.net.own_addresses import OwnAddresses, read_netlink, read_proc
 
 def ip(*args):

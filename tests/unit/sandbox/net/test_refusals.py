@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from hermes_service.egress_policy import Policy
+from hermes_service.sandbox.net.egress_policy import Policy
 from hermes_service.sandbox.net.refusals import RefusalLog
-from hermes_service.sandbox_net import SandboxNet
+from hermes_service.sandbox.net.sockets import SandboxNet
 from support.fixtures import wait_for
 
 
