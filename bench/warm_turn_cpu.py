@@ -95,7 +95,7 @@ def main() -> None:
         cfg = deep_merge(base_config(tmp, model.base_url),
                          {"hermes": {"runner": "acp", "toolsets": []},
                           "mnote": {"runner": "acp"}, "service": {"log_level": "info"}})
-        from hermes_service.mnote.page_store import SQLitePageStore
+        from hermes_service.mnote.page_sqlite import SQLitePageStore
         store = SQLitePageStore(tmp / "data" / "mnote.db")
         store.add_workspace("ws_1")
         store.add_member("ws_1", "bench_panel", "editor")

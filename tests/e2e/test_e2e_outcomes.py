@@ -42,7 +42,7 @@ def svc(request, tmp_path_factory, model):
                       "service": {"log_format": "json"},
                       "hermes": {"runner": request.param,
                                  "limits": {"daily_tokens": 10_000_000}}})
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(tmp / "data" / "mnote.db")
     store.add_workspace("ws_1")
     for who in ACTORS:
