@@ -218,11 +218,11 @@ _AUDIT_COLUMNS = {"commandId": "command_id", "commandName": "command_name", "eff
 _IMPORT_VALIDATOR = Draft202012Validator(PAGE_IMPORT_SCHEMA)
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def _canonical(value: Any) -> str:
+def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -318,7 +318,7 @@ class SQLitePageStore:
         self._local = threading.local()
 
     @contextmanager
-    def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
+    def transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
         """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to
         read."""
         con = self._connection()
@@ -333,7 +333,11 @@ class SQLitePageStore:
 
     # ---- permissions (contract §5: actor, member, page read, page write, artifact write)
     @staticmethod
-    def _authorize(con: sqlite3.Connection, ctx: CommandContext, need: str) -> dict:
+    def authorize(con: sqlite3.Connection, ctx: CommandContext, need: str) -> dict:
+        """The page ``ctx`` names, if its actor may ``need`` it: ``read`` (a member),
+        ``page_write`` (owner or editor, not under ``protectEditing``: an AI write),
+        ``page_review`` (owner or editor: a suggestion, or a person's answer to one) or
+        ``artifact_write``. Raises PermissionDenied (one message for unknown and unreadable)."""
         if not ctx.actor_id:
             raise PermissionDenied(MSG_NO_ACTOR)
         row = con.execute(
@@ -344,27 +348,28 @@ class SQLitePageStore:
         if row is None:
             raise PermissionDenied(MSG_NO_READ)
         page = _page_from_row(row)
-        if need == "page_write":
+        if need in ("page_write", "page_review"):
             if row["role"] not in WRITER_ROLES:
                 raise PermissionDenied(MSG_NO_WRITE)
-            if page["pageOptions"]["protectEditing"]:
+            if need == "page_write" and page["pageOptions"]["protectEditing"]:
                 raise PermissionDenied(MSG_PROTECTED)
         elif need == "artifact_write" and row["role"] not in WRITER_ROLES:
             raise PermissionDenied(MSG_NO_ARTIFACT_WRITE)
         return page
 
     # ---- the write pipeline
-    def _write(self, ctx: CommandContext, command_name: str, need: str, args: dict,
-               plan: Plan) -> CommandResult:
-        """Authorize → (dryRun: plan only) → idempotency → apply → audit → idempotency record."""
-        with self._tx(write=not ctx.dry_run) as con:
-            page = self._authorize(con, ctx, need)
+    def write_command(self, ctx: CommandContext, command_name: str, need: str, args: dict,
+                      plan: Plan) -> CommandResult:
+        """One write command in one transaction (``plan``: see :data:`Plan`). Authorize →
+        (dryRun: plan only) → idempotency → apply → audit → idempotency record."""
+        with self.transaction(write=not ctx.dry_run) as con:
+            page = self.authorize(con, ctx, need)
             if ctx.dry_run:
                 diff, _, extra = plan(con, page, True)
                 return CommandResult({"dryRun": True, "diff": diff, **extra}, "dry_run")
             tool = ctx.tool_name or command_name
             key = ctx.idempotency_key
-            args_hash = hashlib.sha256(_canonical({
+            args_hash = hashlib.sha256(canonical_json({
                 "toolName": tool, "workspaceId": ctx.workspace_id, "documentId": ctx.document_id,
                 "args": args}).encode()).hexdigest()
             if key:
@@ -382,7 +387,7 @@ class SQLitePageStore:
                                          replayed=True)
             _, apply, _ = plan(con, page, False)
             result, revision, artifact_id = apply()
-            command_id, now = new_command_id(command_name), _now()
+            command_id, now = new_command_id(command_name), now_iso()
             con.execute(
                 "INSERT INTO audit_log VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (command_id, command_name, "write", ctx.actor_id, ctx.workspace_id, ctx.document_id,
@@ -391,28 +396,28 @@ class SQLitePageStore:
             if key:
                 con.execute("INSERT INTO idempotency VALUES (?,?,?,?,?,?,?)",
                             (ctx.actor_id, key, tool, args_hash,
-                             _canonical({"result": result, "commandId": command_id}),
+                             canonical_json({"result": result, "commandId": command_id}),
                              command_id, now))
             return CommandResult(result, "write", command_id)
 
     @staticmethod
-    def _check_base(page: dict, base_revision: int | None) -> None:
+    def check_base(page: dict, base_revision: int | None) -> None:
         if base_revision is not None and base_revision != page["revision"]:
             raise Conflict(MSG_CONFLICT)
 
     @staticmethod
-    def _bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
+    def bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
         revision = page["revision"] + 1
         sets = "".join(f"{col} = ?, " for col in columns)
         con.execute(f"UPDATE documents SET {sets}revision = ?, updated_at = ? WHERE id = ?",
-                    (*columns.values(), revision, _now(), page["documentId"]))
+                    (*columns.values(), revision, now_iso(), page["documentId"]))
         return revision
 
     # ---- tool commands (contract §4)
     def page_get(self, ctx: CommandContext) -> CommandResult:
         """contract §4 ``mnote.page.get``: any member may read; unknown page ≡ unreadable."""
-        with self._tx(write=False) as con:
-            page = self._authorize(con, ctx, "read")
+        with self.transaction(write=False) as con:
+            page = self.authorize(con, ctx, "read")
         page.pop("updatedAt")
         return CommandResult(page, "read")
 
@@ -426,7 +431,7 @@ class SQLitePageStore:
         id).
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
             old = page["blocks"]
             kept = {b["id"] for b in old} if mode == "append" else set()
             blocks = normalize_blocks(content, kept)
@@ -436,11 +441,11 @@ class SQLitePageStore:
             body = blocks if mode == "replace" else old + blocks
 
             def apply():
-                revision = self._bump(con, page, body=_canonical(body))
+                revision = self.bump(con, page, body=canonical_json(body))
                 return {"commandName": CMD_PAGE_SAVE, "revision": revision}, revision, None
             return [step], apply, {}
 
-        return self._write(ctx, CMD_PAGE_SAVE, "page_write",
+        return self.write_command(ctx, CMD_PAGE_SAVE, "page_write",
                            {"content": content, "mode": mode, "baseRevision": base_revision}, plan)
 
     def update_title(self, ctx: CommandContext, *, title: str,
@@ -450,14 +455,14 @@ class SQLitePageStore:
         Result {commandName, revision}; dryRun diff [{op: "set", field: "title"}].
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
 
             def apply():
-                revision = self._bump(con, page, title=title)
+                revision = self.bump(con, page, title=title)
                 return {"commandName": CMD_UPDATE_TITLE, "revision": revision}, revision, None
             return [{"op": "set", "field": "title"}], apply, {}
 
-        return self._write(ctx, CMD_UPDATE_TITLE, "page_write",
+        return self.write_command(ctx, CMD_UPDATE_TITLE, "page_write",
                            {"title": title, "baseRevision": base_revision}, plan)
 
     def update_options(self, ctx: CommandContext, *, options: dict[str, bool],
@@ -470,7 +475,7 @@ class SQLitePageStore:
         dryRun {dryRun, diff: [{op: "set", option, from, to}], warnings?}.
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
             unsupported = [k for k in options if OPTION_RUNTIME_SUPPORT.get(k) != "wired"]
             if unsupported and not dry:
                 named = ", ".join(unsupported)
@@ -487,11 +492,11 @@ class SQLitePageStore:
                 for k in unsupported]} if unsupported else {}
 
             def apply():
-                revision = self._bump(con, page, options=_canonical({**current, **wired}))
+                revision = self.bump(con, page, options=canonical_json({**current, **wired}))
                 return {"commandName": CMD_UPDATE_OPTIONS, "revision": revision}, revision, None
             return diff, apply, extra
 
-        return self._write(ctx, CMD_UPDATE_OPTIONS, "page_write",
+        return self.write_command(ctx, CMD_UPDATE_OPTIONS, "page_write",
                            {"options": options, "baseRevision": base_revision}, plan)
 
     def create_summary(self, ctx: CommandContext, *, summary: str) -> CommandResult:
@@ -515,7 +520,7 @@ class SQLitePageStore:
                     {"op": "confirm" if edge else "create", "edge": "reference"}]
 
             def apply():
-                now = _now()
+                now = now_iso()
                 if row:
                     artifact_id, revision = row["id"], row["revision"] + 1
                     con.execute("UPDATE artifacts SET content = ?, revision = ?, updated_at = ?"
@@ -531,7 +536,7 @@ class SQLitePageStore:
                         revision, artifact_id)
             return diff, apply, {}
 
-        return self._write(ctx, CMD_SUMMARY, "artifact_write", {"summary": summary}, plan)
+        return self.write_command(ctx, CMD_SUMMARY, "artifact_write", {"summary": summary}, plan)
 
     def create_ai_note(self, ctx: CommandContext, *, content: str) -> CommandResult:
         """contract §4 ``mnote.artifact.create_ai_note`` (command ``artifact.aiNote.create``).
@@ -542,7 +547,7 @@ class SQLitePageStore:
         """
         def plan(con, page, dry):
             def apply():
-                now = _now()
+                now = now_iso()
                 artifact_id = self._insert_artifact(con, ctx, "ai_note", content, now)
                 self._link(con, page["documentId"], artifact_id, now)
                 return ({"commandName": CMD_AI_NOTE, "artifactId": artifact_id,
@@ -552,7 +557,7 @@ class SQLitePageStore:
                      {"op": "create", "edge": "reference"}]
             return steps, apply, {}
 
-        return self._write(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
+        return self.write_command(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
 
     @staticmethod
     def _insert_artifact(con, ctx: CommandContext, kind: str, content: str, now: str) -> str:
@@ -571,10 +576,10 @@ class SQLitePageStore:
     def add_workspace(self, workspace_id: str, name: str | None = None) -> None:
         """Create a workspace (or rename it when ``name`` is given). Raises StoreInputError."""
         _check_id("workspace id", workspace_id)
-        with self._tx(write=True) as con:
+        with self.transaction(write=True) as con:
             con.execute("INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, ?)"
                         " ON CONFLICT (id) DO UPDATE SET name = coalesce(?, name)",
-                        (workspace_id, name or "", _now(), name))
+                        (workspace_id, name or "", now_iso(), name))
 
     def add_member(self, workspace_id: str, actor_id: str, role: str) -> None:
         """Add ``actor_id`` to the workspace or change its role (owner|editor|viewer)."""
@@ -582,7 +587,7 @@ class SQLitePageStore:
         _check_id("actor id", actor_id)
         if role not in ROLES:
             raise StoreInputError(f"invalid role {role!r}: must be one of {', '.join(ROLES)}")
-        with self._tx(write=True) as con:
+        with self.transaction(write=True) as con:
             self._require_workspace(con, workspace_id)
             con.execute("INSERT INTO members VALUES (?, ?, ?)"
                         " ON CONFLICT (workspace_id, actor_id) DO UPDATE SET role = excluded.role",
@@ -605,8 +610,8 @@ class SQLitePageStore:
             blocks = normalize_blocks(page.get("blocks", []))
         except BadToolInput as exc:
             raise StoreInputError(exc.message.replace("/args/content", "/blocks")) from None
-        options = _canonical({**DEFAULT_PAGE_OPTIONS, **page.get("pageOptions", {})})
-        with self._tx(write=True) as con:
+        options = canonical_json({**DEFAULT_PAGE_OPTIONS, **page.get("pageOptions", {})})
+        with self.transaction(write=True) as con:
             self._require_workspace(con, ws_id)
             row = con.execute("SELECT workspace_id, revision FROM documents WHERE id = ?",
                               (doc_id,)).fetchone()
@@ -618,8 +623,8 @@ class SQLitePageStore:
                         " ON CONFLICT (id) DO UPDATE SET"
                         " title = excluded.title, body = excluded.body, options = excluded.options,"
                         " revision = excluded.revision, updated_at = excluded.updated_at",
-                        (doc_id, ws_id, page["title"], _canonical(blocks), options, revision,
-                         _now()))
+                        (doc_id, ws_id, page["title"], canonical_json(blocks), options, revision,
+                         now_iso()))
         return {"documentId": doc_id, "workspaceId": ws_id, "revision": revision,
                 "created": row is None}
 
@@ -627,7 +632,7 @@ class SQLitePageStore:
         """{documentId, workspaceId, title, blocks, pageOptions, revision, updatedAt,
         artifacts: [{artifactId, kind, content, revision, createdAt, updatedAt}]}."""
         _check_id("document id", document_id)
-        with self._tx(write=False) as con:
+        with self.transaction(write=False) as con:
             row = con.execute("SELECT * FROM documents WHERE id = ?", (document_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"document {document_id!r} not found")
@@ -643,7 +648,7 @@ class SQLitePageStore:
         the retry window, docs/data-and-durability.md §Retention and cleanup); ``dry_run`` only
         counts them. Returns how many. A retry after its record is gone runs the command again."""
         cutoff = before.astimezone(UTC).isoformat(timespec="milliseconds")
-        with self._tx(write=not dry_run) as con:
+        with self.transaction(write=not dry_run) as con:
             if dry_run:
                 return con.execute("SELECT count(*) FROM idempotency WHERE created_at < ?",
                                    (cutoff,)).fetchone()[0]
@@ -664,7 +669,7 @@ class SQLitePageStore:
         cols = ", ".join(f"{col} AS {key}" for key, col in _AUDIT_COLUMNS.items())
         where, params = (" WHERE command_id = ?", (command_id,)) if command_id is not None \
             else ("", ())
-        with self._tx(write=False) as con:
+        with self.transaction(write=False) as con:
             rows = con.execute(f"SELECT {cols} FROM audit_log{where}"
                                " ORDER BY created_at, rowid", params)
             return [dict(r) for r in rows.fetchall()]
