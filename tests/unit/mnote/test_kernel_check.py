@@ -47,7 +47,8 @@ def test_the_reference_kernel_command_passes(db):
 
 @pytest.mark.parametrize("flaw, failed", [
     ("wrong_call_id", set(CASES) - {"credential_required"}),
-    ("no_command_id", {"write", "idempotent_replay", "idempotency_conflict"}),
+    ("no_command_id", {"write", "idempotent_replay", "idempotency_conflict", "block_atomic",
+                       "block_expect_hash", "block_revisions", "suggestion_life"}),
     ("dry_run_writes", {"dry_run"}),
     ("no_idempotency", {"idempotent_replay", "idempotency_conflict"}),
     ("conflict_replays", {"idempotency_conflict"}),
@@ -55,6 +56,9 @@ def test_the_reference_kernel_command_passes(db):
     ("accepts_unknown_option", {"unknown_option"}),
     ("accepts_malformed", {"malformed_envelope"}),
     ("answers_anyone", {"credential_required"}),
+    ("no_block_hash", {"block_atomic", "block_expect_hash", "block_revisions", "suggestion_life"}),
+    ("answers_twice", {"suggestion_life"}),
+    ("stale_batch_applies", {"block_atomic", "block_expect_hash", "block_revisions"}),
 ])
 def test_a_kernel_breaking_one_rule_fails_that_case(db, monkeypatch, flaw, failed):
     lines = []
