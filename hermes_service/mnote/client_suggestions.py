@@ -81,8 +81,12 @@ def _page(values) -> tuple[str, str]:
 def list_suggestions():
     """The page's open suggestions (any member of its workspace), newest first."""
     ws, doc = _page(request.args)
-    found = panel_call("mnote.suggestion.list", ws, doc, {})
-    return ok(suggestions=found.get("suggestions", []))
+    found = panel_call("mnote.suggestion.list", ws, doc, {}).get("suggestions")
+    if not (isinstance(found, list) and all(isinstance(s, dict) for s in found)):
+        # a kernel's answer is checked as an envelope, not per tool: this one is not a list
+        raise ServiceError("the page store's list of suggestions is not a list of objects",
+                           code="kernel_unavailable", status=503)
+    return ok(suggestions=found)
 
 
 def _decide(suggestion_id: str, verb: str):

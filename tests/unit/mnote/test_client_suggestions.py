@@ -142,3 +142,16 @@ def test_a_run_token_cannot_accept(panel):
     out = tool(c, binding, "mnote.suggestion.accept", {"suggestionId": sid}, "call_2")
     assert out["error"]["code"] == "mnote_tool_unknown_tool"
     assert texts(c, binding) == ["第一段"]
+
+
+def test_an_answer_retried_with_its_idempotency_key_is_the_first_answer(panel):
+    c, binding, _ = panel
+    sid = propose(c, binding, "改", "call_1")
+    headers = {**actor("user_1"), "Idempotency-Key": "accept-1"}
+    first = c.post(f"{P}/suggestions/{sid}/accept", json=PAGE, headers=headers)
+    again = c.post(f"{P}/suggestions/{sid}/accept", json=PAGE, headers=headers)
+    assert first.status_code == again.status_code == 200
+    assert again.headers.get("Idempotency-Replayed") == "true"
+    assert again.json["revision"] == first.json["revision"] == 2
+    res = c.post(f"{P}/suggestions/{sid}/accept", json=PAGE, headers=actor("user_1"))
+    assert res.status_code == 409
