@@ -347,3 +347,13 @@ def test_panel_tools_are_not_the_models(ex):
                      "idempotencyKey": "k", "dryRun": False, "capabilityScope": SCOPE,
                      "args": {"suggestionId": sid}}, TOOLS_BY_NAME)
     assert out["error"]["code"] == "mnote_tool_unknown_tool"
+
+
+def test_a_hash_copied_back_into_page_save_is_not_stored(ex, store):
+    blocks = page(ex)["blocks"]
+    out = call(ex, "mnote.page.save", {"mode": "replace", "content": [
+        {**blocks[0], "text": "改过", "hash": blocks[0]["hash"]}]})
+    assert out["ok"], out
+    assert store.export_page("doc_1")["blocks"] == [{"id": "b1", "type": "paragraph",
+                                                     "text": "改过"}]
+    assert page(ex)["blocks"][0]["hash"] == block_hash({"type": "paragraph", "text": "改过"})
