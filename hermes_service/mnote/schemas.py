@@ -73,7 +73,7 @@ def _op(name: str, required: list[str], **props) -> dict:
                      "properties": {"op": {"const": name}, **props}}}
 
 
-BLOCK_OP_SCHEMA = {
+BLOCK_OP_SCHEMA: dict = {
     "type": "object", "required": ["op"],
     "properties": {"op": {"enum": ["insert", "update", "delete", "move"]}},
     "description": "insert {after, block: {type, text}} | update {blockId, expectHash, "
@@ -90,6 +90,17 @@ BLOCK_OP_SCHEMA = {
     ],
 }
 _OPS = {"type": "array", "minItems": 1, "maxItems": MAX_OPS, "items": BLOCK_OP_SCHEMA}
+#: what the model sees of an op: one plain object (some providers take no ``if``/``then`` or
+#: combinators in a function's parameters; Hermes strips them for others); the input schema
+#: checks each op kind's own fields (:data:`BLOCK_OP_SCHEMA`)
+_MODEL_OPS = {"type": "array", "minItems": 1, "maxItems": MAX_OPS, "items": {
+    "type": "object", "required": ["op"], "additionalProperties": False,
+    "description": BLOCK_OP_SCHEMA["description"],
+    "properties": {"op": BLOCK_OP_SCHEMA["properties"]["op"], "blockId": _ID, "after": _AFTER,
+                   "expectHash": _HASH,
+                   "block": {"type": "object", "required": ["text"],
+                             "additionalProperties": False,
+                             "properties": {"type": _TYPE, "text": _TEXT}}}}}
 _REVISION = {"type": "integer", "minimum": 0}
 _REQUIRED_REVISION = {**_REVISION, "description": "Refuse (mnote_tool_conflict) if the page "
                                                   "changed at all since this revision."}
@@ -159,11 +170,11 @@ MODEL_PARAMETERS = {
         "content": {"type": "string", "minLength": 1},
     }, ["content"]),
     "mnote.block.batch": _params({
-        "ops": _OPS, "requiredRevision": _REQUIRED_REVISION,
+        "ops": _MODEL_OPS, "requiredRevision": _REQUIRED_REVISION,
         "baseRevision": _BASE_REVISION_MERGE,
     }, ["ops"]),
     "mnote.block.propose": _params({
-        "ops": _OPS, "requiredRevision": _REQUIRED_REVISION,
+        "ops": _MODEL_OPS, "requiredRevision": _REQUIRED_REVISION,
         "baseRevision": _BASE_REVISION_MERGE,
         "reason": {"type": "string", "minLength": 1, "maxLength": MAX_REASON, "pattern": r"\S",
                    "description": "Why, in a sentence, for the person who reviews it."},
@@ -197,6 +208,8 @@ TOOL_INPUT_SCHEMAS = {
 }
 for _tool in _REVISIONED:
     TOOL_INPUT_SCHEMAS[_tool].update(_ONE_REVISION)
+    TOOL_INPUT_SCHEMAS[_tool]["properties"] = {**TOOL_INPUT_SCHEMAS[_tool]["properties"],
+                                               "ops": _OPS}
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 
