@@ -77,7 +77,10 @@ def _page(values) -> tuple[str, str]:
                           required=True),
                     Param("documentId", "query", ID_SCHEMA, "the page", required=True)),
             replies={200: Reply("open suggestions, newest first", SUGGESTION_LIST)},
-            errors=_ERRORS)
+            errors=_ERRORS,
+            links={verb.capitalize(): (f"mnote_client.{verb}", {
+                "suggestion_id": "$response.body#/suggestions/0/suggestionId"})
+                for verb in ("accept", "reject")})
 def list_suggestions():
     """The page's open suggestions (any member of its workspace), newest first."""
     ws, doc = _page(request.args)
