@@ -181,7 +181,8 @@ def suggestion_created(tool: str | None, result: dict) -> str | None:
     if tool != "mnote.block.propose" or not result.get("ok") or \
             (result.get("audit") or {}).get("effect") != "write":
         return None
-    sid = (result.get("result") or {}).get("suggestionId")
+    stored = result.get("result")
+    sid = stored.get("suggestionId") if isinstance(stored, dict) else None
     return sid if is_id(sid) else None
 
 
