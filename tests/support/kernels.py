@@ -85,7 +85,9 @@ class BrokenKernel(ReferenceKernel):
     * ``no_block_hash`` — page.get's blocks come without their ``hash``;
     * ``answers_twice`` — a suggestion accepted or rejected already is answered ok again;
     * ``stale_batch_applies`` — a batch refused as a conflict is applied anyway, without its
-      ``expectHash`` checks (a partial, non-atomic kernel).
+      ``expectHash`` checks (a partial, non-atomic kernel);
+    * ``bad_suggestion_list`` — mnote.suggestion.list answers ``suggestions`` that are not a
+      list of objects.
     """
 
     def __init__(self, store_path, credential=None, flaw=None):
@@ -132,6 +134,8 @@ class BrokenKernel(ReferenceKernel):
         elif flaw == "no_block_hash" and out["ok"] and request.get("toolName") == "mnote.page.get":
             for block in out["result"].get("blocks", []):
                 block.pop("hash", None)
+        elif flaw == "bad_suggestion_list" and request.get("toolName") == "mnote.suggestion.list":
+            out["result"] = {"suggestions": [1, "x", None]}
         elif flaw == "answers_twice" and code == "mnote_tool_suggestion_closed":
             out = self._ok(request, {"status": "accepted"}, "write")
         elif flaw == "stale_batch_applies" and code == "mnote_tool_conflict" and \

@@ -155,3 +155,15 @@ def test_an_answer_retried_with_its_idempotency_key_is_the_first_answer(panel):
     assert again.json["revision"] == first.json["revision"] == 2
     res = c.post(f"{P}/suggestions/{sid}/accept", json=PAGE, headers=actor("user_1"))
     assert res.status_code == 409
+
+
+def test_a_kernels_list_that_is_not_one_is_503(app_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv(CRED_ENV, CRED)
+    with KernelServer(seed(tmp_path / "kernel.db"), credential=CRED,
+                      flaw="bad_suggestion_list") as server:
+        app = app_factory({"mnote": {"page_store": {"kind": "http", "url": server.url,
+                                                    "credential_env": CRED_ENV}}})
+        res = app.test_client().get(f"{P}/suggestions?workspaceId=ws_1&documentId=doc_1",
+                                    headers=actor("user_1"))
+    assert res.status_code == 503 and set(res.json) == ERROR_KEYS
+    assert res.json["code"] == "hermes_client_kernel_unavailable"
