@@ -78,6 +78,35 @@ def check_refs(blocks: list[dict], ops: list[dict], since: int | None) -> None:
         raise Conflict(stale_message(stale, since))
 
 
+def _index(body: list[dict], block_id: str) -> int:
+    return next(n for n, b in enumerate(body) if b["id"] == block_id)
+
+
+def _after(body: list[dict], after: str | None) -> int:
+    """Where a block put after ``after`` goes (null: the top)."""
+    return 0 if after is None else _index(body, after) + 1
+
+
+def _apply(body: list[dict], op: dict, new_id: Callable[[], str]) -> dict:
+    """Apply one checked op to ``body`` in place; its step ``{op, blockId, hash?, after?}``."""
+    kind, ref, after = op["op"], op.get("blockId", ""), op.get("after")
+    if kind == "insert":
+        block = {"id": new_id(), "type": op["block"]["type"], "text": op["block"]["text"]}
+        body.insert(_after(body, after), block)
+        return {"op": "insert", "blockId": block["id"], "after": after,
+                "hash": block_hash(block)}
+    n = _index(body, ref)
+    if kind == "update":
+        body[n] = {**body[n], "text": op["block"]["text"],
+                   **({"type": op["block"]["type"]} if "type" in op["block"] else {})}
+        return {"op": "update", "blockId": ref, "hash": block_hash(body[n])}
+    block = body.pop(n)
+    if kind == "delete":
+        return {"op": "delete", "blockId": ref}
+    body.insert(_after(body, after), block)
+    return {"op": "move", "blockId": ref, "after": after}
+
+
 def plan_ops(blocks: list[dict], ops: list[dict], *, since: int | None = None,
              new_id: Callable[[], str] = new_block_id) -> Planned:
     """Apply ``ops`` (already schema-checked) in order to a copy of ``blocks``.
@@ -94,46 +123,19 @@ def plan_ops(blocks: list[dict], ops: list[dict], *, since: int | None = None,
     deleted: dict[str, int] = {}
     touched: list[str] = []
     steps: list[dict] = []
-
-    def where(i: int, key: str, ref: str) -> None:
-        if ref in deleted:
-            raise BadToolInput(f"/args/ops/{i}/{key}: block {ref!r} was deleted by op "
-                               f"{deleted[ref]}")
-
-    def position(after: str | None) -> int:
-        return 0 if after is None else next(n for n, b in enumerate(body) if b["id"] == after) + 1
-
     for i, op in enumerate(ops):
-        kind, after = op["op"], op.get("after")
-        ref: str = op.get("blockId", "")
-        if ref:
-            where(i, "blockId", ref)
-        if after is not None:
-            where(i, "after", after)
-        if kind == "insert":
-            block = {"id": new_id(), "type": op["block"]["type"], "text": op["block"]["text"]}
-            body.insert(position(after), block)
-            ref = block["id"]
-            steps.append({"op": "insert", "blockId": ref, "after": after,
-                          "hash": block_hash(block)})
-        else:
-            n = next(n for n, b in enumerate(body) if b["id"] == ref)
-            if kind == "update":
-                body[n] = {**body[n], "text": op["block"]["text"],
-                           **({"type": op["block"]["type"]} if "type" in op["block"] else {})}
-                steps.append({"op": "update", "blockId": ref, "hash": block_hash(body[n])})
-            elif kind == "delete":
-                del body[n]
-                deleted[ref] = i
-                steps.append({"op": "delete", "blockId": ref})
-            else:
-                if after == ref:
-                    raise BadToolInput(f"/args/ops/{i}/after: a block cannot move after itself")
-                block = body.pop(n)
-                body.insert(position(after), block)
-                steps.append({"op": "move", "blockId": ref, "after": after})
-        if kind != "delete" and ref not in touched:
-            touched.append(ref)
+        for key in ("blockId", "after"):
+            if op.get(key) in deleted:
+                raise BadToolInput(f"/args/ops/{i}/{key}: block {op[key]!r} was deleted by op "
+                                   f"{deleted[op[key]]}")
+        if op["op"] == "move" and op.get("after") == op["blockId"]:
+            raise BadToolInput(f"/args/ops/{i}/after: a block cannot move after itself")
+        step = _apply(body, op, new_id)
+        steps.append(step)
+        if op["op"] == "delete":
+            deleted[step["blockId"]] = i
+        elif step["blockId"] not in touched:
+            touched.append(step["blockId"])
     if len(body) > max(MAX_PAGE_BLOCKS, len(blocks)):
         raise BadToolInput(f"/args/ops: the page would have {len(body)} blocks, more than "
                            f"{MAX_PAGE_BLOCKS}")

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from flask import request
 
-from .. import tokens
 from ..errors import ID_SCHEMA, BadRequest, ServiceError, check_id
-from ..web import Param, Reply, documented, json_body, services
+from ..web import tokens
+from ..web.helpers import Param, Reply, documented, json_body, services
 from .client import actor_id, bp, idempotent_client, ok, trace_id
 from .client_schemas import (
     COMMON,

@@ -45,7 +45,7 @@ from .block_store import (
     SuggestionClosed,
 )
 from .blocks import with_hashes
-from .kernel_wire import KERNEL_UNAVAILABLE
+from .kernel.wire import KERNEL_UNAVAILABLE
 from .page_store import (
     CMD_AI_NOTE,
     CMD_PAGE_SAVE,
