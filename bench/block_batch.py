@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from hermes_service.mnote.blocks import block_hash  # noqa: E402
-from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
+from hermes_service.mnote.page_sqlite import SQLitePageStore  # noqa: E402
 from hermes_service.mnote.tools import ToolExecutor  # noqa: E402
 
 SIZES = (100, 1000, 5000)

@@ -23,16 +23,9 @@ import json
 import secrets
 
 from .blocks import Planned, plan_ops
-from .page_store import (
-    MSG_CONFLICT,
-    CommandContext,
-    CommandResult,
-    Conflict,
-    SQLitePageStore,
-    ToolError,
-    canonical_json,
-    now_iso,
-)
+from .page_rows import canonical, utc_now
+from .page_sqlite import SQLitePageStore
+from .page_store import MSG_CONFLICT, CommandContext, CommandResult, Conflict, ToolError
 
 CMD_BLOCK_BATCH = "page.blocks.batch"
 CMD_PROPOSE = "page.suggestion.create"
@@ -111,7 +104,7 @@ class BlockCommands:
                                since=_since(page, required_revision, base_revision))
 
             def apply():
-                revision = self.store.bump(con, page, body=canonical_json(planned.blocks))
+                revision = self.store.bump(con, page, body=canonical(planned.blocks))
                 return ({"commandName": CMD_BLOCK_BATCH, "revision": revision,
                          "blocks": planned.touched, "ops": planned.steps}, revision, None)
             return _dry(planned), apply, {"revision": page["revision"]}
@@ -139,9 +132,9 @@ class BlockCommands:
                 sid = f"sug_{secrets.token_hex(8)}"
                 con.execute("INSERT INTO suggestions VALUES (?,?,?,?,?,?,?,?,?,?,'open',?,"
                             "NULL,NULL,NULL)",
-                            (sid, page["workspaceId"], page["documentId"], canonical_json(ops),
+                            (sid, page["workspaceId"], page["documentId"], canonical(ops),
                              reason, since, ctx.actor_id, ctx.session_id, ctx.run_id,
-                             ctx.tool_call_id, now_iso()))
+                             ctx.tool_call_id, utc_now()))
                 return ({"commandName": CMD_PROPOSE, "suggestionId": sid, "status": "open",
                          "baseRevision": since, "revision": page["revision"]},
                         page["revision"], None)
@@ -183,7 +176,7 @@ class BlockCommands:
                                since=row["base_revision"])
 
             def apply():
-                revision = self.store.bump(con, page, body=canonical_json(planned.blocks))
+                revision = self.store.bump(con, page, body=canonical(planned.blocks))
                 self._decide(con, suggestion_id, "accepted", ctx, revision)
                 return ({"commandName": CMD_ACCEPT, "suggestionId": suggestion_id,
                          "status": "accepted", "revision": revision, "blocks": planned.touched,
@@ -214,4 +207,4 @@ class BlockCommands:
                 revision: int | None) -> None:
         con.execute("UPDATE suggestions SET status = ?, decided_by = ?, decided_at = ?,"
                     " revision = ? WHERE id = ? AND status = 'open'",
-                    (status, ctx.actor_id, now_iso(), revision, suggestion_id))
+                    (status, ctx.actor_id, utc_now(), revision, suggestion_id))

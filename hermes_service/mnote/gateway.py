@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import is_id
-from .page_store import SQLitePageStore
+from .page_sqlite import SQLitePageStore
 from .tools import TOOLS_BY_NAME, Backend, ToolExecutor
 
 TOKEN_BYTES = 32

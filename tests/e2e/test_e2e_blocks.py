@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hermes_service.mnote.blocks import block_hash
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from support.fixtures import API_KEY, ROOT, ServiceProcess, base_config, deep_merge
 from support.kernels import seed
 from support.sse_client import read_all

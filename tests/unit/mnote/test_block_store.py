@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 
 from hermes_service.mnote.block_store import MAX_OPEN_SUGGESTIONS
 from hermes_service.mnote.blocks import block_hash
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.schemas import MAX_BLOCK_TEXT, MAX_OPS, OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.mnote.tools import TOOLS_BY_NAME, ToolExecutor
 

@@ -51,7 +51,7 @@ def test_a_terminal_event_releases_questions_nobody_answered():
     _, fc = r.ask_clarify("open question", None)
     assert r.status == "waiting_for_approval"
     r.emit("run.failed", code="x", error="y")
-    assert fa.result(0) == "deny" and fc.result(0) is None and not r.questions
+    assert fa.result(0) == "deny" and fc.result(0) is None and not r.questions.pending
 
 
 def test_each_answer_route_takes_only_its_own_kind_of_question():
