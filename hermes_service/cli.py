@@ -180,8 +180,11 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         retention.stop()
         killed = svc.shutdown()
         record.remove()
-        for point in svc.disk.release():      # the last process on the data dir unmounts
-            log.info("disk: unmounted %s", point)
+        try:      # the last process on the data dir unmounts the home images
+            for point in svc.disk.release():
+                log.info("disk: unmounted %s", point)
+        except Exception:  # the stop goes on; the next start uses them as they are
+            log.exception("disk: home images not unmounted")
         if demo_model is not None:
             demo_model.stop()
         if killed:

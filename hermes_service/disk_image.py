@@ -183,8 +183,12 @@ class Images:
     def _make(self, img: Path, mb: float) -> None:
         img.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = img.with_suffix(".new")
-        with open(tmp, "wb") as f:
-            f.truncate(int(mb * MIB))        # sparse: takes what its files take
+        tmp.unlink(missing_ok=True)          # (left by a process that died making it)
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, int(mb * MIB))  # sparse: takes what its files take
+        finally:
+            os.close(fd)
         try:
             _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E",
                  f"root_owner={os.geteuid()}:{os.getegid()},nodiscard", str(tmp))

@@ -185,3 +185,11 @@ def test_the_whole_image_full_is_507_even_when_no_walk_shows_it(monkeypatch, tmp
     with pytest.raises(RunError) as err:                   # (unlinked files held open)
         d.check_turn(home, tmp_path / "runs" / "u")
     assert err.value.code == "home_quota_exceeded"
+
+
+def test_health_says_degraded_200_when_auto_found_only_the_watcher(app_factory, monkeypatch):
+    monkeypatch.setattr(disk_btrfs, "quota_problem", lambda p: "not on btrfs")
+    monkeypatch.setattr(disk_image, "image_problem", lambda p: "not root")
+    res = app_factory({"hermes": {"sandbox": {"quota": "auto"}}}).test_client().get("/health")
+    assert res.status_code == 200 and res.json["status"] == "degraded", res.json
+    assert res.json["checks"]["quota"] != "ok" and res.json["checks"]["disk"] == "ok"
