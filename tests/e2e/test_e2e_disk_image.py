@@ -199,3 +199,24 @@ def test_a_home_at_its_quota_is_507_at_once_and_home_trim_is_the_way_out(
     assert panel_run(svc, "panel again") == (200, "run.completed")
     svc.stop()                             # the last process out unmounts
     wait_for(lambda: not os.path.ismount(home), "the home unmounted at the stop", 10)
+
+
+def test_two_service_processes_on_one_data_dir_never_unmount_under_each_other(
+        start_service, homes):
+    """A rolling restart: the old process stops while the new one serves the same homes; the
+    last one out unmounts (docs/sandbox.md §Home images)."""
+    # the CLI runner: no warm process keeps a home busy, so only the owner rule keeps it
+    old = start_service(config(homes, "cli"))
+    sid, home = first_turn(old, "roller")
+    (home / "kept.txt").write_text("mine")
+    new = start_service(config(homes, "cli"))
+    res = new.post(f"/api/v1/sessions/{sid}/messages", json={"message": "on the new one"})
+    assert res.status_code == 200, res.text
+    old.stop()
+    assert os.path.ismount(home) and (home / "kept.txt").read_text() == "mine"
+    res = new.post(f"/api/v1/sessions/{sid}/messages", json={"message": "still mounted"})
+    assert res.status_code == 200 and "still mounted" in res.json()["response"], res.text
+    assert "disk: unmounted" not in old.log()
+    new.stop()
+    wait_for(lambda: not os.path.ismount(home), "the home unmounted by the last one out", 10)
+    assert not (home / "kept.txt").exists()         # (its files are in the image, unmounted)
