@@ -75,6 +75,9 @@ RUN_FOLDER_MB = 16
 #: the qgroup of a home is refused a turn this close to its limit (MiB): Hermes must still
 #: be able to write its state.db
 QUOTA_HEADROOM_MB = 4
+#: a home that is a file system of its own with fewer free inodes than this is full
+#: (Hermes needs a few files for a turn's record)
+MIN_HOME_INODES = 64
 #: the layer of ``hermes.sandbox.quota`` when no kernel holds the quota
 WATCH = "watch"
 
@@ -233,7 +236,8 @@ class Disk:
 
     def check_turn(self, home_root: Path, run_dir: Path) -> Usage:
         """Before a turn: raise ``home_quota_exceeded`` (507) when the whole home is within
-        :data:`QUOTA_HEADROOM_MB` of ``max_home_mb`` (for an image: of its free space) or
+        :data:`QUOTA_HEADROOM_MB` of ``max_home_mb`` (for an image: of its free space, or
+        has fewer than :data:`MIN_HOME_INODES` free inodes) or
         its files within it of their cap (:attr:`files_cap_mb`: the watcher would end the
         turn at once), ``storage_full`` (507) when a file system is below the floor.
         Returns the home's :class:`Usage`."""
@@ -247,7 +251,8 @@ class Disk:
         if used.files_mb > self.files_cap_mb - QUOTA_HEADROOM_MB:
             raise home_quota_error(used.files_mb, self.files_cap_mb, "files")
         own = space(home_root) if os.path.ismount(home_root) else None
-        if own is not None and own.bytes < QUOTA_HEADROOM_MB * MIB:
+        if own is not None and (own.bytes < QUOTA_HEADROOM_MB * MIB or
+                                (own.inodes is not None and own.inodes < MIN_HOME_INODES)):
             raise home_quota_error(self.max_home_mb - own.bytes / MIB, self.max_home_mb)
         for label, path in self._filesystems():
             sp = space(path)

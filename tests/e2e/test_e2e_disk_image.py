@@ -220,3 +220,38 @@ def test_two_service_processes_on_one_data_dir_never_unmount_under_each_other(
     new.stop()
     wait_for(lambda: not os.path.ismount(home), "the home unmounted by the last one out", 10)
     assert not (home / "kept.txt").exists()         # (its files are in the image, unmounted)
+
+
+#: fills the home with 4 KiB files until the kernel refuses (its inodes or its blocks)
+SMALL = r"""
+import errno, os
+os.makedirs("small", exist_ok=True)
+i, err = 0, "none"
+try:
+    while i < 200000:
+        with open(f"small/{i}", "wb") as f:
+            f.write(b"\1" * 4096)
+        i += 1
+except OSError as e:
+    err = errno.errorcode.get(e.errno, str(e.errno))
+print(f"CHECK small={i} err={err}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("runner", ["acp", "cli"])
+def test_an_agent_that_fills_its_image_gets_507_never_a_502(start_service, homes, runner):
+    """Hermes cannot write its record in a home its agent filled to the last block or inode:
+    the turn answers 507 home_quota_exceeded (or 200 if Hermes still could), never 502."""
+    svc = start_service(config(homes, runner))
+    sid, home = first_turn(svc, "smallfiles")
+    (home / "small.py").write_text(SMALL)
+    res = svc.post(f"/api/v1/sessions/{sid}/messages", timeout=300,
+                   json={"message": terminal("python3 small.py")})
+    assert res.status_code in (200, 507), res.text[-800:]
+    if res.status_code == 507:
+        assert res.json()["code"] == "home_quota_exceeded", res.text
+    assert image_mb(homes, "smallfiles") <= QUOTA_MB
+    st = os.statvfs(home)
+    if st.f_bavail * st.f_frsize < 4 * MIB or st.f_favail < 64:
+        again = svc.post(f"/api/v1/sessions/{sid}/messages", json={"message": "full?"})
+        assert (again.status_code, again.json()["code"]) == (507, "home_quota_exceeded")
