@@ -3,7 +3,8 @@
 bench/disk_overshoot.py."""
 
 #: argv[1]: rates (MiB/s, comma-separated). At each rate it writes 8 MiB unlinked files,
-#: each parked in a socket's queue once full (in no /proc/<pid>/fd: no walk sees it), until
+#: each parked in a socket's queue once full (in no /proc/<pid>/fd: no walk sees it), and
+#: each time takes the oldest parked one out for one short write and parks it again, until
 #: the kernel refuses; then it drops them all. Then two unlinked 16 MiB files held only by
 #: mmap, written through the mapping (a full file system: SIGBUS).
 PARK = r"""
@@ -11,15 +12,31 @@ import errno, mmap, os, signal, socket, sys, time
 MIB = 1 << 20
 buf = b"\xa5" * MIB
 
+def parked(fd):
+    a, b = socket.socketpair()
+    socket.send_fds(a, [b"x"], [fd])
+    return a, b
+
 def park(rate):
     held, fd, wrote, err, t0 = [], None, 0, "none", time.monotonic()
     while wrote < 400:
         if fd is None or wrote % 8 == 0:
             if fd is not None:
-                a, b = socket.socketpair()
-                socket.send_fds(a, [b"x"], [fd])
+                held.append(parked(fd))
                 os.close(fd)
-                held.append((a, b))
+                fd = None
+            if len(held) > 1:                      # the oldest out, one short write, back
+                a, b = held.pop(0)
+                _, fds, _, _ = socket.recv_fds(b, 1, 1)
+                a.close(); b.close()
+                try:
+                    os.write(fds[0], b"\1" * 4096)
+                except OSError as e:
+                    err = errno.errorcode.get(e.errno, str(e.errno))
+                held.append(parked(fds[0]))
+                os.close(fds[0])
+                if err != "none":
+                    break
             fd = os.open("p", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
             os.unlink("p")
         try:
@@ -31,7 +48,8 @@ def park(rate):
         lag = t0 + wrote / rate - time.monotonic()
         if lag > 0:
             time.sleep(lag)
-    os.close(fd)
+    if fd is not None:
+        os.close(fd)
     for a, b in held:
         a.close(); b.close()
     return wrote, err
