@@ -305,7 +305,8 @@ class Disk:
         try:
             if run_folder:
                 self.images.ensure_run_folder(path)
-            elif not self.images.ensure_home(path, self.max_home_mb, mode):
+            elif path not in self.images.plain and \
+                    not self.images.ensure_home(path, self.max_home_mb, mode):
                 log.warning("disk: %s holds files made before its image: a plain folder, "
                             "watched (docs/sandbox.md §Home images)", path)
         except (disk_image.ImageFailed, OSError) as exc:

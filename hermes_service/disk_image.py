@@ -126,6 +126,8 @@ class Images:
         self.lock = FileLock(str(Path(locks) / "home-images.lock"), timeout=TIMEOUT * 2)
         #: mounts this process made or found (the fast path: one ``ismount`` each)
         self.mounted: set[Path] = set()
+        #: homes made before as plain folders with files (this process leaves them so)
+        self.plain: set[Path] = set()
 
     def image(self, home: Path) -> Path:
         """The image of ``home`` (``<homes>/users/<id>`` or ``<homes>/system-home``)."""
@@ -143,6 +145,8 @@ class Images:
         home = Path(home)
         if home in self.mounted and os.path.ismount(home):
             return True
+        if home in self.plain:
+            return False
         with self.lock:
             self._register()
             if os.path.ismount(home):
@@ -151,6 +155,7 @@ class Images:
             img = self.image(home)
             if not img.exists():
                 if home.is_dir() and os.listdir(home):
+                    self.plain.add(home)
                     return False
                 self._make(img, mb)
             else:
