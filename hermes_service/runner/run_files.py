@@ -29,7 +29,7 @@ class RunFiles:
         self.root = Path(root)
         #: ``fn(path)`` called before a user's folder is used (the disk's: a new one made a
         #: btrfs subvolume with its quota, or a small tmpfs mounted:
-        #: :meth:`hermes_service.disk.Disk.make_folder`), or None
+        #: :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
         self.make_folder: Callable[[Path], None] | None = None
 
     def _open(self, user_id: str) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hermes_service import sandbox
-from hermes_service.disk_image import image_problem, mount_options
+from hermes_service.disk.image import image_problem, mount_options
 from support.disk_writers import PARK
 from support.fixtures import API_KEY, ROOT, wait_for
 from support.sse_client import read_all
