@@ -197,3 +197,19 @@ def test_health_says_degraded_200_when_auto_found_only_the_watcher(app_factory, 
     res = app_factory({"hermes": {"sandbox": {"quota": "auto"}}}).test_client().get("/health")
     assert res.status_code == 200 and res.json["status"] == "degraded", res.json
     assert res.json["checks"]["quota"] != "ok" and res.json["checks"]["disk"] == "ok"
+
+
+def test_files_at_their_cap_are_refused_where_the_watcher_holds_them_not_on_btrfs(
+        monkeypatch, tmp_path):
+    home, run = tmp_path / "users" / "u", tmp_path / "runs" / "u"
+    home.mkdir(parents=True)
+    with open(home / "files.bin", "wb") as f:
+        f.write(b"\1" * 27 * MIB)                         # the cap of 32: 28
+    watched = Disk(Settings(quota="watch", max_home_mb=32, min_free_mb=0), tmp_path, tmp_path)
+    with pytest.raises(RunError) as err:
+        watched.check_turn(home, run)
+    assert err.value.code == "home_quota_exceeded"
+    monkeypatch.setattr(disk_btrfs, "quota_problem", lambda p: None)
+    monkeypatch.setattr(disk_btrfs, "set_home_limits", lambda *a: None)
+    on_btrfs = Disk(Settings(quota="btrfs", max_home_mb=32, min_free_mb=0), tmp_path, tmp_path)
+    assert on_btrfs.check_turn(home, run).files_mb >= 27   # Hermes's room is the kernel's
