@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.disk.image import image_problem, mount_options
 from support.disk_writers import PARK
 from support.fixtures import API_KEY, ROOT, wait_for
@@ -29,8 +28,7 @@ from support.sse_client import read_all
 
 NO_IMAGES = image_problem(Path("/var/tmp"))
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}"),
+              pytest.mark.sandbox,
               pytest.mark.skipif(NO_IMAGES is not None,
                                  reason=f"no loop-mounted home images here: {NO_IMAGES}")]
 
