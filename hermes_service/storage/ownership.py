@@ -190,8 +190,20 @@ class Ownership:
             except Exception:       # the keeper must outlive any one failure
                 log.exception("the lease keeper failed a round")
 
+    def heartbeat(self) -> None:
+        """Say this node is alive (``nodes.seen_at``: records in progress here stay live)."""
+        with self.engine.transaction() as conn:
+            conn.execute("INSERT INTO nodes (name, seen_at) VALUES (%s, clock_timestamp()) "
+                         "ON CONFLICT (name) DO UPDATE SET seen_at = EXCLUDED.seen_at",
+                         (self.leases.holder,))
+
     def keep_once(self) -> None:
-        """One round: release idle leases, renew the others (a refused renewal: lost)."""
+        """One round: the heartbeat, release idle leases, renew the others (a refused
+        renewal: lost)."""
+        try:
+            self.heartbeat()
+        except StorageUnavailable:
+            pass
         now = time.monotonic()
         with self._guard:
             items = list(self._held.items())

@@ -9,6 +9,7 @@ it) is refused: :class:`SchemaTooNew`, the node does not start.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 from importlib import resources
@@ -26,10 +27,18 @@ class SchemaTooNew(Exception):
     """The database holds migrations this node does not know: run the newer version."""
 
 
+#: migrations a module of this package declares as a list of statements (``SCHEMA``): number
+#: -> (name, module); the home snapshots' tables (:mod:`.snapshot_schema`)
+MODULE_MIGRATIONS = {2: ("0002_home_snapshots", "snapshot_schema")}
+
+
 def migrations() -> list[tuple[int, str, str]]:
-    """``(number, file name, SQL)`` of every schema file shipped, in order. ValueError if two
-    share a number."""
+    """``(number, name, SQL)`` of every schema file shipped and every
+    :data:`MODULE_MIGRATIONS`, in order. ValueError if two share a number."""
     found: dict[int, tuple[str, str]] = {}
+    for number, (name, module) in MODULE_MIGRATIONS.items():
+        statements = importlib.import_module(f"{__package__}.{module}").SCHEMA
+        found[number] = (name, ";\n".join(statements))
     for entry in resources.files(__package__).joinpath("schema").iterdir():
         match = _NAME.match(entry.name)
         if not match:

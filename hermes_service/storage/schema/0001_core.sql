@@ -17,3 +17,39 @@ CREATE TABLE sessions (
     record      jsonb NOT NULL
 );
 CREATE INDEX sessions_by_user ON sessions (user_id, created_at);
+
+-- Finished runs of the panel (their meta record and every event, the terminal one last), so
+-- GET /api/hermes/client/events/{runId} replays on any node.
+CREATE TABLE runs (
+    run_id      text PRIMARY KEY,
+    user_id     text NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    meta        jsonb NOT NULL,
+    events      jsonb NOT NULL
+);
+CREATE INDEX runs_finished ON runs (finished_at);
+
+-- Idempotency-Key records (hermes_service/idempotency.py's table, shared by every node).
+CREATE TABLE idempotency (
+    scope       text NOT NULL,
+    idem_key    text NOT NULL,
+    fingerprint text NOT NULL,
+    state       text NOT NULL,
+    owner       text,
+    status      integer,
+    content_type text,
+    body        bytea,
+    api_key     text NOT NULL DEFAULT '-',
+    created_at  double precision NOT NULL,
+    expires_at  double precision NOT NULL,
+    PRIMARY KEY (scope, idem_key)
+);
+CREATE INDEX idempotency_expires ON idempotency (expires_at);
+CREATE INDEX idempotency_api_key ON idempotency (api_key, created_at);
+
+-- The nodes alive: each writes seen_at every third of a lease TTL (an Idempotency-Key record
+-- in progress on a node not seen for two TTLs is taken over).
+CREATE TABLE nodes (
+    name        text PRIMARY KEY,
+    seen_at     timestamptz NOT NULL
+);
