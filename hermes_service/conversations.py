@@ -16,6 +16,7 @@ import logging
 import threading
 import uuid
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
@@ -25,6 +26,10 @@ from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, chec
 from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
 from .user_homes import UserHome, UserHomes
+
+if TYPE_CHECKING:       # storage.url only (psycopg)
+    from .storage.node import SharedNode
+    from .storage.sessions import PgSessionStore
 
 log = logging.getLogger("hermes_service.conversations")
 
@@ -50,8 +55,8 @@ class _Timed:
 class Conversations:
     """Create, list, delete sessions and run turns on them."""
 
-    def __init__(self, config: Config, store: SessionStore, homes: UserHomes,
-                 processes: Processes, runners: RunnerChoice, shared=None):
+    def __init__(self, config: Config, store: SessionStore | PgSessionStore, homes: UserHomes,
+                 processes: Processes, runners: RunnerChoice, shared: SharedNode | None = None):
         self.store = store
         #: the shared storage of several nodes (:class:`~hermes_service.storage.node.SharedNode`)
         #: or None (a single node): then a turn holds the user's lease and ends by committing

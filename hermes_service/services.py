@@ -35,6 +35,7 @@ from .user_homes import HERMES_SITE, UserHomes
 if TYPE_CHECKING:      # imported when storage.url is set only (psycopg)
     from .storage.idempotency import PgIdempotencyStore
     from .storage.node import SharedNode
+    from .storage.sessions import PgSessionStore
 
 #: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
 #: node; alone, the restarted service is usually back within a drain.
@@ -46,7 +47,7 @@ class Services:
     """The service objects shared by the blueprints (one set per app)."""
     config: Config
     guard: Guard
-    store: SessionStore
+    store: SessionStore | PgSessionStore
     homes: UserHomes
     processes: Processes               # every Hermes process: slots, groups, the launcher
     runner: CliRunner               # the CLI runner (runners.cli)

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .. import instance, logs
 from ..errors import Conflict, NotFound, ServiceError, StorageFull, TooManyRuns, storage_full
@@ -22,6 +23,9 @@ from .foreign_run import ForeignRun, LogPoller
 from .run import Run
 from .run_log import LogState, RunLogs, valid_run_id
 from .streams import ClientWatch, Subscription
+
+if TYPE_CHECKING:       # storage.url only (psycopg)
+    from ..storage.runs import RunArchive
 
 log = logging.getLogger("hermes_service.runs")
 
@@ -62,7 +66,7 @@ class RunManager:
         self.streams_per_actor: int | None = None
         #: finished runs in the shared storage of several nodes
         #: (:class:`~hermes_service.storage.runs.RunArchive`), or None (a single node)
-        self.archive = None
+        self.archive: RunArchive | None = None
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
         """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how
@@ -155,6 +159,7 @@ class RunManager:
         when it ends. A failure (the database unreachable) is logged: the run stays
         replayable on this node from its file, and the turn it ran was committed already."""
         archive = self.archive
+        assert archive is not None
 
         def store(run: Run, terminal: dict) -> None:
             try:

@@ -64,8 +64,9 @@ class PgIdempotencyStore:
             if inserted:
                 self._bound(conn, api_key)
                 return None
-            fp_old, state, owner, status, ctype, body, expires = conn.execute(
-                _SELECT, (scope, key)).fetchone()
+            row = conn.execute(_SELECT, (scope, key)).fetchone()
+            assert row is not None                   # inserted, or there already (locked)
+            fp_old, state, owner, status, ctype, body, expires = row
             live = state == "running" and self._alive(conn, owner)
             if expires <= now and not live:
                 conn.execute("UPDATE idempotency SET fingerprint = %s, state = 'running', "
@@ -87,8 +88,9 @@ class PgIdempotencyStore:
             return None
 
     def _bound(self, conn, api_key: str) -> None:
-        held = conn.execute("SELECT count(*) FROM idempotency WHERE api_key = %s",
-                            (api_key,)).fetchone()[0]
+        row = conn.execute("SELECT count(*) FROM idempotency WHERE api_key = %s",
+                           (api_key,)).fetchone()
+        held = int(row[0]) if row else 0
         if held > self.max_records:
             conn.execute("DELETE FROM idempotency WHERE ctid IN (SELECT ctid FROM idempotency "
                          "WHERE api_key = %s AND state = 'done' ORDER BY created_at LIMIT %s)",
@@ -125,10 +127,11 @@ class PgIdempotencyStore:
             if dry_run:
                 row = conn.execute("SELECT count(*) FROM idempotency WHERE expires_at <= %s "
                                    "AND state = 'done'", (self.clock(),)).fetchone()
-                return int(row[0])
+                return int(row[0]) if row else 0
             return conn.execute("DELETE FROM idempotency WHERE expires_at <= %s AND "
                                 "state = 'done'", (self.clock(),)).rowcount
 
     def count(self) -> int:
         with self.engine.transaction() as conn:
-            return int(conn.execute("SELECT count(*) FROM idempotency").fetchone()[0])
+            row = conn.execute("SELECT count(*) FROM idempotency").fetchone()
+        return int(row[0]) if row else 0
