@@ -316,6 +316,9 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         idempotency=idempotency_store(config, shared),
         service_url=service_url, shared=shared)
     sandbox.serve_back(service_url)     # an isolated sandbox's way back to us
+    if shared is not None:              # the home chunks no snapshot names any more
+        from .extensions import RetentionStep
+        services.retention_steps.append(RetentionStep(("home chunks",), shared.collect))
     # gauges read at scrape time (docs/operations.md §Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:

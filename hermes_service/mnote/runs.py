@@ -97,7 +97,10 @@ class RunManager:
         """Delete the run files of runs that ended more than ``events_retention_seconds``
         ago, and close runs of dead processes (:meth:`RunLogs.sweep`); the retention pass and
         ``main.py gc``. Returns how many files were (would be) deleted."""
-        return self.logs.sweep(self.retention, dry_run=dry_run) if self.logs else 0
+        n = self.logs.sweep(self.retention, dry_run=dry_run) if self.logs else 0
+        if self.archive is not None and not dry_run:    # and their rows in the shared storage
+            n += self.archive.prune(self.retention)
+        return n
 
     def close_dead(self) -> int:
         """Close every run of a dead process on the data dir (at start). Returns how many."""

@@ -32,7 +32,7 @@ from .leases import Lease, LeaseLost, Leases
 from .ownership import Ownership
 from .runs import RunArchive
 from .sessions import PgSessionStore
-from .snapshots import HomeSnapshots
+from .snapshots import HomeSnapshots, collect_garbage
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,16 @@ class SharedNode:
         """A turn of ``user_id``'s was not committed: stop the user's processes and let the
         lease go, so the next request (here or elsewhere) restores the last committed home."""
         self.ownership.drop(user_id)
+
+    def collect(self, svc, report, *, now, dry_run, in_service) -> None:
+        """The retention pass's step (:class:`~hermes_service.extensions.RetentionStep`): the
+        home chunks no manifest names (not in a dry run: they are counted only by deleting)."""
+        if dry_run:
+            return
+        with self.engine.transaction() as conn:
+            n = collect_garbage(conn)
+        report.removed("home chunks", f"{n} home snapshot chunk(s) no manifest names"
+                       if n else None, n)
 
     def close(self) -> None:
         """A clean stop: release every lease (another node may take those users at once)."""
