@@ -299,6 +299,10 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     processes.families = {f.name: f for f in installed.route_families(config)}
     service_url = service_url or default_service_url(config)
     shared = shared_node(config, homes, processes, service_url)
+    if shared is not None:              # the daily budget counts every node's requests
+        from .storage.usage import PgUsageStore
+        proxy.usage.close()
+        proxy.usage = PgUsageStore(shared.engine)
     store = SessionStore(data_dir) if shared is None else shared.sessions
     families = acp_families(processes.families.values())
     def process_env(user_id: str):

@@ -53,3 +53,15 @@ CREATE TABLE nodes (
     name        text PRIMARY KEY,
     seen_at     timestamptz NOT NULL
 );
+
+-- Model usage per user and UTC day (hermes_service/model_usage.py's table): the daily token
+-- budget (hermes.limits.daily_tokens) counts every node's requests.
+CREATE TABLE model_usage (
+    user_id            text NOT NULL,
+    day                text NOT NULL,
+    requests           bigint NOT NULL DEFAULT 0,
+    prompt_tokens      bigint NOT NULL DEFAULT 0,
+    completion_tokens  bigint NOT NULL DEFAULT 0,
+    estimated_requests bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (user_id, day)
+);
