@@ -7,8 +7,10 @@ A row ``leases(user_id, holder, epoch, expires_at)`` says which node (``holder``
 
 * :meth:`Leases.take` — a node that does not hold a user's lease takes it: at once when it is
   free, expired, or last held under this node's own name (a previous life of this node);
-  otherwise it waits the old holder's lease out (never longer than ``wait`` seconds: then
-  :class:`LeaseBusy`). Every take raises the epoch by one.
+  otherwise it asks for it (``wanted_at``: the holder hands an idle user over within a third
+  of a TTL, :meth:`~.ownership.Ownership.keep_once`) and waits the old holder's lease out
+  (never longer than ``wait`` seconds: then :class:`LeaseBusy`). Every take raises the epoch
+  by one.
 * :meth:`Leases.fence` — inside a write transaction of that user: the lease must still be this
   node's, with the epoch it took, and unexpired; it is extended by one TTL and its row stays
   locked until the transaction ends (a taker's update waits behind it, and then finds it
@@ -64,13 +66,18 @@ _TAKE = """
 INSERT INTO leases AS l (user_id, holder, epoch, expires_at)
 VALUES (%(user)s, %(holder)s, 1, clock_timestamp() + %(ttl)s * interval '1 second')
 ON CONFLICT (user_id) DO UPDATE
-   SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at
+   SET holder = EXCLUDED.holder, epoch = l.epoch + 1, expires_at = EXCLUDED.expires_at,
+       wanted_at = NULL
  WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder
 RETURNING epoch
 """
 _LEFT = """
-SELECT GREATEST(EXTRACT(EPOCH FROM expires_at - clock_timestamp()), 0)::float8
-  FROM leases WHERE user_id = %(user)s
+UPDATE leases SET wanted_at = clock_timestamp() WHERE user_id = %(user)s
+RETURNING GREATEST(EXTRACT(EPOCH FROM expires_at - clock_timestamp()), 0)::float8
+"""
+_WANTED = """
+SELECT user_id, epoch FROM leases
+ WHERE holder = %(holder)s AND wanted_at IS NOT NULL AND expires_at > clock_timestamp()
 """
 _FENCE = """
 UPDATE leases SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
@@ -79,7 +86,7 @@ UPDATE leases SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
 RETURNING epoch
 """
 _RELEASE = """
-UPDATE leases SET expires_at = clock_timestamp()
+UPDATE leases SET expires_at = clock_timestamp(), wanted_at = NULL
  WHERE user_id = %(user)s AND holder = %(holder)s AND epoch = %(epoch)s
 """
 
@@ -133,6 +140,12 @@ class Leases:
         """End ``lease`` now (if still this node's); another node may take it at once."""
         with self.engine.transaction() as conn:
             conn.execute(_RELEASE, self._args(lease.user_id, lease.epoch))
+
+    def wanted(self) -> dict[str, int]:
+        """``{user_id: epoch}`` of this node's leases another node asked for (a user the
+        proxy now routes elsewhere: a node added, or this one thought down)."""
+        with self.engine.transaction() as conn:
+            return {u: int(e) for u, e in conn.execute(_WANTED, self._args(""))}
 
     def holder_of(self, user_id: str) -> tuple[str, int, float] | None:
         """``(holder, epoch, seconds left)`` of ``user_id``'s lease (0 left: expired), or None

@@ -7,7 +7,9 @@ this node does not hold is taken (:meth:`~.leases.Leases.take`, waiting out anot
 TTL at most), then ``on_take(conn, user_id)`` restores the user's home from the latest
 snapshot, in a fenced transaction — before the request is served. While a request of the
 user runs (:meth:`using`) the lease is never released; a background thread renews every held
-lease each third of a TTL and releases those unused for ``idle_release_seconds``. A lease
+lease each third of a TTL, releases those unused for ``idle_release_seconds``, and hands over
+at once an idle user another node asked for (the proxy sends the user there now: a node was
+added, or this one was thought down). A lease
 found lost (renewal refused, or :class:`~.leases.LeaseLost` from a write) is dropped and
 ``on_lost(user_id)`` stops the user's Hermes processes on this node (warm ones included).
 
@@ -202,9 +204,19 @@ class Ownership:
         renewal: lost)."""
         try:
             self.heartbeat()
+            wanted = self.leases.wanted()
         except StorageUnavailable:
-            pass
+            wanted = {}
         now = time.monotonic()
+        for user_id, epoch in wanted.items():     # another node asked: hand idle users over
+            with self._guard:
+                held = self._held.get(user_id)
+                if held is None or held.lease.epoch != epoch or held.in_use:
+                    continue
+                del self._held[user_id]
+            self._stop_user(user_id)
+            self._release_quietly(held.lease)
+            log.info("lease of user %s handed over (another node asked for it)", user_id)
         with self._guard:
             items = list(self._held.items())
         for user_id, held in items:

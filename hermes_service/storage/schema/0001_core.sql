@@ -2,11 +2,13 @@
 
 -- One owner per user: the node holding the lease (holder), until expires_at (the database's
 -- clock), under an epoch raised at every take; every write of a user checks it (the fence).
+-- wanted_at: another node asked for the user (the holder hands it over when idle).
 CREATE TABLE leases (
     user_id     text PRIMARY KEY,
     holder      text NOT NULL,
     epoch       bigint NOT NULL,
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    wanted_at   timestamptz
 );
 
 -- The session registry (SessionStore's records), one row per session.

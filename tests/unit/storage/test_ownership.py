@@ -4,12 +4,13 @@ processes and refuses the write."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from hermes_service.storage import schema
 from hermes_service.storage.engine import Engine, password_from
-from hermes_service.storage.leases import LeaseLost, Leases
+from hermes_service.storage.leases import LeaseBusy, LeaseLost, Leases
 from hermes_service.storage.ownership import Ownership
 from support.postgres import PASSWORD_ENV
 
@@ -76,3 +77,30 @@ def test_a_failed_restore_leaves_the_lease_free(eng):
         own.lease("erin")
     assert own.held() == {}
     assert node(eng, "b")[0].lease("erin").epoch == 2   # released, not left to expire
+
+
+def test_an_idle_user_another_node_asks_for_is_handed_over(eng):
+    a, a_events = node(eng, "a", ttl=30)
+    b, _ = node(eng, "b", ttl=30)
+    a.lease("fay")
+    with a.using("gus"):
+        taken = []
+        t = threading.Thread(target=lambda: taken.append(b.lease("fay")))
+        t.start()
+        refused = []
+
+        def ask_for_gus():
+            try:
+                b.leases.take("gus", wait=1.5)
+            except LeaseBusy as exc:
+                refused.append(exc)
+        busy = threading.Thread(target=ask_for_gus)
+        busy.start()
+        deadline = time.monotonic() + 10
+        while b.leases.holder_of("fay")[0] != "b" and time.monotonic() < deadline:
+            a.keep_once()                           # a's keeper round: fay is idle, asked for
+            time.sleep(0.2)
+        t.join(10)
+        busy.join(10)
+    assert taken and taken[0].epoch == 2                 # fay moved long before a's 30 s TTL
+    assert ("lost", "fay") in a_events and "gus" in a.held() and refused   # gus in use: kept
