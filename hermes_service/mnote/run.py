@@ -71,6 +71,9 @@ class Run(RunQuestions):
     event_bytes: int = 0            # the size of its events so far (event_bounds.RUN_EVENT_BYTES)
     overflow: bool = False          # an event did not fit: the run fails run_limit_exceeded
     foreign = False                 # owned by this process (ForeignRun: by another)
+    #: ``fn(run, terminal_payload)`` storing the finished run where every node reads it
+    #: (shared storage: :meth:`RunManager.archived`), before its terminal event is seen
+    archive: Callable[[Run, dict], None] | None = field(default=None, repr=False)
 
     def emit(self, event: str, **fields) -> int:
         """Append an event; returns its sequence number (1-based). Ignored after a terminal event.
@@ -88,6 +91,8 @@ class Run(RunQuestions):
             self.event_bytes += event_bounds.size(payload)
             if self.writer is not None:     # durable first; the terminal event fsynced
                 self._log(payload, durable=event in TERMINAL)
+            if terminal and self.archive is not None:
+                self.archive(self, payload)
             self.events.append(payload)
             if event in TERMINAL:
                 self.status = {"run.completed": "completed", "run.failed": "failed",

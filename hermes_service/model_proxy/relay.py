@@ -18,7 +18,7 @@ from typing import Protocol
 
 from .. import metrics
 from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
-from ..model_usage import UsageReader, UsageStore
+from ..model_usage import UsageReader
 from . import limits
 from .body_check import BodyChecker
 from .upstream import Connections, Upstream
@@ -38,10 +38,18 @@ def openai_error(message: str, etype: str, code: str) -> bytes:
                                  "code": code}}).encode()
 
 
+class Usage(Protocol):
+    """Where usage is counted: :class:`~hermes_service.model_usage.UsageStore`, or the
+    shared storage's (:class:`~hermes_service.storage.usage.PgUsageStore`)."""
+    def add(self, user_id: str, prompt_tokens: int, completion_tokens: int,
+            day: str | None = None, estimated: bool = False) -> None: ...
+
+
 class Endpoint(Protocol):
     """What a request handler needs of the pass-through (:class:`~.proxy.ModelProxy`)."""
     policy: Policy
-    usage: UsageStore
+    @property
+    def usage(self) -> Usage: ...
     connections: Connections
     bodies: BodyChecker
 
