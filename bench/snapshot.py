@@ -119,7 +119,7 @@ def main() -> None:
 
             def save(snaps: HomeSnapshots):
                 t = time.perf_counter()
-                info = snaps.save(conn, user, home)     # noqa: B023 (this size's home)
+                info = snaps.save(conn, user, home)
                 conn.commit()
                 return time.perf_counter() - t, info
 
