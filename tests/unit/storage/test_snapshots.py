@@ -392,3 +392,28 @@ def test_a_damaged_database_is_left_out_but_a_damaged_state_db_fails_the_save(db
     db.rollback()
     assert "state.db" in err.value.detail
     assert db.execute("SELECT max(seq) FROM home_manifests").fetchone() == (1,)
+
+
+def test_garbage_collection_waits_for_a_save_relying_on_an_unreferenced_chunk(db, pg_url,
+                                                                               tmp_path):
+    """A save that found a chunk no manifest names yet (and so did not upload it) holds the
+    collection off until it commits; then the chunk is named and stays."""
+    home = make_home(tmp_path)
+    save(db, HomeSnapshots(64 * MIB), home)
+    db.execute("DELETE FROM home_manifests")          # every chunk unreferenced, none gone
+    db.commit()
+    info = HomeSnapshots(64 * MIB).save(db, "alice", home)      # open, not committed
+    assert info.chunks_uploaded == 0
+    other = psycopg.connect(pg_url, password=os.environ[PASSWORD_ENV])
+    try:
+        other.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            collect_garbage(other)
+        other.rollback()
+        db.commit()
+        assert collect_garbage(other) == 0
+        other.commit()
+    finally:
+        other.close()
+    assert rows(restore_elsewhere(db, tmp_path) / ".hermes" / "state.db") == \
+        rows(home / ".hermes" / "state.db")
