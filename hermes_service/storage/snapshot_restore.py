@@ -154,9 +154,12 @@ def restore_into(home: Path, entries: list[Entry],
     makes the new folder (the disk's home folder, e.g. a btrfs subvolume with its quota:
     :meth:`hermes_service.disk.Disk.make_folder`); by default a plain ``0700`` folder."""
     home = Path(home)
-    new = f".{home.name}.restore-{secrets.token_hex(6)}"
+    prefix = f".{home.name}.restore-"
+    new = prefix + secrets.token_hex(6)
     parent_fd = os.open(home.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        for stale in [n for n in os.listdir(parent_fd) if n.startswith(prefix)]:
+            homefs.remove(parent_fd, stale)     # left by a restore that was killed
         if make_folder is not None:
             make_folder(home.parent / new)
         else:

@@ -18,6 +18,12 @@ SCHEMA: list[str] = [
         data bytea NOT NULL,
         created timestamptz NOT NULL DEFAULT now()
     )""",
+    # lz4 where the server has it (PostgreSQL 14+ built with lz4, as Debian's is): a 64 KiB
+    # chunk is compressed ~10x faster than with the default pglz (bench/snapshot.py)
+    """DO $$ BEGIN
+        EXECUTE 'ALTER TABLE home_chunks ALTER COLUMN data SET COMPRESSION lz4';
+    EXCEPTION WHEN others THEN NULL;
+    END $$""",
     """CREATE TABLE IF NOT EXISTS home_manifests (
         id bigserial PRIMARY KEY,
         user_id text NOT NULL,

@@ -31,7 +31,7 @@ MAGIC = b"SQLite format 3\x00"
 #: the database, never as files
 SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
 #: pages copied between two checks of the deadline
-STEP_PAGES = 256
+STEP_PAGES = 1024
 #: how long the copy waits for a lock the writer holds (s), within the overall deadline
 BUSY_SECONDS = 5.0
 CACHE_KIB = 2048
@@ -94,6 +94,9 @@ def backup(dir_fd: int, name: str, dest: Path, max_bytes: int, deadline: float) 
         if size > max_bytes:
             raise BackupRefused(f"it holds {size} bytes, over the {max_bytes} left of the quota")
         dst = sqlite3.connect(str(dest), isolation_level=None)
+        # a scratch copy, read once and deleted: no journal, no fsync (30-60 ms of 1 MB)
+        dst.execute("PRAGMA journal_mode = OFF")
+        dst.execute("PRAGMA synchronous = OFF")
 
         def step(_status: int, _remaining: int, _total: int) -> None:
             if time.monotonic() > deadline:

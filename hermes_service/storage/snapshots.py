@@ -136,9 +136,11 @@ class HomeSnapshots:
         """Snapshot ``home`` as ``user_id``'s next manifest, in ``conn``'s open transaction
         (a psycopg 3 connection; the caller commits). Raises as the module doc says."""
         start = time.monotonic()
-        conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (GC_LOCK,))
-        latest = conn.execute("SELECT id, seq FROM home_manifests WHERE user_id = %s "
-                              "ORDER BY seq DESC LIMIT 1", (user_id,)).fetchone()
+        with conn.pipeline():     # the lock, then the user's latest manifest: one round trip
+            conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (GC_LOCK,))
+            cur = conn.execute("SELECT id, seq FROM home_manifests WHERE user_id = %s "
+                               "ORDER BY seq DESC LIMIT 1", (user_id,))
+        latest = cur.fetchone()
         walk = HomeWalk(home, self.max_bytes, self.max_entries, start + self.seconds,
                         self._cached(user_id, home, latest[0] if latest else None),
                         self.work_dir)
@@ -156,13 +158,12 @@ class HomeSnapshots:
         seq = latest[1] + 1 if latest else 1
         files = [e for e in entries if e.kind == FILE]
         size = sum(e.size for e in files)
-        manifest_id = conn.execute(
+        manifest_id = conn.execute(   # the new manifest, and the user's older ones pruned
+            "WITH pruned AS (DELETE FROM home_manifests WHERE user_id = %s AND seq <= %s) "
             "INSERT INTO home_manifests (user_id, seq, files, bytes, entries, chunks) "
             "VALUES (%s, %s, %s, %s, %s, %b) RETURNING id",
-            (user_id, seq, len(files), size, Jsonb([e.as_json() for e in entries]),
-             hashes)).fetchone()[0]
-        conn.execute("DELETE FROM home_manifests WHERE user_id = %s AND seq <= %s",
-                     (user_id, seq - self.keep))
+            (user_id, seq - self.keep, user_id, seq, len(files), size,
+             Jsonb([e.as_json() for e in entries]), hashes)).fetchone()[0]
         self._remember(user_id, home, manifest_id, walk.cache)
         return SnapshotInfo(manifest_id, seq, len(files), size, len(hashes), uploader.uploaded,
                             uploader.uploaded_bytes, time.monotonic() - start,

@@ -357,3 +357,63 @@ def test_old_manifests_are_pruned_and_unreferenced_chunks_collected(db, tmp_path
     assert db.execute("SELECT count(*) FROM home_chunks").fetchone() == (referenced,)
     assert restore_elsewhere(db, tmp_path).joinpath("notes.txt").read_bytes() == \
         (home / "notes.txt").read_bytes()
+
+
+def test_restore_builds_in_the_folder_make_folder_makes_and_clears_a_killed_one(db, tmp_path):
+    home = make_home(tmp_path)
+    save(db, HomeSnapshots(64 * MIB), home)
+    stale = home.parent / ".alice.restore-0123456789ab"
+    (stale / "half").mkdir(parents=True)
+    made = []
+
+    def make_folder(path: Path) -> None:
+        made.append(path)
+        (path / ".hermes").mkdir(parents=True, mode=0o700)    # as the disk makes a home
+
+    HomeSnapshots(64 * MIB, make_folder=make_folder).restore(db, "alice", home)
+    db.commit()
+    assert len(made) == 1 and made[0].parent == home.parent
+    assert made[0].name.startswith(".alice.restore-") and not made[0].exists()
+    assert sorted(os.listdir(home.parent)) == ["alice"]
+    assert (home / ".hermes" / "state.db").is_file()
+
+
+def test_a_damaged_database_is_left_out_but_a_damaged_state_db_fails_the_save(db, tmp_path):
+    home = make_home(tmp_path)
+    damaged = b"SQLite format 3\x00" + b"\xff" * 5000
+    (home / ".hermes" / "kanban.db").write_bytes(damaged)
+    info = save(db, HomeSnapshots(64 * MIB), home)
+    assert info.skipped == {"sqlite_unreadable": 1}
+    for side in ("-wal", "-shm"):
+        (home / ".hermes" / f"state.db{side}").unlink(missing_ok=True)
+    (home / ".hermes" / "state.db").write_bytes(damaged)
+    with pytest.raises(HomeTampered) as err:
+        HomeSnapshots(64 * MIB).save(db, "alice", home)
+    db.rollback()
+    assert "state.db" in err.value.detail
+    assert db.execute("SELECT max(seq) FROM home_manifests").fetchone() == (1,)
+
+
+def test_garbage_collection_waits_for_a_save_relying_on_an_unreferenced_chunk(db, pg_url,
+                                                                               tmp_path):
+    """A save that found a chunk no manifest names yet (and so did not upload it) holds the
+    collection off until it commits; then the chunk is named and stays."""
+    home = make_home(tmp_path)
+    save(db, HomeSnapshots(64 * MIB), home)
+    db.execute("DELETE FROM home_manifests")          # every chunk unreferenced, none gone
+    db.commit()
+    info = HomeSnapshots(64 * MIB).save(db, "alice", home)      # open, not committed
+    assert info.chunks_uploaded == 0
+    other = psycopg.connect(pg_url, password=os.environ[PASSWORD_ENV])
+    try:
+        other.execute("SET lock_timeout = '300ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            collect_garbage(other)
+        other.rollback()
+        db.commit()
+        assert collect_garbage(other) == 0
+        other.commit()
+    finally:
+        other.close()
+    assert rows(restore_elsewhere(db, tmp_path) / ".hermes" / "state.db") == \
+        rows(home / ".hermes" / "state.db")
