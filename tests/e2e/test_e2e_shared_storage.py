@@ -162,3 +162,20 @@ def test_postgresql_unreachable_is_503_then_the_node_recovers(start_service, tmp
         assert n1.get(f"/api/v1/sessions/{sid}").json()["message_count"] == 2
     finally:
         cluster.cleanup()
+
+
+def test_a_node_added_takes_moved_users_with_their_lists_and_conversations(nodes):
+    """A third node: a user the ring now sends there is handed over by the node that serves
+    it (alive, idle user) and arrives with its panel list and conversation."""
+    n1 = nodes("n1")
+    psid = panel_session(n1, "moe", "t1")
+    _, frames = panel_run(n1, "moe", psid, "moved-p1 question")
+    assert frames[-1][1]["event"] == "run.completed"
+    n3 = nodes("n3")                             # added; n1 stays up and keeps its lease
+    got = n3.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=actor("moe"))
+    assert got.status_code == 200, got.text      # handed over well before n1's idle release
+    [s] = got.json()["sessions"]
+    assert s["sessionId"] == psid and s["messageCount"] == 2
+    _, frames2 = panel_run(n3, "moe", psid, "[[recall]]")
+    assert frames2[-1][1]["event"] == "run.completed"
+    assert frames2[-1][1]["output"].endswith("moved-p1 question")
