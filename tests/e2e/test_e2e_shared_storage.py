@@ -16,7 +16,7 @@ import threading
 
 import pytest
 
-from support.fixtures import API_KEY, wait_for
+from support.fixtures import API_KEY, deep_merge, hermes_processes, wait_for
 from support.postgres import PASSWORD_ENV, PostgresCluster
 from support.sse_client import read_all
 
@@ -35,9 +35,10 @@ def node_config(url: str, name: str) -> dict:
 @pytest.fixture
 def nodes(start_service, pg_url, tmp_path):
     """``nodes(name)`` → a started node on the test's database, its own data dir."""
-    def start(name: str, url: str = pg_url):
+    def start(name: str, url: str = pg_url, runner: str = "cli"):
         (tmp_path / name).mkdir(exist_ok=True)
-        return start_service(node_config(url, name), tmp=tmp_path / name)
+        return start_service(deep_merge(node_config(url, name), {"mnote": {"runner": runner}}),
+                             tmp=tmp_path / name)
     return start
 
 
@@ -166,14 +167,19 @@ def test_postgresql_unreachable_is_503_then_the_node_recovers(start_service, tmp
 
 def test_a_node_added_takes_moved_users_with_their_lists_and_conversations(nodes):
     """A third node: a user the ring now sends there is handed over by the node that serves
-    it (alive, idle user) and arrives with its panel list and conversation."""
-    n1 = nodes("n1")
+    it (alive, idle user; its warm ACP process there stopped) and arrives with its panel list
+    and conversation."""
+    n1 = nodes("n1", runner="acp")
     psid = panel_session(n1, "moe", "t1")
     _, frames = panel_run(n1, "moe", psid, "moved-p1 question")
     assert frames[-1][1]["event"] == "run.completed"
+    home = str(n1.data_dir / "users" / "moe")
+    assert hermes_processes(home)                # moe's warm hermes acp on n1
     n3 = nodes("n3")                             # added; n1 stays up and keeps its lease
     got = n3.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=actor("moe"))
     assert got.status_code == 200, got.text      # handed over well before n1's idle release
+    wait_for(lambda: not hermes_processes(home), "moe's warm process on n1 to be stopped",
+             timeout=30, log=n1.log)
     [s] = got.json()["sessions"]
     assert s["sessionId"] == psid and s["messageCount"] == 2
     _, frames2 = panel_run(n3, "moe", psid, "[[recall]]")
