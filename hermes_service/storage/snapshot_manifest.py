@@ -82,6 +82,31 @@ def _int(value, name: str, where: str, top: int) -> int:
     return value
 
 
+def _entry(i: int, raw, kinds: dict[str, str]) -> Entry:
+    """Entry ``i`` of a manifest with its path and mode checked against the entries before
+    it (``kinds``: path → kind); a file's size and chunks are the caller's to check."""
+    where = f"entry {i}"
+    if not isinstance(raw, dict) or not isinstance(raw.get("path"), str) \
+            or raw.get("kind") not in (DIR, FILE):
+        raise SnapshotDamaged(f"{where} is not an object with a path and a kind")
+    path, kind = raw["path"], raw["kind"]
+    where = f"entry {i} ({path[:100]!r})"
+    keys = {"path", "kind", "mode"} | ({"size", "chunks"} if kind == FILE else set())
+    if set(raw) != keys:
+        raise SnapshotDamaged(f"{where} has the keys {sorted(raw)}, not {sorted(keys)}")
+    parts = path.split("/")
+    problem = next((p for p in map(name_problem, parts) if p), None)
+    if problem or len(path.encode("utf-8", "surrogatepass")) > PATH_MAX:
+        raise SnapshotDamaged(f"{where}: {problem or 'the path is too long'}")
+    if path in kinds:
+        raise SnapshotDamaged(f"{where} is listed twice")
+    parent = "/".join(parts[:-1])
+    if parent and kinds.get(parent) != DIR:
+        raise SnapshotDamaged(f"{where} is not under a folder listed before it")
+    kinds[path] = kind
+    return Entry(path, kind, _int(raw["mode"], "mode", where, 0o7777))
+
+
 def parse(entries, chunks, max_entries: int, max_bytes: int) -> list[Entry]:
     """The entries of a stored manifest, checked (module doc); ``chunks`` its hash list.
     Raises :class:`SnapshotDamaged` naming the first problem."""
@@ -93,27 +118,9 @@ def parse(entries, chunks, max_entries: int, max_bytes: int) -> list[Entry]:
     kinds: dict[str, str] = {}
     total = used = 0
     for i, raw in enumerate(entries):
-        where = f"entry {i}"
-        if not isinstance(raw, dict) or not isinstance(raw.get("path"), str) \
-                or raw.get("kind") not in (DIR, FILE):
-            raise SnapshotDamaged(f"{where} is not an object with a path and a kind")
-        path, kind = raw["path"], raw["kind"]
-        where = f"entry {i} ({path[:100]!r})"
-        keys = {"path", "kind", "mode"} | ({"size", "chunks"} if kind == FILE else set())
-        if set(raw) != keys:
-            raise SnapshotDamaged(f"{where} has the keys {sorted(raw)}, not {sorted(keys)}")
-        parts = path.split("/")
-        problem = next((p for p in map(name_problem, parts) if p), None)
-        if problem or len(path.encode("utf-8", "surrogatepass")) > PATH_MAX:
-            raise SnapshotDamaged(f"{where}: {problem or 'the path is too long'}")
-        if path in kinds:
-            raise SnapshotDamaged(f"{where} is listed twice")
-        parent = "/".join(parts[:-1])
-        if parent and kinds.get(parent) != DIR:
-            raise SnapshotDamaged(f"{where} is not under a folder listed before it")
-        mode = _int(raw["mode"], "mode", where, 0o7777)
-        entry = Entry(path, kind, mode)
-        if kind == FILE:
+        entry = _entry(i, raw, kinds)
+        if entry.kind == FILE:
+            where = f"entry {i} ({entry.path[:100]!r})"
             entry.size = _int(raw["size"], "size", where, max_bytes)
             count = _int(raw["chunks"], "chunks", where, len(chunks) - used)
             if count != chunk_count(entry.size):
@@ -123,7 +130,6 @@ def parse(entries, chunks, max_entries: int, max_bytes: int) -> list[Entry]:
             total += entry.size
             if total > max_bytes:
                 raise SnapshotDamaged(f"the manifest holds more than {max_bytes} bytes")
-        kinds[path] = kind
         out.append(entry)
     if used != len(chunks):
         raise SnapshotDamaged(f"the manifest's files name {used} chunks, its list {len(chunks)}")

@@ -7,7 +7,7 @@ SQLite's online backup API (https://sqlite.org/backup.html) copies the database 
 inside one read transaction opened first, so the copy is the database as of one commit —
 the WAL's committed frames included, a writer's uncommitted ones not — whatever Hermes
 writes meanwhile. The file is the agent's, so it is opened by the bounded opener's rules
-(:mod:`hermes_service.state_db`, docs/data-and-durability.md §What a hostile state.db costs
+(:mod:`hermes_service.homes.state_db`, docs/data-and-durability.md §What a hostile state.db costs
 the service): through the pinned folder's real path; the database and its ``-wal``,
 ``-shm``, ``-journal`` must be plain one-link files (never a symlink, FIFO or hardlink),
 and after the first read the file SQLite opened must still be the pinned one; read-only,

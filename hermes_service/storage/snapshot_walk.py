@@ -3,7 +3,7 @@ following what the agent planted, and bounded (docs/data-and-durability.md §Hom
 
 The walk follows :mod:`hermes_service.homefs`'s rules: the home is opened from its trusted
 parent with ``O_NOFOLLOW`` (a symlinked home: 409 ``home_tampered``); every folder by name
-inside the folder before it (:func:`~hermes_service.sandbox.open_folder`: never a symlink;
+inside the folder before it (:func:`~hermes_service.disk.use.open_folder`: never a symlink;
 one its owner made unreadable is given back ``u+rwx``); every file with ``O_NOFOLLOW |
 O_NONBLOCK`` and kept only when ``fstat`` shows the regular one-link file the walk saw. Kept:
 folders and regular files. Skipped and counted by reason (:data:`SKIP_REASONS`): symlinks,
@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import homefs
-from ..sandbox import STATE_FOLDER, open_folder
-from ..state_db import StateBusy
+from ..disk.use import STATE_FOLDER, open_folder
+from ..homes.state_db import StateBusy
 from . import snapshot_sqlite
 from .snapshot_manifest import CHUNK_BYTES, DIR, FILE, Entry, name_problem
 
@@ -102,38 +102,39 @@ class HomeWalk:
                 if self.count >= self.max_entries:
                     self.skipped["over_entry_cap"] += 1
                     return
-                path = f"{rel}/{item.name}" if rel else item.name
-                if name_problem(item.name):
-                    self.skipped["bad_name"] += 1
-                    continue
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue                 # gone since it was listed
-                reason = _kind(st.st_mode)
-                if reason:
-                    self.skipped[reason] += 1
-                elif stat.S_ISDIR(st.st_mode):
-                    if len(stack) >= MAX_DEPTH:
-                        self.skipped["too_deep"] += 1
-                        continue
-                    sub = open_folder(item.name, fd)
-                    if sub is None:
-                        self.skipped["unreadable"] += 1
-                        continue
+                found = self._visit(fd, f"{rel}/{item.name}" if rel else item.name, item, stack)
+                if found is not None:
                     self.count += 1
-                    stack.append((sub, path, self._listing(sub, path)))
-                    yield Entry(path, DIR, stat.S_IMODE(os.fstat(sub).st_mode)), None
-                elif st.st_nlink > 1:
-                    self.skipped["hardlink"] += 1
-                elif not snapshot_sqlite.is_side_file(item.name):
-                    found = self._file(fd, item.name, path, st)
-                    if found is not None:
-                        self.count += 1
-                        yield found
+                    yield found
         finally:
             for fd, _rel, _listing in stack:
                 os.close(fd)
+
+    def _visit(self, fd: int, path: str, item: os.DirEntry,
+               stack: list[tuple[int, str, Iterator[os.DirEntry]]]
+               ) -> tuple[Entry, Iterator[tuple[bytes, bytes]] | None] | None:
+        """One entry listed in the folder ``fd``: a folder (opened, and pushed on ``stack``
+        to be walked next) or a file to keep; None when it is skipped (counted) or gone."""
+        try:
+            st = item.stat(follow_symlinks=False)
+        except OSError:
+            return None                      # gone since it was listed
+        reason = ("bad_name" if name_problem(item.name) else _kind(st.st_mode)) or \
+            ("too_deep" if stat.S_ISDIR(st.st_mode) and len(stack) >= MAX_DEPTH else None) or \
+            ("hardlink" if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 else None)
+        if reason:
+            self.skipped[reason] += 1
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            sub = open_folder(item.name, fd)
+            if sub is None:
+                self.skipped["unreadable"] += 1
+                return None
+            stack.append((sub, path, self._listing(sub, path)))
+            return Entry(path, DIR, stat.S_IMODE(os.fstat(sub).st_mode)), None
+        if snapshot_sqlite.is_side_file(item.name):
+            return None                      # in the database's copy
+        return self._file(fd, item.name, path, st)
 
     def _listing(self, fd: int, rel: str) -> Iterator[os.DirEntry]:
         """The entries of the folder ``fd``; at the top, ``.hermes`` first."""

@@ -1,5 +1,5 @@
 """Model usage per user and UTC day in the shared PostgreSQL (docs/scaling.md §What is shared,
-what is local): the interface of :class:`hermes_service.model_usage.UsageStore` (``add``,
+what is local): the interface of :class:`hermes_service.model_proxy.usage.UsageStore` (``add``,
 ``spent``, ``flush``, ``close``), so ``hermes.limits.daily_tokens`` counts what a user spent
 on every node.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..model_usage import today
+from ..model_proxy.usage import today
 from .engine import Engine, StorageUnavailable
 
 log = logging.getLogger(__name__)
