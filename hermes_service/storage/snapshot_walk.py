@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .. import homefs
-from ..sandbox import STATE_FOLDER, open_folder
-from ..state_db import StateBusy
+from ..disk.use import STATE_FOLDER, open_folder
+from ..homes.state_db import StateBusy
 from . import snapshot_sqlite
 from .snapshot_manifest import CHUNK_BYTES, DIR, FILE, Entry, name_problem
 

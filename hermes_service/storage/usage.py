@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..model_usage import today
+from ..model_proxy.usage import today
 from .engine import Engine, StorageUnavailable
 
 log = logging.getLogger(__name__)
