@@ -15,6 +15,7 @@ import signal
 import threading
 
 import pytest
+import requests
 
 from support.fixtures import API_KEY, deep_merge, hermes_processes, wait_for
 from support.postgres import PASSWORD_ENV, PostgresCluster
@@ -63,6 +64,14 @@ def panel_run(svc, who: str, sid: str, message: str) -> tuple[str, list]:
     return run_id, read_all(svc.url + f"{P}/events/{run_id}", actor(who))
 
 
+def _quietly(fn, *args, **kw):
+    """``fn(*args, **kw)``, a connection cut by the server's death swallowed."""
+    try:
+        fn(*args, **kw)
+    except requests.ConnectionError:
+        pass
+
+
 def kill9(svc) -> None:
     os.killpg(svc.proc.pid, signal.SIGKILL)
     svc.proc.wait(10)
@@ -82,7 +91,14 @@ def test_a_dead_nodes_users_continue_on_another_with_every_acknowledged_turn(nod
     run_id, frames = panel_run(n1, "pat", psid, "shared-p1 question")
     assert frames[-1][1]["event"] == "run.completed", frames[-1]
 
+    # a turn in flight when the node dies: never acknowledged
+    dying = threading.Thread(target=lambda: _quietly(
+        n1.post, f"/api/v1/sessions/{sid}/messages", json={"message": "shared-m2 [[gate:dy]]"}))
+    dying.start()
+    wait_for(lambda: model.requests_with("shared-m2"), "the dying turn to reach the model",
+             log=n1.log)
     kill9(n1)                                    # the node dies, and its disk with it
+    dying.join(30)
     shutil.rmtree(tmp_path / "n1" / "data")
 
     # alice's next requests reach n2: the session is listed, the turn is in the transcript
@@ -96,6 +112,7 @@ def test_a_dead_nodes_users_continue_on_another_with_every_acknowledged_turn(nod
     nxt = n2.post(f"/api/v1/sessions/{sid}/messages", json={"message": "[[recall]]"})
     assert nxt.status_code == 200, nxt.text
     assert nxt.json()["response"].endswith("shared-m1 hello")   # the same conversation
+    assert "shared-m2" not in json.dumps(model.requests_with("[[recall]]")[-1])  # not acked
 
     # the panel user too: the list, the finished run's replay, the next run continuing
     got = n2.get(f"{P}/sessions?workspaceId=ws_1&documentId=doc_1", headers=actor("pat"))
