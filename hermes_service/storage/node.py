@@ -112,6 +112,11 @@ class SharedNode:
         if self.ownership.held().get(lease.user_id) != lease.epoch:
             raise LeaseLost(lease.user_id) from cause
 
+    def health(self) -> str | None:
+        """``/health``'s ``storage`` check: None when the keeper's last round (every third of a
+        lease TTL) reached PostgreSQL, else a short reason."""
+        return None if self.ownership.reachable else "PostgreSQL unreachable"
+
     def abandon(self, user_id: str) -> None:
         """A turn of ``user_id``'s was not committed: stop the user's processes and let the
         lease go, so the next request (here or elsewhere) restores the last committed home."""

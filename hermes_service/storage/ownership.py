@@ -58,6 +58,8 @@ class Ownership:
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: False while the keeper's last round could not reach the database (``/health``)
+        self.reachable = True
 
     # -- taking ------------------------------------------------------------
     def lease(self, user_id: str) -> Lease:
@@ -205,8 +207,9 @@ class Ownership:
         try:
             self.heartbeat()
             wanted = self.leases.wanted()
+            self.reachable = True
         except StorageUnavailable:
-            wanted = {}
+            wanted, self.reachable = {}, False
         now = time.monotonic()
         for user_id, epoch in wanted.items():     # another node asked: hand idle users over
             with self._guard:

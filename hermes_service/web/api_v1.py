@@ -242,6 +242,8 @@ def _checks(svc) -> dict[str, str | None]:
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
     checks["disk"] = svc.disk.health() if svc.disk is not None else None
+    if svc.shared is not None:         # several nodes: the shared PostgreSQL
+        checks["storage"] = svc.shared.health()
     _health_checked[0] = (config, now, checks)
     return dict(checks)
 

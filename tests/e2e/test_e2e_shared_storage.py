@@ -168,6 +168,9 @@ def test_postgresql_unreachable_is_503_then_the_node_recovers(start_service, tmp
         assert n1.post(f"/api/v1/sessions/{sid}/messages",
                        json={"message": "down-m1"}).status_code == 200
         cluster.stop()
+        [health] = wait_for(lambda: (h := n1.get("/health")).status_code == 503 and [h],
+                            "/health to say the storage is down", timeout=60, log=n1.log)
+        assert health.json()["checks"]["storage"] == "PostgreSQL unreachable"
         res = n1.post(f"/api/v1/sessions/{sid}/messages", json={"message": "down-m2"})
         assert res.status_code == 503, res.text
         assert res.json()["code"] in ("storage_unavailable", "lease_lost")
@@ -178,6 +181,8 @@ def test_postgresql_unreachable_is_503_then_the_node_recovers(start_service, tmp
                         == 200 and r, "the node to serve again", timeout=60, log=n1.log)
         assert back.json()["response"].endswith("down-m1")      # nothing acknowledged lost
         assert n1.get(f"/api/v1/sessions/{sid}").json()["message_count"] == 2
+        wait_for(lambda: n1.get("/health").status_code == 200, "/health healthy again",
+                 timeout=60, log=n1.log)
     finally:
         cluster.cleanup()
 
