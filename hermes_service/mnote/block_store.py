@@ -61,14 +61,14 @@ class LimitExceeded(ToolError):
 
 
 def _since(page: dict, required: int | None, base: int | None) -> int:
-    """The revision the ops were read at; Conflict if ``required`` is not the page's revision
-    or ``base`` is later than it."""
+    """The revision the ops were read at, an int (JSON Schema's integer also takes ``1.0``);
+    Conflict if ``required`` is not the page's revision or ``base`` is later than it."""
     if required is not None and required != page["revision"]:
         raise Conflict(MSG_CONFLICT)
     since = required if required is not None else base
     if since is None or since > page["revision"]:
         raise Conflict(MSG_CONFLICT)
-    return since
+    return int(since)
 
 
 def _dry(planned: Planned) -> list[dict]:

@@ -4,6 +4,7 @@ expectHash, a suggestion's life, permissions, idempotency, dryRun and hostile in
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 
 import pytest
@@ -357,3 +358,50 @@ def test_a_hash_copied_back_into_page_save_is_not_stored(ex, store):
     assert store.export_page("doc_1")["blocks"] == [{"id": "b1", "type": "paragraph",
                                                      "text": "改过"}]
     assert page(ex)["blocks"][0]["hash"] == block_hash({"type": "paragraph", "text": "改过"})
+
+
+# ------------------------------------------------------------------ hostile callers
+def test_a_revision_given_as_a_float_is_answered_as_an_integer(ex, store):
+    """JSON Schema's integer takes 1.0 (the HTTP body parser gives a float): the revision a
+    suggestion records and answers is still the integer."""
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    for field in ("requiredRevision", "baseRevision"):
+        out = call(ex, "mnote.block.propose", {field: 1.0, "ops": ops, "reason": "r"})
+        assert out["ok"], out
+        assert type(out["result"]["baseRevision"]) is int
+        assert json.dumps(out["result"]["baseRevision"]) == "1"
+
+
+def test_neither_or_both_revisions_name_the_fields_not_the_envelope(ex):
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "SECRET-OWN-TEXT"}}]
+    for args in ({"ops": ops}, {"ops": ops, "baseRevision": 1, "requiredRevision": 1}):
+        out = call(ex, "mnote.block.batch", args, idempotencyKey="idem_should_not_echo")
+        message = out["error"]["message"]
+        assert "requiredRevision" in message and "baseRevision" in message, message
+        assert "idem_should_not_echo" not in message and "SECRET" not in message, message
+
+
+def test_two_processes_accepting_at_once_apply_it_once(ex, store):
+    """Two service processes (two stores on one file) accept one suggestion at the same
+    moment: exactly one applies it, the other is suggestion_closed."""
+    sid = propose(ex)
+    before = page(ex)["revision"]
+    stores = [SQLitePageStore(store.path) for _ in range(2)]
+    start = threading.Barrier(2)
+    outs: list = [None, None]
+
+    def accept(n: int) -> None:
+        start.wait()
+        outs[n] = review(ToolExecutor(stores[n]), "accept", sid)
+    threads = [threading.Thread(target=accept, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert sorted(bool(o["ok"]) for o in outs) == [False, True], outs
+    assert next(o for o in outs if not o["ok"])["error"]["code"] == \
+        "mnote_tool_suggestion_closed"
+    assert page(ex)["revision"] == before + 1
+    assert sum(1 for r in store.audit_rows() if r["commandName"] == "page.suggestion.accept") == 1
