@@ -33,6 +33,9 @@ CMD_ACCEPT = "page.suggestion.accept"
 CMD_REJECT = "page.suggestion.reject"
 #: open suggestions one page may hold (a run could otherwise fill the store)
 MAX_OPEN_SUGGESTIONS = 100
+#: open suggestions one run may leave on a page (a prompt-injected run proposing in a loop
+#: would otherwise take the page's whole bound, and no later run could propose)
+MAX_OPEN_PER_RUN = 20
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS suggestions ("
@@ -118,7 +121,8 @@ class BlockCommands:
                       base_revision: int | None = None) -> CommandResult:
         """``mnote.block.propose``: checked as a batch would be now, then stored open.
         Result ``{commandName, suggestionId, status: "open", baseRevision, revision}`` (the
-        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS`."""
+        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS` on the page
+        or :data:`MAX_OPEN_PER_RUN` of this run on it."""
         def plan(con, page, dry):
             since = _since(page, required_revision, base_revision)
             planned = plan_ops(page["blocks"], ops, since=since)
@@ -127,6 +131,12 @@ class BlockCommands:
             if open_now >= MAX_OPEN_SUGGESTIONS:
                 raise LimitExceeded(f"本页已有 {open_now} 条待处理的建议，"
                                     f"上限 {MAX_OPEN_SUGGESTIONS}")
+            by_run = con.execute("SELECT count(*) FROM suggestions WHERE document_id = ? AND"
+                                 " run_id = ? AND status = 'open'",
+                                 (page["documentId"], ctx.run_id)).fetchone()[0]
+            if by_run >= MAX_OPEN_PER_RUN:
+                raise LimitExceeded(f"本次运行已在本页留下 {by_run} 条待处理的建议，"
+                                    f"上限 {MAX_OPEN_PER_RUN}")
 
             def apply():
                 sid = f"sug_{secrets.token_hex(8)}"

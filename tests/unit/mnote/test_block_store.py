@@ -10,7 +10,7 @@ import uuid
 import pytest
 from jsonschema import Draft202012Validator
 
-from hermes_service.mnote.block_store import MAX_OPEN_SUGGESTIONS
+from hermes_service.mnote.block_store import MAX_OPEN_PER_RUN, MAX_OPEN_SUGGESTIONS
 from hermes_service.mnote.blocks import block_hash
 from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.schemas import MAX_BLOCK_TEXT, MAX_OPS, OUTPUT_ENVELOPE_SCHEMA
@@ -324,9 +324,11 @@ def test_a_suggestion_of_another_page_is_not_found(ex, store):
 
 def test_open_suggestions_are_bounded(ex, store):
     ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
-    for _ in range(MAX_OPEN_SUGGESTIONS):
-        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})["ok"]
-    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})
+    for n in range(MAX_OPEN_SUGGESTIONS):
+        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+                    runId=f"run_{n}")["ok"]
+    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+               runId="run_next")
     assert out["error"]["code"] == "mnote_tool_limit_exceeded"
 
 
@@ -405,3 +407,15 @@ def test_two_processes_accepting_at_once_apply_it_once(ex, store):
         "mnote_tool_suggestion_closed"
     assert page(ex)["revision"] == before + 1
     assert sum(1 for r in store.audit_rows() if r["commandName"] == "page.suggestion.accept") == 1
+
+
+def test_one_run_cannot_fill_the_pages_suggestions(ex, store):
+    """A prompt-injected run proposing in a loop stops at its own bound; the page keeps room
+    for the next run's suggestions."""
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    for _ in range(MAX_OPEN_PER_RUN):
+        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})["ok"]
+    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})
+    assert out["error"]["code"] == "mnote_tool_limit_exceeded", out
+    assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+                runId="run_2")["ok"]
