@@ -25,7 +25,14 @@ import secrets
 from .blocks import Planned, plan_ops
 from .page_rows import canonical, utc_now
 from .page_sqlite import SQLitePageStore
-from .page_store import MSG_CONFLICT, CommandContext, CommandResult, Conflict, ToolError
+from .page_store import (
+    MSG_CONFLICT,
+    BadToolInput,
+    CommandContext,
+    CommandResult,
+    Conflict,
+    ToolError,
+)
 
 CMD_BLOCK_BATCH = "page.blocks.batch"
 CMD_PROPOSE = "page.suggestion.create"
@@ -178,12 +185,18 @@ class BlockCommands:
 
     def accept(self, ctx: CommandContext, *, suggestion_id: str) -> CommandResult:
         """``mnote.suggestion.accept``: the suggestion's ops applied as ``baseRevision`` would
-        (Conflict naming the blocks, the suggestion stays open); result ``{commandName,
+        (Conflict naming the blocks, or the block bound the page has grown to since; the
+        suggestion stays open); result ``{commandName,
         suggestionId, status: "accepted", revision, blocks, ops}``."""
         def plan(con, page, dry):
             row = self._open(con, page, suggestion_id)
-            planned = plan_ops(page["blocks"], json.loads(row["ops"]),
-                               since=row["base_revision"])
+            try:
+                planned = plan_ops(page["blocks"], json.loads(row["ops"]),
+                                   since=row["base_revision"])
+            except BadToolInput as exc:
+                # checked when proposed: only the page's change since (its growth past the
+                # block bound) fails it now; the person's accept names no ops to fix
+                raise Conflict(exc.message.split(": ", 1)[-1]) from None
 
             def apply():
                 revision = self.store.bump(con, page, body=canonical(planned.blocks))

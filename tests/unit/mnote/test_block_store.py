@@ -11,7 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from hermes_service.mnote.block_store import MAX_OPEN_PER_RUN, MAX_OPEN_SUGGESTIONS
-from hermes_service.mnote.blocks import block_hash
+from hermes_service.mnote.blocks import MAX_PAGE_BLOCKS, block_hash
 from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.schemas import MAX_BLOCK_TEXT, MAX_OPS, OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.mnote.tools import TOOLS_BY_NAME, ToolExecutor
@@ -419,3 +419,19 @@ def test_one_run_cannot_fill_the_pages_suggestions(ex, store):
     assert out["error"]["code"] == "mnote_tool_limit_exceeded", out
     assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
                 runId="run_2")["ok"]
+
+
+def test_a_suggestion_the_grown_page_cannot_take_is_a_conflict(ex, store):
+    """Checked when proposed, a suggestion can only fail later because the page changed:
+    accepting it on a page since grown to the block bound is a conflict (the person cannot
+    fix their accept), not a bad request naming args the panel never sent."""
+    store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "t", "blocks": [
+        {"id": f"x{i}", "type": "p", "text": "t"} for i in range(MAX_PAGE_BLOCKS - 1)]})
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    sid = call(ex, "mnote.block.propose", {"baseRevision": 2, "ops": ops,
+                                           "reason": "r"})["result"]["suggestionId"]
+    assert call(ex, "mnote.block.batch", {"baseRevision": 2, "ops": ops})["ok"]
+    out = review(ex, "accept", sid)
+    assert out["error"]["code"] == "mnote_tool_conflict", out
+    assert "/args" not in out["error"]["message"] and str(MAX_PAGE_BLOCKS) in out["error"]["message"]
+    assert [s["suggestionId"] for s in review(ex, "list")["result"]["suggestions"]] == [sid]
