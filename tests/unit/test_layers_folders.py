@@ -17,10 +17,10 @@ from unit.test_layers_imports import ROOT, graph
 MAY_IMPORT = {
     "web": {"config", "conversations", "errors", "idempotency", "logs", "metrics", "preflight",
             "runner", "security", "service_objects"},
-    "homes": {"config", "errors", "homefs", "json_cost", "sandbox"},
+    "homes": {"config", "disk", "errors", "homefs", "json_cost", "sandbox"},
     "sandbox": {"config_fields", "homefs"},
     "sandbox.net": {"hermes_site", "instance", "metrics"},
-    "disk": {"errors", "sandbox"},
+    "disk": {"errors", "instance", "sandbox"},
     "model_proxy": {"embedded_http", "errors", "json_cost", "metrics"},
     "mnote.kernel": {"mnote"},
     "mnote.runs": {"errors", "instance", "limits", "logs", "mnote"},
