@@ -289,16 +289,12 @@ class SandboxNet:
     async def _connection(self, att: Attachment, name: str, conn: socket.socket) -> None:
         try:
             if name == "egress":
-                out = await egress_proxy.serve(conn, self.policy, functools.partial(
-                    att.lookups.resolve, self.resolve))
-                att.egress_up += out.up
-                att.egress_down += out.down
-                if out.refused:
-                    self.refusals.refused(att, out.refused, (
-                        f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
-                        f"{out.host or '?'}:{out.port or '?'}"), "egress")
-                if self.on_egress is not None:
-                    self.on_egress(att, out)
+                out = egress_proxy.Outcome()
+                try:
+                    await egress_proxy.serve(conn, self.policy, functools.partial(
+                        att.lookups.resolve, self.resolve), out)
+                finally:        # also when the sandbox ends mid-tunnel: its bytes count
+                    self._egress_done(att, out)
             elif name == "service":
                 await self._gate(att, conn)
             else:
@@ -312,6 +308,16 @@ class SandboxNet:
             att.open[name] -= 1
             att.room[name].set()
             conn.close()
+
+    def _egress_done(self, att: Attachment, out: egress_proxy.Outcome) -> None:
+        att.egress_up += out.up
+        att.egress_down += out.down
+        if out.refused:
+            self.refusals.refused(att, out.refused, (
+                f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
+                f"{out.host or '?'}:{out.port or '?'}"), "egress")
+        if self.on_egress is not None:
+            self.on_egress(att, out)
 
     async def _gate(self, att: Attachment, conn: socket.socket) -> None:
         target = self.targets.get("service")
