@@ -127,6 +127,8 @@ class MnoteExtension(Extension):
         config, cfg = services.config, settings(services.config)
         runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
         runs.streams_per_actor = cfg.max_streams_per_actor
+        if services.shared is not None:        # several nodes: finished runs replay anywhere
+            runs.archive = services.shared.runs
         backend = backend_for(cfg.page_store)
         store = SQLitePageStore(config.data_dir / "mnote.db") if backend is None else None
         tools = ToolGateway(store, cfg.service_url or services.service_url, backend=backend)
@@ -149,8 +151,15 @@ class MnoteExtension(Extension):
             register_response_headers,
             register_tags,
         )
-        from . import client, client_runs, client_schemas, endpoint, events  # noqa: F401
-        # (client_runs: its routes join client.bp when it is imported)
+        from . import (  # noqa: F401
+            client,
+            client_runs,
+            client_schemas,
+            client_suggestions,
+            endpoint,
+            events,
+        )
+        # (client_runs, client_suggestions: their routes join client.bp when imported)
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)

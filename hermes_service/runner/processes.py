@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..config import HermesSettings
 from ..disk.quota import Disk
-from ..errors import RunError, TooManyRuns, Unconfigured
+from ..errors import RunError, ServiceError, StorageFull, TooManyRuns, Unconfigured
 from ..files import atomic_write
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
@@ -201,6 +201,7 @@ class ProcessGroups:
     def __init__(self, pid_dir: Path | None):
         self.pid_dir = pid_dir
         self._live: set = set()
+        self._homes: dict = {}          # member -> its HERMES_HOME (kill_home)
         self._lock = threading.Lock()
         if pid_dir is not None:
             pid_dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +209,7 @@ class ProcessGroups:
     def add(self, member, home: str | None) -> None:
         with self._lock:
             self._live.add(member)
+            self._homes[member] = home
         if self.pid_dir is not None:
             try:            # whole or not at all: a full disk leaves no empty record
                 atomic_write(self.pid_dir / f"{member.pgid}.json", json.dumps({
@@ -220,6 +222,7 @@ class ProcessGroups:
     def forget(self, member) -> None:
         with self._lock:
             self._live.discard(member)
+            self._homes.pop(member, None)
         if self.pid_dir is not None:
             (self.pid_dir / f"{member.pgid}.json").unlink(missing_ok=True)
 
@@ -231,12 +234,14 @@ class ProcessGroups:
         """Kill every live process group at once (in parallel). Returns how many."""
         with self._lock:
             live = list(self._live)
-        threads = [threading.Thread(target=m.kill, args=(reason,)) for m in live]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
-        return len(live)
+        return _kill_each(live, reason)
+
+    def kill_home(self, hermes_home: str, reason: str) -> int:
+        """Kill the live groups running with ``hermes_home`` (one user's: CLI turns and warm
+        ACP processes), in parallel; returns how many (a node that lost the user's lease)."""
+        with self._lock:
+            live = [m for m in self._live if self._homes.get(m) == hermes_home]
+        return _kill_each(live, reason)
 
     def reap_orphans(self) -> int:
         """Kill process groups left by a service process that died (kill -9, crash).
@@ -276,6 +281,16 @@ class ProcessGroups:
                     pass
             record.unlink(missing_ok=True)
         return reaped
+
+
+def _kill_each(members: list, reason: str) -> int:
+    """``member.kill(reason)`` for each, in parallel (10 s each at most); how many."""
+    threads = [threading.Thread(target=m.kill, args=(reason,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return len(members)
 
 
 def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = False) -> None:
@@ -445,20 +460,31 @@ class Processes:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)
 
-    def explain(self, err: RunError, home: UserHome) -> RunError:
-        """``err`` of a failed turn, or ``token_budget_exceeded`` when its user's
-        ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the pass-through's
-        429 as a failed or empty answer); the Hermes session id it carries is kept."""
-        proxy = self.sandbox.credentials if self.sandbox is not None else None
-        if proxy is None or err.code not in _MAYBE_BUDGET:
+    def explain(self, err: RunError, home: UserHome) -> ServiceError:
+        """``err`` of a failed turn, or what made Hermes fail: ``token_budget_exceeded`` when
+        its user's ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the
+        pass-through's 429 as a failed or empty answer); ``home_quota_exceeded`` /
+        ``storage_full`` (507) when its home is now at its quota (the agent filled it, and
+        Hermes could not write its record: never a 502) or the disk below the floor. The
+        Hermes session id it carries is kept."""
+        if err.code not in _MAYBE_BUDGET:
             return err
+        better: ServiceError | None = None
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
         try:
-            proxy.check_budget(home.user_id)
+            if proxy is not None:
+                proxy.check_budget(home.user_id)
         except Refusal:
             better = budget_error()
-            better.hermes_session_id = getattr(err, "hermes_session_id", None)
-            return better
-        return err
+        if better is None and self.sandbox is not None and self.disk is not None:
+            try:
+                self.disk.check_turn(home.root, self.run_files.root / home.user_id)
+            except (RunError, StorageFull) as full:
+                better = full
+        if better is None:
+            return err
+        better.hermes_session_id = getattr(err, "hermes_session_id", None)
+        return better
 
     def spawn(self, args: list[str], env: dict, home: UserHome,
               max_output_bytes: int | None = None) -> CliProcess:
