@@ -91,8 +91,9 @@ EGRESS_CONNECTIONS = Counter(
     namespace=NAMESPACE, registry=REGISTRY)
 SANDBOX_REFUSED = Counter(
     "sandbox_requests_refused", "Requests from inside a sandbox to this service refused before "
-    "any route, by reason: not_a_sandbox_route, bad_request, length_required, unreachable "
-    "(docs/sandbox.md §Network).", ["reason"], namespace=NAMESPACE, registry=REGISTRY)
+    "any route, by reason: not_a_sandbox_route, bad_request, length_required, unreachable, "
+    "body_timeout (docs/sandbox.md §Network).", ["reason"], namespace=NAMESPACE,
+    registry=REGISTRY)
 EGRESS_BYTES = Counter(
     "egress_bytes", "Bytes through the egress proxy, by direction: up (sandbox to the "
     "internet) or down.", ["direction"], namespace=NAMESPACE, registry=REGISTRY)

@@ -168,12 +168,15 @@ async def _dial(addresses: list[tuple[int, tuple]]) -> socket.socket | None:
 Resolver = Callable[[str, int], Awaitable[tuple[list, str | None]]]
 
 
-async def serve(sock: socket.socket, policy: Policy, resolver: Resolver) -> Outcome:
+async def serve(sock: socket.socket, policy: Policy, resolver: Resolver,
+                out: Outcome | None = None) -> Outcome:
     """Serve one proxy connection on the non-blocking ``sock`` to its end (the caller closes
     it); returns what it did (the caller logs and counts it). ``resolver(host, port)``:
     ``(addresses, None)`` or ``([], reason)`` (:func:`egress_policy.resolve` on the
-    sandbox's own lookups). Never raises for anything the client or the origin does."""
-    out = Outcome()
+    sandbox's own lookups). ``out``: the caller's :class:`Outcome` to fill as bytes move, so
+    a connection cancelled midway (its sandbox ended) still has its bytes counted. Never
+    raises for anything the client or the origin does."""
+    out = Outcome() if out is None else out
     got = await relay.read_head(sock, MAX_HEAD, HEAD_TIMEOUT)
     req = parse_request(got[0]) if got is not None else "bad_request"
     if isinstance(req, str):

@@ -5,8 +5,11 @@ moment it is there.
 
 :class:`OwnAddresses` reads the addresses of every interface of the service's network
 namespace with one rtnetlink dump (``RTM_GETADDR``, RFC 3549: a few hundred bytes per
-address, however large the routing table) and keeps them; it reads them again as soon as the
-kernel announces an address added or removed (a netlink socket subscribed to the address
+address, however large the routing table), and the prefixes of its ``local`` routes with
+another (``RTM_GETROUTE``, only those routes where the kernel filters a dump: AnyIP —
+``ip route add local 198.51.100.0/24 dev lo`` — makes the host answer on every address of
+a prefix no interface holds), and keeps them; it reads them again as soon as the kernel
+announces an address or route added or removed (a netlink socket subscribed to those
 groups: checking it is one non-blocking ``recv``), and at the latest every :data:`MAX_AGE`
 seconds. Without netlink (another platform) it reads ``/proc/net/fib_trie`` and
 ``/proc/net/if_inet6`` every :data:`MAX_AGE` seconds.
@@ -26,10 +29,67 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 MAX_AGE = 5.0
 _NETLINK_ROUTE, _RTM_NEWADDR, _RTM_GETADDR, _NLMSG_DONE, _NLMSG_ERROR = 0, 20, 22, 3, 2
 _NLM_F_REQUEST_DUMP = 0x1 | 0x300
-_GROUPS = 0x10 | 0x100                  # RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
+#: RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE
+_GROUPS = 0x10 | 0x100 | 0x40 | 0x400
 _IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_RTM_NEWROUTE, _RTM_GETROUTE, _RTN_LOCAL, _RTA_DST = 24, 26, 2, 1
 _HEADER = struct.Struct("=LHHLL")       # nlmsghdr
 _RTA = struct.Struct("=HH")             # rtattr
+_RTMSG = struct.Struct("=BBBBBBBBI")    # rtmsg
+_SOL_NETLINK, _NETLINK_GET_STRICT_CHK = 270, 12
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class Owned(frozenset):
+    """The host's addresses (the set's members) and the prefixes of its ``local`` routes
+    (``networks``: AnyIP, ``ip route add local 198.51.100.0/24 dev lo``: the host answers on
+    every address in them). ``addr in owned`` is true for either."""
+    networks: frozenset = frozenset()
+
+    def __new__(cls, addresses=(), networks=()):
+        self = super().__new__(cls, addresses)
+        self.networks = frozenset(networks)
+        return self
+
+    def __contains__(self, addr) -> bool:
+        return frozenset.__contains__(self, addr) or any(
+            addr.version == net.version and addr in net for net in self.networks)
+
+
+def _attrs(data: bytes, at: int, end: int) -> dict[int, bytes]:
+    attrs: dict[int, bytes] = {}
+    while at + _RTA.size <= end:
+        size, kind = _RTA.unpack_from(data, at)
+        if size < _RTA.size:
+            break
+        attrs[kind] = data[at + _RTA.size:at + size]
+        at += (size + 3) & ~3
+    return attrs
+
+
+def parse_routes(data: bytes) -> tuple[set[IPNetwork], bool]:
+    """The prefixes of the ``local`` routes (``RTN_LOCAL``) in one ``recv`` of an
+    ``RTM_GETROUTE`` dump, and whether it was the last. Messages cut short end the parse."""
+    found: set[IPNetwork] = set()
+    off = 0
+    while off + _HEADER.size <= len(data):
+        length, kind, _flags, _seq, _pid = _HEADER.unpack_from(data, off)
+        if length < _HEADER.size or off + length > len(data):
+            break
+        if kind in (_NLMSG_DONE, _NLMSG_ERROR):
+            return found, True
+        if kind == _RTM_NEWROUTE and length >= _HEADER.size + _RTMSG.size:
+            family, dst_len, *_, rtype, _f = _RTMSG.unpack_from(data, off + _HEADER.size)
+            raw = _attrs(data, off + _HEADER.size + _RTMSG.size, off + length).get(_RTA_DST)
+            size = {socket.AF_INET: 4, socket.AF_INET6: 16}.get(family)
+            if rtype == _RTN_LOCAL and size is not None:
+                raw = bytes(size) if raw is None and dst_len == 0 else raw   # local default
+                with contextlib.suppress(ValueError, TypeError):
+                    if raw is not None and len(raw) == size:
+                        found.add(ipaddress.ip_network((ipaddress.ip_address(raw), dst_len),
+                                                       strict=False))
+        off += (length + 3) & ~3
+    return found, False
 
 
 def parse_dump(data: bytes) -> tuple[set[IPAddress], bool]:
@@ -45,14 +105,7 @@ def parse_dump(data: bytes) -> tuple[set[IPAddress], bool]:
             return found, True
         if kind == _RTM_NEWADDR and length >= _HEADER.size + 8:
             family = data[off + _HEADER.size]
-            attrs: dict[int, bytes] = {}
-            at = off + _HEADER.size + 8
-            while at + _RTA.size <= off + length:
-                size, kind_ = _RTA.unpack_from(data, at)
-                if size < _RTA.size:
-                    break
-                attrs[kind_] = data[at + _RTA.size:at + size]
-                at += (size + 3) & ~3
+            attrs = _attrs(data, off + _HEADER.size + 8, off + length)
             raw = attrs.get(_IFA_LOCAL) or attrs.get(_IFA_ADDRESS) or b""
             if (family, len(raw)) in ((socket.AF_INET, 4), (socket.AF_INET6, 16)):
                 found.add(ipaddress.ip_address(raw))
@@ -60,20 +113,31 @@ def parse_dump(data: bytes) -> tuple[set[IPAddress], bool]:
     return found, False
 
 
-def read_netlink() -> frozenset[IPAddress]:
-    """Every address of every interface (one ``RTM_GETADDR`` dump). Raises OSError."""
+def _dump(kind: int, body: bytes, parse) -> set:
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC,
                        _NETLINK_ROUTE) as sock:
         sock.settimeout(5)
         sock.bind((0, 0))
-        sock.send(_HEADER.pack(_HEADER.size + 8, _RTM_GETADDR, _NLM_F_REQUEST_DUMP, 1, 0)
-                  + bytes(8))
-        found: set[IPAddress] = set()
+        # the kernel then dumps only what ``body`` asks for (the local routes, not a router's
+        # whole table); an older one dumps everything and the parser picks
+        with contextlib.suppress(OSError):
+            sock.setsockopt(_SOL_NETLINK, _NETLINK_GET_STRICT_CHK, 1)
+        sock.send(_HEADER.pack(_HEADER.size + len(body), kind, _NLM_F_REQUEST_DUMP, 1, 0)
+                  + body)
+        found: set = set()
         while True:
-            part, done = parse_dump(sock.recv(1 << 16))
+            part, done = parse(sock.recv(1 << 16))
             found |= part
             if done:
-                return frozenset(found)
+                return found
+
+
+def read_netlink() -> Owned:
+    """Every address of every interface (one ``RTM_GETADDR`` dump) and the prefixes of the
+    ``local`` routes of every table (one ``RTM_GETROUTE`` dump). Raises OSError."""
+    return Owned(_dump(_RTM_GETADDR, bytes(8), parse_dump),
+                 _dump(_RTM_GETROUTE, _RTMSG.pack(0, 0, 0, 0, 0, 0, 0, _RTN_LOCAL, 0),
+                       parse_routes))
 
 
 def read_proc() -> frozenset[IPAddress]:

@@ -29,12 +29,13 @@ class RefusalLog:
     """``refused(sandbox, reason, detail)`` for every refusal; :meth:`flush` (on a timer, and
     when a sandbox ends) writes the counts of the windows that are over. ``sandbox``: any
     hashable naming one sandbox; ``detail``: the line's text without the reason; ``kind``:
-    what refused it (``egress``, ``service``: one window each). Used from one thread (the
-    sockets' loop)."""
+    what refused it (``egress``, ``service``: one window each); ``level``: of its lines (the
+    sockets also count their allowed egress connections with one, at info). Used from one
+    thread (the sockets' loop)."""
 
     def __init__(self, logger: logging.Logger, interval: float = INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
-        self.log, self.interval, self.clock = logger, interval, clock
+                 clock: Callable[[], float] = time.monotonic, level: int = logging.WARNING):
+        self.log, self.interval, self.clock, self.level = logger, interval, clock, level
         self.windows: dict[tuple[Hashable, str, str], _Window] = {}
 
     def refused(self, sandbox: Hashable, reason: str, detail: str, kind: str = "",
@@ -49,7 +50,7 @@ class RefusalLog:
         if window is not None:
             self._write(key, window)
         self.windows[key] = _Window(now)
-        self.log.warning("%s (%s)", detail, reason, exc_info=exc_info)
+        self.log.log(self.level, "%s (%s)", detail, reason, exc_info=exc_info)
 
     def flush(self, sandbox: Hashable | None = None) -> None:
         """Write and end the windows that are over — or all of ``sandbox``'s (it ended)."""
@@ -61,5 +62,5 @@ class RefusalLog:
 
     def _write(self, key: tuple[Hashable, str, str], window: _Window) -> None:
         if window.count:
-            self.log.warning("%s (%s) and %d more like it in %.0f s", window.detail, key[2],
-                             window.count, self.clock() - window.since)
+            self.log.log(self.level, "%s (%s) and %d more like it in %.0f s", window.detail,
+                         key[2], window.count, self.clock() - window.since)

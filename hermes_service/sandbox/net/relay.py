@@ -4,7 +4,9 @@ answer all move their bytes here.
 
 * :func:`copy` — one direction, from one non-blocking socket to another, on the running
   asyncio loop. Where the platform has ``os.splice`` the bytes go socket → a pipe of its own
-  → socket inside the kernel (no byte enters Python; at most :data:`PIPE_BYTES` in flight);
+  → socket inside the kernel (no byte enters Python; at most :data:`PIPE_BYTES` in flight;
+  the pipe is let go after :data:`PIPE_HOLD` seconds without bytes, and at most
+  :data:`GROWN_PIPES` are grown at once);
   elsewhere, or for a socket the kernel cannot splice, through one reused buffer of
   :data:`BUFFER` bytes. Nothing more is read while the last piece waits to be written
   (back-pressure: a slow reader slows the writer, no whole body is held). Bytes moved are
@@ -32,12 +34,21 @@ from collections.abc import Callable
 #: bytes asked of one ``splice``/``recv`` (the pipe's capacity is raised to it where allowed)
 BUFFER = 1 << 20
 PIPE_BYTES = BUFFER
+#: pipes grown to :data:`PIPE_BYTES` at once in this process (others keep the kernel's
+#: default, 64 KiB): a non-root user's pipes share one budget (``fs.pipe-user-pages-soft``,
+#: 64 MiB), past which every new pipe of that user is 8 KiB — no sandbox may spend it
+GROWN_PIPES = 16
+grown = 0                       # pipes grown now
+#: seconds a copy keeps its pipe while its source has nothing to read (an idle connection
+#: then holds none; a busy one does not make a pipe per round)
+PIPE_HOLD = 0.5
 #: ``os.splice`` where the platform has it; None: every copy goes through the buffer
 SPLICE: Callable[..., int] | None = getattr(os, "splice", None)
 _SPLICE_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-#: the errors of a splice the kernel does not do for this pair of files (then: the buffer)
-_NO_SPLICE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+#: the errors of a splice the kernel does not do for this pair of files, or of no descriptor
+#: left for its pipe (then: the buffer)
+_NO_SPLICE = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EMFILE, errno.ENFILE)
 _ENDED = (TimeoutError, ConnectionError, OSError)
 
 
@@ -74,26 +85,32 @@ async def send_all(sock: socket.socket, data: bytes | memoryview) -> None:
             await _ready(sock, True)
 
 
-def _pipe() -> tuple[int, int] | None:
-    if SPLICE is None:
-        return None
+def _pipe() -> tuple[int, int, bool]:
+    """A new pipe ``(read end, write end, grown)``; grown to :data:`PIPE_BYTES` while fewer
+    than :data:`GROWN_PIPES` are. Raises OSError (no descriptor left)."""
+    global grown
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    with contextlib.suppress(OSError):      # a smaller pipe only means more rounds
-        fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_BYTES)
-    return r, w
-
-
-async def _splice_round(src: socket.socket, dst: socket.socket, pipe: tuple[int, int],
-                        want: int) -> int:
-    """Move up to ``want`` bytes ``src`` → pipe → ``dst``; 0 at ``src``'s end of input."""
-    r, w = pipe
-    assert SPLICE is not None          # a pipe is made only where splice is
-    while True:
+    if grown < GROWN_PIPES:
         try:
-            n = SPLICE(src.fileno(), w, want, flags=_SPLICE_FLAGS)
-            break
-        except BlockingIOError:
-            await _ready(src, False)
+            fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_BYTES)
+            grown += 1
+            return r, w, True
+        except OSError:                 # a smaller pipe only means more rounds
+            pass
+    return r, w, False
+
+
+async def _splice_round(src: socket.socket, dst: socket.socket, pipe: tuple[int, int, bool],
+                        want: int) -> int:
+    """Move up to ``want`` bytes ``src`` → pipe → ``dst``; 0 at ``src``'s end of input, -1
+    when ``src`` has nothing now (the pipe is empty then: the caller lets it go while it
+    waits, so an idle connection holds no pipe)."""
+    r, w, _ = pipe
+    assert SPLICE is not None          # a pipe is made only where splice is
+    try:
+        n = SPLICE(src.fileno(), w, want, flags=_SPLICE_FLAGS)
+    except BlockingIOError:
+        return -1
     left = n
     while left:
         try:
@@ -101,6 +118,37 @@ async def _splice_round(src: socket.socket, dst: socket.socket, pipe: tuple[int,
         except BlockingIOError:
             await _ready(dst, True)
     return n
+
+
+async def _splice_step(src: socket.socket, dst: socket.socket, held: list,
+                       want: int) -> int | None:
+    """One round ``src`` → a pipe → ``dst``, ``held[0]`` the pipe while bytes move: the bytes
+    moved (0: end of input), -1 when there were none (``src`` then waited for; the pipe let
+    go after :data:`PIPE_HOLD` seconds of it), None when splice cannot be used for this pair
+    (or no descriptor is left)."""
+    try:
+        held[0] = held[0] or _pipe()
+        n = await _splice_round(src, dst, held[0], want)
+    except OSError as exc:
+        if exc.errno not in _NO_SPLICE:
+            raise
+        _let_go(held)
+        return None
+    if n >= 0:
+        return n
+    with contextlib.suppress(TimeoutError):     # a short pause keeps the pipe
+        async with asyncio.timeout(PIPE_HOLD):
+            await _ready(src, False)
+            return n
+    _let_go(held)
+    await _ready(src, False)
+    return n
+
+
+def _let_go(held: list) -> None:
+    if held[0] is not None:
+        _close(held[0])
+        held[0] = None
 
 
 async def _buffer_round(src: socket.socket, dst: socket.socket, buf: bytearray,
@@ -122,7 +170,7 @@ async def copy(src: socket.socket, dst: socket.socket, *, first: bytes = b"",
     (``first``, bytes already read from ``src``, go before and count), an error of either
     peer, or ``idle`` seconds without progress. Returns the bytes moved."""
     moved = 0
-    pipe = None
+    held: list = [None]                # the pipe while bytes move
     buf: bytearray | None = None
     try:
         if first:
@@ -132,19 +180,16 @@ async def copy(src: socket.socket, dst: socket.socket, *, first: bytes = b"",
             moved = len(first)
             if count is not None:
                 count(moved)
-        pipe = _pipe()
+        splice = SPLICE is not None
         while limit is None or moved < limit:
             want = BUFFER if limit is None else min(BUFFER, limit - moved)
             async with asyncio.timeout(idle):
-                if pipe is not None:
-                    try:
-                        n = await _splice_round(src, dst, pipe, want)
-                    except OSError as exc:
-                        if exc.errno not in _NO_SPLICE:
-                            raise
-                        _close(pipe)
-                        pipe = None
+                if splice:
+                    got = await _splice_step(src, dst, held, want)
+                    splice = got is not None
+                    if got is None or got < 0:
                         continue
+                    n = got
                 else:
                     buf = buf if buf is not None else bytearray(BUFFER)
                     n = await _buffer_round(src, dst, buf, want)
@@ -156,17 +201,19 @@ async def copy(src: socket.socket, dst: socket.socket, *, first: bytes = b"",
     except _ENDED:
         pass
     finally:
-        if pipe is not None:
-            _close(pipe)
+        if held[0] is not None:
+            _close(held[0])
         if half_close:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
     return moved
 
 
-def _close(pipe: tuple[int, int]) -> None:
-    for fd in pipe:
-        os.close(fd)
+def _close(pipe: tuple[int, int, bool]) -> None:
+    global grown
+    os.close(pipe[0])
+    os.close(pipe[1])
+    grown -= pipe[2]
 
 
 async def both(near: socket.socket, far: socket.socket, *, first_up: bytes = b"",

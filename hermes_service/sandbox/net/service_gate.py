@@ -8,10 +8,11 @@ request under one of the allowed path prefixes (``allowed``: the run-token route
 paths, set by the app factory) with **403** and an ``X-Hermes-Refused`` reason, sends the
 rest to the service with ``Connection: close`` and exactly the ``Content-Length`` bytes of
 body that follow (``Transfer-Encoding`` is refused with 411: a second request pipelined
-behind the first never reaches the service), and relays the answer back — both through the
-one relay (:mod:`.relay`). Nothing else of the
-service — its API keys' routes, ``/metrics``, ``/health`` — is reachable from a sandbox, and
-a refused request costs the service no request, no access log line and no thread.
+behind the first never reaches the service; a body not all sent within
+:data:`BODY_TIMEOUT` seconds ends the connection, ``body_timeout``), and relays the answer
+back — both through the one relay (:mod:`.relay`). Nothing else of the service — its API
+keys' routes, ``/metrics``, ``/health`` — is reachable from a sandbox, and a refused
+request costs the service no request, no access log line and no thread.
 
 :class:`Pace` is a token bucket per sandbox: at most :data:`RATE` requests a second
 (:data:`BURST` at once after a quiet while); a faster caller waits. One sandbox's flood then
@@ -28,6 +29,7 @@ from . import http_head, relay
 
 MAX_HEAD = 16 * 1024
 HEAD_TIMEOUT = 30.0
+BODY_TIMEOUT = 60.0      # seconds to send the body once the head is in (no slowloris)
 MAX_LENGTH_DIGITS = 15   # a Content-Length of more digits is refused
 RATE = 20.0          # requests per second per sandbox, sustained
 BURST = 40           # requests at once after a quiet while
@@ -130,8 +132,12 @@ async def forward(sock: socket.socket, target: tuple[int, tuple], prefixes: Iter
         except (TimeoutError, OSError):
             await refuse(sock, "502 Bad Gateway", "unreachable")
             return "unreachable"
-        sent = await relay.copy(sock, service, first=send + got[1][:length],
-                                limit=len(send) + length, half_close=False)
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT):
+                sent = await relay.copy(sock, service, first=send + got[1][:length],
+                                        limit=len(send) + length, half_close=False)
+        except TimeoutError:
+            return "body_timeout"
         if sent == len(send) + length:
             await relay.copy(service, sock)
     finally:

@@ -151,6 +151,8 @@ class SandboxNet:
         self.on_egress = on_egress
         self.resolve = egress_policy.resolve
         self.refusals = RefusalLog(log)
+        #: allowed egress connections, logged the same way (a flood of them is a flood too)
+        self.passes = RefusalLog(log, level=logging.INFO)
         #: where the model and service sockets lead: ``(family, address)``
         self.targets: dict[str, tuple[int, tuple]] = {}
         #: the path prefixes a sandbox may call through ``service.sock``
@@ -184,6 +186,7 @@ class SandboxNet:
 
     def _flush_refusals(self) -> None:
         self.refusals.flush()
+        self.passes.flush()
         loop = self._loop or asyncio.get_running_loop()
         loop.call_later(min(5.0, self.refusals.interval), self._flush_refusals)
 
@@ -264,6 +267,7 @@ class SandboxNet:
         await asyncio.gather(*tasks, return_exceptions=True)
         att.lookups.close()
         self.refusals.flush(att)
+        self.passes.flush(att)
 
     async def _accept(self, att: Attachment, name: str, sock: socket.socket) -> None:
         """Accept on one socket while the sandbox has fewer than its cap open there; at the
@@ -289,16 +293,12 @@ class SandboxNet:
     async def _connection(self, att: Attachment, name: str, conn: socket.socket) -> None:
         try:
             if name == "egress":
-                out = await egress_proxy.serve(conn, self.policy, functools.partial(
-                    att.lookups.resolve, self.resolve))
-                att.egress_up += out.up
-                att.egress_down += out.down
-                if out.refused:
-                    self.refusals.refused(att, out.refused, (
-                        f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
-                        f"{out.host or '?'}:{out.port or '?'}"), "egress")
-                if self.on_egress is not None:
-                    self.on_egress(att, out)
+                out = egress_proxy.Outcome()
+                try:
+                    await egress_proxy.serve(conn, self.policy, functools.partial(
+                        att.lookups.resolve, self.resolve), out)
+                finally:        # also when the sandbox ends mid-tunnel: its bytes count
+                    self._egress_done(att, out)
             elif name == "service":
                 await self._gate(att, conn)
             else:
@@ -312,6 +312,21 @@ class SandboxNet:
             att.open[name] -= 1
             att.room[name].set()
             conn.close()
+
+    def _egress_done(self, att: Attachment, out: egress_proxy.Outcome) -> None:
+        att.egress_up += out.up
+        att.egress_down += out.down
+        if out.refused:
+            self.refusals.refused(att, out.refused, (
+                f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
+                f"{out.host or '?'}:{out.port or '?'}"), "egress")
+        else:
+            self.passes.refused(att, "ok", (
+                f"egress user={att.user_id} run={att.run_id or '-'}: {out.host or '?'}:"
+                f"{out.port or '?'} up={out.up} down={out.down}; sandbox so far "
+                f"up={att.egress_up} down={att.egress_down}"), "egress")
+        if self.on_egress is not None:
+            self.on_egress(att, out)
 
     async def _gate(self, att: Attachment, conn: socket.socket) -> None:
         target = self.targets.get("service")
@@ -351,11 +366,8 @@ def sweep(root: Path) -> list[str]:
 
 
 def report_egress(att: Attachment, out: egress_proxy.Outcome) -> None:
-    """One finished egress connection: a metric (no user label), and for one that went
-    through an info line naming the user, the run (when one is running there) and the bytes
-    each way (per user, docs/operations.md §Logs). Refusals are logged by
-    :class:`SandboxNet` (:class:`RefusalLog`: once per sandbox and reason an interval)."""
+    """One finished egress connection: a metric (no user label). Its log line — naming the
+    user, the run, the bytes each way and the sandbox's totals so far (docs/operations.md
+    §Logs) — is written by :class:`SandboxNet`, at a rate no sandbox sets
+    (:class:`RefusalLog`: the first at once, then a count per sandbox an interval)."""
     metrics.egress_connection(out.refused or "ok", out.up, out.down)
-    if not out.refused:
-        log.info("egress user=%s run=%s: %s:%s up=%d down=%d", att.user_id, att.run_id or "-",
-                 out.host or "?", out.port or "?", out.up, out.down)

@@ -84,3 +84,40 @@ def test_without_announcements_the_addresses_are_read_again_within_max_age(monke
 def test_any_dump_bytes_parse_without_raising(data):
     found, _done = own_addresses.parse_dump(data)
     assert all(a.version in (4, 6) for a in found)
+
+
+LOCAL_ROUTE = r"""
+import ipaddress, socket, subprocess
+from hermes_service.sandbox.net import egress_policy
+from hermes_service.sandbox.net.own_addresses import OwnAddresses
+
+def ip(*args):
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+ip("link", "set", "lo", "up")
+own = OwnAddresses(max_age=3600)          # only the kernel's announcements refresh it
+addr = ipaddress.ip_address("198.51.100.77")
+assert not egress_policy.denied_address(addr, own())
+ip("route", "add", "local", "198.51.100.0/24", "dev", "lo")
+srv = socket.create_server(("0.0.0.0", 0))
+socket.create_connection(("198.51.100.77", srv.getsockname()[1]), timeout=5).close()
+print("CHECK reached", egress_policy.denied_address(addr, own()))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"),
+                    reason="needs root, unshare and iproute2 for a network namespace")
+def test_a_prefix_the_host_answers_on_by_a_local_route_is_refused():
+    """AnyIP: ``ip route add local 198.51.100.0/24 dev lo`` makes the host accept connections
+    on every address of the prefix, none of which is an interface address: a name resolving
+    to one reached a service on the host until the local routes were read too."""
+    run = subprocess.run(["unshare", "--net", sys.executable, "-c", LOCAL_ROUTE], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    assert "CHECK reached True" in run.stdout, run.stdout
+
+
+@given(st.binary(max_size=600))
+def test_any_route_dump_bytes_parse_without_raising(data):
+    found, _done = own_addresses.parse_routes(data)
+    assert all(n.version in (4, 6) for n in found)

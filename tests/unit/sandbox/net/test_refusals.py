@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 
 import pytest
 
 from hermes_service.sandbox.net.egress_policy import Policy
 from hermes_service.sandbox.net.refusals import RefusalLog
-from hermes_service.sandbox.net.sockets import SandboxNet
+from hermes_service.sandbox.net.sockets import SandboxNet, report_egress
 from support.fixtures import wait_for
 
 
@@ -112,3 +113,46 @@ def test_a_flood_of_refusals_leaves_a_few_lines_and_no_traceback(tmp_path, caplo
     assert total == per_kind * len(FLOOD)
     print(f"\n{per_kind * len(FLOOD)} refused requests in {took:.2f} s "
           f"({per_kind * len(FLOOD) / took:.0f}/s): {len(records)} log lines")
+
+
+def test_a_flood_of_allowed_connections_leaves_a_few_lines_with_the_totals(tmp_path, caplog):
+    """Allowed connections are a flood too: a sandbox connecting to a fast allowed origin
+    a thousand times a second wrote a line each. The first is written, the rest counted, and
+    the last line still carries the sandbox's bytes each way (the per-user record)."""
+    origin = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = origin.accept()
+            except OSError:
+                return
+            conn.sendall(b"hi")
+            conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    net = SandboxNet(tmp_path / "net", Policy.from_lists(["*.example.com"], []),
+                     on_egress=report_egress)
+    net.resolve = lambda host, port: ([(socket.AF_INET, origin.getsockname())], None)
+    att = net.attach("mallory")
+    caplog.set_level(logging.INFO, "hermes_service")
+    try:
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(30)
+            fd = os.open(att.folder, os.O_RDONLY | os.O_DIRECTORY)
+            s.connect(f"/proc/self/fd/{fd}/egress.sock")
+            os.close(fd)
+            s.sendall(b"CONNECT a.example.com:443 HTTP/1.1\r\n\r\n")
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+            s.close()
+            assert got == b"HTTP/1.1 200 Connection established\r\n\r\nhi"
+        wait_for(lambda: att.open["egress"] == 0, "the last connection")
+    finally:
+        net.close()
+        origin.close()
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("hermes_service")]
+    assert len(lines) == 2, lines
+    assert " and 199 more like it " in lines[1]
+    assert "sandbox so far up=0 down=400" in lines[1]

@@ -6,12 +6,15 @@ head is read with what came after it."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import socket
 
 import pytest
 
 from hermes_service.sandbox.net import relay
+
+F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 @pytest.fixture(params=["splice", "buffer"])
@@ -156,3 +159,64 @@ def test_a_head_not_sent_in_time_is_none():
         r.close()
         return got
     assert asyncio.run(main()) is None
+
+
+
+def pipe_sizes() -> list[int]:
+    """The capacity of every non-blocking pipe this process holds (once per pipe)."""
+    sizes = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+            if name.startswith("pipe:") and os.get_blocking(int(fd)) is False:
+                sizes[name] = fcntl.fcntl(int(fd), F_GETPIPE_SZ)
+        except OSError:
+            pass
+    return list(sizes.values())
+
+
+def test_idle_copies_hold_no_pipe_and_few_pipes_grow(monkeypatch):
+    """The pipes of a non-root service's user are one budget (fs.pipe-user-pages-soft, 64 MiB
+    by default); past it every new pipe of that user is 8 KiB and cannot grow. A sandbox
+    holding its 64 egress tunnels idle held 128 pipes of 1 MiB: every other user's relay was
+    then 8 KiB a round. An idle copy now holds no pipe (past PIPE_HOLD), and at most
+    GROWN_PIPES pipes at once are grown past the kernel's default, however many readers stop
+    reading."""
+    if relay.SPLICE is None:
+        pytest.skip("no os.splice on this platform")
+    monkeypatch.setattr(relay, "GROWN_PIPES", 3)
+    monkeypatch.setattr(relay, "PIPE_HOLD", 0.05)
+
+    async def main():
+        socks, tasks = [], []
+        before = len(pipe_sizes())
+        for _ in range(12):
+            src_w, src = pair()
+            dst, dst_r = pair()
+            socks += [src_w, src, dst, dst_r]
+            tasks.append(asyncio.create_task(relay.copy(src, dst)))
+        for _ in range(500):                        # the pipes of a short pause let go
+            await asyncio.sleep(0.02)
+            if len(pipe_sizes()) == before:
+                break
+        idle = len(pipe_sizes()) - before
+        for _ in range(30):                         # every reader asleep: pipes stay full
+            for i in range(12):
+                try:
+                    while True:
+                        socks[4 * i].send(b"x" * 65536)
+                except BlockingIOError:
+                    pass
+            await asyncio.sleep(0.01)
+        grown = sum(size > 65536 for size in pipe_sizes())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for sock in socks:
+            sock.close()
+        return idle, grown, relay.grown
+    idle, grown, left = asyncio.run(main())
+    assert idle == 0
+    assert 0 < grown <= 3
+    assert left == 0                                  # every grown pipe given back
+    assert relay.GROWN_PIPES * relay.PIPE_BYTES <= 32 << 20     # half the default budget

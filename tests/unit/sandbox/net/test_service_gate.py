@@ -132,3 +132,33 @@ def test_the_pace_lets_a_burst_through_then_slows_to_its_rate(monkeypatch):
     assert slept == []                               # the burst goes at once
     asyncio.run(take(2))
     assert slept == [pytest.approx(0.1), pytest.approx(0.1)]     # then one per 1/rate s
+
+
+def test_a_body_never_finished_ends_within_its_deadline(monkeypatch):
+    """Slowloris on the gate: a head naming 100 bytes of body, then 2 and silence. The gate
+    gives up on it within BODY_TIMEOUT and lets the service's connection go (without it the
+    sandbox held a connection to the service, and one of its slots, for ever)."""
+    monkeypatch.setattr(service_gate, "BODY_TIMEOUT", 0.5)
+    service = socket.create_server(("127.0.0.1", 0))
+    held = []
+    threading.Thread(target=lambda: held.append(service.accept()[0]), daemon=True).start()
+
+    async def main():
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        await asyncio.get_running_loop().sock_sendall(b, (
+            b"POST /api/hermes/tools/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab"))
+        refused = await asyncio.wait_for(service_gate.forward(
+            a, (socket.AF_INET, service.getsockname()), PREFIXES, Pace()), 30)
+        a.close()
+        b.close()
+        return refused
+    assert asyncio.run(main()) == "body_timeout"
+    held[0].settimeout(10)
+    got = b""
+    while chunk := held[0].recv(65536):     # the service saw the head, then the end
+        got += chunk
+    assert got.endswith(b"\r\n\r\nab")
+    held[0].close()
+    service.close()

@@ -175,3 +175,33 @@ def test_a_second_process_on_the_data_dir_keeps_the_first_ones_sockets(tmp_path,
     finally:
         first.close()
     assert not att.folder.exists()
+
+
+def test_a_tunnel_open_when_its_sandbox_ends_still_has_its_bytes_counted(net):
+    """An agent keeping its download's tunnel open until its turn ends: the bytes it moved
+    are reported (metrics, log) when the sandbox detaches, never lost with the connection."""
+    origin = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve():
+        conn, _ = origin.accept()
+        held.append(conn)
+        conn.sendall(b"d" * 5000)               # then holds the tunnel open
+
+    threading.Thread(target=serve, daemon=True).start()
+    net.resolve = lambda host, port: ([(socket.AF_INET, origin.getsockname())], None)
+    seen = []
+    net.on_egress = lambda att, out: seen.append((out.refused, out.up, out.down))
+    att = net.attach("mallory")
+    e = connect(att, "egress")
+    e.sendall(b"CONNECT a.example.com:443 HTTP/1.1\r\n\r\nup!")
+    got = b""
+    while len(got) < 5000 + len(b"HTTP/1.1 200 Connection established\r\n\r\n"):
+        got += e.recv(65536)
+    wait_for(lambda: held and held[0].recv(3), "the tunnel's first bytes at the origin")
+    net.detach(att)
+    assert seen == [(None, 3, 5000)]
+    e.close()
+    origin.close()
+    for c in held:
+        c.close()
