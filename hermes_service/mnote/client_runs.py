@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from flask import Response, g, request, stream_with_context
 
 from ..errors import ID_SCHEMA, BadRequest, NotFound, check_id
-from ..hermes_state import session_summary, token_counts
+from ..hermes_state import session_summary, token_counts, tokens_used
 from ..web import Param, Reply, documented, has_body, json_body, services
 from . import event_bounds
 from .client import (
@@ -148,7 +148,7 @@ def run_turn(svc, turn: Turn, run) -> None:
             closing.append(("reasoning.delta", {"delta": result.reasoning}))
         closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
     completed = {"output": result.answer, "finish_reason": result.finish_reason,
-                 "usage": _usage_delta(before, after, result.usage)}
+                 "usage": tokens_used(before, after, result.usage)}
     if result.notice:
         completed["notice"] = result.notice
     run.finish([*closing, ("run.completed", completed)])
@@ -159,16 +159,6 @@ def _pieces(text: str) -> list[str]:
     §Sizes of events), so that they add up to it whole."""
     cap = event_bounds.FIELD_CHARS["delta"]
     return [text[i:i + cap] for i in range(0, len(text), cap)]
-
-
-def _usage_delta(before: dict, after: dict, reported: dict | None = None) -> dict:
-    """Tokens this run used: the growth of Hermes's own per-session counters, or what the
-    runner reported when the counters did not move."""
-    inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
-    out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
-    if not inp and not out and reported:
-        inp, out = reported.get("input_tokens", 0), reported.get("output_tokens", 0)
-    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
 
 
 def capability_scope(svc) -> list[str]:

@@ -1,0 +1,103 @@
+"""A streamed turn: the turn runs on a thread of its own while the response's generator
+writes its deltas as chunks (docs/openai-api.md §Streams).
+
+:class:`Feed` is the turn's listener (:class:`~hermes_service.runner.TurnListener`): the
+runner's answer deltas (ACP runner) go into a queue. :func:`stream_frames` writes them; a
+client that goes away (waitress's ``client_disconnected``, checked every
+:data:`POLL_SECONDS`, or the generator closed by a failed write) sets the turn's cancel event,
+which kills its Hermes prompt like an abort, and the turn's admission place is given back
+when the turn has ended."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from typing import Any
+
+from ..errors import ServiceError
+from .errors import render
+from .stream import DONE, KEEPALIVE_SECONDS, Chunks, frame
+
+log = logging.getLogger("hermes_service.openai")
+#: how often a quiet stream checks that its client is still there (seconds)
+POLL_SECONDS = 0.25
+
+
+class Feed:
+    """The turn's listener: answer deltas into :attr:`events` as ``("delta", text)``."""
+
+    def __init__(self):
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+
+    def started(self, handle) -> None:
+        pass
+
+    def delta(self, text: str) -> None:
+        self.events.put(("delta", text))
+
+    def reasoning(self, text: str) -> None:
+        pass
+
+    def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None,
+             preview: str | None = None) -> None:
+        pass
+
+
+def _work(turn: Any, feed: Feed, cancel: threading.Event, held: ExitStack) -> None:
+    """The turn thread: ``("done", (result, tokens))`` or ``("error", ServiceError)`` last."""
+    with held:                               # the admission place, until the turn ended
+        try:
+            feed.events.put(("done", turn.run(feed, cancel)))
+        except ServiceError as err:
+            feed.events.put(("error", err))
+        except Exception:                    # reported in the stream, logged
+            log.exception("openai completion %s failed", turn.cid)
+            feed.events.put(("error", ServiceError("internal error")))
+
+
+def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
+                  disconnected: Callable[[], bool] | None) -> Iterator[str]:
+    """The response body of a streamed completion (:mod:`.stream` says the order); starts
+    ``turn`` (its ``run(listener, cancel)``) on a thread holding ``held`` until it ends."""
+    feed, cancel = Feed(), threading.Event()
+    threading.Thread(target=_work, args=(turn, feed, cancel, held), daemon=True,
+                     name=f"openai-{turn.cid[-8:]}").start()
+    ended = False
+    try:
+        yield chunks.role()
+        quiet = time.monotonic()
+        while True:
+            try:
+                kind, value = feed.events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if disconnected is not None and disconnected():
+                    log.info("openai completion %s: the client went away; stopping the turn",
+                             turn.cid)
+                    return
+                if time.monotonic() - quiet >= KEEPALIVE_SECONDS:
+                    quiet = time.monotonic()
+                    yield ": keepalive\n\n"
+                continue
+            quiet = time.monotonic()
+            if kind == "delta":
+                if value:
+                    yield chunks.content(value)
+                continue
+            ended = True
+            if kind == "error":
+                yield frame(render(value))
+                return
+            result, tokens = value
+            if not result.streamed and result.answer:   # the CLI runner: whole, at the end
+                yield chunks.content(result.answer)
+            yield chunks.finish(result.finish_reason)
+            if usage_asked:
+                yield chunks.usage(tokens)
+            yield DONE
+            return
+    finally:
+        if not ended:
+            cancel.set()

@@ -1,0 +1,171 @@
+"""The OpenAI-compatible routes in process, with the CLI runner stubbed at its seam
+(tests/support/fixtures.py StubTurns): shapes, errors, identity, conversation mapping."""
+import json
+import time
+
+import jwt
+import pytest
+
+KEY, FRONT = "openai-key-0123456789abcdef", "front-key-0123456789abcdef"
+SECRET_ENV, SECRET = "OPENAI_TEST_JWT_SECRET", "s" * 40
+CFG = {"openai": {"runner": "cli"},
+       "security": {"api_keys": [
+           {"key": KEY, "user_id": "alice", "scopes": ["openai"]},
+           {"key": FRONT, "trusted_frontend": True, "scopes": ["openai"]},
+           {"key": "nouser-key-0123456789abcdef", "scopes": ["openai"]},
+           {"key": "v1only-key-0123456789abcdef", "user_id": "bob", "scopes": ["v1"]}]}}
+
+
+def auth(key=KEY, **extra):
+    return {"Authorization": f"Bearer {key}", **extra}
+
+
+@pytest.fixture
+def client(stubbed_app):
+    return stubbed_app(CFG).test_client()
+
+
+def chat(client, messages, headers=None, **body):
+    return client.post("/v1/chat/completions", headers=headers or auth(),
+                       json={"model": "hermes", "messages": messages, **body})
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def test_models_list_the_configured_ids(client):
+    res = client.get("/v1/models", headers=auth())
+    assert res.status_code == 200
+    assert [m["id"] for m in res.json["data"]] == ["hermes"] and res.json["object"] == "list"
+    assert client.get("/v1/models/hermes", headers=auth()).json["id"] == "hermes"
+    err = client.get("/v1/models/gpt-4", headers=auth())
+    assert err.status_code == 404 and err.json["error"]["code"] == "model_not_found"
+
+
+def test_an_answer_in_openai_shape_with_the_session_header(client, stub):
+    res = chat(client, [user("hi")])
+    assert res.status_code == 200, res.json
+    body = res.json
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "echo #1: hi",
+                                 "refusal": None, "annotations": []}
+    assert choice["finish_reason"] == "stop" and choice["logprobs"] is None
+    assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+    assert res.headers["X-Hermes-Session-Id"]
+    assert stub.calls[0]["message"] == "hi"
+
+
+def test_the_history_continues_the_session_it_came_from(client, stub):
+    first = chat(client, [user("one")])
+    sid = first.headers["X-Hermes-Session-Id"]
+    answer = first.json["choices"][0]["message"]["content"]
+    again = chat(client, [user("one"), {"role": "assistant", "content": answer}, user("two")])
+    assert again.headers["X-Hermes-Session-Id"] == sid
+    assert stub.calls[1]["message"] == "two" and stub.calls[1]["resume_id"]
+    # a made-up history starts a new session, seeded with it
+    other = chat(client, [{"role": "system", "content": "be brief"}, user("one"),
+                          {"role": "assistant", "content": "made up"}, user("three")])
+    assert other.headers["X-Hermes-Session-Id"] != sid
+    seeded = stub.calls[2]["message"]
+    assert "be brief" in seeded and "Assistant: made up" in seeded and seeded.endswith("three")
+    assert stub.calls[2]["resume_id"] is None
+
+
+def test_the_session_header_continues_and_another_users_id_is_404(client, stub):
+    sid = chat(client, [user("one")]).headers["X-Hermes-Session-Id"]
+    res = chat(client, [user("two")], auth(**{"X-Hermes-Session-Id": sid}))
+    assert res.headers["X-Hermes-Session-Id"] == sid and stub.calls[1]["message"] == "two"
+    other = chat(client, [user("x")], auth(FRONT, **{"X-Hermes-Session-Id": sid,
+                                                      "X-OpenWebUI-User-Id": "mallory"}))
+    assert other.status_code == 404 and other.json["error"]["code"] == "session_not_found"
+
+
+def test_a_stream_is_chunks_then_done(client):
+    res = chat(client, [user("hi")], stream=True, stream_options={"include_usage": True})
+    assert res.status_code == 200 and res.mimetype == "text/event-stream"
+    frames = [f for f in res.get_data(as_text=True).split("\n\n") if f]
+    assert all(f.startswith("data: ") for f in frames) and frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f[6:]) for f in frames[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1]) \
+        == "echo #1: hi"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] >= 0
+    assert {c["id"] for c in chunks} == {chunks[0]["id"]}
+    assert res.headers["X-Hermes-Session-Id"]
+
+
+@pytest.mark.parametrize("body, status, code, param", [
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request", "model"),
+    ({"model": "hermes", "messages": [{"role": "user", "content": "x"}], "n": 2}, 400,
+     "unsupported_parameter", "n"),
+    ({"model": "hermes", "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools_unsupported",
+     "tools"),
+    ({"model": "hermes", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]}]}, 400,
+     "unsupported_content", "messages[0].content"),
+    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404,
+     "model_not_found", "model"),
+    ({"model": "hermes", "messages": [{"role": "assistant", "content": "x"}]}, 400,
+     "invalid_request", "messages"),
+])
+def test_refusals_in_openai_shape(client, stub, body, status, code, param):
+    res = client.post("/v1/chat/completions", headers=auth(), json=body)
+    assert res.status_code == status
+    assert res.json["error"]["code"] == code and res.json["error"]["param"] == param
+    assert res.json["error"]["type"] and res.json["error"]["message"]
+    assert stub.calls == []
+
+
+def test_identity_rules(client, stub, monkeypatch):
+    assert client.get("/v1/models").status_code == 401
+    res = client.get("/v1/models", headers=auth("v1only-key-0123456789abcdef"))
+    assert res.status_code == 403 and res.json["error"]["code"] == "insufficient_scope"
+    # a key without a user, the body's user alone: nobody
+    res = chat(client, [user("x")], auth("nouser-key-0123456789abcdef"), user="alice")
+    assert res.status_code == 403 and res.json["error"]["code"] == "user_required"
+    # a bound key that is no front end: the header is not believed
+    chat(client, [user("x")], auth(**{"X-OpenWebUI-User-Id": "mallory"}))
+    assert stub.calls[-1]["cwd"].user_id == "alice"
+    # a trusted front end names its user
+    chat(client, [user("x")], auth(FRONT, **{"X-OpenWebUI-User-Id": "carol"}))
+    assert stub.calls[-1]["cwd"].user_id == "carol"
+    res = chat(client, [user("x")], auth(FRONT))
+    assert res.status_code == 403
+
+
+def test_a_front_end_with_a_secret_names_users_by_verified_token(stubbed_app, stub,
+                                                                 monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    client = stubbed_app({**CFG, "openai": {"runner": "cli",
+                                            "jwt_secret_env": SECRET_ENV}}).test_client()
+    good = jwt.encode({"id": "dave", "exp": int(time.time()) + 300}, SECRET, "HS256")
+    chat(client, [user("x")], auth(FRONT, **{"X-OpenWebUI-User-Jwt": good}))
+    assert stub.calls[-1]["cwd"].user_id == "dave"
+    forged = jwt.encode({"id": "dave", "exp": int(time.time()) + 300}, "t" * 40, "HS256")
+    expired = jwt.encode({"id": "dave", "exp": int(time.time()) - 100}, SECRET, "HS256")
+    none_alg = jwt.encode({"id": "dave", "exp": int(time.time()) + 300}, None, "none")
+    for token in (forged, expired, none_alg, "garbage"):
+        res = chat(client, [user("x")], auth(FRONT, **{"X-OpenWebUI-User-Jwt": token}))
+        assert res.status_code == 401 and res.json["error"]["code"] == "invalid_user_token"
+    # the plain header is not believed once a secret is configured
+    res = chat(client, [user("x")], auth(FRONT, **{"X-OpenWebUI-User-Id": "mallory"}))
+    assert res.status_code == 403
+    assert len(stub.calls) == 1
+
+
+def test_open_webui_chores_are_answered_without_a_turn(client, stub):
+    prompt = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the "
+              "chat history.\n### Output:\nJSON format: { \"title\": \"your concise title "
+              "here\" }\n### Chat History:\n<chat_history>\nUSER: how do I bake bread at "
+              "home quickly\nASSISTANT: knead\n</chat_history>")
+    res = chat(client, [user(prompt)])
+    assert json.loads(res.json["choices"][0]["message"]["content"]) == \
+        {"title": "how do I bake bread at"}
+    tags = chat(client, [user("### Task:\nGenerate 1-3 broad tags\nJSON format: "
+                              "{ \"tags\": [\"tag1\"] }")], metadata={"task": "tags"})
+    assert json.loads(tags.json["choices"][0]["message"]["content"]) == {"tags": []}
+    assert stub.calls == []
