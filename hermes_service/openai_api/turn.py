@@ -74,8 +74,6 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
                 kind, value = feed.events.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 if disconnected is not None and disconnected():
-                    log.info("openai completion %s: the client went away; stopping the turn",
-                             turn.cid)
                     return
                 if time.monotonic() - quiet >= KEEPALIVE_SECONDS:
                     quiet = time.monotonic()
@@ -99,5 +97,7 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
             yield DONE
             return
     finally:
-        if not ended:
+        if not ended:           # the client went away (or the write failed)
+            log.info("openai completion %s: the client went away; stopping the turn",
+                     turn.cid)
             cancel.set()
