@@ -26,16 +26,32 @@ log = logging.getLogger("hermes_service.openai")
 POLL_SECONDS = 0.25
 
 
-class Feed:
-    """The turn's listener: answer deltas into :attr:`events` as ``("delta", text)``."""
+#: what one stream's deltas may hold together (UTF-8 bytes): they come from the Hermes process
+#: in the user's sandbox, at any rate and size; past it the turn is ended and the stream fails
+#: with ``run_limit_exceeded`` (docs/openai-api.md §Streams)
+MAX_STREAM_BYTES = 8 * 1024 * 1024
 
-    def __init__(self):
+
+class Feed:
+    """The turn's listener: answer deltas into :attr:`events` as ``("delta", text)``, at most
+    :data:`MAX_STREAM_BYTES` in all — the delta that would pass it sets :attr:`overflowed`
+    and ``cancel`` (the turn ends) and is dropped, as is every delta after it."""
+
+    def __init__(self, cancel: threading.Event, limit: int = MAX_STREAM_BYTES):
         self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancel, self.limit, self.size, self.overflowed = cancel, limit, 0, False
 
     def started(self, handle) -> None:
         pass
 
     def delta(self, text: str) -> None:
+        if self.overflowed:
+            return
+        self.size += len(text.encode("utf-8", "surrogatepass"))
+        if self.size > self.limit:
+            self.overflowed = True
+            self.cancel.set()
+            return
         self.events.put(("delta", text))
 
     def reasoning(self, text: str) -> None:
@@ -62,7 +78,8 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
                   disconnected: Callable[[], bool] | None) -> Iterator[str]:
     """The response body of a streamed completion (:mod:`.stream` says the order); starts
     ``turn`` (its ``run(listener, cancel)``) on a thread holding ``held`` until it ends."""
-    feed, cancel = Feed(), threading.Event()
+    cancel = threading.Event()
+    feed = Feed(cancel)
     threading.Thread(target=_work, args=(turn, feed, cancel, held), daemon=True,
                      name=f"openai-{turn.cid[-8:]}").start()
     ended = False
@@ -85,7 +102,11 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
                     yield chunks.content(value)
                 continue
             ended = True
-            if kind == "error":
+            if kind == "error" or feed.overflowed:     # an overflow ends it, answered or not
+                if feed.overflowed:
+                    value = ServiceError(f"the answer's stream passed {MAX_STREAM_BYTES} bytes; "
+                                         "the turn was ended", code="run_limit_exceeded",
+                                         status=502)
                 yield frame(render(value))
                 return
             result, tokens = value
