@@ -46,7 +46,7 @@ from .schemas import (
 )
 from .settings import NAME, OpenAISettings
 from .stream import Chunks, completion
-from .turn import Feed, stream_frames
+from .turn import Feed, stream_frames, whole
 
 log = logging.getLogger("hermes_service.openai")
 
@@ -148,9 +148,9 @@ def chat_completions():
     (§Conversations; the id is returned in ``X-Hermes-Session-Id`` on every answer). With
     ``stream: true`` the answer streams as ``chat.completion.chunk`` Server-Sent Events
     (§Streams; ``stream_options.include_usage`` adds the usage chunk); a client that
-    disconnects stops the turn. ``usage`` is what the provider reported through the model
-    pass-through for this turn. A front end's chore (a title, tags) is answered at once
-    without a turn (§Front-end chores)."""
+    disconnects before its answer stops the turn, streamed or not. ``usage`` is what the
+    provider reported through the model pass-through for this turn. A front end's chore (a
+    title, tags) is answered at once without a turn (§Front-end chores)."""
     svc = services()
     cfg = _settings()
     user = user_of_request(cfg)
@@ -185,15 +185,14 @@ def chat_completions():
         raise
     turn = Turn(user, sid, where.message, pairs, cid)
     headers = {SESSION_HEADER: sid}
+    disconnected = request.environ.get("waitress.client_disconnected")
     if not stream:
-        with held:
-            result, tokens = turn.run(None, None)
+        result, tokens = whole(turn, held, disconnected)
         resp = jsonify(completion(cid, created, model, result.answer, result.finish_reason,
                                   tokens))
         resp.headers.update(headers)
         return resp
-    frames = stream_frames(Chunks(cid, created, model), turn, held, usage_asked,
-                           request.environ.get("waitress.client_disconnected"))
+    frames = stream_frames(Chunks(cid, created, model), turn, held, usage_asked, disconnected)
     return Response(stream_with_context(frames), mimetype="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache",
                              "X-Accel-Buffering": "no"})

@@ -62,16 +62,45 @@ class Feed:
         pass
 
 
-def _work(turn: Any, feed: Feed, cancel: threading.Event, held: ExitStack) -> None:
-    """The turn thread: ``("done", (result, tokens))`` or ``("error", ServiceError)`` last."""
+def _work(turn: Any, listener: Feed | None, events: queue.SimpleQueue,
+          cancel: threading.Event, held: ExitStack) -> None:
+    """The turn thread: puts ``("done", (result, tokens))`` or ``("error", ServiceError)``
+    on ``events`` last."""
     with held:                               # the admission place, until the turn ended
         try:
-            feed.events.put(("done", turn.run(feed, cancel)))
+            events.put(("done", turn.run(listener, cancel)))
         except ServiceError as err:
-            feed.events.put(("error", err))
+            events.put(("error", err))
         except Exception:                    # reported in the stream, logged
             log.exception("openai completion %s failed", turn.cid)
-            feed.events.put(("error", ServiceError("internal error")))
+            events.put(("error", ServiceError("internal error")))
+
+
+def _start(turn: Any, listener: Feed | None, events: queue.SimpleQueue,
+           cancel: threading.Event, held: ExitStack) -> None:
+    threading.Thread(target=_work, args=(turn, listener, events, cancel, held), daemon=True,
+                     name=f"openai-{turn.cid[-8:]}").start()
+
+
+def whole(turn: Any, held: ExitStack, disconnected: Callable[[], bool] | None):
+    """A non-streamed completion's turn, on a thread holding ``held`` until it ends:
+    ``(TurnResult, tokens)``; a client that goes away meanwhile (checked every
+    :data:`POLL_SECONDS`) stops the turn, and the turn's ServiceError is raised."""
+    cancel = threading.Event()
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    _start(turn, None, events, cancel, held)      # the answer comes whole: no deltas
+    while True:
+        try:
+            kind, value = events.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if disconnected is not None and disconnected() and not cancel.is_set():
+                log.info("openai completion %s: the client went away; stopping the turn",
+                         turn.cid)
+                cancel.set()
+            continue
+        if kind == "error":
+            raise value
+        return value
 
 
 def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
@@ -80,8 +109,7 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
     ``turn`` (its ``run(listener, cancel)``) on a thread holding ``held`` until it ends."""
     cancel = threading.Event()
     feed = Feed(cancel)
-    threading.Thread(target=_work, args=(turn, feed, cancel, held), daemon=True,
-                     name=f"openai-{turn.cid[-8:]}").start()
+    _start(turn, feed, feed.events, cancel, held)
     ended = False
     try:
         yield chunks.role()
