@@ -57,8 +57,13 @@ bp = declare(Blueprint("openai_api", __name__), OPENAI)
 TAG = "openai"
 #: the models' ``created`` (Unix seconds): when this process loaded the routes
 CREATED = int(time.time())
+#: opt-in: the turn's tool calls as SSE comments in a stream (docs/openai-api.md §Streams)
+TOOL_EVENTS_HEADER = "X-Hermes-Tool-Events"
 _USER_PARAMS = (Param(JWT_HEADER, "header", {"type": "string"},
-                      "a trusted front end's signed user token (openai.jwt_secret_env)"),)
+                      "a trusted front end's signed user token (openai.jwt_secret_env)"),
+                Param(TOOL_EVENTS_HEADER, "header", {"enum": ["comments"]},
+                      "`comments`: a stream carries the turn's tool calls as "
+                      "`: hermes.tool {json}` SSE comments"))
 
 
 def _settings() -> OpenAISettings:
@@ -192,7 +197,8 @@ def chat_completions():
                                   tokens))
         resp.headers.update(headers)
         return resp
-    frames = stream_frames(Chunks(cid, created, model), turn, held, usage_asked, disconnected)
+    frames = stream_frames(Chunks(cid, created, model), turn, held, usage_asked, disconnected,
+                           tools=request.headers.get(TOOL_EVENTS_HEADER) == "comments")
     return Response(stream_with_context(frames), mimetype="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache",
                              "X-Accel-Buffering": "no"})

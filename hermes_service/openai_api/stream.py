@@ -8,7 +8,10 @@ its ``finish_reason``; then — only when the request asked ``stream_options.inc
 one chunk with ``choices: []`` and ``usage``; then ``[DONE]``. Every choice carries ``index``,
 ``delta``, ``logprobs`` (null) and ``finish_reason`` (null until the last). A turn that fails
 after the stream began ends it with one ``data: {"error": {…}}`` frame (the routes' error
-shape; the SDKs raise it as ``APIError``) and no ``[DONE]``.
+shape; the SDKs raise it as ``APIError``) and no ``[DONE]``. Opt-in (request header
+``X-Hermes-Tool-Events: comments``): the turn's tool calls as SSE comments
+``: hermes.tool {"event", "name", "ok", "preview"}``, which every client skips unless it
+reads them.
 """
 from __future__ import annotations
 
@@ -29,6 +32,12 @@ def frame(data: dict) -> str:
     except UnicodeEncodeError:
         text = json.dumps(data, separators=(",", ":"))
     return f"data: {text}\n\n"
+
+
+def comment(name: str, data: dict) -> str:
+    """An SSE comment line ``: <name> <json>`` (ASCII JSON: no line break can end it early);
+    every SSE client, the SDKs included, skips comments."""
+    return f": {name} {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 def usage_of(tokens: dict) -> dict:

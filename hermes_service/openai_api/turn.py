@@ -19,13 +19,15 @@ from typing import Any
 
 from ..errors import ServiceError
 from .errors import render
-from .stream import DONE, KEEPALIVE_SECONDS, Chunks, frame
+from .stream import DONE, KEEPALIVE_SECONDS, Chunks, comment, frame
 
 log = logging.getLogger("hermes_service.openai")
 #: how often a quiet stream checks that its client is still there (seconds)
 POLL_SECONDS = 0.25
 
 
+#: the longest tool name or preview an opt-in tool comment carries (characters)
+TOOL_TEXT_CHARS = 2000
 #: what one stream's deltas may hold together (UTF-8 bytes): they come from the Hermes process
 #: in the user's sandbox, at any rate and size; past it the turn is ended and the stream fails
 #: with ``run_limit_exceeded`` (docs/openai-api.md §Streams)
@@ -37,9 +39,11 @@ class Feed:
     :data:`MAX_STREAM_BYTES` in all — the delta that would pass it sets :attr:`overflowed`
     and ``cancel`` (the turn ends) and is dropped, as is every delta after it."""
 
-    def __init__(self, cancel: threading.Event, limit: int = MAX_STREAM_BYTES):
+    def __init__(self, cancel: threading.Event, limit: int = MAX_STREAM_BYTES,
+                 tools: bool = False):
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.cancel, self.limit, self.size, self.overflowed = cancel, limit, 0, False
+        self.tools = tools            # tool activity as SSE comments (opt-in)
 
     def started(self, handle) -> None:
         pass
@@ -59,7 +63,18 @@ class Feed:
 
     def tool(self, event: str, call_id: str | None, name: str | None, ok: bool | None,
              preview: str | None = None) -> None:
-        pass
+        """With :attr:`tools`: ``("tool", {event, name, ok, preview})``, each text cut at
+        :data:`TOOL_TEXT_CHARS` (it comes from the sandbox); counted in the stream's bytes."""
+        if not self.tools or self.overflowed:
+            return
+        note = {"event": event, "name": (name or "")[:TOOL_TEXT_CHARS] or None, "ok": ok,
+                "preview": (preview or "")[:TOOL_TEXT_CHARS] or None}
+        self.size += TOOL_TEXT_CHARS * 2
+        if self.size > self.limit:
+            self.overflowed = True
+            self.cancel.set()
+            return
+        self.events.put(("tool", note))
 
 
 def _work(turn: Any, listener: Feed | None, events: queue.SimpleQueue,
@@ -104,11 +119,13 @@ def whole(turn: Any, held: ExitStack, disconnected: Callable[[], bool] | None):
 
 
 def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
-                  disconnected: Callable[[], bool] | None) -> Iterator[str]:
+                  disconnected: Callable[[], bool] | None,
+                  tools: bool = False) -> Iterator[str]:
     """The response body of a streamed completion (:mod:`.stream` says the order); starts
-    ``turn`` (its ``run(listener, cancel)``) on a thread holding ``held`` until it ends."""
+    ``turn`` (its ``run(listener, cancel)``) on a thread holding ``held`` until it ends.
+    ``tools``: tool activity as ``: hermes.tool {json}`` comments (:func:`.stream.comment`)."""
     cancel = threading.Event()
-    feed = Feed(cancel)
+    feed = Feed(cancel, tools=tools)
     _start(turn, feed, feed.events, cancel, held)
     ended = False
     try:
@@ -128,6 +145,9 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
             if kind == "delta":
                 if value:
                     yield chunks.content(value)
+                continue
+            if kind == "tool":
+                yield comment("hermes.tool", value)
                 continue
             ended = True
             if kind == "error" or feed.overflowed:     # an overflow ends it, answered or not

@@ -252,3 +252,22 @@ def test_llm_comply_openai_chat(svc):
     # the suite itself skips only the reasoning case (it asks an o-series model's reasoning)
     assert {r["id"] for r in results if r["status"] == "skipped"} <= {"chat-reasoning-summary"}
     print(json.dumps([(r["id"], r["status"]) for r in results]))
+
+
+def test_tool_activity_as_opt_in_comments(svc):
+    """With ``X-Hermes-Tool-Events: comments`` the turn's tool calls travel as SSE comments
+    the SDK skips; without it, none."""
+    msg = '[[tools:terminal {"command": "echo tool-ran"}]]'
+    head = {"Authorization": f"Bearer {ALICE}", "X-Hermes-Tool-Events": "comments"}
+    res = requests.post(svc.url + "/v1/chat/completions", headers=head, timeout=180,
+                        json={"model": MODEL, "stream": True, "messages": [user(msg)]})
+    notes = [json.loads(f.split(" ", 2)[2]) for f in res.text.split("\n\n")
+             if f.startswith(": hermes.tool ")]
+    assert [n["event"] for n in notes] == ["tool.started", "tool.completed"], res.text[-2000:]
+    assert notes[0]["name"] == "terminal" and "echo tool-ran" in notes[0]["preview"]
+    assert res.text.endswith("data: [DONE]\n\n")
+    chunks = list(sdk(svc).chat.completions.create(
+        model=MODEL, messages=[user(msg)], stream=True,
+        extra_headers={"X-Hermes-Tool-Events": "comments"}))
+    assert "tools done" in "".join(c.choices[0].delta.content or "" for c in chunks
+                                   if c.choices)

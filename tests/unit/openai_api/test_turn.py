@@ -54,3 +54,16 @@ def test_a_stream_that_floods_ends_with_run_limit_exceeded():
     turn = Turn([], flood=True)
     out = list(stream_frames(Chunks("c", 1, "hermes"), turn, ExitStack(), False, None))
     assert '"code":"run_limit_exceeded"' in out[-1] and "[DONE]" not in out[-1]
+
+
+def test_tool_activity_is_an_opt_in_comment_bounded_in_size():
+    from hermes_service.openai_api.stream import comment
+    cancel = threading.Event()
+    quiet, loud = Feed(cancel), Feed(cancel, tools=True)
+    for feed in (quiet, loud):
+        feed.tool("tool.started", "c1", "terminal", None, "rm -rf x\n: [DONE]" + "y" * 5000)
+    assert quiet.events.qsize() == 0
+    _, note = loud.events.get()
+    assert len(note["preview"]) == 2000
+    line = comment("hermes.tool", note)
+    assert line.startswith(": hermes.tool {") and line.count("\n") == 2 and line.isascii()
