@@ -9,6 +9,7 @@ which kills its Hermes prompt like an abort, and the turn's admission place is g
 when the turn has ended."""
 from __future__ import annotations
 
+import contextvars
 import logging
 import queue
 import threading
@@ -93,8 +94,11 @@ def _work(turn: Any, listener: Feed | None, events: queue.SimpleQueue,
 
 def _start(turn: Any, listener: Feed | None, events: queue.SimpleQueue,
            cancel: threading.Event, held: ExitStack) -> None:
-    threading.Thread(target=_work, args=(turn, listener, events, cancel, held), daemon=True,
-                     name=f"openai-{turn.cid[-8:]}").start()
+    """:func:`_work` on a thread of its own, in the request's log context (its lines name
+    the request id)."""
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(_work, turn, listener, events, cancel, held),
+                     daemon=True, name=f"openai-{turn.cid[-8:]}").start()
 
 
 def whole(turn: Any, held: ExitStack, disconnected: Callable[[], bool] | None):
