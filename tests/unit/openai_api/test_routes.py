@@ -169,3 +169,20 @@ def test_open_webui_chores_are_answered_without_a_turn(client, stub):
                               "{ \"tags\": [\"tag1\"] }")], metadata={"task": "tags"})
     assert json.loads(tags.json["choices"][0]["message"]["content"]) == {"tags": []}
     assert stub.calls == []
+
+
+@pytest.mark.parametrize("sid, status, code", [
+    ("../etc", 400, "invalid_id"), ("a\tb", 400, "invalid_id"),
+    ("never-issued", 404, "session_not_found")])
+def test_a_session_header_that_is_no_session_of_this_user(client, stub, sid, status, code):
+    res = chat(client, [user("x")], auth(**{"X-Hermes-Session-Id": sid}))
+    assert res.status_code == status and res.json["error"]["code"] == code
+    assert stub.calls == []
+
+
+def test_a_v1_session_of_the_same_user_is_not_an_openai_conversation(stubbed_app, stub):
+    app = stubbed_app(CFG)
+    rec = app.extensions["hermes_service"].conversations.create("alice", "v1-sess", kind="v1")
+    res = chat(app.test_client(), [user("x")],
+               auth(**{"X-Hermes-Session-Id": rec["session_id"]}))
+    assert res.status_code == 404 and stub.calls == []
