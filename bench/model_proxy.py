@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
-from hermes_service.model_proxy import ModelProxy  # noqa: E402
+from hermes_service.model_proxy.proxy import ModelProxy  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 
 KEY_ENV = "BENCH_MODEL_PROXY_KEY"

@@ -45,11 +45,11 @@ from runners import first_deltas, med  # noqa: E402
 from sandbox import seed_page, timed_message  # noqa: E402
 
 from hermes_service import sandbox  # noqa: E402
-from hermes_service.egress_policy import Policy  # noqa: E402
 from hermes_service.hermes_site import netforward  # noqa: E402
-from hermes_service.sandbox_net import SandboxNet  # noqa: E402
+from hermes_service.homes.users import HERMES_SITE, UserHome  # noqa: E402
+from hermes_service.sandbox.net.egress_policy import Policy  # noqa: E402
+from hermes_service.sandbox.net.sockets import SandboxNet  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
-from hermes_service.user_homes import HERMES_SITE, UserHome  # noqa: E402
 from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
 
 SIDES = ("isolated", "host")

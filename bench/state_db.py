@@ -1,5 +1,5 @@
 """What a hostile ``state.db`` costs the service: peak memory (RSS) and time of transcript
-reads through hermes_service.state_db, next to the same read with SQLite unbounded (what the
+reads through hermes_service.homes.state_db, next to the same read with SQLite unbounded (what the
 service did before), side by side in one run.
 
 Each case runs in a fresh child process (so its peak RSS, ``ru_maxrss``, is its own) that
@@ -12,7 +12,7 @@ route would (``json.dumps``). Homes:
 * ``big-rows`` — rows of 1 MiB each, 64 MiB in all (each value under the value limit);
 * ``near-limit`` — 14 rows of 1 MiB: just under the read budget, served (the most a read
   that succeeds costs);
-* ``huge-value`` — one row whose record claims a 1 GB text (tests/unit/test_state_db.py
+* ``huge-value`` — one row whose record claims a 1 GB text (tests/unit/homes/test_state_db.py
   ``claim_huge``).
 
     .venv/bin/python bench/state_db.py [--readers 3]
@@ -69,7 +69,7 @@ print(json.dumps({"added_mib": round((peak - base) / 1024, 1), "seconds": round(
 
 def homes(tmp: Path) -> dict[str, Path]:
     from support.hermes_record import record_turn
-    from unit.test_state_db import claim_huge
+    from unit.homes.test_state_db import claim_huge
     made = {}
     for name in ("plain", "generated", "big-rows", "near-limit", "huge-value"):
         home = tmp / name / ".hermes"

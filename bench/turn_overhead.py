@@ -42,7 +42,7 @@ def service_turns(svc: ServiceProcess, n: int) -> list[float]:
 
 
 def bare_turns(hermes: str, home_root: Path, n: int, model_url: str) -> list[float]:
-    # the rendered home names the service's model pass-through (user_homes.py); the bare
+    # the rendered home names the service's model pass-through (homes/users.py); the bare
     # runs go to the scripted model directly
     env = {"PATH": os.environ["PATH"], "HOME": str(home_root), "HERMES_HOME": str(home_root / ".hermes"),
            "LANG": "C.UTF-8", PROVIDER_KEY_ENV: "sk-scripted", "HERMES_STREAM_RETRIES": "0",

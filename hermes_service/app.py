@@ -12,12 +12,13 @@ import types
 from flask import Flask
 from werkzeug.exceptions import HTTPException
 
-from . import hooks, installed, openapi, ops, routing
-from .api_v1 import bp as v1
+from . import installed
 from .config import Config
 from .errors import ServiceError, StorageFull, TooLarge, storage_full
 from .services import build_services
-from .web import render_error
+from .web import hooks, openapi, ops, routing
+from .web.api_v1 import bp as v1
+from .web.helpers import render_error
 
 log = logging.getLogger("hermes_service")
 
@@ -56,7 +57,7 @@ def create_app(config: Config, service_url: str | None = None) -> Flask:
 
     Raises :class:`~hermes_service.session_store.CorruptStore` if the session
     registry cannot be opened (the service must not start), and
-    :class:`~hermes_service.openapi.UndocumentedRoute` if a route declares no contract.
+    :class:`~hermes_service.web.openapi.UndocumentedRoute` if a route declares no contract.
     """
     app = ServiceFlask(__name__, static_folder=None)   # no /static route: every route is documented
     app.config["MAX_CONTENT_LENGTH"] = config.service.max_body_bytes

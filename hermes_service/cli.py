@@ -89,23 +89,22 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
     them at once), 3 on a session registry that cannot be opened. Warnings (no usable
     provider, expired keys) are logged and the service starts. ``demo``: the stand-in model
     (:func:`hermes_service.installed.demo`) answers, in this process, and the demo's data is
-    seeded.
+    seeded (:func:`serve_demo`).
     """
-    from . import preflight
-    demo_model = overlay = None
     if demo:
-        demo_mod = _demo()
-        demo_model = demo_mod.start_model()
-        overlay = demo_mod.overlay(demo_model.base_url)
-    config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay,
-                                                sections=installed.config_sections())
-    if problems or config is None:
-        for line in problems:
-            click.echo(line, err=True)
-        click.echo("refusing to start: fix the problems above "
-                   "(.venv/bin/python main.py check-config)", err=True)
-        sys.exit(2)
-    if demo:
+        serve_demo(config_path, host, port, threads)
+    else:
+        _serve(_checked_config(config_path), config_path, host, port, threads)
+
+
+def serve_demo(config_path, host=None, port=None, threads=None):
+    """:func:`serve` with the installed demo: its stand-in model started in this process (and
+    stopped when serving ends), its overlay over the config, its data seeded. Exits 2 when no
+    enabled extension offers the demo, 3 when its data cannot be seeded."""
+    demo_mod = _demo()
+    demo_model = demo_mod.start_model()
+    try:
+        config = _checked_config(config_path, overlay=demo_mod.overlay(demo_model.base_url))
         if not any(ext.demo is demo_mod for ext in installed.enabled(config)):
             click.echo(f"refusing to start: --demo: {config.source}: the extension offering the "
                        "demo is switched off (its `enabled: false`)", err=True)
@@ -115,35 +114,46 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         except (StoreUnusable, OSError) as exc:
             click.echo(f"refusing to start: {exc}", err=True)
             sys.exit(3)
-    if threads:      # --threads: what waitress really runs with (reloads are checked against it)
-        config = config.override("service", "threads", threads)
+        _serve(config, config_path, host, port, threads,
+               notice=demo_mod.warning(demo_model, config))
+    finally:
+        demo_model.stop()
+
+
+def _checked_config(config_path, overlay=None):
+    """The config ``check-config`` finds no problem in; else its problems printed, exit 2."""
+    from . import preflight
+    config, problems = preflight.load_and_check(config_path, store=False, overlay=overlay,
+                                                sections=installed.config_sections())
+    if problems or config is None:
+        for line in problems:
+            click.echo(line, err=True)
+        click.echo("refusing to start: fix the problems above "
+                   "(.venv/bin/python main.py check-config)", err=True)
+        sys.exit(2)
+    return config
+
+
+def _log_start(config, notice=None) -> None:
+    """The log set up from ``config``, and the start lines: ``notice`` (the demo's), the
+    config's warnings, the limits, a missing provider."""
     from .logs import configure
     configure(config.service.log_level, config.service.log_format)
-    if demo:
-        log.warning("%s", demo_mod.warning(demo_model, config))
+    if notice:
+        log.warning("%s", notice)
     for line in config.warnings:
         if line not in config.provider_issues:
             log.warning("config: %s", line)
     from .config.sizing import summary
     log.info("limits: %s", summary(config))
-    from .lifecycle import no_provider, running
+    from .lifecycle import no_provider
     if config.provider_issues:     # one line: what to set, and what happens until then
         log.warning("%s", no_provider(config))
-    from waitress.channel import HTTPChannel
-    from waitress.server import create_server
 
-    from . import framing
-    from .app import create_app
-    from .lifecycle import Lifecycle, ServiceRecord, waitress_options
-    from .services import default_service_url
-    host = host or config.service.host
-    port = config.service.port if port is None else port
-    try:
-        app = create_app(config, service_url=default_service_url(config, host, port))
-    except (CorruptStore, StoreUnusable) as exc:
-        click.echo(f"refusing to start: {exc}", err=True)
-        sys.exit(3)
-    svc = app.extensions["hermes_service"]
+
+def _start_services(svc, config):
+    """What serving starts beside the app: orphans of a dead service reaped, the extensions
+    told, the periodic retention job (returned, to stop)."""
     reaped = svc.processes.reap_orphans()
     if reaped:
         log.warning("killed %d Hermes process group(s) left by a service that died", reaped)
@@ -156,6 +166,31 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
                  retention.interval, config.retention.sessions_older_than or "kept")
     else:
         log.info("retention: no periodic cleanup (retention.interval_seconds: 0)")
+    return retention
+
+
+def _serve(config, config_path, host, port, threads, notice=None):
+    """Serve ``config`` (checked) until the process is told to stop."""
+    from . import preflight
+    if threads:      # --threads: what waitress really runs with (reloads are checked against it)
+        config = config.override("service", "threads", threads)
+    _log_start(config, notice)
+    from waitress.channel import HTTPChannel
+    from waitress.server import create_server
+
+    from .app import create_app
+    from .lifecycle import Lifecycle, ServiceRecord, running, waitress_options
+    from .services import default_service_url
+    from .web import framing
+    host = host or config.service.host
+    port = config.service.port if port is None else port
+    try:
+        app = create_app(config, service_url=default_service_url(config, host, port))
+    except (CorruptStore, StoreUnusable) as exc:
+        click.echo(f"refusing to start: {exc}", err=True)
+        sys.exit(3)
+    svc = app.extensions["hermes_service"]
+    retention = _start_services(svc, config)
     preflight.raise_fd_limit(config)
     socket_map: dict = {}
     server = create_server(app, map=socket_map, host=host, port=port,
@@ -177,8 +212,6 @@ def serve(config_path, host=None, port=None, threads=None, demo=False):
         retention.stop()
         killed = svc.shutdown()
         record.remove()
-        if demo_model is not None:
-            demo_model.stop()
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
         from . import logs
@@ -204,9 +237,9 @@ def check_config(ctx):
         click.echo(f"warning: {line}", err=True)
     if problems or config is None:
         sys.exit(2)
-    from .disk import Disk
+    from .disk.quota import Disk
+    from .homes.users import HERMES_SITE
     from .sandbox import Sandbox
-    from .user_homes import HERMES_SITE
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
     disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
@@ -352,7 +385,7 @@ def usage(ctx, user_id, days, daily):
     Exit 0 (also when nothing is recorded yet); 3 if the usage db cannot be read."""
     import sqlite3
 
-    from .model_usage import read_usage, usage_db_path
+    from .model_proxy.usage import read_usage, usage_db_path
     config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
     path = usage_db_path(config.data_dir)
     try:

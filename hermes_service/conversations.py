@@ -16,15 +16,17 @@ import logging
 import threading
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from filelock import FileLock, Timeout
 
-from . import hermes_state, metrics
+from . import metrics
 from .config import Config, HermesSettings
 from .errors import BadRequest, Conflict, NotFound, ServiceError, TooLarge, check_id
+from .homes import hermes_state
+from .homes.users import UserHome, UserHomes
 from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
-from .user_homes import UserHome, UserHomes
 
 log = logging.getLogger("hermes_service.conversations")
 
@@ -45,6 +47,34 @@ class _Timed:
         if self._listener is None:
             return lambda *a, **kw: None
         return getattr(self._listener, name)
+
+
+@dataclass
+class SendRequest:
+    """One turn a caller asks of a session (:meth:`Conversations.send`).
+
+    ``kind`` (the route family: ``v1`` or an extension's) must match the session's; ``wait``:
+    seconds to wait for the session's turn lock (``None``: ``hermes.queue_wait_seconds``);
+    ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
+    ``hermes.toolsets``; ``plugin_run`` is the run binding of the family's Hermes plugin
+    (docs/mnote-tools.md §Run binding); ``listener`` receives live events; ``record`` fields
+    are stored on the session when the turn starts; ``approvals`` answers Hermes's questions on
+    the ACP runner (``TurnRequest.approvals``); ``log_ctx``: fields the caller adds to the
+    turn's log lines (e.g. its run id)."""
+
+    session_id: str
+    message: str
+    owner: str | None = None
+    kind: str | None = None
+    wait: float | None = None
+    model: str | None = None
+    toolsets: builtins.list[str] = field(default_factory=list)
+    plugin_run: dict | None = None
+    listener: TurnListener | None = None
+    cancel: threading.Event | None = None
+    record: dict | None = None
+    approvals: Questions | None = None
+    log_ctx: dict | None = None
 
 
 class Conversations:
@@ -151,30 +181,19 @@ class Conversations:
         finally:
             local.release()
 
-    def send(self, session_id: str, message: str, owner: str | None = None, *,
-             kind: str | None = None, wait: float | None = None, model: str | None = None,
-             toolsets: builtins.list[str] | None = None, plugin_run: dict | None = None,
-             listener: TurnListener | None = None, cancel: threading.Event | None = None,
-             record: dict | None = None, approvals: Questions | None = None,
-             log_ctx: dict | None = None) -> tuple[dict, TurnResult]:
-        """Run one turn of ``message`` on the session (docs/runners.md).
-
-        ``kind`` (the route family: ``v1`` or an extension's) must match the session's;
-        ``model`` is the provider model (``-m``); ``toolsets`` are offered in addition to
-        ``hermes.toolsets``; ``plugin_run`` is the run binding of the family's Hermes
-        plugin (docs/mnote-tools.md §Run binding); ``listener`` receives live
-        events; ``record`` fields are stored on the session when the turn starts;
-        ``approvals`` answers Hermes's questions on the ACP runner (``TurnRequest.approvals``);
-        ``log_ctx``: fields the caller adds to the turn's log lines (e.g. its run id).
+    def send(self, ask: SendRequest) -> tuple[dict, TurnResult]:
+        """Run the turn ``ask`` describes on its session (docs/runners.md).
 
         A turn that ends without an answer is taken back from Hermes's record
-        (:func:`~hermes_service.hermes_state.rewind_unanswered`), so a retried message
+        (:func:`~hermes_service.homes.hermes_state.rewind_unanswered`), so a retried message
         reaches the model once; a Hermes session that keeps messages of a failed or aborted
         first turn is still mapped to this session (found exactly, by the turn marker).
 
         Returns (updated record, result). Raises NotFound, TooLarge, Conflict
         (``session_busy``), TooManyRuns, Unconfigured or a RunError.
         """
+        session_id, message, owner, kind = ask.session_id, ask.message, ask.owner, ask.kind
+        record, wait = ask.record, ask.wait
         self.check_message(message)
         self.get(session_id, owner, kind)
         with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
@@ -186,12 +205,12 @@ class Conversations:
             family = rec.get("kind") or "v1"
             clock = metrics.TurnClock(self.runners.cli.name, family)
             req = TurnRequest(message, rec.get("hermes_session_id"), home,
-                              self.homes.cli_env(home, self.processes.command_path()), model=model,
-                              toolsets=list(toolsets or []), family=family,
-                              plugin_run=plugin_run, listener=_Timed(listener, clock),
-                              cancel=cancel, approvals=approvals,
+                              self.homes.cli_env(home, self.processes.command_path()),
+                              model=ask.model, toolsets=list(ask.toolsets), family=family,
+                              plugin_run=ask.plugin_run, listener=_Timed(ask.listener, clock),
+                              cancel=ask.cancel, approvals=ask.approvals,
                               log_ctx={"user": rec["user_id"], "session": session_id,
-                                       "family": family, **(log_ctx or {})})
+                                       "family": family, **(ask.log_ctx or {})})
             if hermes_state.rewind_orphan(home.hermes_home, req.resume_id,
                                           reap=self._reap_orphans):
                 log.warning("took back the unanswered last turn of session %s: the service "

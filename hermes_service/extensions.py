@@ -25,7 +25,7 @@ at fixed points — the way flaskr's ``db.init_app(app)`` wires itself:
   hook and metrics on the :class:`~hermes_service.services.Services` (called by
   :func:`~hermes_service.services.build_services`, so ``gc`` gets them too);
 * :meth:`Extension.init_app` — its blueprints, error shapes and OpenAPI components, tags,
-  response headers and description (:mod:`hermes_service.web`'s ``register_*``; called by
+  response headers and description (:mod:`hermes_service.web.helpers`'s ``register_*``; called by
   :func:`~hermes_service.app.create_app`);
 * :meth:`Extension.init_cli` — its command group (called when :mod:`hermes_service.cli` is
   imported);
@@ -106,7 +106,7 @@ class Extension:
     def model_names(self, config: Config) -> list[str]:
         """Model names its turns may pass to Hermes (``hermes chat -m``) besides
         ``hermes.model.default``: the model pass-through forwards those too
-        (:mod:`hermes_service.model_policy`)."""
+        (:mod:`hermes_service.model_proxy.policy`)."""
         return []
 
     def init_services(self, services: ServiceObjects) -> None:

@@ -3,7 +3,7 @@
 A client that may have lost an answer (a cut connection, a restart, a timeout) sends the
 request again with the same ``Idempotency-Key``; it gets the first request's outcome instead
 of a second turn. The routes that take the header say so with
-:func:`hermes_service.web.idempotent` (``POST /api/v1/sessions``, ``POST
+:func:`hermes_service.web.helpers.idempotent` (``POST /api/v1/sessions``, ``POST
 /api/v1/sessions/{id}/messages``, ``POST /api/hermes/client/sessions``, ``POST
 /api/hermes/client/runs``), which applies the rules and the store of this module.
 

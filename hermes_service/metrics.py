@@ -1,5 +1,5 @@
 """Prometheus metrics (docs/operations.md §Metrics), served at ``GET /metrics``
-(:mod:`hermes_service.ops`).
+(:mod:`hermes_service.web.ops`).
 
 The rest of the service reports through the small functions below, one call per event;
 this module owns every metric, its labels and the label-value rules, so no caller can put a
@@ -19,7 +19,7 @@ An extension defines its own instruments on :data:`REGISTRY` under :data:`NAMESP
 Metrics live in their own :data:`REGISTRY` (plus the standard ``process_*`` and
 ``python_*`` collectors), one per service process; scrape every process. Units are
 seconds (Prometheus naming conventions). This module holds the instruments only and imports
-nothing of the web layer; the route is :func:`hermes_service.ops.metrics`.
+nothing of the web layer; the route is :func:`hermes_service.web.ops.metrics`.
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ def data_dir_problem(config: Config) -> str | None:
 def disk_problem(config: Config) -> str | None:
     """``hermes.sandbox.quota: btrfs`` where it cannot hold; a ``paths.homes_dir`` apart from
     the data dir while the homes are still in the data dir (:meth:`Disk.problems`)."""
-    from .disk import Disk
+    from .disk.quota import Disk
     found = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).problems(
         config.source)
     return "; ".join(found) if found else None

@@ -28,7 +28,7 @@ One pass (:func:`collect`) removes, in this order:
    records past ``retention.idempotency_window_seconds`` and the run event logs.
 
 Nothing is removed with ``dry_run``; the report says what would be. Users' homes are read only
-through :func:`~hermes_service.hermes_state.lineage_ids` (which never follows what a user's
+through :func:`~hermes_service.homes.hermes_state.lineage_ids` (which never follows what a user's
 agent planted there: a tampered ``state.db`` is a problem of the report, its mapping kept);
 run folders are swept by :meth:`RunFiles.sweep <hermes_service.runner.RunFiles.sweep>` at
 start, which follows nothing either.
@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from .errors import ServiceError
-from .hermes_state import lineage_ids
 from .homefs import HomeTampered
+from .homes.hermes_state import lineage_ids
 from .session_store import CorruptShard
 
 if TYPE_CHECKING:
@@ -190,50 +190,71 @@ def _sessions(svc, report: GcReport, cutoff: float, purge: bool, dry_run: bool,
             continue
         remaining = {r["session_id"]: r for r in records}
         for rec in [r for r in records if _stale(r, cutoff)]:
-            sid = rec["session_id"]
-            what = f"session {sid} of user {user_id} (unused since {rec.get('updated_at')})"
-            lock_path = locks_dir / f"session-{sid}.lock"
-            had_lock_file = lock_path.exists()
-            with _try_lock(lock_path, create=not dry_run) as held:
-                if not held:
-                    report.kept(f"session {sid} of user {user_id}: a turn holds its lock")
-                    continue
-                try:
-                    doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
-                except (sqlite3.Error, OSError, HomeTampered) as exc:
-                    report.problem(f"session {sid} of user {user_id}: its Hermes transcripts "
-                                   f"could not be read ({exc}); the mapping is kept")
-                    continue
-                if dry_run:
-                    report.removed("session mappings", what)
-                    for hid in doomed:
-                        report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
-                    if had_lock_file:
-                        report.removed("lock files", f"lock file {lock_path}")
-                    remaining.pop(sid)
-                    continue
-                try:
-                    for hid in doomed:
-                        if _delete_transcript(svc, user_id, hid):
-                            report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
-                except ServiceError as err:
-                    report.problem(f"session {sid} of user {user_id}: Hermes session {hid} was not "
-                                   f"deleted ({err.detail}); the mapping is kept")
-                    continue
-                try:
-                    gone = store.delete(sid, where=lambda r: _stale(r, cutoff))
-                except Timeout:
-                    report.shard_busy(store, user_id)
-                    break
-                if gone is None:
-                    report.kept(f"session {sid} of user {user_id}: used again after {since}")
-                    continue
-                remaining.pop(sid)
-                report.removed("session mappings", what)
-                if isinstance(held, FileLock):       # we hold it: nobody else can be using it
-                    lock_path.unlink(missing_ok=True)
-                    if had_lock_file:
-                        report.removed("lock files", f"lock file {lock_path}")
+            if not _session(svc, report, user_id, rec, remaining, cutoff, since, purge, dry_run,
+                            locks_dir):
+                break
+
+
+def _session(svc, report: GcReport, user_id: str, rec: dict, remaining: dict, cutoff: float,
+             since: str, purge: bool, dry_run: bool, locks_dir: Path) -> bool:
+    """One stale session ``rec`` of ``user_id``: its mapping, lock file and (``purge``) the
+    Hermes transcripts only it continues removed (or, ``dry_run``, reported), unless a turn
+    holds it or it was used again; ``remaining`` loses it when it goes. False when the user's
+    shard is busy (the user's other sessions wait for the next pass)."""
+    sid = rec["session_id"]
+    what = f"session {sid} of user {user_id} (unused since {rec.get('updated_at')})"
+    lock_path = locks_dir / f"session-{sid}.lock"
+    had_lock_file = lock_path.exists()
+    with _try_lock(lock_path, create=not dry_run) as held:
+        if not held:
+            report.kept(f"session {sid} of user {user_id}: a turn holds its lock")
+            return True
+        try:
+            doomed = _transcripts(svc, user_id, rec, remaining) if purge else []
+        except (sqlite3.Error, OSError, HomeTampered) as exc:
+            report.problem(f"session {sid} of user {user_id}: its Hermes transcripts "
+                           f"could not be read ({exc}); the mapping is kept")
+            return True
+        if dry_run:
+            report.removed("session mappings", what)
+            for hid in doomed:
+                report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
+            if had_lock_file:
+                report.removed("lock files", f"lock file {lock_path}")
+            remaining.pop(sid)
+            return True
+        if not _delete_transcripts(svc, report, user_id, sid, doomed):
+            return True
+        try:
+            gone = svc.store.delete(sid, where=lambda r: _stale(r, cutoff))
+        except Timeout:
+            report.shard_busy(svc.store, user_id)
+            return False
+        if gone is None:
+            report.kept(f"session {sid} of user {user_id}: used again after {since}")
+            return True
+        remaining.pop(sid)
+        report.removed("session mappings", what)
+        if isinstance(held, FileLock):       # we hold it: nobody else can be using it
+            lock_path.unlink(missing_ok=True)
+            if had_lock_file:
+                report.removed("lock files", f"lock file {lock_path}")
+    return True
+
+
+def _delete_transcripts(svc, report: GcReport, user_id: str, sid: str,
+                        doomed: list[str]) -> bool:
+    """Delete the Hermes sessions ``doomed`` of session ``sid``; False (reported: the mapping
+    is kept) when one could not be."""
+    try:
+        for hid in doomed:
+            if _delete_transcript(svc, user_id, hid):
+                report.removed("transcripts", f"Hermes session {hid} of user {user_id}")
+    except ServiceError as err:
+        report.problem(f"session {sid} of user {user_id}: Hermes session {hid} was not "
+                       f"deleted ({err.detail}); the mapping is kept")
+        return False
+    return True
 
 
 def _transcripts(svc, user_id: str, rec: dict, remaining: dict) -> list[str]:

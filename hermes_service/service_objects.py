@@ -1,7 +1,7 @@
 """The shape of the service objects, for the modules that cannot import them.
 
 :class:`~hermes_service.services.Services` is built by :mod:`hermes_service.services`, which
-builds the installed extensions too; the request helpers (:mod:`hermes_service.web`), the
+builds the installed extensions too; the request helpers (:mod:`hermes_service.web.helpers`), the
 extension seam (:mod:`hermes_service.extensions`) and the extensions themselves are imported
 on that way, so naming ``Services`` there would close an import cycle (type-only imports count:
 tests/unit/test_layers_imports.py). They name :class:`ServiceObjects` instead: a
@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from .config import Config
     from .conversations import Conversations
-    from .disk import Disk
+    from .disk.quota import Disk
+    from .homes.users import UserHomes
     from .idempotency import IdempotencyStore
     from .limits import Limiter
-    from .model_proxy import ModelProxy
+    from .model_proxy.proxy import ModelProxy
     from .runner import CliRunner, Processes, RunnerChoice
     from .sandbox import Sandbox
     from .security import Guard
     from .session_store import SessionStore
-    from .user_homes import UserHomes
 
 
 class ServiceObjects(Protocol):

@@ -17,19 +17,20 @@ from dataclasses import dataclass, field
 from . import installed, metrics
 from .config import Config
 from .conversations import Conversations
-from .disk import Disk
+from .disk.quota import Disk
 from .errors import ServiceError, TooManyRuns, Unconfigured
+from .homes.users import HERMES_SITE, UserHomes
 from .idempotency import DB_NAME as IDEMPOTENCY_DB
 from .idempotency import IdempotencyStore
 from .limits import Limiter
-from .model_policy import offered_models
-from .model_proxy import ModelProxy, upstream_proxy_for
-from .model_usage import usage_db_path
+from .model_proxy.policy import offered_models
+from .model_proxy.proxy import ModelProxy
+from .model_proxy.upstream import upstream_proxy_for
+from .model_proxy.usage import usage_db_path
 from .runner import AcpRunner, CliProcess, CliRunner, Processes, RunnerChoice, acp_families
 from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
-from .user_homes import HERMES_SITE, UserHomes
 
 #: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
 #: node; alone, the restarted service is usually back within a drain.
@@ -206,7 +207,7 @@ def model_proxy_settings(config: Config, homes: UserHomes) -> dict:
     """:meth:`ModelProxy.configure`'s arguments for ``config``: the provider, its key's
     variable, the read timeout (a turn's hard limit), the HTTP proxy ``hermes.extra_env``
     names for it, the model names a home may ask for (its rendered config's and the enabled
-    extensions': :func:`~hermes_service.model_policy.offered_models`), the context length
+    extensions': :func:`~hermes_service.model_proxy.policy.offered_models`), the context length
     (the body cap) and ``hermes.limits.daily_tokens``."""
     hermes = config.hermes
     try:

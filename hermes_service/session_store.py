@@ -473,23 +473,7 @@ class SessionStore:
             by_user: dict[str, dict] = {}
             for sid, rec in legacy.items():
                 by_user.setdefault(rec["user_id"], {})[sid] = rec
-            folders: set[Path] = set()
-            for user_id, recs in by_user.items():
-                with self._locked(user_id):
-                    present = self._load(user_id)
-                    for sid in recs:
-                        if sid in present:
-                            continue
-                        try:
-                            made = self._claim(sid, user_id, sync=False)
-                        except KeyError:
-                            raise CorruptStore(
-                                f"{self.legacy}: session {sid} of user {user_id} is already "
-                                f"registered to user {self.owner(sid)}; "
-                                "resolve it by hand") from None
-                        if made is not None:
-                            folders.add(made)
-            for folder in folders:
+            for folder in self._link_owners(by_user):
                 fsync_dir(folder)
             added = 0
             for user_id, recs in by_user.items():
@@ -511,6 +495,28 @@ class SessionStore:
                      SHARD, backup.name)
             return added
 
+
+    def _link_owners(self, by_user: dict[str, dict]) -> set[Path]:
+        """The owner links of the legacy records (``by_user``: user → its records) not in a
+        shard yet, each user's under its lock, not fsynced: the folders to fsync. Raises
+        :class:`CorruptStore` for an id registered to another user."""
+        folders: set[Path] = set()
+        for user_id, recs in by_user.items():
+            with self._locked(user_id):
+                present = self._load(user_id)
+                for sid in recs:
+                    if sid in present:
+                        continue
+                    try:
+                        made = self._claim(sid, user_id, sync=False)
+                    except KeyError:
+                        raise CorruptStore(
+                            f"{self.legacy}: session {sid} of user {user_id} is already "
+                            f"registered to user {self.owner(sid)}; "
+                            "resolve it by hand") from None
+                    if made is not None:
+                        folders.add(made)
+        return folders
 
 def _read_legacy(path: Path) -> bytes:
     """The legacy file's bytes. Raises FileNotFoundError (gone) or ValueError (unreadable:

@@ -41,7 +41,7 @@ TURNS = "tests/unit/test_turns.py"
 MUTANTS = [
     # -- the review's survivors ------------------------------------------------------------
     Hand("a key bound to an actor may post into another user's v1 session via user_context",
-         "hermes_service/api_v1.py",
+         "hermes_service/web/api_v1.py",
          "    owner = _user(ctx_user)  ",
          "    owner = ctx_user or _user(None)  ",
          [f"{SEC}::test_key_bound_to_an_actor_cannot_post_into_another_users_session_via_user_context"]),

@@ -77,15 +77,15 @@ _GC_COMMAND = "tests/unit/test_retention.py::test_gc_command"
 _STORE = "tests/unit/test_session_store.py::"
 MODULES: dict[str, Module] = {
     "security": Module("hermes_service/security.py", [
-        "tests/unit/test_security.py", "tests/unit/test_scopes_health.py"]),
-    "hooks": Module("hermes_service/hooks.py", [
-        "tests/unit/test_security.py", "tests/unit/test_scopes_health.py",
+        "tests/unit/test_security.py", "tests/unit/web/test_scopes_health.py"]),
+    "hooks": Module("hermes_service/web/hooks.py", [
+        "tests/unit/test_security.py", "tests/unit/web/test_scopes_health.py",
         "tests/unit/mnote/test_tool_endpoint.py"],
         # authentication, scope and loopback; not the request id or access log
         functions=["x_is_loopback", "x_resolve_client", "x_authenticate"]),
     # the route families: which family a route or path is in, and what it asks
-    "routing": Module("hermes_service/routing.py", [
-        "tests/unit/test_route_policy.py", "tests/unit/test_scopes_health.py",
+    "routing": Module("hermes_service/web/routing.py", [
+        "tests/unit/web/test_routing.py", "tests/unit/web/test_scopes_health.py",
         "tests/unit/test_security.py", "tests/unit/mnote/test_tool_endpoint.py"]),
     "session_store": Module("hermes_service/session_store.py", [
         "tests/unit/test_session_store.py", "tests/unit/test_retention.py",
@@ -102,7 +102,7 @@ MODULES: dict[str, Module] = {
     "endpoint": Module("hermes_service/mnote/endpoint.py", [
         "tests/unit/mnote/test_tool_endpoint.py"],
         # the envelope and its codes; not _schema (the API document's copy of the contract
-        # schemas, tests/unit/test_openapi.py); the route is decorated: hand mutants
+        # schemas, tests/unit/web/test_openapi.py); the route is decorated: hand mutants
         functions=["x_failure_envelope", "x_render_error_body", "x_tool_code"]),
     "page_store": Module("hermes_service/mnote/page_store.py", [
         "tests/unit/mnote/test_page_store.py", "tests/unit/mnote/test_tools.py",

@@ -154,7 +154,7 @@ def serve_kernel(ctx, host, port, credential_env, no_credential):
     """The reference kernel over HTTP: the embedded page store answering the tool contract's
     envelopes (docs/mnote-tools.md §The reference kernel). Prints its URL, serves until
     interrupted."""
-    from .kernel_reference import ReferenceKernel
+    from .kernel.reference import ReferenceKernel
     if not credential_env and not no_credential:
         credential_env = settings(_config(ctx)).page_store.credential_env
         if not credential_env:
@@ -179,7 +179,7 @@ def serve_kernel(ctx, host, port, credential_env, no_credential):
 def kernel_command(ctx):
     """The reference kernel as a command: one tool envelope on standard input, its answer on
     standard output (mnote.page_store.command; docs/mnote-tools.md §The reference kernel)."""
-    from .kernel_reference import ReferenceKernel
+    from .kernel.reference import ReferenceKernel
     kernel = _opened(ctx, ReferenceKernel)
     sys.exit(kernel.command(sys.stdin.buffer, sys.stdout.buffer))
 
@@ -206,9 +206,9 @@ def check_kernel(ctx, url, command, credential_env, ca_file, timeout, workspace,
     """Run the tool contract's cases against a kernel (--url or --command; without either:
     the one mnote.page_store names, with its credential, CA file and timeout): one line per
     case and a summary; exit 1 if a case failed (docs/mnote-tools.md §Conformance check)."""
-    from . import kernel_check
-    from .kernel_command import CommandKernel
-    from .kernel_http import HttpKernel
+    from .kernel import check as kernel_check
+    from .kernel.command import CommandKernel
+    from .kernel.over_http import HttpKernel
     if url and command:
         click.echo("error: give --url or --command, not both", err=True)
         sys.exit(2)

@@ -19,12 +19,22 @@ from typing import overload
 
 from flask import Blueprint, g, jsonify, request
 
-from .. import logs, tokens
+from .. import logs
 from ..errors import ID_SCHEMA, BadRequest, NotFound, ServiceError, Unauthorized, check_id
-from ..hermes_state import session_summary, transcript
-from ..routing import ErrorFamily, RouteFamily, declare
+from ..homes.hermes_state import session_summary, transcript
 from ..security import acting_user
-from ..web import Param, Reply, documented, has_body, idempotent, json_body, parse_json, services
+from ..web import tokens
+from ..web.helpers import (
+    Param,
+    Reply,
+    documented,
+    has_body,
+    idempotent,
+    json_body,
+    parse_json,
+    services,
+)
+from ..web.routing import ErrorFamily, RouteFamily, declare
 from .client_codes import client_code, status_for
 from .client_schemas import (
     ACTOR_HEADER,
@@ -149,7 +159,7 @@ legacy_bp = declare(Blueprint("mnote_legacy", __name__), LEGACY)
 
 
 def idempotent_client():
-    """The client routes' :func:`~hermes_service.web.idempotent`: a key belongs to the
+    """The client routes' :func:`~hermes_service.web.helpers.idempotent`: a key belongs to the
     API key and the actor; the given ``X-Trace-Id`` is part of the request."""
     return idempotent("client", actor_id, extra=lambda: (request.headers.get("X-Trace-Id"),))
 

@@ -19,7 +19,7 @@ CODE_MAP = {
     "invalid_id": "hermes_client_bad_request",
     "message_too_large": "hermes_client_bad_request",
     "payload_too_large": "hermes_client_bad_request",
-    "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (framing.py)
+    "bad_request_framing": "hermes_client_bad_request",     # ambiguous body framing (web/framing)
     "invalid_idempotency_key": "hermes_client_bad_request",  # docs/v1-api.md §Idempotent retries
     "upstream_unauthorized": "hermes_client_upstream_unauthorized",
     "upstream_rate_limited": "hermes_client_upstream_rate_limited",

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from flask import Response, g, request, stream_with_context
 
+from ..conversations import SendRequest
 from ..errors import ID_SCHEMA, BadRequest, NotFound, check_id
-from ..hermes_state import session_summary, token_counts, tokens_used
-from ..web import Param, Reply, documented, has_body, json_body, services
+from ..homes.hermes_state import session_summary, token_counts, tokens_used
+from ..web.helpers import Param, Reply, documented, has_body, json_body, services
 from . import event_bounds
 from .client import (
     MNOTE_TOOLSET,
@@ -134,11 +135,11 @@ def run_turn(svc, turn: Turn, run) -> None:
     try:
         known = svc.conversations.get(turn.session_key, kind="mnote").get("hermes_session_id")
         before = token_counts(home, known) or {}     # (not the transcript: first token)
-        _, result = svc.conversations.send(
+        _, result = svc.conversations.send(SendRequest(
             turn.session_key, turn.message, owner=turn.actor, kind="mnote", wait=0,
             model=turn.hermes_model, toolsets=[MNOTE_TOOLSET], plugin_run=binding,
             listener=run.listener(), log_ctx={"run": run.run_id}, cancel=run.cancel,
-            record={"model": turn.model_id}, approvals=run if turn.asking else None)
+            record={"model": turn.model_id}, approvals=run if turn.asking else None))
     finally:
         mnote_of(svc).tools.end_run(run)
     after = session_summary(home, result.hermes_session_id) or {}
@@ -200,7 +201,8 @@ def events(run_id):
     * ``Last-Event-ID`` = the last id of a finished run (a reconnect after the terminal event):
       204 No Content, which tells a browser EventSource to stop reconnecting;
     * 429 ``hermes_client_busy`` when ``mnote.max_event_streams`` streams are open; a client
-      that disconnects frees its slot within ~1 s (:class:`~hermes_service.mnote.runs.ClientWatch`).
+      that disconnects frees its slot within ~1 s
+      (:class:`~hermes_service.mnote.runs.manager.ClientWatch`).
     """
     actor = actor_id()
     check_id(run_id, "runId")

@@ -1,5 +1,5 @@
 """The client routes' contracts (client-proxy contract §2; docs/api-description.md): the
-request bodies :func:`~hermes_service.web.json_body` validates with, the parameters, the
+request bodies :func:`~hermes_service.web.helpers.json_body` validates with, the parameters, the
 success bodies and the event stream ``GET /openapi.json`` shows. The run events themselves
 are :mod:`.events`; the error codes :mod:`.client_codes`."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import ID_PATTERN, ID_RULE, ID_SCHEMA, NO_NUL
 from ..idempotency import HEADER as IDEMPOTENCY_HEADER
 from ..idempotency import KEY_SCHEMA
-from ..web import Param
+from ..web.helpers import Param
 from .objects import settings
 
 ACTOR_HEADER = "X-Mnote-Actor-Id"

@@ -16,8 +16,8 @@ from __future__ import annotations
 from flask import Blueprint, jsonify, request
 
 from ..errors import ServiceError
-from ..routing import RUN_TOKEN, ErrorFamily, RouteFamily, declare
-from ..web import Reply, documented, parse_json, services
+from ..web.helpers import Reply, documented, parse_json, services
+from ..web.routing import RUN_TOKEN, ErrorFamily, RouteFamily, declare
 from . import metrics
 from .gateway import ToolRefused
 from .objects import mnote_of

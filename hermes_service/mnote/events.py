@@ -1,7 +1,7 @@
 """The client proxy's run events as JSON schemas (contract hermes-client-proxy-contract-v1 §2
 GET /events; docs/mnote-client.md, Events).
 
-:mod:`hermes_service.mnote.runs` emits them (its module doc lists the payloads) and
+:mod:`hermes_service.mnote.runs.manager` emits them (its module doc lists the payloads) and
 :func:`~hermes_service.mnote.client_codes.public_event` gives ``run.failed`` its contract code;
 these schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the

@@ -120,10 +120,10 @@ class MnoteExtension(Extension):
         :class:`~.page_store.PageStoreUnusable` if ``data/mnote.db`` cannot be opened."""
         from . import metrics
         from .gateway import ToolGateway
-        from .kernel_adapter import backend_for
+        from .kernel.adapter import backend_for
         from .page_store import SQLitePageStore
-        from .run_log import RunLogs
-        from .runs import RunManager
+        from .runs.log import RunLogs
+        from .runs.manager import RunManager
         config, cfg = services.config, settings(services.config)
         runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
         runs.streams_per_actor = cfg.max_streams_per_actor
@@ -142,8 +142,8 @@ class MnoteExtension(Extension):
 
     def init_app(self, app, services: ServiceObjects) -> None:
         """Register the mnote blueprints (with their route families: auth, scopes, error
-        shapes; :mod:`hermes_service.routing`) on ``app``."""
-        from ..web import (
+        shapes; :mod:`hermes_service.web.routing`) on ``app``."""
+        from ..web.helpers import (
             register_components,
             register_description,
             register_response_headers,

@@ -78,7 +78,7 @@ def tool_call(tool, outcome: str | None) -> None:
 def kernel_call(transport: str, outcome: str, seconds: float) -> None:
     """One call sent to the kernel: ``outcome`` ``ok`` or a
     :data:`~.kernel_wire.REASONS` key; ``seconds`` with its retries."""
-    from .kernel_wire import REASONS
+    from .kernel.wire import REASONS
     if transport in KERNEL_TRANSPORTS and (outcome == "ok" or outcome in REASONS):
         KERNEL_CALLS.labels(transport, outcome).inc()
         KERNEL_SECONDS.labels(transport).observe(seconds)
@@ -118,7 +118,7 @@ def stream_closed() -> None:
 
 
 def watch_runs(runs) -> None:
-    """Report ``runs`` (a :class:`~hermes_service.mnote.runs.RunManager`) at every scrape:
+    """Report ``runs`` (a :class:`~hermes_service.mnote.runs.manager.RunManager`) at every scrape:
     ``hermes_service_runs_active`` and ``hermes_service_event_streams_max``."""
     watch("runs_active", runs.active)
     watch("event_streams_max", lambda: runs.streams.size)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..service_objects import ServiceObjects
     from .gateway import ToolGateway
     from .page_store import SQLitePageStore
-    from .runs import RunManager
+    from .runs.manager import RunManager
     from .settings import MnoteSettings
 
 

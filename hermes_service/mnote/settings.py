@@ -133,6 +133,60 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _http_problems(ps, where: str) -> list[str]:
+    """kind http: the URL (http(s)://host/path, no user info, https when a credential would
+    leave this host) and the CA file."""
+    out = []
+    parts = urlsplit(ps.url or "")
+    try:
+        parts.port  # noqa: B018 - reading it checks it
+    except ValueError as exc:
+        out.append(f"{where}.url: {exc}")
+    if not ps.url:
+        out.append(f"{where}.url: kind http needs the kernel's URL (https://host/path)")
+    elif parts.scheme not in ("http", "https") or not parts.hostname:
+        out.append(f"{where}.url: not an http(s)://host/path URL")
+    elif parts.username is not None or parts.password is not None:
+        out.append(f"{where}.url: no user or password in the URL: name the variable "
+                   "holding the credential in mnote.page_store.credential_env")
+    elif parts.scheme == "http" and ps.credential_env and not _loopback(parts.hostname):
+        out.append(f"{where}.url: the credential would cross the network in clear: use "
+                   "https:// for a kernel on another host")
+    if ps.ca_file and not os.access(ps.ca_file, os.R_OK):
+        out.append(f"{where}.ca_file: {ps.ca_file} cannot be read")
+    return out
+
+
+def _command_problems(ps, where: str) -> list[str]:
+    """kind command: an argv whose program is found."""
+    if not ps.command:
+        return [f"{where}.command: kind command needs the kernel command as an argv "
+                "list, e.g. [\"mnote-cli\", \"hermes-tool\", \"--json\"]"]
+    if shutil.which(ps.command[0]) is None:
+        return [f"{where}.command: {ps.command[0]!r} is not an executable found on PATH "
+                "or at that path"]
+    return []
+
+
+def _credential_problems(cfg: Config, ps, where: str) -> list[str]:
+    """``credential_env``: set, one header-safe token, a variable no Hermes process gets."""
+    name = ps.credential_env
+    if not name:
+        return []
+    out = []
+    value = os.environ.get(name)
+    hermes = cfg.hermes
+    if not value:
+        out.append(f"{where}.credential_env: {env_unset(name)}")
+    elif not (value.isascii() and value.isprintable() and " " not in value):
+        out.append(f"{where}.credential_env: the value of {name} is not one header-safe "
+                   "token (visible ASCII, no spaces)")
+    if name == hermes.model.api_key_env or name in hermes.extra_env:
+        out.append(f"{where}.credential_env: {name} is also given to every Hermes process "
+                   "(hermes.model.api_key_env / hermes.extra_env): use a variable of its own")
+    return out
+
+
 def page_store_usable(cfg: Config) -> list[str]:
     """``mnote.page_store``: a kind's address is complete and safe to use. http: an
     ``http(s)://host[:port]/path`` URL without user info (a credential never sits in
@@ -143,44 +197,10 @@ def page_store_usable(cfg: Config) -> list[str]:
     ps, where = cfg.section(NAME).page_store, f"{cfg.source}:mnote.page_store"
     if ps.kind == "embedded":
         return []
-    out = []
-    if ps.kind == "http":
-        parts = urlsplit(ps.url or "")
-        try:
-            parts.port  # noqa: B018 - reading it checks it
-        except ValueError as exc:
-            out.append(f"{where}.url: {exc}")
-        if not ps.url:
-            out.append(f"{where}.url: kind http needs the kernel's URL (https://host/path)")
-        elif parts.scheme not in ("http", "https") or not parts.hostname:
-            out.append(f"{where}.url: not an http(s)://host/path URL")
-        elif parts.username is not None or parts.password is not None:
-            out.append(f"{where}.url: no user or password in the URL: name the variable "
-                       "holding the credential in mnote.page_store.credential_env")
-        elif parts.scheme == "http" and ps.credential_env and not _loopback(parts.hostname):
-            out.append(f"{where}.url: the credential would cross the network in clear: use "
-                       "https:// for a kernel on another host")
-        if ps.ca_file and not os.access(ps.ca_file, os.R_OK):
-            out.append(f"{where}.ca_file: {ps.ca_file} cannot be read")
+    out = _http_problems(ps, where) if ps.kind == "http" else []
     if ps.kind == "command":
-        if not ps.command:
-            out.append(f"{where}.command: kind command needs the kernel command as an argv "
-                       "list, e.g. [\"mnote-cli\", \"hermes-tool\", \"--json\"]")
-        elif shutil.which(ps.command[0]) is None:
-            out.append(f"{where}.command: {ps.command[0]!r} is not an executable found on PATH "
-                       "or at that path")
-    name = ps.credential_env
-    if name:
-        value = os.environ.get(name)
-        hermes = cfg.hermes
-        if not value:
-            out.append(f"{where}.credential_env: {env_unset(name)}")
-        elif not (value.isascii() and value.isprintable() and " " not in value):
-            out.append(f"{where}.credential_env: the value of {name} is not one header-safe "
-                       "token (visible ASCII, no spaces)")
-        if name == hermes.model.api_key_env or name in hermes.extra_env:
-            out.append(f"{where}.credential_env: {name} is also given to every Hermes process "
-                       "(hermes.model.api_key_env / hermes.extra_env): use a variable of its own")
+        out += _command_problems(ps, where)
+    out += _credential_problems(cfg, ps, where)
     if ps.timeout_seconds >= cfg.hermes.stall_timeout_seconds:
         out.append(f"{where}.timeout_seconds: {ps.timeout_seconds:g} must be below "
                    f"hermes.stall_timeout_seconds ({cfg.hermes.stall_timeout_seconds:g}): a slow "

@@ -31,7 +31,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from ..errors import json_pointer, schema_error
-from .kernel_wire import KERNEL_UNAVAILABLE
+from .kernel.wire import KERNEL_UNAVAILABLE
 from .page_store import (
     CMD_AI_NOTE,
     CMD_PAGE_SAVE,

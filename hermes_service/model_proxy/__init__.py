@@ -8,13 +8,15 @@ behind.
 * :mod:`.relay` — forwarding a checked request and relaying the answer;
 * :mod:`.body_check` — checking a body inline or in a worker process, at a bounded cost;
 * :mod:`.upstream` — the provider's settings, its HTTP proxy, the kept connections;
-* :mod:`.limits` — the bounds.
+* :mod:`.limits` — the bounds;
+* :mod:`.policy` + :mod:`.request` — what it forwards: methods, paths, models, headers, the
+  body's shape object by object;
+* :mod:`.usage` — the tokens it counts, per user and day (``data/model_usage.db``);
+* :mod:`.body_worker` — the memory-capped worker process that checks a costly body.
 
-What it forwards is :mod:`hermes_service.model_policy`; the tokens it counts,
-:mod:`hermes_service.model_usage`.
+It may import the core's leaves (:mod:`hermes_service.errors`, :mod:`hermes_service.metrics`,
+:mod:`hermes_service.json_cost`, :mod:`hermes_service.embedded_http`); never the sandbox, the
+homes, the runners or the web. This ``__init__`` imports nothing: the body worker runs as
+``python -m hermes_service.model_proxy.body_worker`` and loads only :mod:`.policy` and
+:mod:`.request`.
 """
-from .proxy import ModelProxy
-from .relay import openai_error
-from .upstream import upstream_proxy_for
-
-__all__ = ["ModelProxy", "openai_error", "upstream_proxy_for"]

@@ -1,6 +1,6 @@
 """Checking a request body at a bounded cost to the service (docs/sandbox.md §What the
 pass-through forwards, "What a body may cost"): what a user's agent sends is parsed and
-checked (:meth:`~hermes_service.model_policy.Policy.prepare_chat`) either here, when it is
+checked (:meth:`~hermes_service.model_proxy.policy.Policy.prepare_chat`) either here, when it is
 small and holds few JSON values, or in a worker process, never holding the service's GIL for
 longer than a small body takes; and each user parses at most its share per second.
 
@@ -9,7 +9,7 @@ longer than a small body takes; and each user parses at most its share per secon
   :data:`~.limits.INLINE_VALUES`: at most ~2 ms of the GIL (a Hermes request of 56 KB holds
   ~1 800 and is checked in ~1 ms).
 * **Out of process** — anything else goes to one of :data:`~.limits.PARSES` worker processes
-  (:mod:`hermes_service.model_body_worker`: address space capped, ``nice`` +10), one at a
+  (:mod:`hermes_service.model_proxy.body_worker`: address space capped, ``nice`` +10), one at a
   time per user; a body not checked within :data:`~.limits.PARSE_SECONDS`, or needing more
   memory than the worker has, is refused 400 ``request_too_complex`` (the worker killed and
   replaced). No worker free within :data:`~.limits.PARSE_WAIT_SECONDS`: 503
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from ..json_cost import token_bound
-from ..model_policy import Policy, Prepared, Refusal
 from . import limits
+from .policy import Policy, Prepared, Refusal
 
 log = logging.getLogger("hermes_service.model_proxy")
 
@@ -64,7 +64,8 @@ class Worker:
     def __init__(self, memory: int):
         self.memory = memory
         self.proc = subprocess.Popen(
-            [sys.executable, "-E", "-s", "-m", "hermes_service.model_body_worker", str(memory)],
+            [sys.executable, "-E", "-s", "-m", "hermes_service.model_proxy.body_worker",
+             str(memory)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             cwd=_PACKAGE_ROOT, close_fds=True, start_new_session=True,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})

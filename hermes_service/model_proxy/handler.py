@@ -10,12 +10,12 @@ import logging
 import socket
 import sys
 import time
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import metrics
-from ..model_policy import Prepared, Refusal, route
 from . import limits
-from .relay import Endpoint, Relay
+from .policy import Prepared, Refusal, route
+from .relay import Endpoint, Relay, reply
 
 log = logging.getLogger("hermes_service.model_proxy")
 
@@ -43,12 +43,20 @@ class Server6(Server):
     address_family = socket.AF_INET6
 
 
-class Handler(Relay):
+class Handler(BaseHTTPRequestHandler):
+    """One connection to the pass-through: the intake of each request on it (route,
+    credential, length, budget, shares, the body read and checked; every refusal), then its
+    :class:`~.relay.Relay`."""
     protocol_version = "HTTP/1.1"
     server: Server
     server_version = "hermes-service-model-proxy"
     sys_version = ""
     timeout = limits.CLIENT_TIMEOUT
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """The pass-through this request came to (its server's)."""
+        return self.server.endpoint
 
     def log_message(self, format, *args):  # noqa: A002  (no per-request stderr lines)
         pass
@@ -99,7 +107,7 @@ class Handler(Relay):
             if user is None:
                 self._drain_or_close()
                 metrics.model_request("unauthorized")
-                self._reply(401, "Incorrect API key provided: this endpoint needs the credential "
+                reply(self, 401, "Incorrect API key provided: this endpoint needs the credential "
                             "issued to this Hermes process.", "invalid_request_error",
                             "invalid_api_key", {"WWW-Authenticate": 'Bearer realm="model"'})
                 return
@@ -125,15 +133,15 @@ class Handler(Relay):
                     self._refuse(refusal, read=True)
                     return
                 body = prepared.body
-            settings = proxy.settings
+            settings, relay = proxy.settings, Relay(self, proxy)
             started = time.perf_counter()
             status = None
             try:
                 if prepared is None:
-                    status = self._forward(settings, user, path[len("/v1"):], body, None)
+                    status = relay.forward(settings, user, path[len("/v1"):], body, None)
                 else:
                     with proxy.reserve(user, prepared):
-                        status = self._forward(settings, user, path[len("/v1"):], body,
+                        status = relay.forward(settings, user, path[len("/v1"):], body,
                                                prepared)
             except Refusal as refusal:
                 self._refuse(refusal, read=True)
@@ -156,7 +164,7 @@ class Handler(Relay):
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close_connection = True
-                self._reply(408, f"the request body did not arrive within "
+                reply(self, 408, f"the request body did not arrive within "
                             f"{limits.BODY_SECONDS:g} s", "invalid_request_error",
                             "request_timeout")
                 return None
@@ -206,7 +214,7 @@ class Handler(Relay):
             self._drain_or_close()
         if refusal.counted:
             metrics.model_request("refused")
-        self._reply(refusal.status, refusal.message, refusal.etype, refusal.code,
+        reply(self, refusal.status, refusal.message, refusal.etype, refusal.code,
                     refusal.headers)
 
     def _drain_or_close(self) -> None:

@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..embedded_http import OpenConnections, stop_server
-from ..model_policy import Policy, Prepared, Refusal, max_request_bytes
-from ..model_usage import UsageStore, budget_message, seconds_to_midnight
 from . import limits
 from .body_check import BodyChecker
 from .handler import Handler, Server, Server6
+from .policy import Policy, Prepared, Refusal, max_request_bytes
 from .upstream import Connections, Upstream, upstream
+from .usage import UsageStore, budget_message, seconds_to_midnight
 
 log = logging.getLogger("hermes_service.model_proxy")
 
@@ -41,7 +41,7 @@ class ModelProxy:
     no provider is configured (every request then gets 502). ``api_key_env``: the environment
     variable holding the provider key (read at each request), None for no key.
     ``usage_db``: the SQLite file of per-user usage (:class:`UsageStore`, normally
-    :func:`~hermes_service.model_usage.usage_db_path` of the data dir). ``read_timeout``:
+    :func:`~hermes_service.model_proxy.usage.usage_db_path` of the data dir). ``read_timeout``:
     seconds to wait for the provider's answer headers and for each later read (> 0).
     ``host``: the loopback address to bind. ``upstream_proxy``: ``http://[user:password@]
     host[:port]`` to reach the provider through (normally
@@ -132,7 +132,7 @@ class ModelProxy:
 
     # -- what a user may spend -----------------------------------------------------------
     def check_budget(self, user_id: str) -> None:
-        """Raise :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``
+        """Raise :class:`~hermes_service.model_proxy.policy.Refusal` 429 ``token_budget_exceeded``
         when ``user_id`` has used ``daily_tokens`` tokens today (UTC; every service process
         on the data dir counted), those its requests in flight hold (:meth:`reserve`)
         included. Nothing without a budget; a usage db that cannot be read
@@ -160,7 +160,7 @@ class ModelProxy:
         what the user's other requests hold), so requests in parallel cannot together go past
         the budget: at most the one admitted last goes past it, by at most its own size.
         Given back when the request ends (its usage is counted by then). Raises
-        :class:`~hermes_service.model_policy.Refusal` 429 ``token_budget_exceeded``."""
+        :class:`~hermes_service.model_proxy.policy.Refusal` 429 ``token_budget_exceeded``."""
         if not self.daily_tokens:
             yield
             return
@@ -183,7 +183,7 @@ class ModelProxy:
         """Hold one of ``user_id``'s :data:`~.limits.MAX_USER_REQUESTS` places and ``length``
         bytes of :data:`~.limits.BODY_BUDGET` (and of :func:`user_body_budget`)
         while a request is read and answered; yields None, or the
-        :class:`~hermes_service.model_policy.Refusal` (429 / 503) when either is taken."""
+        :class:`~hermes_service.model_proxy.policy.Refusal` (429 / 503) when either is taken."""
         with self._lock:
             if self._inflight.get(user_id, 0) >= limits.MAX_USER_REQUESTS or \
                     self._user_bytes.get(user_id, 0) + length > user_body_budget(self.policy):
@@ -223,7 +223,7 @@ class ModelProxy:
     def prepare(self, user_id: str, body: bytes, content_type: str | None) -> Prepared:
         """The checked request ``body`` of ``user_id`` (:class:`~.body_check.BodyChecker`:
         inline or in a worker process, within the user's share). Raises
-        :class:`~hermes_service.model_policy.Refusal`."""
+        :class:`~hermes_service.model_proxy.policy.Refusal`."""
         return self.bodies.prepare(self.policy, user_id, body, content_type)
 
     # -- credentials --------------------------------------------------------------------

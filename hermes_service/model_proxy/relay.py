@@ -17,11 +17,11 @@ from http.server import BaseHTTPRequestHandler
 from typing import Protocol
 
 from .. import metrics
-from ..model_policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
-from ..model_usage import UsageReader, UsageStore
 from . import limits
 from .body_check import BodyChecker
+from .policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
 from .upstream import Connections, Upstream
+from .usage import UsageReader, UsageStore
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
@@ -57,40 +57,47 @@ class Endpoint(Protocol):
     def open_connections(self) -> int: ...
 
 
-class Relay(BaseHTTPRequestHandler):
-    """The forwarding half of a request handler (:class:`~.handler.Handler`)."""
+def reply(req: BaseHTTPRequestHandler, status: int, message: str, etype: str, code: str,
+          extra_headers: dict | None = None) -> None:
+    """Answer ``req`` here, in the OpenAI API's error shape (:func:`openai_error`)."""
+    body = openai_error(message, etype, code)
+    req.send_response(status)
+    req.send_header("Content-Type", "application/json")
+    req.send_header("Content-Length", str(len(body)))
+    for k, v in (extra_headers or {}).items():
+        req.send_header(k, v)
+    req.end_headers()
+    if req.command != "HEAD":
+        req.wfile.write(body)
 
-    @property
-    def endpoint(self) -> Endpoint:
-        """The pass-through this request came to (its server's)."""
-        return self.server.endpoint  # type: ignore[attr-defined]
 
-    def _reply(self, status: int, message: str, etype: str, code: str,
-               extra_headers: dict | None = None) -> None:
-        """Answer here, in the OpenAI API's error shape (:func:`openai_error`)."""
-        body = openai_error(message, etype, code)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra_headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+class Relay:
+    """Forwarding one checked request of ``req`` (the :class:`~.handler.Handler` it came
+    to, whose connection the answer goes back on) to the provider of ``endpoint``, and
+    relaying the answer."""
 
-    def _forward(self, s: Upstream | None, user: str, suffix: str, body: bytes,
-                 prepared: Prepared | None) -> int | None:
+    def __init__(self, req: BaseHTTPRequestHandler, endpoint: Endpoint):
+        self.req = req
+        self.endpoint = endpoint
+        self._caller_gone = self._unbilled = False
+        self._upstream_sock: socket.socket | None = None
+
+    def forward(self, s: Upstream | None, user: str, suffix: str, body: bytes,
+                prepared: Prepared | None) -> int | None:
+        """Forward the request (``suffix``: its path after ``/v1``; ``body`` as checked,
+        ``prepared`` for a chat request) and relay the answer; the status answered, counted
+        in the user's usage."""
         proxy = self.endpoint
         if s is None:
             metrics.model_request("unreachable")
-            self._reply(502, "model provider unreachable: no model provider is configured",
-                        "server_error", "upstream_unreachable")
+            reply(self.req, 502, "model provider unreachable: no model provider is configured",
+                            "server_error", "upstream_unreachable")
             return 502
         if s.proxy_error is not None:
             metrics.model_request("unreachable")
             log.warning("model provider %s:%s not tried: %s", s.host, s.port, s.proxy_error)
-            self._reply(502, f"model provider unreachable: {s.proxy_error}", "server_error",
-                        "upstream_unreachable")
+            reply(self.req, 502, f"model provider unreachable: {s.proxy_error}", "server_error",
+                            "upstream_unreachable")
             return 502
         headers = self._upstream_headers(s, body)
         target = s.base_path + suffix
@@ -100,24 +107,22 @@ class Relay(BaseHTTPRequestHandler):
             target = f"http://{s.netloc}{target}"
             if s.proxy.auth:
                 headers.append(("Proxy-Authorization", s.proxy.auth))
-        self._caller_gone = self._unbilled = False
-        self._upstream_sock: socket.socket | None = None
         try:
             conn, resp = self._exchange(s, target, headers, body)
         except TimeoutError:
             metrics.model_request("unreachable")
             log.warning("model provider timed out (%s): no answer within %g s", s.where,
                         s.read_timeout)
-            self.close_connection = True
-            self._reply(504, f"model provider timed out (no answer within "
-                        f"{s.read_timeout:g} s)", "server_error", "upstream_timeout")
+            self.req.close_connection = True
+            reply(self.req, 504, f"model provider timed out (no answer within "
+                            f"{s.read_timeout:g} s)", "server_error", "upstream_timeout")
             return 504
         except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
             metrics.model_request("unreachable")
             log.warning("model provider unreachable (%s): %s: %s", s.where,
                         type(exc).__name__, exc)
-            self._reply(502, f"model provider unreachable: {type(exc).__name__}",
-                        "server_error", "upstream_unreachable")
+            reply(self.req, 502, f"model provider unreachable: {type(exc).__name__}",
+                            "server_error", "upstream_unreachable")
             return 502
         metrics.model_request("ok" if resp.status < 400 else "provider_error")
         reader = UsageReader(resp.getheader("Content-Type"), resp.getheader("Content-Encoding"))
@@ -151,18 +156,18 @@ class Relay(BaseHTTPRequestHandler):
 
     def _upstream_headers(self, s: Upstream, body: bytes) -> list[tuple[str, str]]:
         """What the provider gets: the allowlisted headers of the caller
-        (:func:`~hermes_service.model_policy.forward_headers`), ``Content-Type:
+        (:func:`~hermes_service.model_proxy.policy.forward_headers`), ``Content-Type:
         application/json`` on a body, ``Accept-Encoding: identity``, the service's key and
         the body's length."""
-        out = [(k, v) for k, v in forward_headers(self.headers.items())
+        out = [(k, v) for k, v in forward_headers(self.req.headers.items())
                if k.lower() != "content-type"]
-        if self.command == "POST":
+        if self.req.command == "POST":
             out.append(("Content-Type", "application/json"))
         out.append(("Accept-Encoding", "identity"))
         key = os.environ.get(s.api_key_env) if s.api_key_env else None
         if key:
             out.append(("Authorization", f"Bearer {key}"))
-        if body or self.command in ("POST", "PUT", "PATCH"):
+        if body or self.req.command in ("POST", "PUT", "PATCH"):
             out.append(("Content-Length", str(len(body))))
         return out
 
@@ -175,7 +180,7 @@ class Relay(BaseHTTPRequestHandler):
             if conn is None:
                 conn = connections.new(s)
             try:
-                conn.putrequest(self.command, target, skip_host=False,
+                conn.putrequest(self.req.command, target, skip_host=False,
                                 skip_accept_encoding=True)
                 for k, v in headers:
                     conn.putheader(k, v)
@@ -205,7 +210,7 @@ class Relay(BaseHTTPRequestHandler):
         poller = select.poll()
         poller.register(sock, select.POLLIN | select.POLLERR | select.POLLHUP)
         watch_client = True
-        poller.register(self.connection, select.POLLIN | select.POLLERR | select.POLLHUP)
+        poller.register(self.req.connection, select.POLLIN | select.POLLERR | select.POLLHUP)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -214,9 +219,9 @@ class Relay(BaseHTTPRequestHandler):
             for fd, _ev in poller.poll(min(left, 1.0) * 1000):
                 if fd == sock.fileno():
                     return
-                if watch_client and fd == self.connection.fileno():
+                if watch_client and fd == self.req.connection.fileno():
                     try:
-                        gone = self.connection.recv(
+                        gone = self.req.connection.recv(
                             1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
                     except BlockingIOError:
                         gone = False
@@ -224,15 +229,15 @@ class Relay(BaseHTTPRequestHandler):
                         gone = True
                     if gone:
                         self._caller_gone = True
-                        self.close_connection = True
-                    poller.unregister(self.connection)      # gone, or pipelined bytes
+                        self.req.close_connection = True
+                    poller.unregister(self.req.connection)      # gone, or pipelined bytes
                     watch_client = False
 
     def _relay(self, resp: http.client.HTTPResponse, reader: UsageReader,
                stripper: UsageStripper | None = None) -> bool:
         """Relay status, headers and body (through ``stripper`` when given: the body then
         goes chunked); True when the whole body went through."""
-        no_body = (self.command == "HEAD" or resp.status in (204, 304)
+        no_body = (self.req.command == "HEAD" or resp.status in (204, 304)
                    or 100 <= resp.status < 200)
         pieces = self._pieces(resp, reader, stripper)
         chunked = None if self._caller_gone else self._relay_head(resp, no_body, stripper)
@@ -242,7 +247,7 @@ class Relay(BaseHTTPRequestHandler):
         if no_body:
             resp.read()
             return True
-        write = self.wfile.write
+        write = self.req.wfile.write
         for data in pieces:
             if data is None:           # the provider broke off: so does our answer
                 self._cut()
@@ -250,14 +255,14 @@ class Relay(BaseHTTPRequestHandler):
             try:
                 write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
             except OSError:
-                self.close_connection = True
+                self.req.close_connection = True
                 self._drain(pieces, reader)
                 return False
         if chunked:
             try:
                 write(b"0\r\n\r\n")
             except OSError:
-                self.close_connection = True
+                self.req.close_connection = True
                 return False
         return True
 
@@ -267,7 +272,7 @@ class Relay(BaseHTTPRequestHandler):
         :data:`~.limits.ORPHAN_SECONDS` (each read within the provider's read timeout) — a
         provider bills an answer whether or not anyone reads it. Cut short before the usage:
         ``_unbilled`` (counted at the output the request asked for)."""
-        self.close_connection = True
+        self.req.close_connection = True
         deadline = time.monotonic() + limits.ORPHAN_SECONDS
         sock = self._upstream_sock
         each = sock.gettimeout() if sock is not None else None
@@ -288,31 +293,31 @@ class Relay(BaseHTTPRequestHandler):
         the caller is gone."""
         named = {t.strip().lower() for v in resp.headers.get_all("Connection", [])
                  for t in v.split(",")}
-        self.send_response_only(resp.status, resp.reason)
+        self.req.send_response_only(resp.status, resp.reason)
         for k, v in resp.headers.items():
             if k.lower() not in _DROP_RESPONSE and k.lower() not in named:
                 if k.lower() in ("location", "content-location"):
                     v = self.endpoint.local_location(v)
-                self.send_header(k, v)
+                self.req.send_header(k, v)
         length = resp.getheader("Content-Length") \
             if not resp.chunked and (stripper is None or no_body) else None
         chunked = False
         if no_body:
             if length is not None:
-                self.send_header("Content-Length", length)
+                self.req.send_header("Content-Length", length)
         elif length is not None and resp.length is not None:
-            self.send_header("Content-Length", str(resp.length))
-        elif self.request_version == "HTTP/1.1":
+            self.req.send_header("Content-Length", str(resp.length))
+        elif self.req.request_version == "HTTP/1.1":
             chunked = True
-            self.send_header("Transfer-Encoding", "chunked")
+            self.req.send_header("Transfer-Encoding", "chunked")
         else:
-            self.close_connection = True
-        if self.close_connection:
-            self.send_header("Connection", "close")
+            self.req.close_connection = True
+        if self.req.close_connection:
+            self.req.send_header("Connection", "close")
         try:
-            self.end_headers()
+            self.req.end_headers()
         except OSError:
-            self.close_connection = True
+            self.req.close_connection = True
             return None
         return chunked
 
@@ -345,8 +350,8 @@ class Relay(BaseHTTPRequestHandler):
             yield rest
 
     def _cut(self) -> None:
-        self.close_connection = True
+        self.req.close_connection = True
         try:
-            self.connection.shutdown(socket.SHUT_RDWR)
+            self.req.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass

@@ -12,7 +12,7 @@ by status: 400 ``BadRequestError``, 401 ``AuthenticationError``, 403
 from __future__ import annotations
 
 from ..errors import ServiceError
-from ..routing import ErrorFamily
+from ..web.routing import ErrorFamily
 
 #: OpenAI's error ``type`` of each status (others: ``api_error``)
 TYPES = {400: "invalid_request_error", 401: "authentication_error",

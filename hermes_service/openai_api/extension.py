@@ -38,7 +38,7 @@ class OpenAIExtension(Extension):
         return [Family(NAME, config.section(NAME).runner, label="openai")]
 
     def init_app(self, app, services: ServiceObjects) -> None:
-        from ..web import register_description, register_response_headers, register_tags
+        from ..web.helpers import register_description, register_response_headers, register_tags
         from . import routes
         from .schemas import RESPONSE_HEADERS
         app.register_blueprint(routes.bp)

@@ -16,11 +16,11 @@ from contextlib import ExitStack
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
-from ..api_v1 import new_session_id
+from ..conversations import SendRequest
 from ..errors import BadRequest, NotFound, TooLarge, check_id, schema_error
-from ..hermes_state import token_counts, tokens_used
-from ..routing import RouteFamily, declare
-from ..web import (
+from ..homes.hermes_state import token_counts, tokens_used
+from ..web.api_v1 import new_session_id
+from ..web.helpers import (
     Param,
     Reply,
     documented,
@@ -30,6 +30,7 @@ from ..web import (
     services,
     validator_for,
 )
+from ..web.routing import RouteFamily, declare
 from . import tasks
 from .conversation import history_digest, plan, read_messages
 from .errors import ERRORS
@@ -221,9 +222,9 @@ class Turn:
         home = svc.homes.ensure(self.user).hermes_home
         known = svc.conversations.get(self.session_id, kind=NAME).get("hermes_session_id")
         before = token_counts(home, known) if known else None
-        _, result = svc.conversations.send(
+        _, result = svc.conversations.send(SendRequest(
             self.session_id, self.message, owner=self.user, kind=NAME, listener=listener,
-            cancel=cancel, log_ctx={"completion": self.cid})
+            cancel=cancel, log_ctx={"completion": self.cid}))
         tokens = tokens_used(before, token_counts(home, result.hermes_session_id),
                              result.usage)
         svc.conversations.store.update(

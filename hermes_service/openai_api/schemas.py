@@ -8,7 +8,7 @@ says which are refused instead)."""
 from __future__ import annotations
 
 from ..runner import FINISH_REASON
-from ..web import Param
+from ..web.helpers import Param
 from .settings import MODEL_ID
 
 _TEXT_PART = {"type": "object", "required": ["type"],

@@ -50,7 +50,7 @@ class Feed:
         pass
 
     def delta(self, text: str) -> None:
-        if self.overflowed:
+        if self.overflowed or not text:
             return
         self.size += len(text.encode("utf-8", "surrogatepass"))
         if self.size > self.limit:
@@ -122,6 +122,23 @@ def whole(turn: Any, held: ExitStack, disconnected: Callable[[], bool] | None):
         return value
 
 
+def _closing(chunks: Chunks, feed: Feed, kind: str, value, usage_asked: bool) -> list[str]:
+    """The last frames of a stream, once its turn ended (``kind`` ``done`` or ``error``)."""
+    if feed.overflowed:                     # an overflow ends it, answered or not
+        value = ServiceError(f"the answer's stream passed {MAX_STREAM_BYTES} bytes; the turn "
+                             "was ended", code="run_limit_exceeded", status=502)
+    if kind == "error" or feed.overflowed:
+        return [frame(render(value))]
+    result, tokens = value
+    out = []
+    if not result.streamed and result.answer:   # the CLI runner: whole, at the end
+        out.append(chunks.content(result.answer))
+    out.append(chunks.finish(result.finish_reason))
+    if usage_asked:
+        out.append(chunks.usage(tokens))
+    return [*out, DONE]
+
+
 def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
                   disconnected: Callable[[], bool] | None,
                   tools: bool = False) -> Iterator[str]:
@@ -135,7 +152,7 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
     try:
         yield chunks.role()
         quiet = time.monotonic()
-        while True:
+        while not ended:
             try:
                 kind, value = feed.events.get(timeout=POLL_SECONDS)
             except queue.Empty:
@@ -147,28 +164,12 @@ def stream_frames(chunks: Chunks, turn: Any, held: ExitStack, usage_asked: bool,
                 continue
             quiet = time.monotonic()
             if kind == "delta":
-                if value:
-                    yield chunks.content(value)
-                continue
-            if kind == "tool":
+                yield chunks.content(value)
+            elif kind == "tool":
                 yield comment("hermes.tool", value)
-                continue
-            ended = True
-            if kind == "error" or feed.overflowed:     # an overflow ends it, answered or not
-                if feed.overflowed:
-                    value = ServiceError(f"the answer's stream passed {MAX_STREAM_BYTES} bytes; "
-                                         "the turn was ended", code="run_limit_exceeded",
-                                         status=502)
-                yield frame(render(value))
-                return
-            result, tokens = value
-            if not result.streamed and result.answer:   # the CLI runner: whole, at the end
-                yield chunks.content(result.answer)
-            yield chunks.finish(result.finish_reason)
-            if usage_asked:
-                yield chunks.usage(tokens)
-            yield DONE
-            return
+            else:
+                ended = True
+                yield "".join(_closing(chunks, feed, kind, value, usage_asked))
     finally:
         if not ended:           # the client went away (or the write failed)
             log.info("openai completion %s: the client went away; stopping the turn",

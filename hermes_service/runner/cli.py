@@ -85,7 +85,7 @@ class CliRunner:
             env[run_binding.ENV] = run_binding.encode(req.plugin_run)
         try:
             resume, notice = req.resume_id, None
-            self.processes.check_home_quota(req.home)
+            self.processes.check_turn(req.home)
             outcome = self.run_process(
                 self.chat_args(req.message, resume, req.model, req.toolsets), env, req.home,
                 _on_spawn(req.listener), req.cancel, req.log_ctx)

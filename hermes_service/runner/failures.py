@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ..errors import RunError, ServiceError, Unconfigured
-from ..model_usage import BUDGET_MARK, budget_error
+from ..model_proxy.usage import BUDGET_MARK, budget_error
 from .processes import Outcome
 
 #: the line `hermes chat -Q` ends its output with, naming the Hermes session

@@ -10,7 +10,7 @@ under ``hermes.sandbox.mode: none``. A sandbox's limits end a turn with
 ``home_quota_exceeded`` (507) before Hermes starts, a disk below its floor with
 ``storage_full`` (507), a user whose ``hermes.limits.daily_tokens`` are spent with
 ``token_budget_exceeded`` (429); every sandbox is watched while it lives
-(:mod:`hermes_service.disk`).
+(:mod:`hermes_service.disk.quota`).
 
 **Limits.** At most ``hermes.max_concurrent_runs`` CLI turns, and starts of warm ACP
 processes, run at once (per service process: the cores by default; a warm ACP turn holds no
@@ -36,18 +36,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import HermesSettings
-from ..disk import Disk
+from ..disk.quota import Disk
 from ..errors import RunError, TooManyRuns, Unconfigured
 from ..files import atomic_write
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
-from ..model_policy import Refusal
-from ..model_usage import budget_error
+from ..model_proxy.policy import Refusal
+from ..model_proxy.usage import budget_error
 from ..sandbox import Launch, Sandbox, limit_signal, signal_tree
 from .run_files import RunFiles
 
 if TYPE_CHECKING:
-    from ..user_homes import UserHome
+    from ..homes.users import UserHome
 
 log = logging.getLogger("hermes_service.runner")
 
@@ -390,7 +390,7 @@ class Processes:
         """How to start ``hermes <args>`` for ``home``: in its sandbox, or unconfined
         (:mod:`hermes_service.sandbox`; ``hermes.sandbox.mode``). The home's run folder is
         visible to it; a sandbox gets ``RLIMIT_FSIZE`` of what is left of the home's quota and
-        is watched by the disk watcher while it lives (:mod:`hermes_service.disk`). Raises
+        is watched by the disk watcher while it lives (:mod:`hermes_service.disk.quota`). Raises
         Unconfigured when the command is missing, RunError ``hermes_failed`` when its sandbox
         cannot be made."""
         command = self.command_path()
@@ -415,19 +415,28 @@ class Processes:
         """Do new Hermes processes run in a sandbox (with its limits)?"""
         return self.sandbox is not None and self.sandbox.active
 
-    def check_home_quota(self, home: UserHome) -> None:
-        """Before Hermes starts a turn for ``home``: raise ``home_quota_exceeded`` (507) when
-        the home and its run folder are over ``hermes.sandbox.max_home_mb``,
-        ``storage_full`` (507) when the data or homes file system is below
-        ``hermes.sandbox.min_free_mb`` (:meth:`hermes_service.disk.Disk.check_turn`), and
-        ``token_budget_exceeded`` (429) when the user has spent its
-        ``hermes.limits.daily_tokens`` today."""
+    def check_turn(self, home: UserHome) -> None:
+        """Before Hermes starts a turn for ``home``: the user's token budget
+        (:meth:`check_budget`), then the home's disk (:meth:`check_home_quota`)."""
+        self.check_budget(home)
+        self.check_home_quota(home)
+
+    def check_budget(self, home: UserHome) -> None:
+        """Raise ``token_budget_exceeded`` (429) when ``home``'s user has spent its
+        ``hermes.limits.daily_tokens`` today (asked of the pass-through, which holds the
+        count: ``sandbox.credentials``); nothing without a pass-through."""
         proxy = self.sandbox.credentials if self.sandbox is not None else None
         if proxy is not None:
             try:
                 proxy.check_budget(home.user_id)
             except Refusal:
                 raise budget_error() from None
+
+    def check_home_quota(self, home: UserHome) -> None:
+        """Raise ``home_quota_exceeded`` (507) when ``home`` and its run folder are over
+        ``hermes.sandbox.max_home_mb``, ``storage_full`` (507) when the data or homes file
+        system is below ``hermes.sandbox.min_free_mb``
+        (:meth:`hermes_service.disk.quota.Disk.check_turn`); nothing unsandboxed."""
         if self.sandbox is None or self.disk is None:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)

@@ -4,7 +4,7 @@
 home and clean environment, model, toolsets, the plugin's run binding, a listener for live
 events, a cancel event) answered by a :class:`TurnResult`. Both runners — the CLI runner
 (:mod:`.cli`) and the ACP runner (:mod:`.acp`) — take the answer from Hermes's own record
-(:func:`hermes_service.hermes_state.turn_record`), never from terminal output: a turn that
+(:func:`hermes_service.homes.hermes_state.turn_record`), never from terminal output: a turn that
 recorded no answer fails with ``upstream_empty_answer`` (502).
 """
 from __future__ import annotations
@@ -14,11 +14,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from .. import hermes_state
+from ..homes import hermes_state
 from .failures import empty_answer, limit_error
 
 if TYPE_CHECKING:
-    from ..user_homes import UserHome
+    from ..homes.users import UserHome
 
 
 class TurnListener(Protocol):

@@ -28,7 +28,7 @@ class RunFiles:
     def __init__(self, root: Path):
         self.root = Path(root)
         #: ``fn(path)`` making a user's folder before it is first used (the disk's: a btrfs
-        #: subvolume with its quota, :meth:`hermes_service.disk.Disk.make_folder`), or None
+        #: subvolume with its quota, :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
         self.make_folder: Callable[[Path], None] | None = None
 
     def _open(self, user_id: str) -> int:

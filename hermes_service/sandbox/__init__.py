@@ -7,21 +7,17 @@ pre-warm, ``/api/v1/execute``, ``hermes --version`` and ``gc``'s transcript dele
 * :mod:`.args` — the arguments of a sandbox: namespaces, the runtime, ``/proc``, paths;
 * :mod:`.cgroups` — one cgroup per sandbox: limits, events, CPU time, removal;
 * :mod:`.trees` — a sandbox's process tree: memory, CPU, signals, strays, rlimit signals;
-* :mod:`.disk_use` — what a home takes on disk;
+* :mod:`.seccomp_filter` — the seccomp filter every sandbox gets;
+* :mod:`.hermes_policy` — what Hermes may do inside: the policy surface of its home's config;
+* :mod:`.net` — a sandbox's network: its sockets, the egress policy and proxy, the service gate;
 * :mod:`.launcher` — :class:`Sandbox` and the :class:`Launch` of one process.
+
+It may import the core's leaves (:mod:`hermes_service.config_fields`,
+:mod:`hermes_service.homefs`) and its own :mod:`.net`; never ``disk/``, ``homes/``, the runners
+or the web. What a home takes on disk is :mod:`hermes_service.disk.use`.
 """
 from .args import HOME, RUN_DIR, SITE_DIR, map_paths, proc_covers, runtime_roots
 from .cgroups import Cgroup, CgroupBase
-from .disk_use import (
-    MIN_ENTRY_BYTES,
-    STATE_FOLDER,
-    Usage,
-    held_mb,
-    home_size_mb,
-    open_folder,
-    usage,
-    write_bytes,
-)
 from .launcher import Credentials, Launch, Sandbox
 from .probe import Probe, fallback_warnings, probe, problems, warnings
 from .settings import (
@@ -48,14 +44,12 @@ from .trees import (
 __all__ = [
     "HOME",
     "HOST_TOOLSETS",
-    "MIN_ENTRY_BYTES",
     "MODEL_KEY_ENV",
     "MODEL_URL_ENV",
     "MODES",
     "NETWORKS",
     "RUN_DIR",
     "SITE_DIR",
-    "STATE_FOLDER",
     "Cgroup",
     "CgroupBase",
     "Credentials",
@@ -65,16 +59,12 @@ __all__ = [
     "Probe",
     "Sandbox",
     "Settings",
-    "Usage",
     "descendants",
     "fallback_warnings",
-    "held_mb",
-    "home_size_mb",
     "host_toolsets",
     "kill_strays",
     "limit_signal",
     "map_paths",
-    "open_folder",
     "probe",
     "problems",
     "proc_covers",
@@ -82,8 +72,6 @@ __all__ = [
     "signal_tree",
     "tree_cpu_seconds",
     "tree_rss_mb",
-    "usage",
     "warnings",
-    "write_bytes",
     "zombies",
 ]

@@ -8,7 +8,8 @@ import logging
 import os
 from pathlib import Path
 
-from .. import hermes_policy, homefs
+from .. import homefs
+from . import hermes_policy
 
 log = logging.getLogger("hermes_service.sandbox")
 

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from .. import hermes_policy, sandbox_net, seccomp_filter
 from . import args as sandbox_args
+from . import hermes_policy, seccomp_filter
 from .args import HOME, RUN_DIR, SANDBOX_UID, SITE_DIR, base_args, map_paths, repair_policy
 from .cgroups import Cgroup, CgroupBase
+from .net import sockets as sandbox_net
 from .probe import Probe, fallback_warnings, probe, warnings
 from .settings import MODEL_KEY_ENV, MODEL_URL_ENV, Settings, host_toolsets
 from .trees import tree_cpu_seconds
@@ -37,7 +38,7 @@ class Launch:
     cgroup: Cgroup | None = None
     cpu_limit: float | None = None      # seconds per turn (hermes.sandbox.limits.cpu_seconds)
     pid: int | None = None              # the launched process (set by the runner)
-    #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk.py)
+    #: a limit the disk watcher found passed ("home_quota" | "disk"; hermes_service/disk/quota.py)
     over: str | None = None
     net: sandbox_net.Attachment | None = None   # its sockets (network: isolated)
     _fds: list = field(default_factory=list)
@@ -103,7 +104,7 @@ class Launch:
 
 class Credentials(Protocol):
     """What the launcher needs of the model pass-through
-    (:class:`~hermes_service.model_proxy.ModelProxy`): a credential per process."""
+    (:class:`~hermes_service.model_proxy.proxy.ModelProxy`): a credential per process."""
     @property
     def base_url(self) -> str: ...
     @property
@@ -159,7 +160,7 @@ class Sandbox:
 
     def sandbox_routes(self, paths) -> None:
         """The path prefixes a sandbox may call through its service port (the run-token
-        routes, from the app factory; :mod:`hermes_service.service_gate`)."""
+        routes, from the app factory; :mod:`hermes_service.sandbox.net.service_gate`)."""
         self.net.service_paths = tuple(paths)
 
     def allowed_toolsets(self, toolsets) -> list[str]:
@@ -206,7 +207,7 @@ class Sandbox:
     def prepare(self, args: list[str], env: dict, home, run_dir: Path | None,
                 command_path: str, fsize_bytes: int | None = None) -> Launch:
         """A :class:`Launch` of ``<command_path> <args>`` for ``home`` (a
-        :class:`~hermes_service.user_homes.UserHome`). ``env`` is the process's whole
+        :class:`~hermes_service.homes.users.UserHome`). ``env`` is the process's whole
         environment with host paths; in a sandbox they are mapped to the sandbox's
         (:data:`HOME`, :data:`RUN_DIR`, :data:`SITE_DIR`). ``fsize_bytes``: the largest file
         (``RLIMIT_FSIZE``) instead of ``limits.file_size_mb`` (what is left of the home's
@@ -272,14 +273,14 @@ class Sandbox:
             # the service's no-follow reads of state.db there cannot be raced (homefs.py)
             bargs += ["--bind", str(home.hermes_home), f"{HOME}/.hermes"]
             repair_policy(home)
-        # Hermes's policy surface (hermes_policy.py): the service's config.yaml and plugins/
+        # Hermes's policy surface (sandbox/hermes_policy.py): the service's config.yaml and plugins/
         # read-only, the env files, active_profile, profiles/ … read empty
         bargs += hermes_policy.bind_args(str(home.root), HOME, str(self._empty_dir))
         if run_dir is not None:
             bargs += ["--bind", str(run_dir), RUN_DIR]
         if net is not None:
             # a network namespace of its own: only its loopback, and the service's sockets
-            # for this sandbox; /etc/hosts names the pass-through (sandbox_net.py)
+            # for this sandbox; /etc/hosts names the pass-through (sandbox/net/sockets.py)
             bargs += ["--unshare-net", "--ro-bind", str(net.folder), sandbox_net.INSIDE_DIR,
                       "--ro-bind", str(sandbox_net.hosts_file(self.data_dir / "sandbox")),
                       "/etc/hosts"]
@@ -293,7 +294,8 @@ class Sandbox:
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
-        # the seccomp filter (seccomp_filter.py): loaded by bwrap right before the command runs
+        # the seccomp filter (sandbox/seccomp_filter.py): loaded by bwrap right before the command
+        # runs
         filter_fd = seccomp_filter.memfd()
         bargs += ["--seccomp", str(filter_fd)]
         fd = os.memfd_create("bwrap-args", 0)

@@ -10,10 +10,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import seccomp_filter
-from ..egress_policy import Rule
+from . import seccomp_filter
 from .args import base_args
 from .cgroups import CgroupBase
+from .net.egress_policy import Rule
 from .settings import Settings, host_toolsets
 
 

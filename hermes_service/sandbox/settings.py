@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config_fields import POS_INT, POS_NUM, STR_LIST, key, section
-from ..egress_policy import Policy
+from .net.egress_policy import Policy
 
 #: The environment variables a Hermes home's config.yaml names for the model: the
-#: pass-through endpoint's URL and this process's credential there (user_homes.py).
+#: pass-through endpoint's URL and this process's credential there (homes/users.py).
 MODEL_URL_ENV = "HERMES_SERVICE_MODEL_URL"
 MODEL_KEY_ENV = "HERMES_SERVICE_MODEL_KEY"
 
 MODES = ("auto", "bwrap", "none")
 #: ``hermes.sandbox.network``: ``isolated`` — a network namespace of its own per sandbox,
-#: the service reached over Unix sockets (:mod:`hermes_service.sandbox_net`); ``host`` — the
+#: the service reached over Unix sockets (:mod:`hermes_service.sandbox.net.sockets`); ``host`` — the
 #: host's network, as an unconfined process has.
 NETWORKS = ("isolated", "host")
 #: Toolsets whose tools reach the host (processes, files, browsers, other agents, cron):
@@ -46,7 +46,7 @@ class Limits:
 @dataclass(frozen=True)
 class Egress:
     """``hermes.sandbox.egress``: ``allow``/``deny`` destinations of the egress proxy
-    (:mod:`hermes_service.egress_policy`; empty ``allow``: no internet) and
+    (:mod:`hermes_service.sandbox.net.egress_policy`; empty ``allow``: no internet) and
     ``max_connections`` one sandbox may hold open through it."""
     allow: tuple[str, ...] = key((), STR_LIST)
     deny: tuple[str, ...] = key((), STR_LIST)
@@ -63,7 +63,7 @@ class Settings:
     mode: str = key("auto", {"enum": list(MODES)})
     allow_host_tools: bool = key(False, {"type": "boolean"})
     max_home_mb: float = key(2048, POS_NUM)
-    #: how max_home_mb holds during a turn (disk.py)
+    #: how max_home_mb holds during a turn (disk/quota.py)
     quota: str = key("auto", {"enum": ["auto", "btrfs", "watch"]})
     #: the free-space floor of the data and homes file systems
     min_free_mb: float = key(512, {"type": "number", "minimum": 0})

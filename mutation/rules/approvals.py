@@ -1,5 +1,5 @@
 """Group ``approvals``: a run's questions to its user and the one answer across processes
-(mnote/run_questions.py, RunLogs.claim)."""
+(mnote/runs/questions.py, RunLogs.claim)."""
 from __future__ import annotations
 
 from functools import partial
@@ -7,9 +7,9 @@ from functools import partial
 from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="approvals")
-Q = "hermes_service/mnote/run_questions.py"
-QT = ["tests/unit/mnote/test_run_questions.py", "tests/unit/mnote/test_run_questions_rules.py"]
-RULES = [*QT, "tests/unit/mnote/test_run_log_rules.py"]
+Q = "hermes_service/mnote/runs/questions.py"
+QT = ["tests/unit/mnote/runs/test_questions.py", "tests/unit/mnote/runs/test_questions_rules.py"]
+RULES = [*QT, "tests/unit/mnote/runs/test_log_rules.py"]
 
 MUTANTS = [
     H("any choice is accepted", Q, "            if choice not in choices:\n",

@@ -1,4 +1,4 @@
-"""Group ``disk``: a home's quota and the disk floor (disk.py) as the launcher and the
+"""Group ``disk``: a home's quota and the disk floor (disk/quota.py) as the launcher and the
 watcher apply them."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from functools import partial
 from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="disk")
-D = "hermes_service/disk.py"
-DISK = ["tests/unit/test_disk.py", "-k", "not 507"]
-RULES = ["tests/unit/test_disk.py", "tests/unit/test_disk_rules.py", "-k", "not 507"]
+D = "hermes_service/disk/quota.py"
+DISK = ["tests/unit/disk/test_quota.py", "-k", "not 507"]
+RULES = ["tests/unit/disk/test_quota.py", "tests/unit/disk/test_quota_rules.py", "-k", "not 507"]
 
 MUTANTS = [
     H("the record's reserve is a quarter", D, "return max(4.0, min(256.0, max_home_mb / 8))",

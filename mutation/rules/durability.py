@@ -1,5 +1,5 @@
-"""Group ``durability``: the run event logs (mnote/run_log.py) and a run of another process
-(mnote/foreign_run.py): fsyncs, exactly one terminal event, the follower's pending answers."""
+"""Group ``durability``: the run event logs (mnote/runs/log.py) and a run of another process
+(mnote/runs/foreign.py): fsyncs, exactly one terminal event, the follower's pending answers."""
 from __future__ import annotations
 
 from functools import partial
@@ -7,11 +7,11 @@ from functools import partial
 from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="durability")
-RL = "hermes_service/mnote/run_log.py"
-FR = "hermes_service/mnote/foreign_run.py"
-RULES = ["tests/unit/mnote/test_run_log_rules.py"]
-LOG = ["tests/unit/mnote/test_run_log.py", "tests/unit/mnote/test_run_log_rules.py"]
-FULL = ["tests/unit/mnote/test_run_log_full_disk.py"]
+RL = "hermes_service/mnote/runs/log.py"
+FR = "hermes_service/mnote/runs/foreign.py"
+RULES = ["tests/unit/mnote/runs/test_log_rules.py"]
+LOG = ["tests/unit/mnote/runs/test_log.py", "tests/unit/mnote/runs/test_log_rules.py"]
+FULL = ["tests/unit/mnote/runs/test_log_full_disk.py"]
 
 MUTANTS = [
     H("the terminal event is not fsynced", RL,

@@ -8,7 +8,7 @@ from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="idempotency")
 I = "hermes_service/idempotency.py"
-W = "hermes_service/web.py"
+W = "hermes_service/web/helpers.py"
 RULES = ["tests/unit/test_idempotency_rules.py"]
 ROUTES = ["tests/unit/test_idempotency.py"]
 
@@ -72,14 +72,14 @@ MUTANTS = [
       '            row = con.execute(', RULES),
     # -- the route wrapper ---------------------------------------------------------------
     H("a request that raised keeps its claim (the key is stuck running)", W,
-      "                store.release(scope, key)     # e.g. 413 or an internal error: not replayed\n",
-      "                pass\n", RULES),
+      "        store.release(scope, key)     # e.g. 413 or an internal error: not replayed\n",
+      "        pass\n", RULES),
     H("an unrecorded outcome keeps its claim", W,
-      "                else:\n                    store.release(scope, key)\n",
-      "                else:\n                    pass\n", ROUTES),
+      "        else:\n            store.release(scope, key)\n",
+      "        else:\n            pass\n", ROUTES),
     H("an outcome is recorded without the recordable rule", W,
       "if recordable(resp.status_code, code) and not resp.is_streamed:",
       "if not resp.is_streamed:", ROUTES),
     H("a waiting retry replays without waiting (503 at once)", W,
-      "                    store.wait(POLL_SECONDS)\n", "                    break\n", ROUTES),
+      "        store.wait(POLL_SECONDS)\n", "        break\n", ROUTES),
 ]

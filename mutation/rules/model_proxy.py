@@ -1,5 +1,5 @@
 """Group ``model_proxy``: the pass-through (hermes_service/model_proxy/) and what it forwards
-(model_policy.py); the credential's revocation when its process ends (sandbox/launcher.py)."""
+(model_proxy/policy.py); the credential's revocation when its process ends (sandbox/launcher.py)."""
 from __future__ import annotations
 
 from functools import partial
@@ -10,9 +10,9 @@ H = partial(Hand, group="model_proxy")
 PX = "hermes_service/model_proxy/proxy.py"
 HD = "hermes_service/model_proxy/handler.py"
 RL = "hermes_service/model_proxy/relay.py"
-MP = "hermes_service/model_policy.py"
+MP = "hermes_service/model_proxy/policy.py"
 RULES = ["tests/unit/model_proxy/test_rules.py"]
-POLICY = ["tests/unit/test_model_policy.py", "-k", "not trickled"]
+POLICY = ["tests/unit/model_proxy/test_policy.py", "-k", "not trickled"]
 HTTP = ["tests/unit/model_proxy/test_proxy.py",
         "--deselect", "tests/unit/model_proxy/test_proxy.py::"
         "test_two_processes_add_to_one_usage_db_without_losing_counts"]

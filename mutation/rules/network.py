@@ -1,6 +1,6 @@
-"""Group ``network``: a sandbox's network (sandbox_net.py), the egress rules and deny set
-(egress_policy.py), the egress proxy (egress_proxy.py), the service port's gate
-(service_gate.py)."""
+"""Group ``network``: a sandbox's network (sandbox/net/sockets.py), the egress rules and deny set
+(sandbox/net/egress_policy.py), the egress proxy (sandbox/net/egress_proxy.py), the service port's gate
+(sandbox/net/service_gate.py)."""
 from __future__ import annotations
 
 from functools import partial
@@ -8,15 +8,15 @@ from functools import partial
 from mutation.hand_mutants import Hand
 
 H = partial(Hand, group="network")
-EP = "hermes_service/egress_policy.py"
-EX = "hermes_service/egress_proxy.py"
-SG = "hermes_service/service_gate.py"
-SN = "hermes_service/sandbox_net.py"
-RULES = "tests/unit/test_network_rules.py"
-POLICY = ["tests/unit/test_egress_policy.py", RULES]
-PROXY = ["tests/unit/test_egress_proxy.py", RULES]
-GATE = ["tests/unit/test_service_gate.py", RULES]
-NET = ["tests/unit/test_sandbox_net.py"]
+EP = "hermes_service/sandbox/net/egress_policy.py"
+EX = "hermes_service/sandbox/net/egress_proxy.py"
+SG = "hermes_service/sandbox/net/service_gate.py"
+SN = "hermes_service/sandbox/net/sockets.py"
+RULES = "tests/unit/sandbox/net/test_network_rules.py"
+POLICY = ["tests/unit/sandbox/net/test_egress_policy.py", RULES]
+PROXY = ["tests/unit/sandbox/net/test_egress_proxy.py", RULES]
+GATE = ["tests/unit/sandbox/net/test_service_gate.py", RULES]
+NET = ["tests/unit/sandbox/net/test_sockets.py"]
 
 MUTANTS = [
     # -- the deny set --------------------------------------------------------------------

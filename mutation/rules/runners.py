@@ -51,7 +51,7 @@ MUTANTS = [
       "", BUDGET),
     # -- a warm process after an abort -------------------------------------------------------
     H("an aborted turn's process is left running", TURN,
-      "            await self._kill(proc, reason, replace=reason != \"shutdown\")\n", "            pass\n",
+      "            await self.pool.kill(proc, reason, replace=reason != \"shutdown\")\n", "            pass\n",
       ABORT),
     H("a killed process is not signalled", POOL, "        await proc.kill_async(reason)\n", "", ABORT),
     H("an ACP process that ended keeps its launch open (credential not revoked)", PROC,
@@ -59,8 +59,8 @@ MUTANTS = [
       "        self.launch.close()\n",
       "        self.limit = self.limit or self.launch.limit_hit() or limit_signal(rc)\n", ABORT),
     # -- the checks before a turn ----------------------------------------------------------
-    H("the warm runner skips the home quota", "hermes_service/runner/acp/runner.py",
-      "        self.processes.check_home_quota(req.home)\n", "", QUOTA),
-    H("the CLI runner skips the home quota", "hermes_service/runner/cli.py",
-      "            self.processes.check_home_quota(req.home)\n", "", QUOTA),
+    H("the warm runner skips the checks before a turn", "hermes_service/runner/acp/runner.py",
+      "        self.processes.check_turn(req.home)\n", "", QUOTA),
+    H("the CLI runner skips the checks before a turn", "hermes_service/runner/cli.py",
+      "            self.processes.check_turn(req.home)\n", "", QUOTA),
 ]

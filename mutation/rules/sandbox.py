@@ -1,5 +1,5 @@
 """Group ``sandbox``: the launcher's argument list (hermes_service/sandbox/), the seccomp
-filter (seccomp_filter.py) and Hermes's policy surface (hermes_policy.py)."""
+filter (sandbox/seccomp_filter.py) and Hermes's policy surface (sandbox/hermes_policy.py)."""
 from __future__ import annotations
 
 from functools import partial
@@ -18,8 +18,8 @@ SANDBOX = [ARGS, WHOLE, *(f"{LAUNCHER}::test_{t}" for t in (
 A = "hermes_service/sandbox/args.py"
 L = "hermes_service/sandbox/launcher.py"
 C = "hermes_service/sandbox/cgroups.py"
-S = "hermes_service/seccomp_filter.py"
-P = "hermes_service/hermes_policy.py"
+S = "hermes_service/sandbox/seccomp_filter.py"
+P = "hermes_service/sandbox/hermes_policy.py"
 
 
 def drop(path: str, text: str, what: str, tests=SANDBOX) -> Hand:

@@ -1,6 +1,6 @@
 """/api/v1/execute running the real hermes CLI (`hermes version`; the rest of the v1 API:
-tests/unit/test_api_v1.py)."""
-from unit.test_api_v1 import H, client  # noqa: F401  (client: a fixture)
+tests/unit/web/test_api_v1.py)."""
+from unit.web.test_api_v1 import H, client  # noqa: F401  (client: a fixture)
 
 
 def test_execute_example_shape(client):

@@ -398,7 +398,7 @@ def test_a_compacted_conversation_shows_each_turn_once_without_summaries(svc):
         assert say(svc, sid, text).status_code == 200
     who = f"u_long_{svc.runner}"
     # read the same conversation through the client view of state.db
-    from hermes_service.hermes_state import session_summary, transcript
+    from hermes_service.homes.hermes_state import session_summary, transcript
     home = svc.data_dir / "users" / who / ".hermes"
     hid = svc.get(f"/api/v1/sessions/{sid}").json()["hermes_session_id"]
     messages = transcript(home, hid)

@@ -23,7 +23,7 @@ import threading
 import pytest
 
 from hermes_service import sandbox
-from hermes_service.model_usage import read_usage, usage_db_path
+from hermes_service.model_proxy.usage import read_usage, usage_db_path
 from support.fixtures import API_KEY, wait_for
 
 pytestmark = [pytest.mark.e2e,
@@ -191,7 +191,7 @@ def test_an_agent_with_its_credential_uses_the_account_only_for_the_configured_m
 
 def test_a_hostile_state_db_costs_the_service_a_409_while_others_are_served(start_service,
                                                                           tmp_path):
-    from unit.test_state_db import claim_huge
+    from unit.homes.test_state_db import claim_huge
     svc = start_service()
     made = {}
     for actor in ("tamper", "calm"):
@@ -231,7 +231,7 @@ def test_a_hostile_state_db_costs_the_service_a_409_while_others_are_served(star
     with sqlite3.connect(db) as c:        # a value of a type Hermes never writes: 409, not 500
         c.execute("UPDATE messages SET timestamp = 'x' WHERE id = (SELECT min(id) FROM messages)")
     read_at_once(1)
-    from hermes_service.hermes_state import MERGED_DELIMITER, MERGED_HEADER
+    from hermes_service.homes.hermes_state import MERGED_DELIMITER, MERGED_HEADER
     with sqlite3.connect(db) as c:        # rows costly to post-process: served, in bounds
         c.execute("UPDATE messages SET timestamp = 1.0")
         sid, = c.execute("SELECT session_id FROM messages LIMIT 1").fetchone()

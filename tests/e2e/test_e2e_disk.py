@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hermes_service import sandbox
+from hermes_service.disk import use as disk_use
 from support.fixtures import API_KEY, ROOT, wait_for
 from support.sse_client import read_all
 
@@ -126,7 +127,7 @@ def small_disks(tmp_path):
 
 
 def du_mb(path: Path) -> float:
-    return sandbox.home_size_mb(path)
+    return disk_use.home_size_mb(path)
 
 
 def test_a_fast_writer_fills_only_its_own_btrfs_quota_while_another_users_turn_runs(
@@ -257,7 +258,7 @@ def test_the_watcher_and_a_full_disk_answer_their_codes_never_a_500(start_servic
     assert live[-1]["event"] == "run.completed", live[-3:]
     log_file = data / "run-events" / f"{run_id}.jsonl"
     # (its events wait in memory for room: the log lacks its end while the disk is full;
-    # tests/unit/mnote/test_run_log_full_disk.py shows that step by step)
+    # tests/unit/mnote/runs/test_log_full_disk.py shows that step by step)
     os.unlink(filler)
     wait_for(lambda: '"run.completed"' in log_file.read_text(), "the log written whole", 30)
     empty = [p for p in data.rglob("*") if p.is_file() and p.stat().st_size == 0

@@ -4,7 +4,7 @@ The admin routes provider traffic through an HTTP proxy (``HTTP_PROXY``/``HTTPS_
 ``hermes.extra_env``); a small recording proxy (tests/support/recording_proxy.py) sees every target a
 turn asks for. The provider call goes service → proxy → provider: Hermes calls the service's
 model pass-through on loopback directly (the service puts 127.0.0.1 in the Hermes process's
-``NO_PROXY``, hermes_service/user_homes.py), and the pass-through sends it on through the
+``NO_PROXY``, hermes_service/homes/users.py), and the pass-through sends it on through the
 proxy named in ``extra_env`` (hermes_service/model_proxy/upstream.py, ``upstream_proxy_for``) with the
 real key. Only the provider may appear at the proxy, and only with the real key, never a
 per-process credential: no update check against the package index, no mnote tool call (the

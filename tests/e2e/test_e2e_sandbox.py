@@ -212,7 +212,7 @@ def test_one_users_agent_cannot_reach_another_user_or_the_service(start_service,
     assert got["listeners"] == "0C38 24B9 24BA", got       # 3128, 9401, 9402
     assert got["internet"] not in ("reached", ""), got
     assert got["proxy"] == "403 not_allowed", got
-    assert got["inside_api"] == "403", got    # only the run-token routes (service_gate.py)
+    assert got["inside_api"] == "403", got    # only the run-token routes (sandbox/net/service_gate.py)
     # the kernel's settings, its own root and /etc read-only; no socket to the hypervisor
     assert got["kernel_settings"] == "1" and got["own_etc"] == "2", got
     assert got["vsock"] == "97", got                        # EAFNOSUPPORT

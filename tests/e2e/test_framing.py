@@ -1,5 +1,5 @@
 """Ambiguous request framing is refused by the real service (waitress), RFC 9112 §6.1/§6.3
-(docs/configuring.md §Limits, hermes_service/framing.py). Raw sockets against ``python3 main.py``; no CLI
+(docs/configuring.md §Limits, hermes_service/web/framing.py). Raw sockets against ``python3 main.py``; no CLI
 turn is run. Each refused request carries a second, smuggled request after its headers: it
 must never be answered, nor reach the app."""
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hermes_service.model_usage import read_usage
+from hermes_service.model_proxy.usage import read_usage
 from hermes_service.runner import classify_text
 from support.fixtures import ROOT, free_port, hermes_bin, wait_for
 from unit.model_proxy.test_proxy import (  # noqa: F401  (make_proxy, provider_key, scripted: fixtures)

@@ -12,7 +12,7 @@ from unit.test_retention import DAY, iso, run_gc
 def test_purge_transcripts_deletes_them_with_the_hermes_cli(start_service, tmp_path):
     """Two real turns; gc --purge-transcripts removes the stale session's Hermes transcript with
     `hermes sessions delete` and keeps the other one's."""
-    from hermes_service.hermes_state import session_summary
+    from hermes_service.homes.hermes_state import session_summary
     svc = start_service()
     sids = []
     for text in ("first conversation", "second conversation"):

@@ -8,8 +8,9 @@ import sys
 import pytest
 import yaml
 
-from hermes_service import hermes_policy, sandbox
-from hermes_service.user_homes import HERMES_SITE, UserHome
+from hermes_service import sandbox
+from hermes_service.homes.users import HERMES_SITE, UserHome
+from hermes_service.sandbox import hermes_policy
 from support.fixtures import ROOT
 from unit.sandbox.test_launcher import NO_BWRAP, cfg
 

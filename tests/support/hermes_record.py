@@ -1,6 +1,6 @@
 """A user's Hermes ``state.db`` as the real CLI leaves it, for unit tests whose CLI turn is
 stubbed: the ``sessions`` and ``messages`` tables with hermes-agent 0.19.0's column names and
-types (schema 22, hermes_state.py of the CLI), restricted to the columns the service reads."""
+types (schema 22, homes/hermes_state.py of the CLI), restricted to the columns the service reads."""
 from __future__ import annotations
 
 import json
@@ -77,7 +77,7 @@ def active_roles(hermes_home: Path, session_id: str) -> list[str]:
 
 
 # Context compaction as hermes-agent 0.19.0 writes it (agent/context_compressor.py and
-# SessionDB.archive_and_compact of the CLI's hermes_state.py), copied here so that the tests
+# SessionDB.archive_and_compact of the CLI's homes/hermes_state.py), copied here so that the tests
 # do not read the markers from the service they check.
 SUMMARY_PREFIX = "[CONTEXT COMPACTION — REFERENCE ONLY] Earlier turns were compacted into the summary below."
 SUMMARY_END_MARKER = "--- END OF CONTEXT SUMMARY — respond to the message below, not the summary above ---"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hermes_service.mnote.kernel_reference import ReferenceKernel
+from hermes_service.mnote.kernel.reference import ReferenceKernel
 from hermes_service.mnote.page_store import SQLitePageStore
 
 SECRETS = ("TOP-SECRET-TITLE", "SECRET-BODY-TEXT")

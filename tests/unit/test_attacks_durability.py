@@ -5,7 +5,7 @@ must hold: another actor's run, forged run ids, keys across owners, torn and rep
 files, a locked or damaged idempotency.db.
 
 In-process (the real routes, the real files, the runner's seam stubbed); "another process"
-is a second RunManager whose owner id names a live child process (tests/unit/mnote/test_run_log.py).
+is a second RunManager whose owner id names a live child process (tests/unit/mnote/runs/test_log.py).
 """
 import json
 import os
@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from hermes_service.mnote.run_log import RunLogs
-from hermes_service.mnote.runs import RunManager
+from hermes_service.mnote.runs.log import RunLogs
+from hermes_service.mnote.runs.manager import RunManager
 from support.fixtures import API_KEY, race, wait_for
 
 P = "/api/hermes/client"

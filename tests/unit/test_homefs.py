@@ -12,11 +12,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from hermes_service import hermes_state, homefs
+from hermes_service import homefs
 from hermes_service.files import atomic_write
+from hermes_service.homes import hermes_state
+from hermes_service.homes.users import MARKER, UserHomes
 from hermes_service.runner import RunFiles
 from hermes_service.runner.cli import _read_marker
-from hermes_service.user_homes import MARKER, UserHomes
 from support.hermes_record import SCHEMA, record_turn
 
 SECRET = "VICTIM-SECRET-do-not-read"
@@ -438,8 +439,8 @@ def test_a_view_in_place_of_hermess_table_is_refused_at_once(tmp_path):
 def test_a_trigger_that_never_ends_is_refused_before_the_write(tmp_path, monkeypatch):
     """A rewind (UPDATE of messages) would fire the agent's trigger: the service does not
     write through a trigger that is not Hermes's (409 ``home_tampered``), so nothing runs,
-    let alone for ever (state_db.py; a statement is also cut off at its deadline)."""
-    from hermes_service import state_db
+    let alone for ever (homes/state_db.py; a statement is also cut off at its deadline)."""
+    from hermes_service.homes import state_db
     monkeypatch.setattr(state_db, "STATE_DB_SECONDS", 1.0)
     hermes_home = _hostile_home(tmp_path)
     record_turn(hermes_home, "s1", "unanswered")

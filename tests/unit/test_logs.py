@@ -120,7 +120,7 @@ def test_a_run_line_is_one_event_with_status_and_duration_but_no_message(capture
                                   "toolsets": [], "max_concurrent_runs": 1}}).hermes
     logs.start(request_id="req_run_1", route="/api/v1/sessions/<session_id>/messages")
     ctx = {"user": "u1", "session": "s1", "family": "v1"}
-    from hermes_service.user_homes import UserHome
+    from hermes_service.homes.users import UserHome
     home = UserHome("u1", tmp_path, tmp_path / ".hermes")
     CliRunner(Processes(cfg)).run_process(["chat", "--query=SECRET\nTEXT"], {}, home, None,
                                              None, ctx)

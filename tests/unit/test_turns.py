@@ -151,7 +151,7 @@ def test_a_message_that_looks_like_hermes_scaffolding_is_still_the_turns_own(tmp
     is found in the record (the ACP runner has no CLI output to fall back on: it answered 502
     upstream_empty_answer), and a failed one is taken back (left in place, Hermes merged it
     into every later message: seen live, each later turn re-sent the failed question)."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     home = tmp_path / ".hermes"
     record_turn(home, HERMES_SID, "hello", answer="one")
     record_turn(home, HERMES_SID, "[System: who am I]", answer="two")

@@ -36,7 +36,7 @@ TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,63}")
 
 
 class Asking(Protocol):
-    """The runner's settings the client reads (:class:`~.runner.AcpRunner`)."""
+    """The pool's settings the client reads (:class:`~.pool.Pool`)."""
     allow_always: bool          # hermes.approvals.allow_always
     approval_timeout: float     # hermes.approvals.timeout_seconds
 

@@ -31,7 +31,8 @@ SWEEP_SECONDS = 5.0           # the longest between two looks at idle processes 
 
 class Pool:
     """The processes, by ``(user id, route family)``. The settings (``hermes.acp``,
-    ``hermes.approvals``) are set by :meth:`~.runner.AcpRunner.configure`."""
+    ``hermes.approvals``) are set by :meth:`~.runner.AcpRunner.configure`; the turns on them
+    are :class:`~.turn.Turns`'."""
     idle_seconds: float
     max_processes: int
     min_available_mb: int
@@ -55,17 +56,35 @@ class Pool:
         return tuple(f.own_tool_prefix for f in self.processes.families.values()
                      if f.own_tool_prefix)
 
+    def get(self, key) -> AcpProcess | None:
+        """The process taking ``key``'s turns now, if any."""
+        return self._procs.get(key)
+
+    def every(self) -> list[AcpProcess]:
+        """Every process alive now (accepting or retiring)."""
+        return list(self._procs.values()) + list(self._retired)
+
+    def outdate(self) -> None:
+        """A reload changed what a process is started with: a replacement being made from
+        the old settings is retired once started (:meth:`_replacement`)."""
+        self._generation += 1
+
+    async def retire_all(self, why: str) -> None:
+        """Retire every accepting process (:meth:`retire`)."""
+        for proc in list(self._procs.values()):
+            self.retire(proc, why)
+
     def process_count(self) -> int:
         """ACP processes alive now (accepting or retiring)."""
         return len(self._procs) + len(self._retired)
 
-    def _idle(self) -> list[AcpProcess]:
+    def idle(self) -> list[AcpProcess]:
         procs = list(self._procs.values()) + list(self._retired)
         return sorted((p for p in procs if not p.busy and not p.dead
                        and p.ready is not None and p.ready.done()),   # not while it starts
                       key=lambda p: p.last_used)
 
-    async def _acquire(self, key, home, env: dict, toolsets: list[str],
+    async def acquire(self, key, home, env: dict, toolsets: list[str],
                        reserve: bool = False) -> AcpProcess:
         """The user's process for ``key``, started if needed (``toolsets``: the family's,
         beside ``hermes.toolsets``). ``reserve``: for a turn, which must release it
@@ -91,16 +110,16 @@ class Pool:
                 if self.processes.draining:     # the service is stopping: no new process (
                     raise UseCli("the service is draining")  # docs/operations.md §Process lifetime)
                 if self.process_count() >= self.max_processes:
-                    idle = self._idle()
+                    idle = self.idle()
                     if not idle:
                         raise UseCli("the ACP process pool is full")
-                    await self._close(idle[0], "evicted")
+                    await self.close_process(idle[0], "evicted")
                     continue
                 if self.memory_short():
-                    idle = self._idle()
+                    idle = self.idle()
                     if not idle:
                         raise UseCli("memory is below hermes.acp.min_available_mb")
-                    await self._close(idle[0], "memory is short")
+                    await self.close_process(idle[0], "memory is short")
                     continue
                 if not slot:
                     slot = await self._start_slot(deadline if reserve else None)
@@ -109,7 +128,7 @@ class Pool:
                 self.processes.release_slot()
                 slot = False
                 if proc.retired:      # retired while it started (a reload): start a fresh one
-                    asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+                    asyncio.get_running_loop().create_task(self.close_process(proc, "retired"))
                     continue
                 proc.reserved += reserve
                 return proc
@@ -203,20 +222,20 @@ class Pool:
         if proc.ready is not None and not proc.ready.done():
             proc.ready.set_result(False)
 
-    async def _close(self, proc: AcpProcess, why: str) -> None:
+    async def close_process(self, proc: AcpProcess, why: str) -> None:
         log.info("closing ACP process of user=%s (%s)", proc.key[0], why)
-        await self._kill(proc, why, replace=False)
+        await self.kill(proc, why, replace=False)
 
-    async def _kill(self, proc: AcpProcess, reason: str, replace: bool = True) -> None:
+    async def kill(self, proc: AcpProcess, reason: str, replace: bool = True) -> None:
         """End ``proc`` now (it takes no further turn); ``replace``: start its replacement
-        (:meth:`_replace`)."""
+        (:meth:`replace`)."""
         proc.retired = True
         self.gone(proc)
         await proc.kill_async(reason)
         if replace:
-            self._replace(proc)
+            self.replace(proc)
 
-    def _retire(self, proc: AcpProcess, why: str) -> None:
+    def retire(self, proc: AcpProcess, why: str) -> None:
         """No new turn for ``proc``; it exits once its running turns end."""
         if proc.dead or proc.retired:
             return
@@ -226,29 +245,29 @@ class Pool:
             del self._procs[proc.key]
         self._retired.add(proc)
         if not proc.busy and (proc.ready is None or proc.ready.done()):
-            asyncio.get_running_loop().create_task(self._close(proc, why))
+            asyncio.get_running_loop().create_task(self.close_process(proc, why))
 
-    def _retire_and_replace(self, proc: AcpProcess, why: str) -> None:
-        """Retire ``proc`` (:meth:`_retire`) and start its replacement (:meth:`_replace`):
+    def retire_and_replace(self, proc: AcpProcess, why: str) -> None:
+        """Retire ``proc`` (:meth:`retire`) and start its replacement (:meth:`replace`):
         the user is active, and the next turn should find a warm process."""
-        self._retire(proc, why)
-        self._replace(proc)
+        self.retire(proc, why)
+        self.replace(proc)
 
-    async def _retire_key(self, key) -> None:
+    async def retire_key(self, key) -> None:
         proc = self._procs.get(key)
         if proc is not None:
-            self._retire_and_replace(proc, "a turn failed")
+            self.retire_and_replace(proc, "a turn failed")
 
-    async def _forget(self, req: TurnRequest) -> None:
+    async def forget(self, req: TurnRequest) -> None:
         """A turn of an ACP session runs on the CLI (another model): the user's warm process
         keeps that conversation in memory and would answer its next turn without the CLI's
         turn (Hermes reads a loaded session's history from state.db only once), so it takes
         no further turn; a replacement loads the session afresh."""
         proc = self._procs.get((req.home.user_id, req.family))
         if proc is not None and req.resume_id in proc.sessions:
-            self._retire_and_replace(proc, "a CLI turn continues one of its sessions")
+            self.retire_and_replace(proc, "a CLI turn continues one of its sessions")
 
-    def _replace(self, old: AcpProcess) -> None:
+    def replace(self, old: AcpProcess) -> None:
         """Start a replacement for a retired process in the background (the user is active):
         built from the settings in force (:attr:`process_env`, its family's toolsets), never
         copied from ``old``; none while the service drains or without ``process_env``."""
@@ -270,29 +289,32 @@ class Pool:
             home, env = await loop.run_in_executor(None, process_env, key[0])
             if generation != self._generation or self.processes.draining:
                 continue
-            proc = await self._acquire(key, home, env, extra)
+            proc = await self.acquire(key, home, env, extra)
             if generation == self._generation:
                 return
-            self._retire(proc, "the configuration was reloaded while it started")
+            self.retire(proc, "the configuration was reloaded while it started")
 
-    async def _sweeper(self) -> None:
+    async def sweep(self) -> None:
+        """Run on the loop for its life: close idle processes (past ``idle_seconds``, or
+        while memory is short, least recently used first), retired ones once free, and those
+        that used CPU between turns."""
         while True:
             await asyncio.sleep(min(SWEEP_SECONDS, max(1.0, self.idle_seconds / 4)))
             # memory pressure: the least recently used idle processes go first, while the
             # memory available is below the floor
             while self.memory_short():
-                idle = self._idle()
+                idle = self.idle()
                 if not idle:
                     break
-                await self._close(idle[0], "memory is short")
+                await self.close_process(idle[0], "memory is short")
             now = time.monotonic()
             for proc in list(self._procs.values()) + list(self._retired):
                 if proc.dead or proc.busy or proc.ready is None or not proc.ready.done():
                     continue          # in use, or still starting
                 if proc.retired:
-                    await self._close(proc, "retired")
+                    await self.close_process(proc, "retired")
                 elif now - proc.last_used >= self.idle_seconds:
-                    await self._close(proc, "idle")
+                    await self.close_process(proc, "idle")
                 elif proc.idle_cpu is not None and proc.launch is not None and \
                         proc.launch.cpu_seconds() - proc.idle_cpu > IDLE_CPU_SECONDS:
-                    await self._close(proc, "it used CPU between turns")
+                    await self.close_process(proc, "it used CPU between turns")

@@ -30,7 +30,7 @@ ACP_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
 class Owner(Asking, Protocol):
-    """What a process needs of its pool (:class:`~.runner.AcpRunner`)."""
+    """What a process needs of its pool (:class:`~.pool.Pool`)."""
     processes: Processes
     start_timeout: float
 

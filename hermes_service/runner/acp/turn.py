@@ -8,11 +8,12 @@ import asyncio
 import logging
 import time
 
-from ... import hermes_state
 from ...errors import RunError
 from ...hermes_site import run_binding
+from ...homes import hermes_state
 from ...sandbox import kill_strays, zombies
 from ..failures import KILLED, limit_error
+from ..processes import Processes
 from ..protocol import TurnRequest
 from .pool import Pool
 from .process import AcpProcess, record_file
@@ -37,20 +38,26 @@ def ended(reason: str) -> RunError:
     return RunError(detail, code=code, status=status)
 
 
-class Turns(Pool):
-    """The turn steps of the ACP runner, on top of its pool."""
+class Turns:
+    """The turn steps of the ACP runner, on the processes of its ``pool``. The settings
+    (``hermes.acp.recycle_after_sessions``, ``max_rss_mb``) are set by
+    :meth:`~.runner.AcpRunner.configure`."""
     recycle_after: int
     max_rss_mb: float
 
-    async def _turn(self, req: TurnRequest, sink: Sink, lost: bool, record: tuple | None = None):
+    def __init__(self, pool: Pool, processes: Processes):
+        self.pool = pool
+        self.processes = processes
+
+    async def run(self, req: TurnRequest, sink: Sink, lost: bool, record: tuple | None = None):
         """Returns (ACP session id, PromptResponse, resumed, process, seconds until the
         process was had). Raises RunError/UseCli/TooManyRuns.
-        ``record``: the session's :func:`~hermes_service.hermes_state.fingerprint` now."""
+        ``record``: the session's :func:`~hermes_service.homes.hermes_state.fingerprint` now."""
         key = (req.home.user_id, req.family)
         begun = time.monotonic()
         deadline = begun + self.processes.timeout
         while True:
-            acquiring = asyncio.ensure_future(self._acquire(
+            acquiring = asyncio.ensure_future(self.pool.acquire(
                 key, req.home, req.env, req.toolsets, reserve=True))
             reason = await self._wait_open(acquiring, req, deadline)
             if reason is not None:
@@ -64,7 +71,7 @@ class Turns(Pool):
             if proc.record_file not in (None, record_file(req.home)):
                 # its state.db was replaced (the service removed what the agent planted
                 # there): the process still writes to the old one, whose turns nobody reads
-                self._retire(proc, "its state.db was replaced")
+                self.pool.retire(proc, "its state.db was replaced")
                 self._release(proc)
                 continue
             if lost or sid not in proc.seen or proc.seen[sid] == record:
@@ -72,7 +79,7 @@ class Turns(Pool):
             # the record changed since this process's last turn there (another service
             # process on the data dir, a CLI turn): its in-memory history is stale, and
             # Hermes reads a loaded session only once. A fresh process loads it again.
-            self._retire(proc, "another process continued one of its sessions")
+            self.pool.retire(proc, "another process continued one of its sessions")
             self._release(proc)
         try:
             return (*await self._turn_in(proc, req, sink, lost, deadline), proc, waited)
@@ -94,9 +101,9 @@ class Turns(Pool):
             # fill limits.processes over many turns, until the process cannot fork
             dead, sandbox = zombies(proc.pgid), self.processes.sandbox
             if sandbox is not None and dead >= zombie_limit(sandbox.settings.limits.processes):
-                self._retire_and_replace(proc, f"{dead} ended processes it does not reap")
+                self.pool.retire_and_replace(proc, f"{dead} ended processes it does not reap")
         if proc.retired and not proc.busy and not proc.dead:
-            asyncio.get_running_loop().create_task(self._close(proc, "retired"))
+            asyncio.get_running_loop().create_task(self.pool.close_process(proc, "retired"))
 
     def _unreserve(self, task) -> None:
         if not task.cancelled() and task.exception() is None:
@@ -145,7 +152,7 @@ class Turns(Pool):
             if reason is not None:
                 opening.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
                 if reason != "cancelled":       # Hermes does not answer: end the process
-                    await self._kill(proc, reason)
+                    await self.pool.kill(proc, reason)
                 raise ended(reason)
             sid = opening.result()
         assert sid is not None
@@ -178,7 +185,7 @@ class Turns(Pool):
             try:
                 response = task.result()
             except Exception as exc:  # noqa: BLE001 - any protocol failure: hermes_failed
-                self._retire_and_replace(proc, "a prompt failed")
+                self.pool.retire_and_replace(proc, "a prompt failed")
                 err = RunError("the Hermes agent failed", code="hermes_failed")
                 err.hermes_session_id = sid
                 log.warning("ACP prompt failed user=%s: %r", key[0], exc)
@@ -198,7 +205,7 @@ class Turns(Pool):
         if proc.sessions_opened >= self.recycle_after or proc.rss_mb() > self.max_rss_mb \
                 or (cpu_cap is not None and proc.launch is not None
                     and proc.launch.cpu_seconds() > cpu_cap):
-            self._retire_and_replace(proc, f"{proc.sessions_opened} sessions, "
+            self.pool.retire_and_replace(proc, f"{proc.sessions_opened} sessions, "
                                            f"{proc.rss_mb():.0f} MB, "
                                            f"{proc.cpu_seconds():.0f} s CPU")
         else:
@@ -257,8 +264,8 @@ class Turns(Pool):
                     proc.seen[sid] = await asyncio.get_running_loop().run_in_executor(
                         None, hermes_state.fingerprint, proc.home.hermes_home, sid)
                 else:
-                    self._retire_and_replace(proc, "a turn was aborted")
+                    self.pool.retire_and_replace(proc, "a turn was aborted")
                 return
         if not proc.dead:
-            await self._kill(proc, reason, replace=reason != "shutdown")
+            await self.pool.kill(proc, reason, replace=reason != "shutdown")
         task.cancel()

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from hermes_service.hermes_site import run_binding
-from hermes_service.user_homes import HERMES_SITE
+from hermes_service.homes.users import HERMES_SITE
 from support.fixtures import hermes_bin
 
 

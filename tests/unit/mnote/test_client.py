@@ -501,7 +501,7 @@ def test_a_stream_whose_client_went_away_ends_and_frees_its_slot(make, stub):
 
 def test_many_followers_get_every_event_in_order_in_coalesced_batches():
     """runs.FANOUT_SPACING_SECONDS: a busy run is sent to many subscribers in fewer writes."""
-    from hermes_service.mnote.runs import Run
+    from hermes_service.mnote.runs.manager import Run
     run = Run("run_x", "s", "user_1", "t")
     got = {i: [] for i in range(4)}
 
@@ -585,7 +585,7 @@ def test_event_streams_are_limited(make, stub):
 
 
 def test_abort_racing_with_completion_never_yields_run_completed_after_abort_started(c):
-    from hermes_service.mnote.runs import Run
+    from hermes_service.mnote.runs.manager import Run
     run = Run("run_x", "s", "user_1", "t")
     run.emit("run.started")
     run.cancel.set()
@@ -597,7 +597,7 @@ def test_abort_racing_with_completion_never_yields_run_completed_after_abort_sta
 def test_a_turn_that_begins_after_an_abort_emits_no_run_started(c):
     """An abort of a queued run can land just before its turn begins (the slot freed, the CLI
     spawning, an ACP session already open): run.started came after abort.started."""
-    from hermes_service.mnote.runs import Run, RunManager
+    from hermes_service.mnote.runs.manager import Run, RunManager
     run = Run("run_x", "s", "user_1", "t")
     assert RunManager(60, 4).abort(run) == [{"event": "abort.started", "run_id": "run_x"}]
     run.listener().started(object())
@@ -609,7 +609,7 @@ def test_an_abort_racing_with_a_failure_never_yields_run_failed_after_abort_star
     """The worker read "not cancelled", an abort then emitted abort.started, and the worker
     emitted run.failed: an answered abort whose run did not end in run.cancelled."""
     from hermes_service.errors import ServiceError
-    from hermes_service.mnote.runs import Run, RunManager
+    from hermes_service.mnote.runs.manager import Run, RunManager
     manager = RunManager(60, 4)
     run = Run("run_x", "s", "user_1", "t")
     answered = []

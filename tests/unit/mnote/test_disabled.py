@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from hermes_service.cli import cli
 from hermes_service.config import ConfigError
 from hermes_service.installed import build_config
-from hermes_service.openapi import build_document
 from hermes_service.retention import collect
+from hermes_service.web.openapi import build_document
 from support.fixtures import API_KEY, base_config, deep_merge
 
 H = {"X-API-Key": API_KEY}

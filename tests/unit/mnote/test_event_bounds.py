@@ -3,7 +3,7 @@
 import threading
 
 from hermes_service.mnote import event_bounds
-from hermes_service.mnote.runs import Run
+from hermes_service.mnote.runs.manager import Run
 
 
 def run():

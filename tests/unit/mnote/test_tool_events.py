@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from hermes_service.homes.users import HERMES_SITE
 from hermes_service.mnote.client import tool_name
 from hermes_service.runner.acp import tool_identity
-from hermes_service.user_homes import HERMES_SITE
 from support.fixtures import hermes_bin
 
 KEY = "sk-" + "a1B2c3D4e5" * 4

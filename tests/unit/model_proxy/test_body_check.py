@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from hermes_service.model_policy import Policy, Refusal
 from hermes_service.model_proxy import limits
 from hermes_service.model_proxy.body_check import BodyChecker, parse_burst
+from hermes_service.model_proxy.policy import Policy, Refusal
 from hermes_service.model_proxy.proxy import user_body_budget
 
 CAP = 4 * 1024 * 1024

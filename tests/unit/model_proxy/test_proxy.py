@@ -29,9 +29,10 @@ import yaml
 from click.testing import CliRunner
 
 from hermes_service import metrics
-from hermes_service.model_policy import ROUTES
-from hermes_service.model_proxy import ModelProxy, upstream_proxy_for
-from hermes_service.model_usage import UsageReader, UsageStore, read_usage, usage_db_path
+from hermes_service.model_proxy.policy import ROUTES
+from hermes_service.model_proxy.proxy import ModelProxy
+from hermes_service.model_proxy.upstream import upstream_proxy_for
+from hermes_service.model_proxy.usage import UsageReader, UsageStore, read_usage, usage_db_path
 from hermes_service.runner import classify_text
 from hermes_service.scripted_model import ScriptedModel
 from support.fixtures import ROOT, base_config, free_port, wait_for
@@ -577,7 +578,7 @@ def test_the_usage_reader_takes_gzip_streams_split_usage_and_json_bodies():
 def test_two_processes_add_to_one_usage_db_without_losing_counts(tmp_path):
     db = tmp_path / "data" / "model_usage.db"
     code = ("import sys; from pathlib import Path; "
-            "from hermes_service.model_usage import UsageStore; "
+            "from hermes_service.model_proxy.usage import UsageStore; "
             "s = UsageStore(Path(sys.argv[1]))\n"
             "for i in range(300): s.add('carol', 2, 3); s.flush() if i % 7 == 0 else None\n"
             "s.close()")

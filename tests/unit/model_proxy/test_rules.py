@@ -1,9 +1,9 @@
 """The pass-through's rules at its public seams, without a server (hermes_service/model_proxy/,
-model_policy.py; docs/sandbox.md §Model pass-through, §What the pass-through forwards): the
+model_proxy/policy.py; docs/sandbox.md §Model pass-through, §What the pass-through forwards): the
 credential (``Bearer`` only, issued per process, revoked at once, by digest), what one user and
 all users may hold at once (and that a finished request gives it back), the daily budget's
 edge, the routes and their methods, the fields, models and headers forwarded, the body cap.
-Each in milliseconds; the same rules over HTTP: test_proxy.py, test_model_policy.py."""
+Each in milliseconds; the same rules over HTTP: test_proxy.py, model_proxy/test_policy.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from hermes_service.model_policy import (
+from hermes_service.model_proxy import limits
+from hermes_service.model_proxy.policy import (
     CHAT_FIELDS,
     FORWARD_HEADERS,
     MAX_REQUEST_BYTES,
@@ -23,7 +24,7 @@ from hermes_service.model_policy import (
     max_request_bytes,
     route,
 )
-from hermes_service.model_proxy import ModelProxy, limits
+from hermes_service.model_proxy.proxy import ModelProxy
 from hermes_service.model_proxy.relay import HOP_BY_HOP
 
 

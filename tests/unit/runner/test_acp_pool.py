@@ -70,8 +70,8 @@ def home(tmp_path, user):
 
 
 def acquire(runner, tmp_path, user, **kw):
-    """Start ``_acquire`` on the runner's loop; returns its concurrent future."""
-    return runner._call(runner._acquire((user, "mnote"), home(tmp_path, user), runner.env, [], **kw))
+    """Start ``Pool.acquire`` on the runner's loop; returns its concurrent future."""
+    return runner._call(runner.pool.acquire((user, "mnote"), home(tmp_path, user), runner.env, [], **kw))
 
 
 def agent_log(runner, kind: str) -> list[str]:
@@ -86,7 +86,7 @@ def waiting_in_session_new(runner, user, family="mnote"):
     the process's spare session, whose ``session/new`` the agent received); returns the
     process."""
     def opening():
-        proc = runner._procs.get((user, family))
+        proc = runner.pool.get((user, family))
         return proc if (proc is not None and proc.ready is not None and proc.ready.done()
                         and proc.reserved and proc.spare is None and agent_log(runner, "new")) \
             else None
@@ -152,7 +152,7 @@ def test_a_killed_process_fails_its_pending_requests(pool, tmp_path):
 def test_a_process_closed_while_it_starts_fails_the_turn_cleanly(pool, tmp_path):
     runner = pool(max_processes=1)
     fut = acquire(runner, tmp_path, "u1")
-    wait_for(lambda: runner._procs.get(("u1", "mnote")) or fut.done(), "u1's process to start")
+    wait_for(lambda: runner.pool.get(("u1", "mnote")) or fut.done(), "u1's process to start")
     runner.configure(runner.hermes_settings)         # a reload retires it while it starts
     try:
         proc = fut.result(WAIT)
@@ -200,7 +200,7 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     from support.hermes_record import start_session
     for sid in ("s1", "s2"):                 # two ACP sessions as Hermes records them
         start_session(h.hermes_home, sid, source="acp")
-    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
+    proc = runner._call(runner.pool.acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")                          # a turn of s1 ran in it
     req = TurnRequest(message="hi", resume_id="s2", home=h, env=runner.env, family="mnote",
                       model="other-model")
@@ -210,7 +210,7 @@ def test_a_cli_turn_on_a_loaded_session_retires_the_warm_process(pool, tmp_path)
     req.resume_id = "s1"
     with pytest.raises(UseCli):
         runner.run_turn(req)
-    assert proc.retired and runner._procs.get(("u1", "mnote")) is not proc
+    assert proc.retired and runner.pool.get(("u1", "mnote")) is not proc
 
 
 def _turn_in_thread(runner, req):
@@ -247,7 +247,7 @@ def test_an_abort_while_the_turn_opens_its_session_ends_it(pool, tmp_path):
     t.join(WAIT)
     assert outcome.get("code") == "run_cancelled"
     # the process it started stays usable (not reserved: another user's turn may evict it)
-    assert runner._call(runner._acquire(("u2", "mnote"), home(tmp_path, "u2"), runner.env,
+    assert runner._call(runner.pool.acquire(("u2", "mnote"), home(tmp_path, "u2"), runner.env,
                                         [])).result(WAIT) is not None
 
 
@@ -268,21 +268,21 @@ def test_a_session_another_process_continued_is_not_answered_from_stale_memory(p
     reads a loaded session once), so its next turn there would not see the other's turns
     (seen live: [[recall]] on one service missed the turn the other had answered). A change
     of the record since its last turn there sends the turn to a fresh process."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from hermes_service.runner import TurnRequest
     from hermes_service.runner.acp.sink import Sink
     from support.hermes_record import record_turn
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
     record_turn(h.hermes_home, "s1", "one", answer="echo one")
-    proc = runner._call(runner._acquire(("u1", "v1"), h, runner.env, [])).result(WAIT)
+    proc = runner._call(runner.pool.acquire(("u1", "v1"), h, runner.env, [])).result(WAIT)
     proc.sessions.add("s1")
     proc.seen["s1"] = hermes_state.fingerprint(h.hermes_home, "s1")     # its last turn there
     req = TurnRequest(message="again", resume_id="s1", home=h, env=runner.env, family="v1")
 
     def turn():
         now = hermes_state.fingerprint(h.hermes_home, "s1")
-        return runner._call(runner._turn(req, Sink(None), lost=False, record=now)).result(WAIT)
+        return runner._call(runner.turns.run(req, Sink(None), lost=False, record=now)).result(WAIT)
     assert turn()[3] is proc and not proc.retired                        # unchanged: stays warm
     record_turn(h.hermes_home, "s1", "two", answer="echo two")           # the other process
     used = turn()[3]
@@ -305,14 +305,14 @@ def test_a_turn_after_one_aborted_while_loading_waits_for_that_load(pool, tmp_pa
     cancel = threading.Event()
     req = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1",
                       cancel=cancel)
-    first = runner._call(runner._turn(req, Sink(None), lost=False))
+    first = runner._call(runner.turns.run(req, Sink(None), lost=False))
     wait_for(lambda: agent_log(runner, "load"), "the agent to receive session/load")
     cancel.set()
     with pytest.raises(RunError) as err:
         first.result(WAIT)
     assert err.value.code == "run_cancelled"
     again = TurnRequest(message="two", resume_id="s1", home=h, env=runner.env, family="v1")
-    runner._call(runner._turn(again, Sink(None), lost=False)).result(WAIT)
+    runner._call(runner.turns.run(again, Sink(None), lost=False)).result(WAIT)
     assert agent_log(runner, "load") == ["load s1"]
 
 
@@ -355,7 +355,7 @@ def test_a_stop_keeps_the_shown_text_when_the_process_had_to_be_killed(pool, tmp
     """docs/runners.md "A stopped turn": the agent ignores session/cancel, so the process is
     killed before it saves the partial reply: the service writes the text the listener was
     shown as the interrupted reply Hermes would have saved (user row, then assistant row)."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "ignore")
     assert code == "run_cancelled" and shown.startswith("echo: part one")
@@ -386,12 +386,12 @@ def test_a_stop_that_hermes_cancelled_keeps_its_partial_once_and_the_process_war
     """The agent honours session/cancel and saves the partial reply itself: nothing is
     written twice, and the process stays warm with its record fingerprint current (else the
     next turn there would retire it as stale)."""
-    from hermes_service import hermes_state
+    from hermes_service.homes import hermes_state
     from support.hermes_record import active_rows
     runner, h, code, shown, sid = _stopped_turn(pool, tmp_path, "honour")
     assert code == "run_cancelled"
     assert [r["role"] for r in active_rows(h.hermes_home, sid)] == ["user", "assistant"]
-    proc = runner._procs[("u1", "mnote")]
+    proc = runner.pool.get(("u1", "mnote"))
     assert not proc.retired and not proc.dead
     assert proc.seen[sid] == hermes_state.fingerprint(h.hermes_home, sid)
 
@@ -430,14 +430,14 @@ def _answered_turn(runner, h, message="hi"):
         code = "ok"
     except RunError as err:
         code = err.code
-    return runner._procs.get(("u1", "mnote")), code
+    return runner.pool.get(("u1", "mnote")), code
 
 
 def _recording_pool(pool, tmp_path, answer):
     runner = pool(max_processes=2)
     h = home(tmp_path, "u1")
     runner.env.update(HERMES_HOME=str(h.hermes_home), **({"FAKE_ACP_ANSWER": answer} if answer else {}))
-    proc = runner._call(runner._acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
+    proc = runner._call(runner.pool.acquire(("u1", "mnote"), h, runner.env, [])).result(WAIT)
     return runner, h, proc
 
 
@@ -460,7 +460,7 @@ def test_a_process_is_recycled_after_recycle_after_sessions(pool, tmp_path):
     """Hermes 0.19.0 never frees an ACP session: after ``recycle_after_sessions`` sessions
     the process is retired at the end of the turn (and a replacement started)."""
     runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
-    runner.recycle_after = 1                             # the turn's session reaches it
+    runner.turns.recycle_after = 1                             # the turn's session reaches it
     after, code = _answered_turn(runner, h)
     assert code == "ok" and proc.retired and after is not proc
 
@@ -468,7 +468,7 @@ def test_a_process_is_recycled_after_recycle_after_sessions(pool, tmp_path):
 def test_a_process_is_recycled_above_max_rss_mb(pool, tmp_path):
     runner, h, proc = _recording_pool(pool, tmp_path, answer="the answer")
     assert proc.rss_mb() > 1
-    runner.max_rss_mb = 1.0                              # below any live Python process
+    runner.turns.max_rss_mb = 1.0                              # below any live Python process
     after, code = _answered_turn(runner, h)
     assert code == "ok" and proc.retired and after is not proc
 
@@ -500,7 +500,7 @@ def test_a_draining_pool_starts_no_process_and_keeps_its_warm_ones(pool, tmp_pat
     with pytest.raises(UseCli, match="draining"):
         acquire(runner, tmp_path, "u2").result(WAIT)
     runner.prewarm(home(tmp_path, "u3"), runner.env, "mnote", [])
-    runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)   # a failed turn: no
+    runner._call(runner.pool.retire_key(("u1", "mnote"))).result(WAIT)   # a failed turn: no
     wait_for(lambda: warm.dead, "the retired process to close")      # replacement is started
     assert runner.process_count() == 0 and alive(runner) == []
     assert len(agent_log(runner, "new")) == 1        # u1's spare, made before the drain
@@ -519,7 +519,7 @@ def test_a_message_over_the_readers_bound_ends_the_process_and_the_turn(pool, tm
     with pytest.raises(RunError) as failed:
         runner.run_turn(req)
     assert failed.value.code == "hermes_failed"
-    wait_for(lambda: first.dead and runner._procs.get(("u1", "mnote")) is not first,
+    wait_for(lambda: first.dead and runner.pool.get(("u1", "mnote")) is not first,
              "the process to be retired and ended", WAIT)
 
 
@@ -529,7 +529,7 @@ def test_a_replacement_is_built_from_the_settings_in_force(pool, tmp_path):
     replaces, which still had the old ones."""
     from hermes_service.installed import build_config
     runner = pool(max_processes=2)
-    old = runner._call(runner._acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env,
+    old = runner._call(runner.pool.acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env,
                                        ["mnote"])).result(WAIT)
     assert old.env["HERMES_SERVICE_ACP_TOOLSETS"].split(",")[-1] == "mnote"
     assert "RELOADED_SETTING" not in old.env and "terminal" in old.env["HERMES_SERVICE_ACP_TOOLSETS"]
@@ -543,10 +543,10 @@ def test_a_replacement_is_built_from_the_settings_in_force(pool, tmp_path):
     runner.env = {**runner.env, "RELOADED_SETTING": "1"}
     assert old.retired
 
-    async def aborted():          # what ending its turn early does (AcpRunner._end): replace it
-        runner._replace(old)
+    async def aborted():          # what ending its turn early does (Turns._end): replace it
+        runner.pool.replace(old)
     runner._call(aborted()).result(WAIT)
-    new = wait_for(lambda: (p := runner._procs.get(("u1", "mnote"))) is not None
+    new = wait_for(lambda: (p := runner.pool.get(("u1", "mnote"))) is not None
                    and p is not old and p.ready is not None and p.ready.done() and p,
                    "the replacement process")
     assert new.env["RELOADED_SETTING"] == "1"
@@ -556,18 +556,18 @@ def test_a_replacement_is_built_from_the_settings_in_force(pool, tmp_path):
 
 def test_a_replacement_outdated_by_a_reload_while_it_starts_is_made_again(pool, tmp_path):
     runner = pool(max_processes=2)
-    runner._call(runner._acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env, [])
+    runner._call(runner.pool.acquire(("u1", "mnote"), home(tmp_path, "u1"), runner.env, [])
                  ).result(WAIT)
     made = []
 
     def slow_env(user):
         made.append(user)
         if len(made) == 1:
-            runner._generation += 1          # a reload lands while the first env is made
+            runner.pool.outdate()                 # a reload lands while the first env is made
         return home(tmp_path, user), dict(runner.env)
-    runner.process_env = slow_env
-    runner._call(runner._retire_key(("u1", "mnote"))).result(WAIT)
-    wait_for(lambda: len(made) == 2 and runner._procs.get(("u1", "mnote")) is not None,
+    runner.pool.process_env = slow_env
+    runner._call(runner.pool.retire_key(("u1", "mnote"))).result(WAIT)
+    wait_for(lambda: len(made) == 2 and runner.pool.get(("u1", "mnote")) is not None,
              "a second, current environment and its process")
 
 
@@ -649,7 +649,7 @@ def test_a_spare_session_waits_while_turns_fill_the_slots(pool, tmp_path):
     for p in busy:                       # their spares are made while the slots are free
         wait_for(lambda p=p: p.spare is not None and p.spare.done(), "a spare session")
         p.reserved += 1                  # now a turn runs on each
-    assert runner.turns_in_flight() == 2 == runner.processes.slot_count
+    assert runner.pool.turns_in_flight() == 2 == runner.processes.slot_count
     idle = acquire(runner, tmp_path, "u3").result(WAIT)       # its spare must wait
     assert not idle.spare_opening and idle.spare is not None and not idle.spare.done()
     assert runner._call(idle.new_session()).result(WAIT)      # opened directly, not waited

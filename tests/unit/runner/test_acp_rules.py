@@ -33,7 +33,7 @@ def test_an_aborted_turn_whose_agent_ignores_cancel_kills_its_process(pool, tmp_
 
     def before_stop(h):
         running.extend(alive(holder["runner"]))
-        holder["launch"] = holder["runner"]._procs[("u1", "mnote")].launch
+        holder["launch"] = holder["runner"].pool.get(("u1", "mnote")).launch
 
     made = pool
 

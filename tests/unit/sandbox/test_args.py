@@ -1,5 +1,5 @@
 """The launcher's whole bubblewrap argument list, read back (hermes_service/sandbox/,
-hermes_policy.py, seccomp_filter.py; docs/sandbox.md): every bind and its mode, every
+sandbox/hermes_policy.py, sandbox/seccomp_filter.py; docs/sandbox.md): every bind and its mode, every
 namespace and flag, the seccomp filter, the limits. A one-line slip in any of them — a
 policy file bound read-write, ``--disable-userns`` or ``--die-with-parent`` dropped, the
 filter missing — fails here in well under a second, without starting a sandbox."""
@@ -10,9 +10,10 @@ import os
 
 import pytest
 
-from hermes_service import hermes_policy, instance, sandbox, seccomp_filter
+from hermes_service import instance, sandbox
+from hermes_service.homes.users import HERMES_SITE, UserHome
 from hermes_service.sandbox import args as sandbox_args
-from hermes_service.user_homes import HERMES_SITE, UserHome
+from hermes_service.sandbox import hermes_policy, seccomp_filter
 
 PY = "/opt/venv/bin/hermes"
 

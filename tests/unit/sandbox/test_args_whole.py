@@ -1,5 +1,5 @@
 """The sandbox's rules that the argument list read back (test_args.py) does not show by itself
-(hermes_service/sandbox/, seccomp_filter.py; docs/sandbox.md §How a sandbox is built, §What a
+(hermes_service/sandbox/, sandbox/seccomp_filter.py; docs/sandbox.md §How a sandbox is built, §What a
 tool process cannot reach, §Limits): the real runtime binds (test_args.py stubs them), the
 ``/proc`` covers, the home's checks before a launch, the file-size limit left by the quota,
 the cgroup join that must not fail open, the cgroup limits and counters, and the seccomp
@@ -18,9 +18,10 @@ import subprocess
 
 import pytest
 
-from hermes_service import sandbox, seccomp_filter
+from hermes_service import sandbox
+from hermes_service.homes.users import HERMES_SITE, UserHome
 from hermes_service.sandbox import args as sandbox_args
-from hermes_service.user_homes import HERMES_SITE, UserHome
+from hermes_service.sandbox import seccomp_filter
 
 PY = "/opt/venv/bin/hermes"
 
@@ -275,7 +276,7 @@ def test_the_filter_refuses_every_socket_family_but_four_for_socket_and_socketpa
 
 # -- Hermes's policy files --------------------------------------------------------------------
 def test_a_service_policy_file_is_bound_only_as_a_plain_entry_in_a_plain_folder(tmp_path):
-    from hermes_service import hermes_policy
+    from hermes_service.sandbox import hermes_policy
     home = tmp_path / "h"
     (home / ".hermes").mkdir(parents=True)
     (home / ".hermes" / "config.yaml").symlink_to("/etc/passwd")     # planted

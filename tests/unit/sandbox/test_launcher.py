@@ -13,6 +13,7 @@ import yaml
 
 from hermes_service import sandbox
 from hermes_service.config import ConfigError
+from hermes_service.disk import use as disk_use
 from hermes_service.installed import build_config
 from support.fixtures import ROOT, base_config, deep_merge
 
@@ -118,15 +119,15 @@ def test_home_size_counts_blocks_once_and_never_follows_symlinks(tmp_path):
     big.write_bytes(b"y" * 8 * 1024 * 1024)
     (tmp_path / "link").symlink_to(big)
     try:
-        size = sandbox.home_size_mb(tmp_path)
+        size = disk_use.home_size_mb(tmp_path)
         assert 2.9 < size < 4, size
-        assert sandbox.home_size_mb(tmp_path, stop_above=1) > 1
+        assert disk_use.home_size_mb(tmp_path, stop_above=1) > 1
     finally:
         big.unlink()
 
 
 def test_the_tool_result_of_a_command_killed_by_an_rlimit_names_it():
-    from hermes_service.hermes_state import _tool_limit
+    from hermes_service.homes.hermes_state import _tool_limit
     assert _tool_limit('{"output": "", "exit_code": 153, "error": null}') == "file_size"
     assert _tool_limit('{"output": "x", "exit_code": 152}') == "cpu"
     assert _tool_limit('{"output": "bash: line 1: File size limit exceeded"}') == "file_size"
@@ -192,7 +193,7 @@ def test_a_cgroup_v2_subtree_without_the_controllers_is_not_used(tmp_path):
 def test_home_size_counts_every_entry_and_paths_too_long_to_name(tmp_path):
     for i in range(1000):
         (tmp_path / f"f{i}").touch()
-    assert sandbox.home_size_mb(tmp_path) >= 1000 * sandbox.MIN_ENTRY_BYTES / 1024 / 1024
+    assert disk_use.home_size_mb(tmp_path) >= 1000 * disk_use.MIN_ENTRY_BYTES / 1024 / 1024
     deep = tmp_path / "deep"
     deep.mkdir()
     fd = os.open(deep, os.O_RDONLY)
@@ -207,6 +208,6 @@ def test_home_size_counts_every_entry_and_paths_too_long_to_name(tmp_path):
         os.close(big)
     finally:
         os.close(fd)
-    assert sandbox.home_size_mb(tmp_path) > 8.5
+    assert disk_use.home_size_mb(tmp_path) > 8.5
     import shutil
     shutil.rmtree(deep)

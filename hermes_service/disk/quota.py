@@ -1,0 +1,271 @@
+"""The disk: no user's agent can fill the disk others need (docs/sandbox.md §Disk).
+
+What a sandbox can write — its home (``<homes>/users/<id>``, HOME inside), its run folder
+(``<homes>/runs/<id>``) — lives under ``paths.homes_dir`` (the data dir when unset); the
+service's own state (registry, run logs, usage, idempotency, page store) under
+``paths.data_dir``. Three layers, each holding where the one before cannot:
+
+A home's ``max_home_mb`` covers everything in it; of that, :func:`reserve_mb` is kept for
+Hermes's own record (``.hermes``: ``state.db``, logs), so an agent that fills the home with
+its files still has its turns recorded and its user can go on (the agent may delete files):
+files are held at ``max_home_mb - reserve_mb`` (:attr:`Usage.files_mb`: the home but
+``.hermes``, with the run folder), the whole home at ``max_home_mb``.
+
+1. **The file system's own limit** (``hermes.sandbox.quota: auto | btrfs``): on a btrfs with
+   quotas enabled, where the service may set qgroup limits (``CAP_SYS_ADMIN``: root), every
+   new home is a subvolume (qgroup limit ``max_home_mb - reserve``) holding ``.hermes`` as a
+   subvolume of its own, both in a level-1 qgroup limited to ``max_home_mb``; every run
+   folder a subvolume of :data:`RUN_FOLDER_MB`. The kernel refuses the writer (``EDQUOT``) at
+   its quota, however fast it writes (``btrfs subvolume create``, ``btrfs qgroup create /
+   assign / limit``: btrfs-progs). Homes made before (plain folders) are watched (2.).
+2. **The watcher** (every live sandbox, every mode; :mod:`hermes_service.disk.watch`): every
+   50 ms it reads the free space and inodes of both file systems (``statvfs``), and
+   measures each sandbox's home and run folder — with the files its processes hold open or
+   mapped after their last name went (:func:`~hermes_service.disk.use.held_mb`) — at most
+   every second (at most ~5 % of a core per home), and every home at once when the free
+   space fell by more than what is left of a home's quota. A sandbox past its quota (files
+   or whole home; on btrfs the kernel holds it, the watcher only keeps the floor) is ended:
+   ``home_quota_exceeded`` (507), as is the fastest writer when space goes where no home
+   shows it (a file passed through a Unix socket). When a file system falls below
+   ``min_free_mb`` the sandbox that grew most during its turn, else the one writing
+   fastest, is ended: ``storage_full`` (507). Each process also gets ``RLIMIT_FSIZE`` of
+   what is left of its quota (:meth:`Disk.fsize_bytes`).
+3. **The floor** — no turn starts while either file system is below ``min_free_mb`` (507
+   ``storage_full``) or while the whole home is at its quota (507 ``home_quota_exceeded``),
+   ``/health`` says ``degraded`` (503, ``checks.disk``), and a write that finds the disk full
+   anyway answers 507 ``storage_full`` (the app's error handler).
+
+:class:`Disk` is the one object: :meth:`~Disk.check_turn` before a turn, :meth:`~Disk.watch`
+for each launched sandbox, :meth:`~Disk.make_folder` to create a home or run folder,
+:meth:`~Disk.health`, :meth:`~Disk.describe`, :meth:`~Disk.problems`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RunError, StorageFull
+from ..sandbox import Launch, Settings
+from . import btrfs as disk_btrfs
+from .btrfs import BTRFS
+from .use import STATE_FOLDER, Usage, usage
+from .watch import MIB, Watcher
+
+__all__ = ["Disk", "Space", "Usage", "home_quota_error", "reserve_mb", "space", "storage_error",
+           "usage"]
+
+log = logging.getLogger("hermes_service.disk")
+
+#: free inodes kept (where the file system counts them: 10 000, or 5 % of a small one's)
+#: below which it counts as full
+MIN_FREE_INODES = 10_000
+#: a run folder's qgroup limit (its files are a few KiB)
+RUN_FOLDER_MB = 16
+#: the qgroup of a home is refused a turn this close to its limit (MiB): Hermes must still
+#: be able to write its state.db
+QUOTA_HEADROOM_MB = 4
+
+
+#: how long a measured home's usage is reused before a turn when its walk was slow (s): a
+#: turn per second must not walk 100 000 files each time
+REUSE_SLOW_SECONDS = 30.0
+SLOW_WALK_SECONDS = 0.05
+def reserve_mb(max_home_mb: float) -> float:
+    """What of ``max_home_mb`` is kept for Hermes's record: an eighth, 4 to 256 MiB."""
+    return max(4.0, min(256.0, max_home_mb / 8))
+
+
+def home_quota_error(size_mb: float, cap_mb: float) -> RunError:
+    """``home_quota_exceeded`` (507): the home is over ``hermes.sandbox.max_home_mb``."""
+    return RunError(f"the user's home uses {size_mb:.0f} MB, over its quota of {cap_mb:g} MB "
+                    "(hermes.sandbox.max_home_mb); remove files from it",
+                    code="home_quota_exceeded", status=507)
+
+
+def storage_error(where: str) -> StorageFull:
+    return StorageFull(f"the disk of {where} is full or below hermes.sandbox.min_free_mb; "
+                       "no turn starts until an operator frees space",
+                       headers={"Retry-After": "60"})
+
+
+@dataclass
+class Space:
+    """Free space of one file system: bytes for an unprivileged writer, free and total
+    inodes (None where the file system does not count them: btrfs)."""
+    bytes: int
+    inodes: int | None
+    total_inodes: int | None = None
+
+
+def space(path: Path) -> Space | None:
+    """``statvfs`` of ``path``'s file system (None when it cannot be read)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    if not st.f_files:
+        return Space(st.f_bavail * st.f_frsize, None)
+    return Space(st.f_bavail * st.f_frsize, st.f_favail, st.f_files)
+
+
+class Disk:
+    """The disk rules of one service process (module doc). ``settings``: ``hermes.sandbox``;
+    ``data_dir``: the service's state; ``homes``: ``paths.homes_dir`` (or the data dir)."""
+
+    def __init__(self, settings: Settings, data_dir: Path, homes: Path):
+        self.data_dir, self.homes = Path(data_dir), Path(homes)
+        self.watcher = Watcher(self)
+        self._limited: dict[Path, float] = {}      # home -> the qgroup limit set (MiB)
+        self._sizes: dict[Path, tuple[float, Usage]] = {}   # home -> (reuse until, usage)
+        self.configure(settings)
+
+    def configure(self, settings: Settings) -> None:
+        """Take a (reloaded) ``hermes.sandbox`` section: quota, floor and the quota mode
+        (the file system is probed again)."""
+        self.max_home_mb = float(settings.max_home_mb)
+        self.min_free = int(settings.min_free_mb * MIB)
+        self.mode = settings.quota
+        self.why_not = disk_btrfs.quota_problem(self.homes) if settings.quota != "watch" else \
+            "hermes.sandbox.quota is watch"
+        self.backend = BTRFS if self.why_not is None else "watch"
+
+    # -- what the admin is told ------------------------------------------------------------
+    def describe(self) -> str:
+        """The disk phrase of the start line and ``check-config``."""
+        how = (f"btrfs qgroup limit per home ({self.homes})" if self.backend == BTRFS else
+               f"watched during turns ({self.why_not})")
+        apart = "" if self._same_fs() else ", homes apart from the data dir"
+        return (f"max_home_mb {self.max_home_mb:g}: {how}; free-space floor "
+                f"{self.min_free // MIB} MiB{apart}")
+
+    def problems(self, source: str) -> list[str]:
+        """``check-config``/start problems: ``quota: btrfs`` where it cannot hold; a
+        ``paths.homes_dir`` apart from the data dir while homes are still in the data dir."""
+        out = []
+        if self.mode == BTRFS and self.backend != BTRFS:
+            out.append(f"{source}:hermes.sandbox.quota: btrfs, but {self.why_not}")
+        old = self.data_dir / "users"
+        if self.homes != self.data_dir and old.is_dir() and any(old.iterdir()):
+            out.append(f"{source}:paths.homes_dir: the users' homes are still in {old}: stop "
+                       f"the service and move {old} and {self.data_dir / 'system-home'} to "
+                       f"{self.homes}/ (mv; across file systems rsync -aHAX), then start")
+        return out
+
+    def health(self) -> str | None:
+        """``/health``'s ``disk`` check: None when both file systems are above the floor,
+        else a short reason."""
+        for label, path in self._filesystems():
+            sp = space(path)
+            if sp is not None and self._is_low(sp):
+                return f"{label} below hermes.sandbox.min_free_mb"
+        return None
+
+    # -- before a turn ---------------------------------------------------------------------
+    @property
+    def files_cap_mb(self) -> float:
+        """What a home's files (and run folder) may use: ``max_home_mb`` less the reserve."""
+        return self.max_home_mb - reserve_mb(self.max_home_mb)
+
+    def measure(self, home_root: Path, run_dir: Path) -> Usage:
+        """:func:`usage` of a home, reused for :data:`REUSE_SLOW_SECONDS` when its walk took
+        longer than :data:`SLOW_WALK_SECONDS` (a home of very many files)."""
+        now = time.monotonic()
+        cached = self._sizes.get(Path(home_root))
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        found = usage(home_root, run_dir, stop_above=self.max_home_mb + 1)
+        if time.monotonic() - now > SLOW_WALK_SECONDS:
+            self._sizes[Path(home_root)] = (now + REUSE_SLOW_SECONDS, found)
+        else:
+            self._sizes.pop(Path(home_root), None)
+        return found
+
+    def check_turn(self, home_root: Path, run_dir: Path) -> Usage:
+        """Before a turn: raise ``home_quota_exceeded`` (507) when the whole home is within
+        :data:`QUOTA_HEADROOM_MB` of ``max_home_mb`` (its files at their cap do not stop a
+        turn: the agent may delete some), ``storage_full`` (507) when a file system is below
+        the floor. Returns the home's :class:`Usage`."""
+        if self.backend == BTRFS and self._limited.get(Path(home_root)) != self.max_home_mb:
+            self.set_limit(home_root)      # made by an earlier process, or before a reload
+            self._limited[Path(home_root)] = self.max_home_mb
+        used = self.measure(home_root, run_dir)
+        if used.total_mb > self.max_home_mb - QUOTA_HEADROOM_MB:
+            raise home_quota_error(used.total_mb, self.max_home_mb)
+        for label, path in self._filesystems():
+            sp = space(path)
+            if sp is not None and self._is_low(sp):
+                raise storage_error(label)
+        return used
+
+    def fsize_bytes(self, used: Usage, file_size_mb: int) -> int:
+        """``RLIMIT_FSIZE`` for a process of a home using ``used``: what is left of its files'
+        cap, at most ``file_size_mb``, at least 1 MiB."""
+        left = max(1.0, self.files_cap_mb - used.files_mb)
+        return int(min(float(file_size_mb), left) * MIB)
+
+    def make_folder(self, path: Path, mode: int = 0o700, run_folder: bool = False) -> None:
+        """Make a home (or, ``run_folder``, a run folder) that does not exist yet, where the
+        backend is btrfs: subvolumes with ``mode`` and their qgroup limits
+        (:func:`~hermes_service.disk.btrfs.make_home`, :func:`~.disk_btrfs.make_run_folder`);
+        nothing otherwise (the caller makes plain folders). Never raises: what it could not
+        make is made plain by the caller, and watched."""
+        if self.backend != BTRFS or os.path.lexists(path):
+            return
+        try:
+            if run_folder:
+                disk_btrfs.make_run_folder(path, mode, RUN_FOLDER_MB * MIB)
+            else:
+                disk_btrfs.make_home(path, STATE_FOLDER, mode, int(self.files_cap_mb * MIB),
+                                     int(self.max_home_mb * MIB))
+        except disk_btrfs.BtrfsFailed as exc:
+            log.warning("disk: %s not made a limited btrfs subvolume: %s", path, exc)
+
+    def set_limit(self, path: Path) -> None:
+        """Bring the qgroup limits of an existing home subvolume to ``max_home_mb`` (made by
+        an earlier process, or a reload changed it); nothing on a plain folder or without
+        btrfs."""
+        if self.backend == BTRFS:
+            disk_btrfs.set_home_limits(path, int(self.files_cap_mb * MIB),
+                                       int(self.max_home_mb * MIB))
+
+    # -- during a turn ---------------------------------------------------------------------
+    def watch(self, launch: Launch, user_id: str, home_root: Path, run_dir: Path,
+              used: Usage) -> None:
+        """Watch ``launch``'s sandbox until it closes: the home ``home_root`` and run folder
+        ``run_dir``, using ``used`` now (:mod:`hermes_service.disk.watch`). Past its quota or
+        below the floor its :attr:`Launch.over` is set, which the runner reads as a limit
+        hit."""
+        self.watcher.watch(launch, user_id, home_root, run_dir, used)
+
+    def free_space(self) -> list[tuple[str, int | None, bool]]:
+        """``(label, free bytes or None, below the floor)`` of the data dir's file system and
+        the homes' (when apart)."""
+        out = []
+        for label, path in self._filesystems():
+            sp = space(path)
+            out.append((label, None if sp is None else sp.bytes,
+                        sp is not None and self._is_low(sp)))
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _filesystems(self) -> list[tuple[str, Path]]:
+        out = [("the data dir", self.data_dir)]
+        if not self._same_fs():
+            out.append(("the homes dir", self.homes))
+        return out
+
+    def _same_fs(self) -> bool:
+        try:
+            return self.homes == self.data_dir or \
+                os.stat(self.homes).st_dev == os.stat(self.data_dir).st_dev
+        except OSError:
+            return self.homes == self.data_dir
+
+    def _is_low(self, sp: Space) -> bool:
+        if sp.bytes < self.min_free:
+            return True
+        return sp.inodes is not None and self.min_free > 0 and \
+            sp.inodes < min(MIN_FREE_INODES, (sp.total_inodes or 0) // 20)

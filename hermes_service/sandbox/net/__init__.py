@@ -1,0 +1,12 @@
+"""A sandbox's network (``hermes.sandbox.network: isolated``; docs/sandbox.md §Network).
+
+* :mod:`.sockets` — the Unix sockets of each sandbox (to the model pass-through, this service,
+  the egress proxy) with per-sandbox connection caps, on one asyncio loop;
+* :mod:`.egress_policy` — the egress allow/deny rules and the address deny set;
+* :mod:`.egress_proxy` — the egress proxy's HTTP CONNECT / plain-HTTP protocol;
+* :mod:`.service_gate` — what a sandbox may ask of this service through its socket.
+
+It may import the core's leaves (:mod:`hermes_service.instance`, :mod:`hermes_service.metrics`)
+and :mod:`hermes_service.hermes_site.netforward` (the forwarder inside Hermes it serves); never
+the rest of ``sandbox/`` (the launcher imports it, not the other way).
+"""
