@@ -5,7 +5,8 @@ Modules: :mod:`.settings` (the ``openai`` config section), :mod:`.extension` (th
 hooks), :mod:`.routes` (the routes and a request's turn), :mod:`.schemas` (request and reply
 shapes), :mod:`.identity` (who the user is), :mod:`.conversation` (which Hermes session a
 request continues), :mod:`.stream` (chunk framing), :mod:`.turn` (a streamed turn's thread and
-disconnects), :mod:`.tasks` (front-end chores), :mod:`.errors` (OpenAI's error shape).
+disconnects), :mod:`.tasks` (front-end chores), :mod:`.usage` (a turn's usage, bounded by the
+pass-through's count), :mod:`.errors` (OpenAI's error shape).
 """
 from .extension import OpenAIExtension
 

@@ -48,6 +48,7 @@ from .schemas import (
 from .settings import NAME, OpenAISettings
 from .stream import Chunks, completion
 from .turn import Feed, stream_frames, whole
+from .usage import PassThroughCount
 
 log = logging.getLogger("hermes_service.openai")
 
@@ -222,11 +223,12 @@ class Turn:
         home = svc.homes.ensure(self.user).hermes_home
         known = svc.conversations.get(self.session_id, kind=NAME).get("hermes_session_id")
         before = token_counts(home, known) if known else None
+        counted = PassThroughCount(svc.model_proxy.usage, self.user)
         _, result = svc.conversations.send(SendRequest(
             self.session_id, self.message, owner=self.user, kind=NAME, listener=listener,
             cancel=cancel, log_ctx={"completion": self.cid}))
-        tokens = tokens_used(before, token_counts(home, result.hermes_session_id),
-                             result.usage)
+        tokens = counted.bound(tokens_used(before, token_counts(home, result.hermes_session_id),
+                                           result.usage))
         svc.conversations.store.update(
             self.session_id,
             history_sha256=history_digest([*self.pairs, ("assistant", result.answer)]))
