@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from support.fixtures import ServiceProcess, base_config, deep_merge
+from support.openai_attacks import inflated_turn
 
 pytestmark = pytest.mark.e2e
 
@@ -271,3 +272,8 @@ def test_tool_activity_as_opt_in_comments(svc):
         extra_headers={"X-Hermes-Tool-Events": "comments"}))
     assert "tools done" in "".join(c.choices[0].delta.content or "" for c in chunks
                                    if c.choices)
+
+
+def test_an_agent_that_inflates_its_token_counters_is_capped(svc, model):
+    usage = inflated_turn(sdk(svc, BOB), model, svc.data_dir / "users" / "bob", "oainflate")
+    assert 0 < usage.total_tokens < 100000

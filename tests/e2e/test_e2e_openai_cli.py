@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from support.fixtures import ServiceProcess, base_config, deep_merge, wait_for
+from support.openai_attacks import inflated_turn
 
 pytestmark = pytest.mark.e2e
 
@@ -66,3 +67,8 @@ def test_a_client_that_goes_away_ends_the_turns_process(svc, model, stream):
     wait_for(lambda: svc.log().count("killed=cancelled") > killed_before,
              "the turn's hermes chat killed (killed=cancelled)", 60, log=svc.log)
     assert "the client went away; stopping the turn" in svc.log()
+
+
+def test_an_agent_that_inflates_its_token_counters_is_capped(svc, model):
+    usage = inflated_turn(sdk(svc), model, svc.data_dir / "users" / "clara", "oainflatecli")
+    assert 0 < usage.total_tokens < 100000
