@@ -35,6 +35,7 @@ SECRETS = ("TOP-SECRET-TITLE", "SECRET-BODY-TEXT")
 HUGE_BYTES = 10 * 1024 * 1024
 #: transport faults of the HTTP kernel
 FAULTS = ("html", "garbage", "truncated", "wrong_call", "hang", "drip", "huge", "huge_chunked",
+          "endless_chunked", "length_not_ascii",
           "reset", "reset_once", "status_503", "status_503_once", "unauthorized", "html_500",
           "ok_false")
 #: faults of the command kernel
@@ -243,6 +244,25 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                 except OSError:
                     break
+            self.close_connection = True
+            return
+        if fault == "endless_chunked":     # chunks until the reader hangs up
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = b"x" * 65536
+            try:
+                while not stop.is_set():
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:
+                pass
+            self.close_connection = True
+            return
+        if fault == "length_not_ascii":    # a length str.isdigit() takes and int() refuses
+            self.send_response(200)
+            self.send_header("Content-Length", "\u00b2")   # one byte, 0xb2
+            self.end_headers()
+            self.wfile.write(b'{"ok": tru SECRET-GARBAGE')
             self.close_connection = True
             return
         if fault in ("huge", "huge_chunked"):

@@ -176,6 +176,9 @@ ALLOWED_LABELS = {"route", "method", "status", "runner", "family", "outcome", "t
                   "kind",    # hermes_service_model_tokens_total: prompt | completion
                   "resolved_by", "choice",    # approvals_answered: fixed sets of values
                   "transport",    # kernel_calls, kernel_retries: http | command
+                  # sandbox_requests_refused (a fixed set of reasons), egress_bytes (up | down):
+                  # present when a network test ran earlier in the same worker
+                  "reason", "direction",
                   # standard collectors
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 

@@ -172,11 +172,12 @@ class HttpKernel:
 
     @staticmethod
     def _read(resp: http.client.HTTPResponse) -> bytes:
-        length = resp.getheader("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > MAX_ANSWER_BYTES:
-            raise KernelFailure("too_large", f"Content-Length {int(length)} (limit "
-                                             f"{MAX_ANSWER_BYTES})")
+        # the length http.client parsed (None: chunked, or a value it could not read — then
+        # read to the cap like a chunked answer)
         if resp.length is not None:
+            if resp.length > MAX_ANSWER_BYTES:
+                raise KernelFailure("too_large", f"Content-Length {resp.length} (limit "
+                                                 f"{MAX_ANSWER_BYTES})")
             return resp.read()                 # IncompleteRead when cut short
         data = resp.read(MAX_ANSWER_BYTES + 1)
         if len(data) > MAX_ANSWER_BYTES:

@@ -98,3 +98,43 @@ def test_other_fields_are_cut_at_their_end_as_before():
     out = event_bounds.bound_fields({"delta": "a  \n\n  b", "error": "e" * 5000})
     assert out["delta"] == "a  \n\n  b"
     assert out["error"].endswith("…[truncated: 1000 more characters]")
+
+
+def fill_to_the_brim(r) -> None:
+    """Record deltas until not one more byte of a non-terminal event would fit (asked of
+    :func:`event_bounds.fits`, so nothing is refused and the run is not ended)."""
+    def payload(n):
+        return {"event": "message.delta", "run_id": r.run_id, "session_id": r.session_id,
+                "delta": "y" * n}
+    while True:
+        lo, hi = 0, event_bounds.FIELD_CHARS["delta"]
+        while lo < hi:                      # the largest delta that still fits
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if event_bounds.fits(r.event_bytes, payload(mid), False) \
+                else (lo, mid - 1)
+        if lo == 0:
+            return
+        r.emit("message.delta", delta="y" * lo)
+        assert not r.overflow
+
+
+def test_the_terminal_event_has_room_when_the_other_events_are_at_their_cap():
+    # whatever the run sent before, its end is recorded: the answer at its own cap included
+    for output in ("done", "z" * event_bounds.FIELD_CHARS["output"]):
+        r = run()
+        fill_to_the_brim(r)
+        r.finish([("run.completed", {"output": output, "usage": {}})])
+        assert r.events[-1]["event"] == "run.completed" and not r.overflow
+        assert r.status == "completed"
+        assert sum(event_bounds.size(e) for e in r.events) <= event_bounds.RUN_EVENT_BYTES
+
+
+def test_an_end_that_cannot_fit_still_ends_the_run_once():
+    r = run()
+    fill_to_the_brim(r)
+    # 1 Mi characters that JSON writes as six bytes each: past any room kept
+    r.finish([("run.completed", {"output": "\x01" * event_bounds.FIELD_CHARS["output"],
+                                 "usage": {}})])
+    ends = [e for e in r.events if e["event"] in ("run.completed", "run.failed")]
+    assert [e["event"] for e in ends] == ["run.failed"]
+    assert ends[0]["code"] == "run_limit_exceeded" and r.status == "failed"

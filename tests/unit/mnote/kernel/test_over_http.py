@@ -100,6 +100,7 @@ def test_the_kernels_own_refusals_and_codes_pass_through_unchanged(kernel, db):
 @pytest.mark.parametrize("fault, reason, attempts", [
     ("html", "bad_answer", 1), ("garbage", "bad_answer", 1), ("truncated", "bad_answer", 1),
     ("wrong_call", "wrong_call", 1), ("huge", "too_large", 1), ("huge_chunked", "too_large", 1),
+    ("endless_chunked", "too_large", 1), ("length_not_ascii", "bad_answer", 1),
     ("html_500", "http_status", 1), ("unauthorized", "unauthorized", 1),
     ("status_503", "unreachable", 3), ("reset", "unreachable", 3),
 ])
