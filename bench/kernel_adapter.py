@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 from hermes_service.mnote.kernel.adapter import KernelBackend  # noqa: E402
 from hermes_service.mnote.kernel.command import CommandKernel  # noqa: E402
 from hermes_service.mnote.kernel.over_http import HttpKernel  # noqa: E402
-from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
+from hermes_service.mnote.page_sqlite import SQLitePageStore  # noqa: E402
 from hermes_service.mnote.tools import ToolExecutor  # noqa: E402
 from support.kernels import seed  # noqa: E402
 

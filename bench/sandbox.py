@@ -52,7 +52,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT), str(ROOT / "bench")]
 from runners import first_deltas, med  # noqa: E402
 
 from hermes_service import sandbox  # noqa: E402
-from hermes_service.mnote.page_store import SQLitePageStore  # noqa: E402
+from hermes_service.mnote.page_sqlite import SQLitePageStore  # noqa: E402
 from hermes_service.scripted_model import ScriptedModel  # noqa: E402
 from support.fixtures import ServiceProcess, base_config, deep_merge  # noqa: E402
 

@@ -39,6 +39,11 @@ every acknowledged change in place. A shard that does not parse raises
 :class:`CorruptShard` (503 ``session_store_corrupt`` for that user only) and is never
 overwritten; an unusable ``_format.json`` or legacy ``sessions.json`` raises
 :class:`CorruptStore` (the service refuses to start).
+
+One module over 500 lines on purpose: the shards, the owner links, the locks and the migration
+of the legacy file are one durability protocol — each write's order (link before record, fsync
+before rename, lock before read) is only right against the others, and splitting them would
+put one invariant in several files.
 """
 from __future__ import annotations
 

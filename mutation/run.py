@@ -104,7 +104,7 @@ MODULES: dict[str, Module] = {
         # the envelope and its codes; not _schema (the API document's copy of the contract
         # schemas, tests/unit/web/test_openapi.py); the route is decorated: hand mutants
         functions=["x_failure_envelope", "x_render_error_body", "x_tool_code"]),
-    "page_store": Module("hermes_service/mnote/page_store.py", [
+    "page_store": Module("hermes_service/mnote/page_sqlite.py", [
         "tests/unit/mnote/test_page_store.py", "tests/unit/mnote/test_tools.py",
         "tests/unit/mnote/test_tool_endpoint.py", "tests/unit/test_retention.py",
         "--deselect", _GC_COMMAND,

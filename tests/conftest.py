@@ -10,6 +10,7 @@ bubblewrap, promtool, systemd, a real `make` run, generated clients, the fuzzer.
 """
 import pytest
 
+from support import sandbox_needed
 from support.fixtures import (  # noqa: F401  (fixtures: pytest finds them by name here)
     app_factory,
     make_config,
@@ -21,6 +22,16 @@ from support.fixtures import (  # noqa: F401  (fixtures: pytest finds them by na
     stubbed_app,
 )
 from support.ordering import order
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.sandbox``: skip where no sandbox can be, fail where one should work
+    (tests/support/sandbox_needed.py)."""
+    if item.get_closest_marker("sandbox") is not None:
+        found = sandbox_needed.verdict()
+        if found is not None:
+            how, why = found
+            (pytest.skip if how == "skip" else pytest.fail)(why)
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks set here

@@ -6,7 +6,9 @@
 * :mod:`.state_db` — opening a home's ``state.db`` without trusting it: bounded in values,
   rows, bytes, time and readers;
 * :mod:`.hermes_state` — that ``state.db`` read as Hermes's record: answers, transcripts,
-  counts, usage.
+  counts, usage;
+* :mod:`.transcript` — what its rows show: Hermes's scaffolding left out, merged summaries
+  unwrapped, a turn's text.
 
 It may import the core's leaves (config, errors, :mod:`hermes_service.homefs`,
 :mod:`hermes_service.json_cost`) and the sandbox's settings (the environment names a process

@@ -26,10 +26,10 @@ This module is the service's one place that understands it:
 These two are the only writes the service makes.
 
 Reads open the file with ``mode=ro``; a missing file or session reads as empty. The file is
-in a folder the user's agent can write: it is opened by :mod:`hermes_service.homes.state_db`, so
-that
-what was planted there is refused (409 ``home_tampered``), never followed, and what a hostile
-file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy``).
+in a folder the user's agent can write: it is opened by :mod:`hermes_service.homes.state_db`,
+so that what was planted there is refused (409 ``home_tampered``), never followed, and what a
+hostile file makes SQLite do is bounded in size, time and number (409 / 503 ``home_busy``).
+What a row shows — the scaffolding left out, a turn's text — is :mod:`.transcript`'s.
 """
 from __future__ import annotations
 
@@ -46,21 +46,18 @@ from typing import Any
 from ..json_cost import loads_bounded
 from .state_db import StateConn, bounded, check_triggers
 from .state_db import connect as _connect
-
-#: Hermes's failure sentinel for a turn whose model returned no content
-#(agent/conversation_loop.py).
-EMPTY_SENTINEL = "(empty)"
-#: Context-compaction summary prefixes (agent/context_compressor.py: SUMMARY_PREFIX, legacy).
-SUMMARY_PREFIXES = ("[CONTEXT COMPACTION", "[CONTEXT SUMMARY]:")
-#: A summary merged into the first kept message wraps that message's own content.
-MERGED_HEADER = "[PRIOR CONTEXT — for reference only; not a new message]"
-MERGED_DELIMITER = "[END OF PRIOR CONTEXT — COMPACTION SUMMARY BELOW]"
-#: User-role messages Hermes writes itself (agent/conversation_compression.py and friends).
-SYNTHETIC_USER_PREFIXES = (
-    "[System: ",
-    "[Your active task list was preserved across context compression]",
-    "[IMPORTANT: Background process ",
-    "Review the conversation above",
+from .transcript import (
+    EMPTY_SENTINEL,
+    JSON_VALUES,
+    MERGED_HEADER,
+    TOOL_BREAK,
+    calls_tools,
+    display_content,
+    first_call,
+    reasoning,
+    replayed,
+    said,
+    tool_calls,
 )
 
 _SUMMARY_COLS = ("id, source, title, model, started_at, ended_at, message_count, tool_call_count, "
@@ -110,9 +107,6 @@ MESSAGE_TYPES = {
     "tool_call_id": _text_or_null, "tool_name": _text_or_null, "tool_calls": _text_or_null,
     "timestamp": _time, "finish_reason": _text_or_null, "reasoning": _text_or_null,
     "reasoning_content": _text_or_null}
-#: the most values (json_cost.py) of a JSON column the service parses (a tool call list, a
-#: tool result): Hermes's hold a few dozen, their long strings counting one each
-JSON_VALUES = 4096
 
 
 def _on_record(empty: Callable[[], Any], write: bool = False):
@@ -165,59 +159,6 @@ def session_source(conn: StateConn, session_id: str) -> str | None:
     sessions), or None when the session does not exist."""
     row = conn.row("SELECT source FROM sessions WHERE id = ?", (session_id,), SESSION_TYPES)
     return row["source"] if row else None
-
-
-def _unwrap_merged(text: str) -> str:
-    """The message a merged compaction summary wraps, at any depth.
-
-    Hermes merges a summary into the first kept message as ``HEADER\n<old>\n\nDELIMITER\n\n
-    <summary>\n\n<end marker>`` (agent/context_compressor.py, ``compress``, merge into the
-    tail); when a later compaction merges into that same message, ``<old>`` is the previous
-    merge, so ``n`` compactions give ``n`` headers, then the original content, then ``n``
-    delimiter+summary parts. The original is what follows the last leading header, up to the
-    first delimiter (a summary may quote the delimiter; a real message does not). ``text``
-    without a header and a delimiter is returned as it is; past :data:`MAX_MERGES` leading
-    headers the rest is the message."""
-    headers = _HEADERS.match(text)
-    if headers is None:
-        return text
-    end = text.find(MERGED_DELIMITER, headers.end())
-    if end < 0:
-        return text
-    return text[headers.end():end].strip()
-
-
-#: the most compactions merged into one message that are unwrapped: Hermes makes one per
-#: compaction of a conversation (a handful); a row of more (79 000 in 4 MiB) is a planted one,
-#: whose headers past these are shown as its text
-MAX_MERGES = 1000
-#: the leading headers of a merged summary, each followed by any whitespace: one bounded match
-#: (it was one copy of the rest of the text per header: ~30 s for 4 MiB of headers)
-_HEADERS = re.compile(r"(?:" + re.escape(MERGED_HEADER) + r"\s*){1,%d}" % MAX_MERGES)
-
-
-def display_content(role: str, content) -> str | None:
-    """What a stored message shows, or None for Hermes's internal scaffolding (summaries,
-    nudges). A summary merged into a real message is unwrapped back to that message, however
-    many compactions merged into it (:func:`_unwrap_merged`)."""
-    if not isinstance(content, str):
-        return content
-    text = content.lstrip()
-    inner = _unwrap_merged(text) if text.startswith(MERGED_HEADER) else text
-    if inner is not text:
-        # the message kept before the summaries; itself perhaps an earlier summary or nudge
-        if inner.startswith(MERGED_HEADER):       # past MAX_MERGES: not Hermes's; as it is
-            return inner
-        return display_content(role, inner)
-    if text.startswith(SUMMARY_PREFIXES):
-        return None
-    if role == "user" and text.startswith(SYNTHETIC_USER_PREFIXES):
-        return None
-    return content
-
-
-def _reasoning(row) -> str | None:
-    return row["reasoning_content"] or row["reasoning"] or None
 
 
 @dataclass
@@ -300,35 +241,9 @@ def _turn_rows(conn: StateConn, session_id: str, message: str | None) -> list[sq
     return []
 
 
-#: the paragraph break Hermes streams between the text before a tool call and the text after
-#: it (``run_agent._fire_stream_delta``: ``_stream_needs_break``)
-TOOL_BREAK = "\n\n"
 #: a finish reason worth passing on: a provider's word (``stop``, ``length``, …)
 FINISH_REASON_PATTERN = r"[a-z][a-z_]{0,31}"
 _FINISH_REASON = re.compile(FINISH_REASON_PATTERN)
-
-
-def _calls_tools(r) -> bool:
-    return bool(r["tool_calls"]) and r["tool_calls"] not in ("[]", "null")
-
-
-def said(rows) -> tuple[list[str], str]:
-    """What the model wrote in ``rows`` (a turn's rows after its user message): the text of
-    each tool-call step up to its call, and the text after the last call (its final answer;
-    "" when none), each stripped as Hermes stores it. A turn's whole text is the non-empty
-    ones joined with :data:`TOOL_BREAK` — exactly what the ACP runner streams
-    (docs/mnote-client.md §Events: the deltas add up to ``output``)."""
-    steps, current = [], []
-    for r in rows:
-        if r["role"] != "assistant":
-            continue
-        text = display_content("assistant", r["content"])
-        if isinstance(text, str) and text != EMPTY_SENTINEL:
-            current.append(text)
-        if _calls_tools(r):
-            steps.append("".join(current).strip())
-            current = []
-    return steps, "".join(current).strip()
 
 
 def _finish_reason(value) -> str | None:
@@ -348,10 +263,10 @@ def turn_record(conn: StateConn, session_id: str, message: str) -> TurnRecord:
             continue
         rec.assistant_rows += 1
         rec.finish_reason = _finish_reason(r["finish_reason"])
-        thought = _reasoning(r)
+        thought = reasoning(r)
         if thought:
             thoughts.append(thought)
-        if not _calls_tools(r) and display_content("assistant", r["content"]) == EMPTY_SENTINEL:
+        if not calls_tools(r) and display_content("assistant", r["content"]) == EMPTY_SENTINEL:
             rec.empty_sentinel = True
     steps, final = said(rows[1:])
     rec.answer = TOOL_BREAK.join(t for t in (*steps, final) if t) if final else ""
@@ -510,26 +425,6 @@ def has_messages(hermes_home: Path, session_id: str | None) -> bool:
     return bool(record and record[0])
 
 
-def _calls(tool_calls_json: str | None) -> list:
-    """The tool calls of an assistant row's ``tool_calls`` (a JSON list; [] for anything
-    else, or one of more than :data:`JSON_VALUES` values)."""
-    try:
-        calls = loads_bounded(tool_calls_json or "[]", JSON_VALUES)
-    except ValueError:
-        return []
-    return calls if isinstance(calls, list) else []
-
-
-def _first_call(calls: list) -> tuple[str | None, str | None]:
-    """``(id, function name)`` of the first call, each None unless a string."""
-    first = calls[0] if calls and isinstance(calls[0], dict) else {}
-    fn = first.get("function")
-    name = fn.get("name") if isinstance(fn, dict) else None
-    call_id = first.get("id")
-    return (call_id if isinstance(call_id, str) else None,
-            name if isinstance(name, str) else None)
-
-
 def _transcript(conn: StateConn, session_id: str) -> tuple[list[dict], list[sqlite3.Row]]:
     chain = lineage(conn, session_id)
     ids = [r["id"] for r in chain]
@@ -544,28 +439,18 @@ def _transcript(conn: StateConn, session_id: str) -> tuple[list[dict], list[sqli
         content = display_content(r["role"], r["content"])
         if content is None:
             continue
-        if r["role"] == "user" and _replayed(out, content):
+        if r["role"] == "user" and replayed(out, content):
             continue
         call_id, name = r["tool_call_id"], r["tool_name"]
-        calls = _calls(r["tool_calls"]) if r["tool_calls"] else []
+        calls = tool_calls(r["tool_calls"]) if r["tool_calls"] else []
         if not call_id and calls:
-            call_id, name = _first_call(calls)
+            call_id, name = first_call(calls)
         out.append({"messageId": str(r["id"]), "role": r["role"], "content": content,
                     "toolCallId": call_id, "toolName": name,
                     "timestamp": int(r["timestamp"]),
-                    "reasoning": _reasoning(r) if r["role"] == "assistant" else None,
-                    "_calls": len(calls)})
+                    "reasoning": reasoning(r) if r["role"] == "assistant" else None,
+                    "tool_calls": len(calls)})
     return out, chain
-
-
-def _replayed(out: list[dict], content) -> bool:
-    """Hermes's replayed-user dedup: the same user text again with no answer in between."""
-    for prev in reversed(out):
-        if prev["role"] == "user":
-            return prev["content"] == content
-        if prev["role"] == "assistant" and (prev["content"] or prev["_calls"]):
-            return False
-    return False
 
 
 @_on_record(list)
@@ -577,7 +462,7 @@ def transcript(conn: StateConn, session_id: str, limit: int = 1000) -> list[dict
     and name. See the module doc for what is left out."""
     out, _ = _transcript(conn, session_id)
     for m in out:
-        del m["_calls"]
+        del m["tool_calls"]
     return out[-limit:] if limit else out
 
 
@@ -623,7 +508,7 @@ def session_summary(conn: StateConn, session_id: str) -> dict | None:
         "title": next((r["title"] for r in reversed(chain) if r["title"]), None),
         "model": newest["model"],
         "messageCount": len(messages),
-        "toolCallCount": sum(m["_calls"] for m in messages),
+        "toolCallCount": sum(m["tool_calls"] for m in messages),
         "updatedAt": int(last or newest["ended_at"] or newest["started_at"]),
         "preview": first_user,
         "inputTokens": sum(r["input_tokens"] or 0 for r in chain),

@@ -66,7 +66,7 @@ def _opened(ctx, make):
 
 def _store(ctx):
     if "store" not in ctx.obj:
-        from .page_store import SQLitePageStore
+        from .page_sqlite import SQLitePageStore
         if not ctx.obj.get("db"):
             kind = settings(_config(ctx)).page_store.kind
             if kind != "embedded":

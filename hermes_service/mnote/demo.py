@@ -159,7 +159,7 @@ def overlay(base_url: str):
 def seed(config) -> None:
     """The walk-through's page store: workspace ``ws_1`` ("Team"), ``user_1`` its editor, and
     ``examples/page.json`` (``doc_1``, overwritten: every demo starts from the example page)."""
-    from .page_store import SQLitePageStore
+    from .page_sqlite import SQLitePageStore
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = SQLitePageStore(config.data_dir / "mnote.db")
     store.add_workspace(WORKSPACE, "Team")

@@ -121,7 +121,7 @@ class MnoteExtension(Extension):
         from . import metrics
         from .gateway import ToolGateway
         from .kernel.adapter import backend_for
-        from .page_store import SQLitePageStore
+        from .page_sqlite import SQLitePageStore
         from .runs.log import RunLogs
         from .runs.manager import RunManager
         config, cfg = services.config, settings(services.config)

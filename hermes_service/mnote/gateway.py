@@ -29,7 +29,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
-from .page_store import SQLitePageStore
+from .page_sqlite import SQLitePageStore
 from .tools import TOOLS_BY_NAME, Backend, ToolExecutor
 
 TOKEN_BYTES = 32

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     # the shape of Services (services builds the extensions: no import cycle)
     from ..service_objects import ServiceObjects
     from .gateway import ToolGateway
-    from .page_store import SQLitePageStore
+    from .page_sqlite import SQLitePageStore
     from .runs.manager import RunManager
     from .settings import MnoteSettings
 

@@ -7,6 +7,10 @@ shapes), :mod:`.identity` (who the user is), :mod:`.conversation` (which Hermes 
 request continues), :mod:`.stream` (chunk framing), :mod:`.turn` (a streamed turn's thread and
 disconnects), :mod:`.tasks` (front-end chores), :mod:`.usage` (a turn's usage, bounded by the
 pass-through's count), :mod:`.errors` (OpenAI's error shape).
+
+An extension, the outer layer like ``mnote/``: the core never imports it but in
+``installed.py``. It may import config, config_fields, conversations, errors, extensions,
+homes, model_proxy, runner, service_objects and web.
 """
 from .extension import OpenAIExtension
 

@@ -5,15 +5,15 @@ the text of each model message, and after tool calls a paragraph break (``"\\n\\
 the next text — even when nothing was shown before it. What it records is each message
 stripped of surrounding whitespace; the service's answer is the turn's pieces of text — the
 text of each tool-call step, then the final answer — stripped and joined with that break
-(:func:`hermes_service.homes.hermes_state.said`). :class:`AnswerText` turns the streamed chunks into
-deltas whose concatenation is exactly that: whitespace at the start of a piece is dropped,
+(:func:`hermes_service.homes.transcript.said`). :class:`AnswerText` turns the streamed chunks
+into deltas whose concatenation is exactly that: whitespace at the start of a piece is dropped,
 whitespace at its end is held until more text of the same piece follows (dropped when a tool
 call or the end comes first), and the break is the service's own, put between two pieces
 that both have text.
 """
 from __future__ import annotations
 
-from ..homes.hermes_state import TOOL_BREAK
+from ..homes.transcript import TOOL_BREAK
 
 
 class AnswerText:

@@ -18,6 +18,10 @@ slot, docs/scaling.md §Sizing a node); a caller waits up to ``hermes.queue_wait
 a slot, then gets :class:`~hermes_service.errors.TooManyRuns` (429). Every Hermes process
 group is recorded in ``<data>/pids/`` while it runs (:class:`ProcessGroups`), so shutdown
 kills them all and the next start reaps what a crashed service left.
+
+Just over 500 lines, as one concern: :class:`Processes` is the one owner of what a Hermes
+process holds (slot, group, sandbox, watch) from its start to its end; :class:`ProcessGroups`
+and :class:`CliProcess` are the records it keeps of them.
 """
 from __future__ import annotations
 

@@ -294,8 +294,8 @@ class Sandbox:
                    f"--nofile={lim.open_files}", "--core=0"]
         if cgroup is None:
             rlimits += [f"--nproc={lim.processes}", f"--as={lim.memory_mb * 2 * 1024 * 1024}"]
-        # the seccomp filter (sandbox/seccomp_filter.py): loaded by bwrap right before the command
-        # runs
+        # the seccomp filter (sandbox/seccomp_filter.py): loaded by bwrap right before the
+        # command runs
         filter_fd = seccomp_filter.memfd()
         bargs += ["--seccomp", str(filter_fd)]
         fd = os.memfd_create("bwrap-args", 0)

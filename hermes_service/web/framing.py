@@ -147,9 +147,8 @@ class FramingParser(HTTPRequestParser):
 
 def app_renderer(app) -> Renderer:
     """Render the refusal as the Flask ``app`` renders a 400 ``bad_request_framing`` on that
-    path (:func:`hermes_service.web.helpers.render_error`: the route family's JSON shape), with a
-    new
-    ``X-Request-Id``. Never raises: on any failure, the v1 shape."""
+    path (:func:`hermes_service.web.helpers.render_error`: the route family's JSON shape), with
+    a new ``X-Request-Id``. Never raises: on any failure, the v1 shape."""
     from flask import g
 
     from ..errors import BadRequest as ServiceBadRequest

@@ -5,11 +5,10 @@
 2. :func:`resolve_client` — ``g.client_ip`` (TCP peer, or the X-Forwarded-For hop of a
    trusted proxy, see :meth:`~hermes_service.security.Guard.client_ip`);
 3. :func:`authenticate` — what the request's route family
-(:func:`hermes_service.web.routing.current`)
-   asks: IP allowlist, API key (``g.api_key``) and the family's key scope; a run-token family
-   (the tool endpoint, which checks its token itself) admits loopback peers without proxy
-   headers only; an open-unless-configured family (``/health``, the API description) needs a
-   key only when its ``security.*`` flag says so;
+   (:func:`hermes_service.web.routing.current`) asks: IP allowlist, API key (``g.api_key``) and
+   the family's key scope; a run-token family (the tool endpoint, which checks its token
+   itself) admits loopback peers without proxy headers only; an open-unless-configured family
+   (``/health``, the API description) needs a key only when its ``security.*`` flag says so;
 4. :func:`access_log` — one line per request (client, method, path; request id, trace id, run
    id, route template, status, duration) and the request's metrics
    (:func:`hermes_service.metrics.http_request`).

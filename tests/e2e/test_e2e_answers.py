@@ -42,7 +42,7 @@ def svc(request, tmp_path_factory, model):
                      {"mnote": {"runner": request.param},
                       "hermes": {"runner": request.param, "toolsets": ["terminal"],
                                  "model": {"context_length": 64000}}})
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(tmp / "data" / "mnote.db")
     store.add_workspace("ws_1")
     for actor in ("a_abort", "a_stop", "a_twins", "a_ctx", "a_reason", "a_fail", "a_cut", "a_stream"):

@@ -11,13 +11,11 @@ import json
 
 import pytest
 
-from hermes_service import sandbox
 from support.fixtures import API_KEY
 from support.sse_client import SSEStream, read_all
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 P = "/api/hermes/client"
 A = {"X-API-Key": API_KEY, "X-Mnote-Actor-Id": "user_a"}

@@ -22,13 +22,11 @@ import threading
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.model_proxy.usage import read_usage, usage_db_path
 from support.fixtures import API_KEY, wait_for
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 
 def terminal(command: str) -> str:
@@ -231,7 +229,7 @@ def test_a_hostile_state_db_costs_the_service_a_409_while_others_are_served(star
     with sqlite3.connect(db) as c:        # a value of a type Hermes never writes: 409, not 500
         c.execute("UPDATE messages SET timestamp = 'x' WHERE id = (SELECT min(id) FROM messages)")
     read_at_once(1)
-    from hermes_service.homes.hermes_state import MERGED_DELIMITER, MERGED_HEADER
+    from hermes_service.homes.transcript import MERGED_DELIMITER, MERGED_HEADER
     with sqlite3.connect(db) as c:        # rows costly to post-process: served, in bounds
         c.execute("UPDATE messages SET timestamp = 1.0")
         sid, = c.execute("SELECT session_id FROM messages LIMIT 1").fetchone()

@@ -18,14 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.disk import use as disk_use
 from support.fixtures import API_KEY, ROOT, wait_for
 from support.sse_client import read_all
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}"),
+              pytest.mark.sandbox,
               pytest.mark.skipif(os.geteuid() != 0, reason="making a file system needs root")]
 
 MIB = 1024 * 1024

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from support.fixtures import API_KEY, PROVIDER_KEY_ENV
 from support.recording_proxy import RecordingProxy
 from support.sse_client import read_all

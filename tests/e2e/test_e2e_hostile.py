@@ -29,14 +29,12 @@ import threading
 
 import pytest
 
-from hermes_service import sandbox
 from hermes_service.scripted_model import is_auxiliary
 from support.fixtures import API_KEY, wait_for
 from support.sse_client import SSEStream, read_all
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 TOOLS = ["terminal", "file", "code_execution"]
 P = "/api/hermes/client"
@@ -290,7 +288,7 @@ def test_answers_a_fifo_and_a_token_theft_against_one_users_warm_process(
     assert (home / "scratch").exists() == (won[0][2] == "deny")
 
     # two runs of one user at once, on two pages, in one warm process: B hunts A's token
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(owner.data_dir / "mnote.db")
     store.add_workspace("ws_1")
     store.add_member("ws_1", "user_h", "editor")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from support.fixtures import (
     API_KEY,
     ROOT,

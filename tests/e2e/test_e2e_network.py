@@ -26,13 +26,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hermes_service import sandbox
 from support.dns_server import DnsServer
 from support.fixtures import hermes_processes, wait_for
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}"),
+              pytest.mark.sandbox,
               pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"),
                                  reason="needs root and iproute2 for a test network namespace")]
 

@@ -28,7 +28,7 @@ ACP = {"mnote": {"runner": "acp"}, "hermes": {"toolsets": ["terminal", "file"], 
 
 
 def seed(data_dir, *actors):
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(data_dir / "mnote.db")
     try:
         store.add_workspace("ws_1")

@@ -21,12 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from hermes_service import sandbox
 from support.fixtures import API_KEY, ROOT, hermes_processes, wait_for
 
 pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not sandbox.probe().usable,
-                                 reason=f"no usable bubblewrap here: {sandbox.probe().reason}")]
+              pytest.mark.sandbox]
 
 TOOLS = ["terminal", "file", "code_execution"]
 

@@ -40,7 +40,7 @@ def seeded(service):
     Written into the running service's page store directly, as the operator commands do
     (they are tested as commands in test_quickstart.py and tests/unit): six ``main.py mnote``
     processes per test cost more CPU than the test's turn."""
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(service.data_dir / "mnote.db")
     try:
         store.add_workspace("ws_1")
@@ -94,7 +94,7 @@ def test_model_reads_and_appends_to_its_page_through_the_cli(seeded):
     page = json.loads(mnote_cli(seeded, "export-page", "doc_1"))
     assert page["revision"] == 2 and [b["text"] for b in page["blocks"]] == ["第一段", "由 AI 追加"]
 
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(seeded.data_dir / "mnote.db")
     [row] = store.audit_rows(saved["audit"]["commandId"])
     assert row["runId"] == run_id and row["sessionId"] == "mnote_doc_1_tools"

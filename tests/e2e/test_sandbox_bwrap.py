@@ -15,14 +15,14 @@ from support.fixtures import ROOT
 from unit.sandbox.test_launcher import NO_BWRAP, cfg
 
 
-@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+@pytest.mark.sandbox
 def test_auto_with_bubblewrap_allows_the_coding_toolsets_without_a_warning(tmp_path):
     config = cfg(tmp_path, toolsets=["terminal", "file", "code_execution"])
     # (a service running as root is told so, as the tests here are: not about the toolsets)
     assert not [w for w in config.warnings if "sandbox" in w and "runs as root" not in w]
 
 
-@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+@pytest.mark.sandbox
 def test_a_prepared_launch_hides_host_paths_and_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVICE_SECRET", "do-not-leak-9c1")
     monkeypatch.setattr(hermes_policy, "HERMES_ARGS", ())   # the command is a shell, not Hermes
@@ -63,7 +63,7 @@ def test_health_and_check_config_say_when_auto_found_no_sandbox(start_service, t
     assert "sandbox: auto -> unconfined" in out.stdout
 
 
-@pytest.mark.skipif(not sandbox.probe().usable, reason="no usable bubblewrap here")
+@pytest.mark.sandbox
 def test_a_runtime_under_tmp_is_still_visible_over_the_private_tmp(tmp_path):
     """A checkout (and so the Hermes venv) under /tmp: the sandbox's own /tmp must not hide it."""
     assert str(tmp_path).startswith("/tmp/")

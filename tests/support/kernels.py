@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hermes_service.mnote.kernel.reference import ReferenceKernel
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 
 SECRETS = ("TOP-SECRET-TITLE", "SECRET-BODY-TEXT")
 HUGE_BYTES = 10 * 1024 * 1024

@@ -193,9 +193,9 @@ def test_another_actors_run_is_404_on_every_route_like_no_run(stubbed_app, other
                                                            owner=other.owner)
     gate = threading.Event()
     run = manager.start("key_x", "s_x", "alice", "trace_x", asking(gate))
-    wait_for(lambda: len(run.questions) == 2, "both questions")
-    [apr] = [q for q, v in run.questions.items() if v.kind == "approval"]
-    [clq] = [q for q, v in run.questions.items() if v.kind == "clarify"]
+    wait_for(lambda: len(run.questions.pending) == 2, "both questions")
+    [apr] = [q for q, v in run.questions.pending.items() if v.kind == "approval"]
+    [clq] = [q for q, v in run.questions.pending.items() if v.kind == "clarify"]
     missing = "run_" + "0" * 24
 
     def calls(run_id, headers):
@@ -215,7 +215,7 @@ def test_another_actors_run_is_404_on_every_route_like_no_run(stubbed_app, other
     wrong = c.get(f"{P}/events/{run.run_id}?sessionId=s_other", headers=ALICE)
     assert scrub(wrong) == scrub(c.get(f"{P}/events/{missing}", headers=ALICE))
     # nothing reached the run
-    assert len(run.questions) == 2 and not run.cancel.is_set() and not run.done
+    assert len(run.questions.pending) == 2 and not run.cancel.is_set() and not run.done
     if where == "foreign":
         assert manager.logs.requests_size(run.run_id) == 0
     gate.set()

@@ -11,7 +11,8 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from hermes_service.errors import ID_PATTERN, BadRequest, check_id, is_id
-from hermes_service.mnote.page_store import SQLitePageStore, StoreInputError
+from hermes_service.mnote.page_sqlite import SQLitePageStore
+from hermes_service.mnote.page_store import StoreInputError
 from hermes_service.mnote.schemas import ENVELOPE_SCHEMA, PAGE_IMPORT_SCHEMA
 from hermes_service.mnote.tools import ToolExecutor
 from support.fixtures import API_KEY, ROOT, base_config

@@ -1,4 +1,4 @@
-"""The reference kernel: the embedded page store (:class:`~.page_store.SQLitePageStore`)
+"""The reference kernel: the embedded page store (:class:`~..page_sqlite.SQLitePageStore`)
 behind the kernel adapter's protocol, over HTTP (``main.py mnote serve-kernel``) and as a
 command (``main.py mnote kernel-command``). docs/mnote-tools.md §The reference kernel.
 
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..page_store import SQLitePageStore
+from ..page_sqlite import SQLitePageStore
 from ..tools import ToolExecutor, echo_fields
 
 #: the largest request body read (bytes)

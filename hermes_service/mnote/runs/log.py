@@ -13,12 +13,11 @@ users' agents never see this folder, unlike ``data/runs/<user_id>/``):
     (``owner``: :func:`hermes_service.instance.current` of the process running the turn;
     ``created``: unix seconds). Every further line is one event payload exactly as the stream
     sends it (:mod:`hermes_service.mnote.runs.manager` lists them); the event's id
-    (``Last-Event-ID``) is
-    its line number after the meta line (1-based). Deltas are appended without fsync; the
-    terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``) is fsynced before
-    any subscriber sees it. Only complete lines (ending in ``\\n``) count: a line torn by a
-    crash mid-write is never read, and is cut off (under the lock below) before a closer
-    appends. The file's mtime after the terminal event is the run's end (retention).
+    (``Last-Event-ID``) is its line number after the meta line (1-based). Deltas are appended
+    without fsync; the terminal event (``run.completed`` / ``run.failed`` / ``run.cancelled``)
+    is fsynced before any subscriber sees it. Only complete lines (ending in ``\\n``) count: a
+    line torn by a crash mid-write is never read, and is cut off (under the lock below) before
+    a closer appends. The file's mtime after the terminal event is the run's end (retention).
 ``<run_id>.requests``
     requests from other processes for the owner (JSON Lines, appended with ``O_APPEND``):
     ``{"op": "abort"}``, ``{"op": "approval", "approval_id", "choice"}``,
@@ -42,6 +41,10 @@ so two processes noticing at once write it once.
 
 Run ids become file names only through :func:`valid_run_id` (the id rule of
 :func:`hermes_service.errors.is_id` plus the shape ``run_<24 hex>`` every run gets).
+
+One module over 500 lines on purpose: the file format, its writer, its readers, the exactly-once
+close, the session index and the answers' claims all rest on one locking rule on the same files
+(``flock`` on the run file, the sessions lock); apart, each would have to restate it.
 """
 from __future__ import annotations
 
@@ -207,12 +210,8 @@ class RunLogs:
     # -- reading ----------------------------------------------------------------------------
     def load(self, run_id: str) -> LogState | None:
         """The whole run file (meta + events); None when there is none (or no valid meta)."""
-        path = self.path(run_id)
-        if path is None:
-            return None
-        try:
-            fd = _open_file(path, os.O_RDONLY)
-        except OSError:
+        fd = self._open_run(run_id)
+        if fd is None:
             return None
         try:
             st = os.fstat(fd)
@@ -224,14 +223,21 @@ class RunLogs:
             return None
         return LogState(run_id, lines[0]["meta"], lines[1:], end, st.st_mtime, len(data))
 
+    def _open_run(self, run_id: str) -> int | None:
+        """A descriptor of run ``run_id``'s file opened to read (never through a symlink:
+        :func:`_open_file`), or None when there is none."""
+        path = self.path(run_id)
+        if path is None:
+            return None
+        try:
+            return _open_file(path, os.O_RDONLY)
+        except OSError:
+            return None
+
     def read_more(self, state: LogState) -> bool:
         """Add the events appended since ``state.offset``; returns whether there were any."""
-        path = self.path(state.run_id)
-        if path is None:
-            return False
-        try:
-            fd = _open_file(path, os.O_RDONLY)
-        except OSError:
+        fd = self._open_run(state.run_id)
+        if fd is None:
             return False
         try:
             st = os.fstat(fd)

@@ -33,9 +33,8 @@ class RunManager:
     ``run.failed`` with the error's core ``code``; a blueprint maps core codes to its
     contract's codes when it sends events out).
 
-    With ``logs`` (:class:`~hermes_service.mnote.runs.log.RunLogs`, the service's) every run's
-    events
-    are also written to the data dir as they happen, so :meth:`get` finds runs of every
+    With ``logs`` (:class:`~hermes_service.mnote.runs.log.RunLogs`, the service's) every
+    run's events are also written to the data dir as they happen, so :meth:`get` finds runs of every
     process on it (:class:`ForeignRun`), a session is busy across processes, an abort or an
     answer reaches the owning process (:class:`LogPoller`), and runs of dead processes are
     closed with ``run.failed`` ``run_interrupted`` (docs/data-and-durability.md §Runs and

@@ -1,8 +1,8 @@
 """A run's questions to its user (docs/mnote-client.md §Approvals): an ``approval.request``
 before a dangerous command or an edit, a ``clarify.request`` of Hermes's ``clarify`` tool,
 each resolved once — by the user, a timeout or an abort — across every process on the data
-dir (:meth:`~.run_log.RunLogs.claim`). :class:`~.run.Run` answers
-:class:`hermes_service.runner.Questions` with these methods."""
+dir (:meth:`~.log.RunLogs.claim`). A :class:`~.run.Run` has its :class:`RunQuestions` and
+answers :class:`hermes_service.runner.Questions` with them."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import BadRequest, Conflict
 from .. import metrics
@@ -39,20 +39,28 @@ def not_pending(question_id: str, kind: str = "approval") -> Conflict:
                     "timed out, or the run ended)", code=f"{kind}_not_pending")
 
 
-class RunQuestions:
-    """The question methods of :class:`~.run.Run` (its lock, events and status are the
-    run's)."""
+class Asking(Protocol):
+    """What a run's questions need of their run (:class:`~.run.Run`): its id, lock, events,
+    status, abort and the durable claims of answers."""
     run_id: str
     status: str
     cancel: threading.Event
-    questions: dict
     claims: RunLogs | None
-    _cond: threading.Condition
 
-    if TYPE_CHECKING:
-        @property
-        def done(self) -> bool: ...
-        def emit(self, event: str, **fields) -> int: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def lock(self) -> threading.Condition: ...
+    def emit(self, event: str, **fields) -> int: ...
+
+
+class RunQuestions:
+    """The questions of ``run`` to its user, pending in :attr:`pending` (id →
+    :class:`Question`); under the run's lock, on its stream of events."""
+
+    def __init__(self, run: Asking):
+        self.run = run
+        self.pending: dict[str, Question] = {}
 
     def ask_approval(self, kind: str, title: str, detail: str,
                      choices: list[str]) -> tuple[str, Future] | None:
@@ -60,14 +68,14 @@ class RunQuestions:
         ``waiting_for_approval``. Returns ``(approval_id, future)`` — the future's result is
         the choice, set by :meth:`answer` — or None when the run is ending (aborted or
         finished: the caller denies)."""
-        with self._cond:
-            if self.done or self.cancel.is_set():
+        with self.run.lock:
+            if self.run.done or self.run.cancel.is_set():
                 return None
             question = Question("apr_" + secrets.token_hex(12), list(choices))
-            self.questions[question.question_id] = question
+            self.pending[question.question_id] = question
             self._waiting()
-            self.emit("approval.request", approval_id=question.question_id, kind=kind,
-                      title=title, detail=detail, choices=list(choices))
+            self.run.emit("approval.request", approval_id=question.question_id, kind=kind,
+                          title=title, detail=detail, choices=list(choices))
         metrics.approval_asked(kind)
         return question.question_id, question.future
 
@@ -85,7 +93,7 @@ class RunQuestions:
         Raises BadRequest ``invalid_request`` for a choice the question does not offer,
         Conflict ``approval_not_pending`` for an id that is not pending (never asked,
         already answered — here or in another process —, timed out, or the run ended)."""
-        with self._cond:
+        with self.run.lock:
             question = self._pending_question(approval_id, "approval")
             choices = question.choices or []
             if choice not in choices:
@@ -96,28 +104,28 @@ class RunQuestions:
         return choice
 
     def _claim(self, question_id: str, value, resolved_by: str) -> dict | None:
-        """Claim the answer (under ``_cond``): None when it is this one (or no other process
+        """Claim the answer (under the run's lock): None when it is this one (or no other process
         can answer: no durable log), else the answer that won."""
-        if self.claims is None:
+        if self.run.claims is None:
             return None
         try:
-            return self.claims.claim(self.run_id, question_id,
+            return self.run.claims.claim(self.run.run_id, question_id,
                                      {"value": value, "resolved_by": resolved_by})
         except (OSError, ValueError):
-            log.exception("run %s: could not record the answer to %s", self.run_id, question_id)
+            log.exception("run %s: could not record the answer to %s", self.run.run_id, question_id)
             return None
 
     def _resolve(self, question: Question, value, resolved_by: str) -> None:
-        """Hand ``value`` to the waiting runner and say so on the stream (under ``_cond``)."""
-        del self.questions[question.question_id]
+        """Hand ``value`` to the waiting runner and say so on the stream (under the run's lock)."""
+        del self.pending[question.question_id]
         self._waiting()
         if question.kind == "approval":
-            self.emit("approval.responded", approval_id=question.question_id, choice=value,
-                      resolved_by=resolved_by)
+            self.run.emit("approval.responded", approval_id=question.question_id, choice=value,
+                          resolved_by=resolved_by)
             metrics.approval_answered(resolved_by, value)
         else:
-            self.emit("clarify.responded", clarify_id=question.question_id,
-                      resolved_by=resolved_by)
+            self.run.emit("clarify.responded", clarify_id=question.question_id,
+                          resolved_by=resolved_by)
             metrics.approval_answered(resolved_by, "answer" if value is not None else "none")
         question.future.set_result(value)
 
@@ -127,15 +135,15 @@ class RunQuestions:
         status to ``waiting_for_answer``. Returns ``(clarify_id, future)`` — the future's
         result is the answer text, or None when nobody answered — or None when the run is
         ending."""
-        with self._cond:
-            if self.done or self.cancel.is_set():
+        with self.run.lock:
+            if self.run.done or self.run.cancel.is_set():
                 return None
             asked = Question("clq_" + secrets.token_hex(12),
                              list(choices) if choices else None, kind="clarify")
-            self.questions[asked.question_id] = asked
+            self.pending[asked.question_id] = asked
             self._waiting()
-            self.emit("clarify.request", clarify_id=asked.question_id, question=question,
-                      choices=asked.choices)
+            self.run.emit("clarify.request", clarify_id=asked.question_id, question=question,
+                          choices=asked.choices)
         metrics.approval_asked("clarify")
         return asked.question_id, asked.future
 
@@ -145,22 +153,22 @@ class RunQuestions:
         ``clarify.responded`` ``{clarify_id, resolved_by}`` (the answer itself goes to Hermes,
         which records it; it is not an event). Claimed like :meth:`answer`. Raises Conflict
         ``clarify_not_pending``."""
-        with self._cond:
+        with self.run.lock:
             question = self._pending_question(clarify_id, "clarify")
             self._settle(question, answer, resolved_by, claimed,
                          lambda won: won if isinstance(won, str) else None)
 
     def _pending_question(self, question_id: str, kind: str) -> Question:
-        """The pending question ``question_id`` of ``kind`` (under ``_cond``); Conflict
+        """The pending question ``question_id`` of ``kind`` (under the run's lock); Conflict
         ``<kind>_not_pending`` otherwise."""
-        question = self.questions.get(question_id)
+        question = self.pending.get(question_id)
         if question is None or question.kind != kind:
             raise not_pending(question_id, kind)
         return question
 
     def _settle(self, question: Question, value, resolved_by: str, claimed: bool,
                 stored: Callable[[Any], Any]) -> None:
-        """Resolve ``question`` with ``value`` once across the processes (under ``_cond``):
+        """Resolve ``question`` with ``value`` once across the processes (under the run's lock):
         claimed first unless ``claimed`` already; when another answer won the claim, that one
         (``stored(its value)``: what it may be for this question) resolves it and this one
         is refused as no longer pending."""
@@ -171,18 +179,18 @@ class RunQuestions:
         self._resolve(question, value, resolved_by)
 
     def _waiting(self) -> None:
-        """The status from the pending questions (under ``_cond``)."""
-        if self.status not in ("running", "waiting_for_approval", "waiting_for_answer"):
+        """The status from the pending questions (under the run's lock)."""
+        if self.run.status not in ("running", "waiting_for_approval", "waiting_for_answer"):
             return
-        kinds = {q.kind for q in self.questions.values()}
-        self.status = ("waiting_for_approval" if "approval" in kinds else
+        kinds = {q.kind for q in self.pending.values()}
+        self.run.status = ("waiting_for_approval" if "approval" in kinds else
                        "waiting_for_answer" if kinds else "running")
 
     def resolve_all(self, resolved_by: str) -> None:
         """Resolve every pending question (an abort): approvals denied, clarifying questions
         unanswered; an ``approval.responded`` / ``clarify.responded`` for each."""
-        with self._cond:
-            pending = [(q.question_id, q.kind) for q in self.questions.values()]
+        with self.run.lock:
+            pending = [(q.question_id, q.kind) for q in self.pending.values()]
         for question_id, kind in pending:
             try:
                 if kind == "approval":
@@ -191,3 +199,12 @@ class RunQuestions:
                     self.answer_clarify(question_id, None, resolved_by)
             except (Conflict, BadRequest):     # answered meanwhile
                 pass
+
+    def end(self) -> None:
+        """The run ended (under the run's lock): nobody waits for the pending questions any
+        more — each is closed for every process (answers after it: 409) and its waiter
+        released (approvals denied, clarifying questions unanswered)."""
+        for question in self.pending.values():
+            self._claim(question.question_id, None, "end")
+            question.future.set_result("deny" if question.kind == "approval" else None)
+        self.pending.clear()

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,8 +49,9 @@ FANOUT_SPACING_SECONDS = 0.001
 
 
 @dataclass
-class Run(RunQuestions):
-    """One run: identity, status and its event log (thread-safe)."""
+class Run:
+    """One run: identity, status, its event log and its questions to the user
+    (:attr:`questions`; thread-safe)."""
     run_id: str
     session_id: str
     actor_id: str
@@ -60,7 +62,7 @@ class Run(RunQuestions):
     cancel: threading.Event = field(default_factory=threading.Event)
     process: TurnHandle | None = None   # the turn's handle while it runs (kill, touch)
     events: list = field(default_factory=list)
-    questions: dict = field(default_factory=dict)   # approval/clarify id -> Question, pending only
+    questions: RunQuestions = field(init=False, repr=False)   # its pending questions
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _wakers: set = field(default_factory=set)      # the wake Event of each follower
     _ended: threading.Event = field(default_factory=threading.Event)   # set with the terminal event
@@ -71,6 +73,33 @@ class Run(RunQuestions):
     event_bytes: int = 0            # the size of its events so far (event_bounds.RUN_EVENT_BYTES)
     overflow: bool = False          # an event did not fit: the run fails run_limit_exceeded
     foreign = False                 # owned by this process (ForeignRun: by another)
+
+    def __post_init__(self) -> None:
+        self.questions = RunQuestions(self)
+
+    # -- its questions (hermes_service.runner.Questions; the answer routes) ------------------
+    def ask_approval(self, kind: str, title: str, detail: str,
+                     choices: list[str]) -> tuple[str, Future] | None:
+        """:meth:`RunQuestions.ask_approval`."""
+        return self.questions.ask_approval(kind, title, detail, choices)
+
+    def ask_clarify(self, question: str, choices: list[str] | None) -> tuple[str, Future] | None:
+        """:meth:`RunQuestions.ask_clarify`."""
+        return self.questions.ask_clarify(question, choices)
+
+    def answer(self, approval_id: str, choice: str, resolved_by: str = "user",
+               claimed: bool = False) -> str:
+        """:meth:`RunQuestions.answer`."""
+        return self.questions.answer(approval_id, choice, resolved_by, claimed)
+
+    def answer_clarify(self, clarify_id: str, answer: str | None,
+                       resolved_by: str = "user", claimed: bool = False) -> None:
+        """:meth:`RunQuestions.answer_clarify`."""
+        self.questions.answer_clarify(clarify_id, answer, resolved_by, claimed)
+
+    def resolve_all(self, resolved_by: str) -> None:
+        """:meth:`RunQuestions.resolve_all`."""
+        self.questions.resolve_all(resolved_by)
 
     def emit(self, event: str, **fields) -> int:
         """Append an event; returns its sequence number (1-based). Ignored after a terminal event.
@@ -94,10 +123,7 @@ class Run(RunQuestions):
                                "run.cancelled": "cancelled"}[event]
                 self.finished = time.time()
                 self._ended.set()
-                for question in self.questions.values():   # nobody waits for them any more
-                    self._claim(question.question_id, None, "end")   # (answers after: 409)
-                    question.future.set_result("deny" if question.kind == "approval" else None)
-                self.questions.clear()
+                self.questions.end()           # nobody waits for them any more
             for wake in self._wakers:
                 wake.set()
             return len(self.events)

@@ -13,7 +13,6 @@ import pytest
 from hermes_service.homefs import HomeTampered
 from hermes_service.homes import hermes_state, state_db
 from hermes_service.homes.hermes_state import (
-    MERGED_DELIMITER,
     has_messages,
     lineage_ids,
     rewind_orphan,
@@ -22,6 +21,7 @@ from hermes_service.homes.hermes_state import (
     transcript,
     turn_record,
 )
+from hermes_service.homes.transcript import MERGED_DELIMITER, first_call, tool_calls, unwrap_merged
 from support.hermes_record import (
     MERGED_HEADER,
     SUMMARY_END_MARKER,
@@ -387,7 +387,7 @@ def test_a_long_real_tool_call_is_still_read():
     args = json.dumps({"path": "a.csv", "content": "1,2,3:[{\n" * 50_000})
     calls = json.dumps([{"id": "call_9", "type": "function",
                          "function": {"name": "write_file", "arguments": args}}])
-    assert hermes_state._first_call(hermes_state._calls(calls)) == ("call_9", "write_file")
+    assert first_call(tool_calls(calls)) == ("call_9", "write_file")
 
 
 def test_a_row_of_four_mebibytes_of_merged_headers_reads_within_the_bound(tmp_path,
@@ -404,7 +404,7 @@ def test_a_row_of_four_mebibytes_of_merged_headers_reads_within_the_bound(tmp_pa
                                                  '{"output": "", "exit_code": 0}']
     # past MAX_MERGES leading headers, the rest is shown as the message it is
     assert all(m["content"].startswith(MERGED_HEADER) for m in shown[4:]) and len(shown) == 6
-    assert hermes_state._unwrap_merged(MERGED_HEADER + " \n" + MERGED_HEADER + "\nold\n\n"
+    assert unwrap_merged(MERGED_HEADER + " \n" + MERGED_HEADER + "\nold\n\n"
                                        + MERGED_DELIMITER + "\n\nsummary") == "old"
 
 

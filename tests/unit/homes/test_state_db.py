@@ -304,3 +304,17 @@ def test_a_read_sees_one_snapshot(tmp_path):
         assert conn.rows("SELECT count(*) FROM messages")[0][0] == before
     finally:
         conn.close()
+
+
+def test_every_statement_on_a_users_record_is_cut_at_its_deadline(tmp_path, monkeypatch):
+    # work the file makes SQLite do (here a counting query ~10 s long without a deadline)
+    # ends at the read's deadline, as a refusal, not when SQLite is done
+    monkeypatch.setattr(state_db, "STATE_DB_SECONDS", 0.2)
+    conn = state_db.connect(home_with_turn(tmp_path))
+    assert conn is not None
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            conn.rows("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                      "WHERE x < 200000000) SELECT count(*) FROM c")
+    finally:
+        conn.close()

@@ -8,7 +8,9 @@ from datetime import UTC
 
 import pytest
 
+from hermes_service.mnote import page_sqlite
 from hermes_service.mnote import page_store as ps
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.page_store import (
     BadToolInput,
     CommandContext,
@@ -16,7 +18,6 @@ from hermes_service.mnote.page_store import (
     NotFoundError,
     PageStore,
     PermissionDenied,
-    SQLitePageStore,
     StoreInputError,
 )
 
@@ -152,7 +153,7 @@ def test_summary_is_unique_per_page(store):
 def test_one_transaction_per_command(store, monkeypatch):
     """A failure after the page write (audit insert) rolls the page write back."""
     done = store.page_save(ctx(), content=[{"type": "p", "text": "a"}])
-    monkeypatch.setattr(ps, "new_command_id", lambda name: done.command_id)  # audit PK collision
+    monkeypatch.setattr(page_sqlite, "new_command_id", lambda name: done.command_id)  # audit PK collision
     with pytest.raises(sqlite3.IntegrityError):
         store.page_save(ctx(idempotency_key="k1"), content=[{"type": "p", "text": "b"}])
     page = store.export_page("doc_1")

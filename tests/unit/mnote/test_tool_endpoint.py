@@ -295,7 +295,7 @@ def test_the_tool_url_is_built_from_the_service_url(tmp_path):
     from types import SimpleNamespace
 
     from hermes_service.mnote.gateway import ToolGateway
-    from hermes_service.mnote.page_store import SQLitePageStore
+    from hermes_service.mnote.page_sqlite import SQLitePageStore
     store = SQLitePageStore(tmp_path / "mnote.db")
     run = SimpleNamespace(actor_id="a", session_id="s", run_id="r", trace_id="t")
     for url in ("http://127.0.0.1:9123", "http://127.0.0.1:9123/", "http://[::1]:9123/"):

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from jsonschema import Draft202012Validator
 
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.schemas import OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.mnote.tools import (
     SCHEMA_VERSION,

@@ -107,3 +107,49 @@ def test_a_lone_body_of_the_cap_always_fits_its_users_share(monkeypatch):
     monkeypatch.setattr(limits, "USER_BODY_BUDGET", 16 * 1024 * 1024)
     assert user_body_budget(Policy(frozenset(), 20 * 1024 * 1024)) == 20 * 1024 * 1024
     assert user_body_budget(Policy(frozenset(), CAP)) == 16 * 1024 * 1024
+
+
+def test_a_small_body_of_very_many_values_is_never_parsed_in_the_service(checker, monkeypatch):
+    body = costly(lists=limits.INLINE_VALUES + 1)
+    assert len(body) <= limits.INLINE_BYTES                 # small: only its values are many
+    here = []
+    original = Policy.prepare_chat
+
+    def counted(self, *args):
+        here.append(1)
+        return original(self, *args)
+    monkeypatch.setattr(Policy, "prepare_chat", counted)
+    got = checker.prepare(POLICY, "u", body, JSON)
+    assert here == [] and got.body == original(POLICY, body, JSON).body
+    checker.prepare(POLICY, "u", small(), JSON)
+    assert here == [1]                                       # a plain one is checked here
+
+
+def test_one_user_holds_one_worker_at_a_time_and_others_go_on(checker, monkeypatch):
+    import threading
+
+    from hermes_service.model_proxy.body_check import Worker
+    monkeypatch.setattr(limits, "PARSES", 2)
+    monkeypatch.setattr(limits, "PARSE_WAIT_SECONDS", 0.3)
+    inside, release = threading.Event(), threading.Event()
+    ask = Worker.ask
+
+    def held(self, header, body, deadline):
+        if b'"held"' in body:
+            inside.set()
+            release.wait(30)
+        return ask(self, header, body, deadline)
+    monkeypatch.setattr(Worker, "ask", held)
+    first = costly().replace(b'"content":"x"', b'"content":"held"')
+    results = []
+    t = threading.Thread(target=lambda: results.append(checker.prepare(POLICY, "a", first, JSON)))
+    t.start()
+    try:
+        assert inside.wait(30)
+        busy = refusal(checker.prepare, POLICY, "a", costly(), JSON)   # a's second waits, then 503
+        assert (busy.status, busy.code) == (503, "server_overloaded")
+        assert checker.prepare(POLICY, "b", costly(), JSON).stream is False   # b is not held up
+    finally:
+        release.set()
+        t.join(30)
+    assert len(results) == 1

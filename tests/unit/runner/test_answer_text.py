@@ -1,6 +1,6 @@
 """Deltas that add up to the recorded answer (docs/mnote-client.md §Events;
 hermes_service/runner/answer_text.py): chunks as Hermes 0.19.0 streams them, against what its
-record holds (hermes_state.said)."""
+record holds (transcript.said)."""
 import pytest
 
 from hermes_service.runner.answer_text import AnswerText

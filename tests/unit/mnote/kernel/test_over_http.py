@@ -16,7 +16,7 @@ from hermes_service.metrics import REGISTRY
 from hermes_service.mnote.kernel.adapter import KernelBackend
 from hermes_service.mnote.kernel.over_http import HttpKernel
 from hermes_service.mnote.kernel.wire import ENVELOPE_FIELDS, KERNEL_UNAVAILABLE
-from hermes_service.mnote.page_store import SQLitePageStore
+from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.tools import ToolExecutor
 from support.fixtures import free_port
 from support.kernels import KernelServer, seed

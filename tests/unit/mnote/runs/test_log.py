@@ -188,9 +188,9 @@ def test_abort_and_answers_reach_the_owning_process(tmp_path, other):
     aborted = []
     a.on_abort.append(aborted.append)
     run = a.start("key_1", "s_1", "alice", "t", execute)
-    wait_for(lambda: run.questions, "the approval question")
+    wait_for(lambda: run.questions.pending, "the approval question")
     seen = b.get(run.run_id, "alice")
-    [approval_id] = run.questions
+    [approval_id] = run.questions.pending
     with pytest.raises(ServiceError) as bad:
         seen.answer(approval_id, "always")         # not offered: 400, as in the owner
     assert bad.value.code == "invalid_request"
@@ -199,8 +199,8 @@ def test_abort_and_answers_reach_the_owning_process(tmp_path, other):
     assert seen.answer(approval_id, "once") == "once"
     wait_for(lambda: asked.get("choice"), "the answer at the owner")
     assert asked["choice"] == "once"
-    wait_for(lambda: any(q.kind == "clarify" for q in run.questions.values()), "clarify")
-    [clarify_id] = run.questions
+    wait_for(lambda: any(q.kind == "clarify" for q in run.questions.pending.values()), "clarify")
+    [clarify_id] = run.questions.pending
     with pytest.raises(Conflict) as gone:
         seen.answer_clarify(approval_id, "x")       # answered already
     assert gone.value.code == "clarify_not_pending"
@@ -308,8 +308,8 @@ def test_twenty_answers_at_once_on_two_processes_exactly_one_wins(tmp_path, othe
         applied["choice"] = future.result(20)
         run.finish([("run.completed", {"output": "ok", "usage": {}})])
     run = a.start("key_20", "s_20", "alice", "t", execute)
-    wait_for(lambda: run.questions, "the approval question")
-    [approval_id] = run.questions
+    wait_for(lambda: run.questions.pending, "the approval question")
+    [approval_id] = run.questions.pending
     start = threading.Barrier(20)
     outcomes = [None] * 20
 

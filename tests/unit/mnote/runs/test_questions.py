@@ -51,7 +51,7 @@ def test_a_terminal_event_releases_questions_nobody_answered():
     _, fc = r.ask_clarify("open question", None)
     assert r.status == "waiting_for_approval"
     r.emit("run.failed", code="x", error="y")
-    assert fa.result(0) == "deny" and fc.result(0) is None and not r.questions
+    assert fa.result(0) == "deny" and fc.result(0) is None and not r.questions.pending
 
 
 def test_each_answer_route_takes_only_its_own_kind_of_question():
@@ -90,3 +90,16 @@ def test_the_terminal_event_is_fsynced_and_deltas_are_not(tmp_path, monkeypatch)
     lines = (tmp_path / ("run_" + "0" * 24 + ".jsonl")).read_text().splitlines()
     assert os.path.getsize(tmp_path / ("run_" + "0" * 24 + ".jsonl")) > 0
     assert '"run.completed"' in lines[-1]
+
+
+@pytest.mark.parametrize("ask", [
+    lambda r: r.ask_approval("command", "t", "d", ["once", "deny"]),
+    lambda r: r.ask_clarify("Which?", ["x", "y"]), lambda r: r.ask_clarify("open?", None)])
+def test_nothing_is_asked_once_an_abort_began_even_before_the_run_ends(ask):
+    # between abort.started and run.cancelled the turn is still being stopped: a question
+    # then would reach a user who asked for it to stop
+    r = run()
+    r.cancel.set()
+    assert not r.done
+    assert ask(r) is None
+    assert r.events == [] and not r.questions and r.status == "running"

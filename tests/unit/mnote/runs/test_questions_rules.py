@@ -28,7 +28,7 @@ def test_an_answer_claimed_elsewhere_first_wins_here(tmp_path):
     assert logs.claim(RUN, qid, {"value": "deny", "resolved_by": "user"}) is None   # elsewhere
     with pytest.raises(Conflict):
         r.answer(qid, "once")
-    assert fut.result(0) == "deny" and not r.questions
+    assert fut.result(0) == "deny" and not r.questions.pending
     assert [(e["event"], e.get("choice")) for e in r.events][-1] == ("approval.responded", "deny")
 
 
