@@ -147,9 +147,7 @@ def egress(tmp: Path, n: int) -> dict:
     oport = origin.server_address[1]
     net = SandboxNet(tmp / "egress-net", Policy.from_lists(["origin.bench"], []))
 
-    async def to_origin(host, port):
-        return [(socket.AF_INET, ("127.0.0.1", oport))], None
-    net.resolver = to_origin
+    net.resolve = lambda host, port: ([(socket.AF_INET, ("127.0.0.1", oport))], None)
     att = net.attach("bench")
     fport = socket.socket()
     fport.bind(("127.0.0.1", 0))

@@ -86,7 +86,8 @@ MODEL_TOKENS_ESTIMATED = Counter(
 EGRESS_CONNECTIONS = Counter(
     "egress_connections", "Connections of sandboxed tools through the egress proxy, by outcome: "
     "ok, or the refusal's reason (not_allowed, denied, ip_literal, denied_address, "
-    "unresolvable, bad_request, unreachable; docs/sandbox.md §Network).", ["outcome"],
+    "unresolvable, lookup_busy, lookup_timeout, bad_request, host_mismatch, length_required, "
+    "unreachable; docs/sandbox.md §Network).", ["outcome"],
     namespace=NAMESPACE, registry=REGISTRY)
 SANDBOX_REFUSED = Counter(
     "sandbox_requests_refused", "Requests from inside a sandbox to this service refused before "

@@ -8,9 +8,15 @@ lists ``<port>=<socket path>`` pairs separated by spaces. :func:`start` binds ea
 first and Hermes's first request finds it listening — and one daemon thread relays every
 connection to its socket with non-blocking sockets and :mod:`selectors`: one thread however
 many connections, at most :data:`MAX_PER_PORT` open per port (past it the port stops
-accepting until one ends: the rest wait in the backlog). Being inside Hermes, the forwarder
-lives and dies with it, and no tool can end it without ending Hermes.
+accepting until one ends: the rest wait in the backlog). The bytes go socket → a pipe →
+socket inside the kernel (``os.splice``, :data:`CHUNK` at a time; a pipe exists only while
+bytes wait in it), else — no splice here, or no file descriptor left for a pipe — through
+:data:`BUFFER`-byte reads; a side is read only once what it sent before was written on.
+Being inside Hermes, the forwarder lives and dies with it, and no tool can end it without
+ending Hermes.
 """
+import errno
+import fcntl
 import os
 import selectors
 import socket
@@ -22,21 +28,64 @@ ENV = "HERMES_SERVICE_FORWARD"
 CHILDREN_ONLY_ENV = "HERMES_SERVICE_PROXY_CHILDREN_ONLY"
 NO_PROXY_NAMES = ("NO_PROXY", "no_proxy")
 MAX_PER_PORT = 64
-CHUNK = 65536
+CHUNK = 1 << 20                 # bytes asked of one splice (the pipe is made that large)
+BUFFER = 256 * 1024             # bytes of one read without splice
+_SPLICE = getattr(os, "splice", None)
+_FLAGS = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class _Pair:
     """One relayed connection: the sandbox-side TCP socket and the service-side Unix socket,
-    the bytes waiting to be written to each, and which sides have ended their input."""
+    the bytes waiting to be written to each (read into Python, or ``[read end, write end,
+    count]`` of a pipe), and which sides have ended their input."""
 
     def __init__(self, port, tcp, unix):
         self.port, self.tcp, self.unix = port, tcp, unix
         self.pending = {tcp: b"", unix: b""}
+        self.pipes = {}
         self.eof = set()
         self.closed = False
 
     def other(self, sock):
         return self.unix if sock is self.tcp else self.tcp
+
+    def waiting(self, dst):
+        """Are bytes waiting to be written to ``dst``?"""
+        return bool(self.pending[dst]) or dst in self.pipes
+
+    def drop_pipe(self, dst):
+        for fd in self.pipes.pop(dst, [])[:2]:
+            os.close(fd)
+
+
+def _splice_in(pair, sock, dst):
+    """Bytes ``sock`` → a pipe for ``dst``: the count (0 at the end of input), -1 when there
+    is nothing to read now, None when splice cannot be used (read into Python instead)."""
+    if _SPLICE is None:
+        return None
+    if dst not in pair.pipes:
+        try:
+            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:                 # no file descriptor left for a pipe
+            return None
+        try:
+            fcntl.fcntl(w, _F_SETPIPE_SZ, CHUNK)
+        except OSError:
+            pass
+        pair.pipes[dst] = [r, w, 0]
+    pipe = pair.pipes[dst]
+    try:
+        n = _SPLICE(sock.fileno(), pipe[1], CHUNK, flags=_FLAGS)
+    except BlockingIOError:
+        n = -1
+    except OSError as exc:
+        n = None if exc.errno in (errno.EINVAL, errno.ENOSYS) else 0
+    if not n or n < 0:
+        pair.drop_pipe(dst)
+        return n
+    pipe[2] += n
+    return n
 
 
 class Forwarder:
@@ -92,15 +141,20 @@ class Forwarder:
         self.sel.register(unix, selectors.EVENT_READ, pair)
 
     def _read(self, pair, sock):
-        try:
-            data = sock.recv(CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
         dst = pair.other(sock)
-        if data:
+        n = _splice_in(pair, sock, dst)
+        if n is None:
+            try:
+                data = sock.recv(BUFFER)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
             pair.pending[dst] = data
+            n = len(data)
+        if n < 0:
+            return
+        if n:
             self._flush(pair, dst)
             return
         pair.eof.add(sock)
@@ -112,14 +166,20 @@ class Forwarder:
         self._watch(pair)
 
     def _flush(self, pair, dst):
+        pipe = pair.pipes.get(dst)
         try:
-            sent = dst.send(pair.pending[dst])
+            if pipe is not None and _SPLICE is not None:
+                while pipe[2]:
+                    pipe[2] -= _SPLICE(pipe[0], dst.fileno(), pipe[2], flags=_FLAGS)
+                pair.drop_pipe(dst)
+            else:
+                sent = dst.send(pair.pending[dst])
+                pair.pending[dst] = pair.pending[dst][sent:]
         except BlockingIOError:
-            sent = 0
+            pass
         except OSError:
             self._close(pair)
             return
-        pair.pending[dst] = pair.pending[dst][sent:]
         self._watch(pair)
 
     def _watch(self, pair):
@@ -127,14 +187,14 @@ class Forwarder:
         bytes waiting. Over once the service's side has ended and its bytes are delivered."""
         if pair.closed:
             return
-        if pair.unix in pair.eof and not pair.pending[pair.tcp]:
+        if pair.unix in pair.eof and not pair.waiting(pair.tcp):
             self._close(pair)
             return
         for sock in (pair.tcp, pair.unix):
             events = 0
-            if sock not in pair.eof and not pair.pending[pair.other(sock)]:
+            if sock not in pair.eof and not pair.waiting(pair.other(sock)):
                 events |= selectors.EVENT_READ
-            if pair.pending[sock]:
+            if pair.waiting(sock):
                 events |= selectors.EVENT_WRITE
             try:
                 self.sel.get_key(sock)
@@ -153,6 +213,7 @@ class Forwarder:
                 self.sel.unregister(sock)
             except (KeyError, ValueError):
                 pass
+            pair.drop_pipe(sock)
             sock.close()
         self.open[pair.port] -= 1
         if self.open[pair.port] == MAX_PER_PORT - 1:

@@ -143,8 +143,10 @@ class Sandbox:
         self.probe = probe(settings.bwrap) if settings.mode != "none" else None
         self.active = self.probe is not None and self.probe.usable
         self.cgroups = CgroupBase.find() if self.active else None
-        self.net.configure(settings.egress.policy(),
-                           sandbox_net.Caps(egress=settings.egress.max_connections))
+        egress = settings.egress
+        self.net.configure(egress.policy(), sandbox_net.Caps(
+            egress=egress.max_connections, lookups=egress.max_lookups,
+            lookup_timeout=egress.lookup_timeout))
 
     @property
     def isolated(self) -> bool:

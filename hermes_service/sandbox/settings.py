@@ -47,10 +47,14 @@ class Limits:
 class Egress:
     """``hermes.sandbox.egress``: ``allow``/``deny`` destinations of the egress proxy
     (:mod:`hermes_service.sandbox.net.egress_policy`; empty ``allow``: no internet) and
-    ``max_connections`` one sandbox may hold open through it."""
+    ``max_connections`` one sandbox may hold open through it; ``max_lookups`` name lookups
+    it may have in flight at once and the seconds each may take (``lookup_timeout``), on
+    threads of its own (:mod:`hermes_service.sandbox.net.lookups`)."""
     allow: tuple[str, ...] = key((), STR_LIST)
     deny: tuple[str, ...] = key((), STR_LIST)
     max_connections: int = key(64, {"type": "integer", "minimum": 1, "maximum": 4096})
+    max_lookups: int = key(4, {"type": "integer", "minimum": 1, "maximum": 64})
+    lookup_timeout: float = key(5.0, {"type": "number", "exclusiveMinimum": 0, "maximum": 60})
 
     def policy(self) -> Policy:
         """Raises ValueError for an entry the policy cannot read (config checks it first)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import (
     approvals,
+    bounds,
     disk,
     durability,
     idempotency,
@@ -21,4 +22,4 @@ from . import (
 
 MUTANTS = [*sandbox.MUTANTS, *model_proxy.MUTANTS, *runners.MUTANTS, *disk.MUTANTS,
            *idempotency.MUTANTS, *durability.MUTANTS, *approvals.MUTANTS,
-           *serving.MUTANTS, *network.MUTANTS]
+           *serving.MUTANTS, *network.MUTANTS, *bounds.MUTANTS]

@@ -1,6 +1,7 @@
-"""Group ``network``: a sandbox's network (sandbox/net/sockets.py), the egress rules and deny set
-(sandbox/net/egress_policy.py), the egress proxy (sandbox/net/egress_proxy.py), the service port's gate
-(sandbox/net/service_gate.py)."""
+"""Group ``network``: a sandbox's network (sandbox/net/): its sockets (sockets.py), the
+egress rules and deny set (egress_policy.py), the egress proxy (egress_proxy.py), the service
+port's gate (service_gate.py), the relay, strict heads, each sandbox's lookups, the host's own
+addresses, the refusal log."""
 from __future__ import annotations
 
 from functools import partial
@@ -12,6 +13,8 @@ EP = "hermes_service/sandbox/net/egress_policy.py"
 EX = "hermes_service/sandbox/net/egress_proxy.py"
 SG = "hermes_service/sandbox/net/service_gate.py"
 SN = "hermes_service/sandbox/net/sockets.py"
+NETDIR = "hermes_service/sandbox/net/"
+UNIT = "tests/unit/sandbox/net/"
 RULES = "tests/unit/sandbox/net/test_network_rules.py"
 POLICY = ["tests/unit/sandbox/net/test_egress_policy.py", RULES]
 PROXY = ["tests/unit/sandbox/net/test_egress_proxy.py", RULES]
@@ -52,14 +55,15 @@ MUTANTS = [
       '            return [], "denied_address"\n        if denied_address',
       '            continue\n        if denied_address', POLICY),
     H("the proxy dials the name, not the checked addresses", EX,
-      "            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, sockaddr),",
-      "            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (\"127.0.0.1\", sockaddr[1])),",
+      "            await asyncio.wait_for(loop.sock_connect(sock, sockaddr), CONNECT_TIMEOUT)",
+      "            await asyncio.wait_for(loop.sock_connect(sock, (\"127.0.0.1\", sockaddr[1])), "
+      "CONNECT_TIMEOUT)",
       PROXY),
     H("the proxy skips the resolver's verdict", EX,
-      "        addresses, why = await resolver(out.host, out.port)",
-      "        addresses, _ = await resolver(out.host, out.port)", PROXY),
-    H("the proxy skips the policy", EX, "    why = policy.decide(out.host, out.port)",
-      "    why = None", PROXY),
+      "        addresses, out.refused = await resolver(",
+      "        addresses, _ = await resolver(", PROXY),
+    H("the proxy skips the policy", EX, "        out.refused = policy.decide(req.host, req.port)",
+      "        out.refused = None", PROXY),
     # -- allow / deny rules ----------------------------------------------------------------
     H("deny loses to allow", EP,
       '        if any(r.matches(norm, port) for r in self.deny):\n            return "denied"\n', "",
@@ -84,10 +88,10 @@ MUTANTS = [
     H("an encoded slash passes the route check", SG, '("%2e", "%2f", "%5c", "\\\\")',
       '("%2e", "%5c", "\\\\")', GATE),
     H("a chunked request is passed on", SG,
-      '        if key == "transfer-encoding":\n            return "411 Length Required", "length_required"\n',
+      '    if h.values("transfer-encoding"):\n        return "411 Length Required", "length_required"\n',
       "", GATE),
-    H("two Content-Lengths are accepted", SG, "            if length or not value.strip().isdigit():",
-      "            if not value.strip().isdigit():", GATE),
+    H("two Content-Lengths are accepted", SG, "    if len(lengths) > 1 or length is None:",
+      "    if length is None:", GATE),
     H("the request is not closed after one answer", SG,
       '*fields, "Connection: close"]', "*fields]", GATE),
     H("a pipelined Connection: keep-alive is passed on", SG,
@@ -101,4 +105,49 @@ MUTANTS = [
       "while att.open[name] > getattr(self.caps, name):", NET),
     H("no cap at all", SN, "while att.open[name] >= getattr(self.caps, name):",
       "while False:", NET),
+    # -- each sandbox's own lookups ------------------------------------------------------
+    H("a sandbox's lookups in flight have no cap", NETDIR + "lookups.py",
+      "        if self.busy >= self.cap:", "        if False:", [UNIT + "test_lookups.py"]),
+    H("a lookup has no deadline", NETDIR + "lookups.py",
+      "return await asyncio.wait_for(asyncio.shield(fut), self.timeout)", "return await fut",
+      [UNIT + "test_lookups.py"]),
+    H("a timed-out lookup frees its place before its thread does", NETDIR + "lookups.py",
+      '        except TimeoutError:\n            return [], "lookup_timeout"',
+      '        except TimeoutError:\n            self.busy -= 1\n            return [], '
+      '"lookup_timeout"', [UNIT + "test_lookups.py"]),
+    H("lookups on the pool every sandbox shares", NETDIR + "lookups.py",
+      "run_in_executor(self._pool, resolve, host, port)",
+      "run_in_executor(None, resolve, host, port)", [UNIT + "test_lookups.py"]),
+    # -- the host's own addresses, now ---------------------------------------------------
+    H("the host's addresses are read once", NETDIR + "own_addresses.py",
+      "if self._changed() or self._known is None or now - self._at >= self.max_age:",
+      "if self._known is None:", [UNIT + "test_own_addresses.py"]),
+    # -- numbers and heads -----------------------------------------------------------------
+    H("a Unicode digit is read as a number", NETDIR + "http_head.py",
+      "if 0 < len(text) <= digits and _DIGITS.fullmatch(text):",
+      "if 0 < len(text) <= digits and text.isdigit():", [UNIT + "test_http_head.py"]),
+    H("a number's length is unbounded", NETDIR + "http_head.py",
+      "if 0 < len(text) <= digits and _DIGITS.fullmatch(text):",
+      "if 0 < len(text) and _DIGITS.fullmatch(text):", [UNIT + "test_http_head.py"]),
+    H("a field with a control character is taken", NETDIR + "http_head.py",
+      "if not sep or not _TOKEN.fullmatch(name) or _CONTROL.search(value):",
+      "if not sep or not _TOKEN.fullmatch(name):", [UNIT + "test_http_head.py"]),
+    # -- Host: only the checked name ---------------------------------------------------------
+    H("the client's Host is forwarded beside the checked one", EX,
+      '"connection", "keep-alive", "host",', '"connection", "keep-alive",', PROXY),
+    H("a Host naming another host is passed", EX,
+      '    if hosts and authority(hosts[0], 80) != dest:\n        return "host_mismatch"\n', "",
+      PROXY),
+    H("bytes after the body reach the origin", EX,
+      "            limit = len(req.upstream) + req.body", "            limit = None", PROXY),
+    # -- the relay and the log ----------------------------------------------------------------
+    H("the relay passes no end of input on", NETDIR + "relay.py",
+      "                dst.shutdown(socket.SHUT_WR)", "                pass",
+      [UNIT + "test_relay.py"]),
+    H("the relay ignores its byte limit", NETDIR + "relay.py",
+      "        while limit is None or moved < limit:", "        while True:",
+      [UNIT + "test_relay.py"]),
+    H("every refusal is a log line", NETDIR + "refusals.py",
+      "if window is not None and now - window.since < self.interval:", "if False:",
+      [UNIT + "test_refusals.py"]),
 ]

@@ -1,6 +1,8 @@
 """A minimal DNS server for the tests (RFC 1035 over UDP): answers A and AAAA questions from
 a table, a name's answers taken in turn on each question (a name that resolves elsewhere the
-second time: DNS rebinding). Everything else: NXDOMAIN. Standard library only."""
+second time: DNS rebinding). Names under a ``holes`` suffix are never answered (black-holed);
+names under a ``slow`` suffix are answered (NXDOMAIN) after its delay, without holding up
+any other answer. Everything else: NXDOMAIN. Standard library only."""
 from __future__ import annotations
 
 import ipaddress
@@ -26,8 +28,10 @@ class DnsServer:
     repeats), e.g. ``{"rebind.test": [["203.0.113.2"], ["127.0.0.1"]]}``. ``questions``
     counts the questions each name got (A and AAAA both)."""
 
-    def __init__(self, answers: dict[str, list[list[str]]], host: str = "127.0.0.77"):
+    def __init__(self, answers: dict[str, list[list[str]]], host: str = "127.0.0.77",
+                 holes: tuple[str, ...] = (), slow: dict[str, float] | None = None):
         self.answers = {k.lower(): v for k, v in answers.items()}
+        self.holes, self.slow = holes, slow or {}
         self.questions: dict[str, int] = defaultdict(int)
         self._turn: dict[tuple[str, int], int] = defaultdict(int)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -45,9 +49,24 @@ class DnsServer:
             except OSError:
                 return
             try:
-                self.sock.sendto(self._answer(data), peer)
+                name = _name(data, 12)[0]
+                if name.endswith(self.holes):
+                    self.questions[name] += 1
+                    continue
+                delay = next((d for suffix, d in self.slow.items() if name.endswith(suffix)), 0)
+                answer = self._answer(data)
+                if delay:
+                    threading.Timer(delay, self._send_late, (answer, peer)).start()
+                else:
+                    self.sock.sendto(answer, peer)
             except (OSError, IndexError, struct.error):
                 continue
+
+    def _send_late(self, answer: bytes, peer) -> None:
+        try:
+            self.sock.sendto(answer, peer)
+        except OSError:
+            pass
 
     def _answer(self, data: bytes) -> bytes:
         qid, _flags, qdcount = struct.unpack("!HHH", data[:6])

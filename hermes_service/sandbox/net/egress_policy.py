@@ -14,8 +14,8 @@ Two checks, both before any byte leaves:
   the request when *any* address it resolves to is one no sandbox may reach —
   :data:`DENIED_NETWORKS` (loopback, private, link-local, carrier-grade NAT, benchmarking,
   multicast, reserved, unspecified and broadcast ranges, IPv4-mapped and NAT64/6to4/Teredo
-  addresses that embed a denied IPv4 address), and the host's own addresses
-  (:func:`host_addresses`). It then connects to an address it checked, never
+  addresses that embed a denied IPv4 address), and the host's own addresses as they are at
+  that moment (:func:`host_addresses`). It then connects to an address it checked, never
   looking the name up again (no DNS rebinding between the check and the connection).
 
 Refusals carry a stable reason code (:data:`REASONS`), sent to the tool as the
@@ -23,15 +23,15 @@ Refusals carry a stable reason code (:data:`REASONS`), sent to the tool as the
 """
 from __future__ import annotations
 
-import functools
 import ipaddress
-import itertools
 import re
 import socket
 from dataclasses import dataclass
-from pathlib import Path
+
+from . import own_addresses
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 
 #: Why a request was refused: the ``X-Hermes-Egress-Refused`` header value.
 REASONS = {
@@ -41,6 +41,12 @@ REASONS = {
     "denied_address": "the name resolves to an address no sandbox may reach (loopback, "
                       "private, link-local, metadata, the host's own …)",
     "unresolvable": "the name does not resolve",
+    "lookup_busy": "this sandbox has as many name lookups in flight as it may "
+                   "(hermes.sandbox.egress.max_lookups); try again",
+    "lookup_timeout": "the name did not resolve within hermes.sandbox.egress.lookup_timeout",
+    "host_mismatch": "the Host field names another host or port than the request's URI",
+    "length_required": "a plain http:// request with a body needs Content-Length "
+                       "(Transfer-Encoding is not passed on)",
     "bad_request": "not an HTTP proxy request this proxy serves (CONNECT host:port, or an "
                    "absolute http:// URI)",
     "unreachable": "the destination did not accept a connection",
@@ -91,25 +97,10 @@ def denied_address(addr: IPAddress, own: frozenset[IPAddress] = frozenset()) -> 
     return inner is not None and denied_address(inner, own)
 
 
-@functools.lru_cache(maxsize=1)
 def host_addresses() -> frozenset[IPAddress]:
-    """This host's own addresses (every interface's: ``/proc/net/fib_trie`` LOCAL entries and
-    ``/proc/net/if_inet6``), so a public address of the host itself is never a way back in."""
-    found: set[IPAddress] = set()
-    try:
-        lines = Path("/proc/net/fib_trie").read_text().splitlines()
-        for prev, line in itertools.pairwise(lines):
-            if line.strip() == "/32 host LOCAL":
-                found.add(ipaddress.ip_address(prev.split()[-1]))
-    except (OSError, ValueError):
-        pass
-    try:
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            raw = line.split()[0]
-            found.add(ipaddress.IPv6Address(int(raw, 16)))
-    except (OSError, ValueError, IndexError):
-        pass
-    return frozenset(found)
+    """The host's own addresses now (:mod:`.own_addresses`: read again when the kernel
+    announces a change), so an address the host gets later is refused at once."""
+    return own_addresses.now()
 
 
 def normalize_host(host: str) -> str | None:

@@ -8,7 +8,8 @@ request under one of the allowed path prefixes (``allowed``: the run-token route
 paths, set by the app factory) with **403** and an ``X-Hermes-Refused`` reason, sends the
 rest to the service with ``Connection: close`` and exactly the ``Content-Length`` bytes of
 body that follow (``Transfer-Encoding`` is refused with 411: a second request pipelined
-behind the first never reaches the service), and relays the answer back. Nothing else of the
+behind the first never reaches the service), and relays the answer back — both through the
+one relay (:mod:`.relay`). Nothing else of the
 service — its API keys' routes, ``/metrics``, ``/health`` — is reachable from a sandbox, and
 a refused request costs the service no request, no access log line and no thread.
 
@@ -19,11 +20,15 @@ reaches the service at a rate that cannot crowd other callers out.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterable
 
+from . import http_head, relay
+
 MAX_HEAD = 16 * 1024
 HEAD_TIMEOUT = 30.0
+MAX_LENGTH_DIGITS = 15   # a Content-Length of more digits is refused
 RATE = 20.0          # requests per second per sandbox, sustained
 BURST = 40           # requests at once after a quiet while
 REFUSED_HEADER = "X-Hermes-Refused"
@@ -71,80 +76,64 @@ def allowed_path(path: str, prefixes: Iterable[str]) -> bool:
 
 def parse(head: bytes, prefixes: Iterable[str]) -> tuple[bytes, int] | tuple[str, str]:
     """``(head to send, body length)`` for an allowed request head, else ``(status line,
-    reason)`` to refuse it with."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+    reason)`` to refuse it with. The head is read strictly (:mod:`.http_head`:
+    no folded or malformed field, no control character); ``Content-Length`` is ASCII digits
+    only, at most :data:`MAX_LENGTH_DIGITS`, once. Never raises."""
+    h = http_head.parse(head)
+    if h is None:
         return "400 Bad Request", "bad_request"
-    if not allowed_path(parts[1], prefixes):
+    if not allowed_path(h.target, prefixes):
         return "403 Forbidden", "not_a_sandbox_route"
-    length, fields = 0, []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        key = name.lower()
-        if not sep or not name or name != name.strip():      # no "Name :", no folded line
-            return "400 Bad Request", "bad_request"
-        if key == "transfer-encoding":
-            return "411 Length Required", "length_required"
-        if key == "content-length":
-            if length or not value.strip().isdigit():
-                return "400 Bad Request", "bad_request"
-            length = int(value.strip())
-        if key not in _DROP:
-            fields.append(line)
-    out = "\r\n".join([lines[0], *fields, "Connection: close"]) + "\r\n\r\n"
-    return out.encode("latin-1"), length
+    if h.values("transfer-encoding"):
+        return "411 Length Required", "length_required"
+    lengths = h.values("content-length")
+    length = http_head.number(lengths[0], MAX_LENGTH_DIGITS) if len(lengths) == 1 else 0
+    if len(lengths) > 1 or length is None:
+        return "400 Bad Request", "bad_request"
+    fields = h.without(_DROP)
+    out = "\r\n".join([f"{h.method} {h.target} {h.version}", *fields, "Connection: close"])
+    return (out + "\r\n\r\n").encode("latin-1"), length
 
 
-async def refuse(writer: asyncio.StreamWriter, status: str, reason: str) -> None:
+async def refuse(sock: socket.socket, status: str, reason: str) -> None:
     body = f"{reason}\n".encode()
-    writer.write((f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: "
-                  f"{len(body)}\r\n{REFUSED_HEADER}: {reason}\r\nConnection: close\r\n\r\n"
-                  ).encode() + body)
     try:
-        await writer.drain()
-    except (ConnectionError, OSError):
+        async with asyncio.timeout(HEAD_TIMEOUT):
+            await relay.send_all(sock, (
+                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: "
+                f"{len(body)}\r\n{REFUSED_HEADER}: {reason}\r\nConnection: close\r\n\r\n"
+            ).encode() + body)
+    except (TimeoutError, OSError):
         pass
 
 
-async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  target: tuple[str, int], prefixes: Iterable[str], pace: Pace,
-                  chunk: int = 64 * 1024) -> str | None:
-    """Serve one connection (module doc); returns the refusal reason, or None."""
-    try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-            ConnectionError, OSError):
-        await refuse(writer, "400 Bad Request", "bad_request")
+async def forward(sock: socket.socket, target: tuple[int, tuple], prefixes: Iterable[str],
+                  pace: Pace) -> str | None:
+    """Serve one connection on the non-blocking ``sock`` (module doc; the caller closes it):
+    ``target`` is the service's ``(family, address)``. Returns the refusal reason, or None."""
+    got = await relay.read_head(sock, MAX_HEAD, HEAD_TIMEOUT)
+    if got is None:
+        await refuse(sock, "400 Bad Request", "bad_request")
         return "bad_request"
-    parsed = parse(head, prefixes)
+    parsed = parse(got[0], prefixes)
     if isinstance(parsed[0], str):
-        await refuse(writer, *parsed)
+        await refuse(sock, *parsed)
         return parsed[1]
     send, length = parsed
     await pace.take()
+    service = socket.socket(target[0], socket.SOCK_STREAM)
+    service.setblocking(False)
     try:
-        o_reader, o_writer = await asyncio.wait_for(asyncio.open_connection(*target), 10)
-    except (TimeoutError, OSError):
-        await refuse(writer, "502 Bad Gateway", "unreachable")
-        return "unreachable"
-    try:
-        o_writer.write(send)
-        left = length
-        while left:
-            data = await reader.read(min(chunk, left))
-            if not data:
-                return None
-            o_writer.write(data)
-            await o_writer.drain()
-            left -= len(data)
-        while data := await o_reader.read(chunk):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(service, target[1]),
+                                   10)
+        except (TimeoutError, OSError):
+            await refuse(sock, "502 Bad Gateway", "unreachable")
+            return "unreachable"
+        sent = await relay.copy(sock, service, first=send + got[1][:length],
+                                limit=len(send) + length, half_close=False)
+        if sent == len(send) + length:
+            await relay.copy(service, sock)
     finally:
-        o_writer.close()
+        service.close()
     return None

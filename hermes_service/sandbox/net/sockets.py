@@ -19,8 +19,11 @@ sandbox (at the cap the service stops accepting on that socket until one ends: t
 in, or are refused by, the kernel's backlog), so a sandbox opening thousands of connections
 exhausts only its own share — never the
 pass-through's, the service's or another sandbox's. One asyncio loop on its own thread
-serves every socket of every sandbox; a relay copies at most 64 KiB at a time, waiting for
-the other side to take it (back-pressure, no buffering of whole bodies).
+serves every socket of every sandbox; every relay is :mod:`.relay` (in the
+kernel where it can, waiting for the other side to take each piece: back-pressure, no
+buffering of whole bodies). Each sandbox looks names up on threads of its own
+(:mod:`.lookups`), and its refusals reach the log at a rate it cannot raise
+(:mod:`.refusals`).
 
 Socket paths can be longer than ``sun_path`` allows (108 bytes): each socket is bound
 through ``/proc/self/fd/<folder fd>/<name>``.
@@ -28,6 +31,7 @@ through ``/proc/self/fd/<folder fd>/<name>``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -40,8 +44,10 @@ from pathlib import Path
 
 from ... import instance, metrics
 from ...hermes_site import netforward
-from . import egress_proxy, service_gate
+from . import egress_policy, egress_proxy, relay, service_gate
 from .egress_policy import Policy
+from .lookups import Lookups
+from .refusals import RefusalLog
 
 log = logging.getLogger("hermes_service.sandbox_net")
 
@@ -53,7 +59,6 @@ PORTS = {"model": 9401, "service": 9402, "egress": 3128}
 #: provider itself (agent/model_metadata.py is_local_endpoint).
 MODEL_HOST = "model.hermes.internal"
 SOCKETS = ("model", "service", "egress")
-CHUNK = 64 * 1024
 #: Read inside Hermes (hermes_site/netforward.py, which declares them): the forwarder's
 #: ``<port>=<socket>`` pairs; "1": the Hermes process leaves the proxy to its children.
 FORWARD_ENV, CHILDREN_ONLY_ENV = netforward.ENV, netforward.CHILDREN_ONLY_ENV
@@ -100,16 +105,20 @@ def hosts_file(folder: Path) -> Path:
 @dataclass(frozen=True)
 class Caps:
     """Connections one sandbox may hold open at once, per socket (Hermes itself keeps one or
-    two to the model and opens one per tool call to this service)."""
+    two to the model and opens one per tool call to this service); its name lookups in
+    flight at once (``lookups``) and the seconds one may take (``lookup_timeout``)."""
     model: int = 8
     service: int = 8
     egress: int = 64
+    lookups: int = 4
+    lookup_timeout: float = 5.0
 
 
 @dataclass(eq=False)
 class Attachment:
     """One sandbox's sockets: ``folder`` (host path, bound at :data:`INSIDE_DIR`), the
-    user it serves, connections open now per socket, and egress bytes so far."""
+    user it serves, connections open now per socket, egress bytes so far, and its own name
+    lookups."""
     folder: Path
     user_id: str
     label: str
@@ -121,16 +130,18 @@ class Attachment:
     tasks: set = field(default_factory=set)
     room: dict = field(default_factory=lambda: {n: asyncio.Event() for n in SOCKETS})
     closed: bool = False
+    lookups: Lookups = field(default_factory=lambda: Lookups(Caps.lookups, Caps.lookup_timeout))
 
 
 class SandboxNet:
     """The sockets of every sandbox (see the module doc). ``root``: a service-owned folder
     (``<data_dir>/sandbox/net``), shared by every service process on the data dir: each keeps
     its sandboxes' folders in one of its own, ``<root>/<owner>`` (:func:`instance.current`),
-    and removes only the folders of owners no longer alive; ``targets``: ``{"model": (host,
-    port), "service": (host, port)}`` — set by :meth:`set_target` once each is listening.
-    ``on_egress(attachment, outcome)`` is called for every finished egress connection (logs,
-    metrics, usage)."""
+    and removes only the folders of owners no longer alive; ``targets``: ``{"model": (family,
+    address), "service": (family, address)}`` — set by :meth:`set_target` once each listens.
+    ``on_egress(attachment, outcome)`` is called for every finished egress connection (metrics,
+    usage); refusals are logged here (:class:`RefusalLog`). ``resolve``: the name lookup each
+    sandbox runs on its own threads (:func:`egress_policy.resolve`; a seam for tests)."""
 
     def __init__(self, root: Path, policy: Policy | None = None, caps: Caps | None = None,
                  on_egress: Callable | None = None):
@@ -138,8 +149,10 @@ class SandboxNet:
         self.own = self.root / instance.current()       # this process's sandboxes' folders
         self.policy, self.caps = policy or Policy(), caps or Caps()
         self.on_egress = on_egress
-        self.resolver = egress_proxy.default_resolver     # the policy's own name check
-        self.targets: dict[str, tuple[str, int]] = {}
+        self.resolve = egress_policy.resolve
+        self.refusals = RefusalLog(log)
+        #: where the model and service sockets lead: ``(family, address)``
+        self.targets: dict[str, tuple[int, tuple]] = {}
         #: the path prefixes a sandbox may call through ``service.sock``
         #: (sandbox/net/service_gate.py)
         self.service_paths: tuple[str, ...] = ()
@@ -158,6 +171,7 @@ class SandboxNet:
                 def run() -> None:
                     asyncio.set_event_loop(loop)
                     loop.call_soon(ready.set)
+                    loop.call_soon(self._flush_refusals)
                     loop.run_forever()
                 self._thread = threading.Thread(target=run, name="sandbox-net", daemon=True)
                 self._thread.start()
@@ -168,12 +182,21 @@ class SandboxNet:
                 self.own.mkdir(mode=0o700, exist_ok=True)
         return self._loop
 
+    def _flush_refusals(self) -> None:
+        self.refusals.flush()
+        loop = self._loop or asyncio.get_running_loop()
+        loop.call_later(min(5.0, self.refusals.interval), self._flush_refusals)
+
     def configure(self, policy: Policy, caps: Caps) -> None:
-        """A reloaded policy and caps: for every connection from now on."""
+        """A reloaded policy and caps: for every connection from now on (the lookup caps: for
+        every sandbox attached from now on)."""
         self.policy, self.caps = policy, caps
 
     def set_target(self, name: str, host: str, port: int) -> None:
-        self.targets[name] = (host, port)
+        """Where socket ``name`` leads, looked up once here (never on the sockets' loop).
+        Raises OSError when ``host`` does not resolve."""
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        self.targets[name] = (family, address)
 
     def close(self) -> None:
         for att in list(self.attachments):
@@ -191,7 +214,8 @@ class SandboxNet:
         loop = self._ensure_loop()
         folder = self.own / uuid.uuid4().hex[:16]
         folder.mkdir(mode=0o700)
-        att = Attachment(folder, user_id, label)
+        att = Attachment(folder, user_id, label,
+                         lookups=Lookups(self.caps.lookups, self.caps.lookup_timeout))
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             socks = []
@@ -238,6 +262,8 @@ class SandboxNet:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        att.lookups.close()
+        self.refusals.flush(att)
 
     async def _accept(self, att: Attachment, name: str, sock: socket.socket) -> None:
         """Accept on one socket while the sandbox has fewer than its cap open there; at the
@@ -261,47 +287,55 @@ class SandboxNet:
             sock.close()
 
     async def _connection(self, att: Attachment, name: str, conn: socket.socket) -> None:
-        writer = None
         try:
-            reader, writer = await asyncio.open_connection(sock=conn, limit=egress_proxy.MAX_HEAD)
             if name == "egress":
-                out = await egress_proxy.serve(reader, writer, self.policy, self.resolver)
+                out = await egress_proxy.serve(conn, self.policy, functools.partial(
+                    att.lookups.resolve, self.resolve))
                 att.egress_up += out.up
                 att.egress_down += out.down
+                if out.refused:
+                    self.refusals.refused(att, out.refused, (
+                        f"egress refused for user={att.user_id} run={att.run_id or '-'}: "
+                        f"{out.host or '?'}:{out.port or '?'}"), "egress")
                 if self.on_egress is not None:
                     self.on_egress(att, out)
+            elif name == "service":
+                await self._gate(att, conn)
             else:
-                await self._relay(name, reader, writer, att)
+                await self._relay(name, conn)
         except asyncio.CancelledError:
             pass
-        except Exception:  # one connection never stops the loop
-            log.exception("sandbox %s connection failed", name)
+        except Exception as exc:  # noqa: BLE001 - one connection never stops the loop
+            self.refusals.refused(att, "error", f"sandbox {name} connection failed for "
+                                  f"user={att.user_id}", name, exc_info=exc)
         finally:
             att.open[name] -= 1
             att.room[name].set()
-            if writer is not None:
-                writer.close()
-            else:
-                conn.close()
+            conn.close()
 
-    async def _relay(self, name: str, reader, writer, att: Attachment) -> None:
+    async def _gate(self, att: Attachment, conn: socket.socket) -> None:
+        target = self.targets.get("service")
+        if target is None:
+            return
+        refused = await service_gate.forward(conn, target, self.service_paths, att.pace)
+        if refused:
+            metrics.sandbox_request_refused(refused)
+            self.refusals.refused(att, refused, "sandbox request to this service refused for "
+                                  f"user={att.user_id} run={att.run_id or '-'}", "service")
+
+    async def _relay(self, name: str, conn: socket.socket) -> None:
         target = self.targets.get(name)
         if target is None:
             return
-        if name == "service":
-            refused = await service_gate.forward(reader, writer, target, self.service_paths,
-                                                 att.pace)
-            if refused:
-                metrics.sandbox_request_refused(refused)
-            return
+        far = socket.socket(target[0], socket.SOCK_STREAM)
+        far.setblocking(False)
         try:
-            o_reader, o_writer = await asyncio.wait_for(asyncio.open_connection(*target), 10)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(far, target[1]), 10)
+            await relay.both(conn, far)
         except (TimeoutError, OSError):
-            return
-        try:
-            await egress_proxy.relay_both(_copy(reader, o_writer), _copy(o_reader, writer))
+            pass
         finally:
-            o_writer.close()
+            far.close()
 
 
 def sweep(root: Path) -> list[str]:
@@ -316,29 +350,12 @@ def sweep(root: Path) -> list[str]:
     return gone
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(CHUNK):
-            dst.write(data)
-            await dst.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        try:
-            if dst.can_write_eof():
-                dst.write_eof()
-        except (OSError, RuntimeError):
-            pass
-
-
 def report_egress(att: Attachment, out: egress_proxy.Outcome) -> None:
-    """One finished egress connection: a metric (no user label) and a log line naming the
-    user and the run (when one is running there): for a refusal a warning with the reason,
-    else an info line with the bytes each way (per user, docs/operations.md §Logs)."""
+    """One finished egress connection: a metric (no user label), and for one that went
+    through an info line naming the user, the run (when one is running there) and the bytes
+    each way (per user, docs/operations.md §Logs). Refusals are logged by
+    :class:`SandboxNet` (:class:`RefusalLog`: once per sandbox and reason an interval)."""
     metrics.egress_connection(out.refused or "ok", out.up, out.down)
     if not out.refused:
         log.info("egress user=%s run=%s: %s:%s up=%d down=%d", att.user_id, att.run_id or "-",
                  out.host or "?", out.port or "?", out.up, out.down)
-    else:
-        log.warning("egress refused for user=%s run=%s: %s:%s (%s)", att.user_id,
-                    att.run_id or "-", out.host or "?", out.port or "?", out.refused)

@@ -1,5 +1,6 @@
 """The import hook's guard of a Hermes process (hermes_service/hermes_site/sitecustomize.py;
-docs/sandbox.md §What a tool process cannot reach), in the Hermes venv's real Python: the
+docs/sandbox.md §What a tool process cannot reach), in a real Python process (the hook is
+standard library only; this test's own interpreter, so it runs where Hermes is stubbed): the
 process is non-dumpable; fds 0-2 hold ``/dev/null`` and its own output goes to private
 close-on-exec descriptors, so a child — inherited streams or ``stdout=sys.stdout`` given
 explicitly — never holds the service's pipes; the guard's variable never reaches a child.
@@ -10,12 +11,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hermes_service.homes.users import HERMES_SITE
-from support.fixtures import hermes_bin
 
 PROBE = r"""
 import ctypes, json, os, subprocess, sys
@@ -34,10 +35,10 @@ print(json.dumps({"dumpable": libc.prctl(3, 0, 0, 0, 0), "fds": fds, "kids": kid
 
 
 def _run(tmp_path: Path, guard: bool) -> dict:
-    python = Path(hermes_bin()).parent / "python"
+    python = sys.executable
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(HERMES_SITE),
            **({"HERMES_SERVICE_GUARD": "1"} if guard else {})}
-    proc = subprocess.Popen([str(python), "-c", PROBE], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([python, "-c", PROBE], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.PIPE, cwd=tmp_path)
     try:
         if guard:

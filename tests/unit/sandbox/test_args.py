@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 
 import pytest
 
@@ -153,7 +154,7 @@ def test_the_model_url_is_the_pass_through_by_its_inside_name(tmp_path, monkeypa
                       UserHome("dan", root, root / ".hermes"), None, PY)
     assert made.env[sandbox.MODEL_URL_ENV] == "http://model.hermes.internal:9401/v1"
     assert made.env[sandbox.MODEL_KEY_ENV] == "cred-dan"
-    assert sb.net.targets["model"] == ("127.0.0.1", 4567)
+    assert sb.net.targets["model"] == (socket.AF_INET, ("127.0.0.1", 4567))
     folder = made.net.folder
     made.close()
     assert not folder.exists() and Credentials.revoked == ["cred-dan"]

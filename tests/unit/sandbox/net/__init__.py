@@ -1,0 +1,1 @@
+"""Unit tests of ``hermes_service.sandbox.net`` (one file per module, as in the package)."""

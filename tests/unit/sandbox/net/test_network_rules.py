@@ -75,9 +75,10 @@ def test_the_proxy_dials_the_address_it_checked(origin_on_127_0_0_2):
 
     async def main():
         a, b = socket.socketpair()
-        reader, writer = await asyncio.open_connection(sock=a, limit=egress_proxy.MAX_HEAD)
+        a.setblocking(False)
         task = asyncio.create_task(egress_proxy.serve(
-            reader, writer, Policy.from_lists(["api.example.com"], []), resolver))
+            a, Policy.from_lists(["api.example.com"], []), resolver))
+        task.add_done_callback(lambda _: a.close())
         loop = asyncio.get_running_loop()
         b.setblocking(False)
         await loop.sock_sendall(b, b"GET http://api.example.com/ HTTP/1.1\r\n"
@@ -86,7 +87,6 @@ def test_the_proxy_dials_the_address_it_checked(origin_on_127_0_0_2):
         while chunk := await asyncio.wait_for(loop.sock_recv(b, 65536), 10):
             got += chunk
         out = await asyncio.wait_for(task, 10)
-        writer.close()
         b.close()
         return got, out
     got, out = asyncio.run(main())
