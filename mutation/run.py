@@ -113,7 +113,7 @@ MODULES: dict[str, Module] = {
         "--deselect", "tests/unit/mnote/test_page_store.py::test_is_a_page_store_with_wal"],
         # permissions (member, read, write, protectEditing, artifact write; options AI may
         # not change) and idempotency (lookup, conflict, replay, record, retry window)
-        functions=["xǁSQLitePageStoreǁ_authorize", "xǁSQLitePageStoreǁ_write",
+        functions=["xǁSQLitePageStoreǁauthorize", "xǁSQLitePageStoreǁwrite_command",
                    "xǁSQLitePageStoreǁupdate_options", "xǁSQLitePageStoreǁprune_idempotency"]),
 }
 

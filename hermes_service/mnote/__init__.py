@@ -6,7 +6,9 @@ itself in through the extension seam (:mod:`hermes_service.extensions`; :mod:`.e
 * :mod:`.client` — ``/api/hermes/client/*``, the page AI panel's routes (runs, events, abort);
 * :mod:`.runs` + :mod:`.run_log` — background runs, their events and durable event logs;
 * :mod:`.endpoint` + :mod:`.gateway` — ``POST /api/hermes/tools/invoke`` and run tokens;
-* :mod:`.tools` + :mod:`.schemas` — the six ``mnote.*`` tools: registry, schemas, executor;
+* :mod:`.tools` + :mod:`.schemas` — the ``mnote.*`` tools: registry, schemas, executor;
+  :mod:`.blocks` + :mod:`.block_store` — the block tools and suggestions;
+  :mod:`.client_suggestions` — the panel's review of suggestions;
 * :mod:`.page_store` — the page store interface and its SQLite adapter;
 * :mod:`.kernel_adapter` (+ :mod:`.kernel_wire`, :mod:`.kernel_http`, :mod:`.kernel_command`) —
   the tools against mnote's kernel; :mod:`.kernel_reference` — the reference kernel;

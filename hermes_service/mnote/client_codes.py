@@ -52,6 +52,12 @@ EXTRA_CODES = {   # cases the contract does not cover
     "home_tampered": "hermes_client_home_tampered",           # 409 / run.failed: planted entry
     "home_busy": "hermes_client_busy",                        # 503 the user's state.db locked
     "legacy_endpoint_gone": "hermes_client_legacy_endpoint_gone",  # 410 /api/ai-agent/run
+    # the suggestion routes (docs/mnote-client.md §Suggestions)
+    "suggestion_not_found": "hermes_client_not_found",       # 404 (also another page's)
+    "page_forbidden": "hermes_client_forbidden",             # 403 may not read / write the page
+    "suggestion_closed": "hermes_client_suggestion_closed",  # 409 accepted or rejected already
+    "page_conflict": "hermes_client_page_conflict",          # 409 a block changed since
+    "kernel_unavailable": "hermes_client_kernel_unavailable",  # 503 the page store gave no answer
     # 409 Idempotency-Key reused for another request / its first request still in progress
     "idempotency_key_conflict": "hermes_client_idempotency_conflict",
     "idempotency_key_in_progress": "hermes_client_idempotency_in_progress",

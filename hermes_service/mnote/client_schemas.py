@@ -230,3 +230,36 @@ CLARIFY = {"type": "object", "required": ["sessionId", "clarifyId", "answer"],
                          "answer": "staging", "traceId": "trace_1"}]}
 CLARIFIED = ok_body(["runId", "clarifyId"], {"runId": {"type": "string"},
                                          "clarifyId": {"type": "string"}})
+
+
+# -- suggestions (docs/mnote-client.md §Suggestions) ------------------------------------
+_OP = {"type": "object", "required": ["op"], "description": "a block op of mnote.block.batch "
+       "(docs/mnote-tools.md §Block tools)"}
+SUGGESTION = {"type": "object",
+              "required": ["suggestionId", "workspaceId", "documentId", "ops", "reason",
+                           "baseRevision", "actorId", "status", "createdAt"],
+              "properties": {"suggestionId": {"type": "string"},
+                             "workspaceId": {"type": "string"},
+                             "documentId": {"type": "string"},
+                             "ops": {"type": "array", "items": _OP},
+                             "reason": {"type": "string"},
+                             "baseRevision": {"type": "integer"},
+                             "actorId": _NULLABLE, "sessionId": _NULLABLE, "runId": _NULLABLE,
+                             "status": {"const": "open"},
+                             "createdAt": {"type": "string"}}}
+SUGGESTION_LIST = ok_body(["suggestions"], {"suggestions": {"type": "array",
+                                                            "items": SUGGESTION}})
+SUGGESTION_ANSWER = {"type": "object", "required": ["workspaceId", "documentId"],
+                     "additionalProperties": False,
+                     "properties": {"workspaceId": ID_SCHEMA, "documentId": ID_SCHEMA,
+                                    "traceId": TRACE_BODY},
+                     "examples": [{"workspaceId": "ws_1", "documentId": "doc_1"}]}
+SUGGESTION_DECIDED = ok_body(["suggestionId", "status", "revision"], {
+    "suggestionId": {"type": "string"}, "status": {"enum": ["accepted", "rejected"]},
+    "revision": {"type": "integer", "description": "the page's revision now"},
+    "blocks": {"type": "array", "description": "accepted: each block inserted, updated or "
+               "moved, with its new hash", "items": {
+                   "type": "object", "required": ["id", "hash"],
+                   "properties": {"id": {"type": "string"}, "hash": {"type": "string"}}}},
+    "ops": {"type": "array", "description": "accepted: what each op did",
+            "items": {"type": "object"}}})

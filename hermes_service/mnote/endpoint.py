@@ -94,7 +94,8 @@ COMPONENTS = {"ToolEnvelope": {**_schema(OUTPUT_ENVELOPE_SCHEMA),
 CALL_FAILURES = ("mnote_tool_bad_request", "mnote_tool_unknown_tool",
                  "mnote_tool_permission_denied", "mnote_tool_conflict",
                  "mnote_tool_idempotency_conflict", "mnote_tool_unsupported_option",
-                 "mnote_tool_internal_error", "mnote_tool_kernel_unavailable")
+                 "mnote_tool_internal_error", "mnote_tool_kernel_unavailable",
+                 "mnote_tool_limit_exceeded")
 
 
 @bp.post(f"{PREFIX}/invoke")

@@ -6,9 +6,9 @@ GET /events; docs/mnote-client.md, Events).
 these schemas are how ``GET /openapi.json`` shows them (``#/components/schemas/RunEvent`` and one
 component per event), each ``data:`` line of ``GET /events/{run_id}`` (``RunEventFrame``, the
 schema its ``text/event-stream`` response names) and each item of an abort's ``events``.
-``reasoning.delta``, ``approval.*``, ``tool.*``'s ``preview`` and ``run.completed``'s
-``finish_reason`` and ``notice`` are additions to the contract. Fields beyond these may be added
-later; clients ignore what they do not know.
+``reasoning.delta``, ``approval.*``, ``suggestion.created``, ``tool.*``'s ``preview`` and
+``run.completed``'s ``finish_reason`` and ``notice`` are additions to the contract. Fields
+beyond these may be added later; clients ignore what they do not know.
 """
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ EVENTS = {
         {"tool_call_id": _NULLABLE, "tool_name": _TOOL_NAME, "preview": _PREVIEW,
          "ok": {"type": ["boolean", "null"]},
          "error_code": _NULLABLE})),
+    "suggestion.created": ("SuggestionCreatedEvent", _event(
+        "suggestion.created", "added (docs/mnote-client.md §Suggestions): the agent proposed "
+        "block edits (mnote.block.propose); list them on GET /suggestions, accept or reject "
+        "on POST /suggestions/{id}/accept or /reject",
+        ("suggestion_id", "tool_call_id", "document_id"),
+        {"suggestion_id": _STR, "tool_call_id": _NULLABLE, "document_id": _NULLABLE})),
     "run.completed": ("RunCompletedEvent", _event(
         "run.completed", "the run answered (ends the stream)", ("output", "usage"),
         {"output": {"type": "string", "description": "the answer Hermes recorded: everything "

@@ -149,8 +149,15 @@ class MnoteExtension(Extension):
             register_response_headers,
             register_tags,
         )
-        from . import client, client_runs, client_schemas, endpoint, events  # noqa: F401
-        # (client_runs: its routes join client.bp when it is imported)
+        from . import (  # noqa: F401
+            client,
+            client_runs,
+            client_schemas,
+            client_suggestions,
+            endpoint,
+            events,
+        )
+        # (client_runs, client_suggestions: their routes join client.bp when imported)
         app.register_blueprint(client.bp)
         app.register_blueprint(client.legacy_bp)
         app.register_blueprint(endpoint.bp)

@@ -14,8 +14,9 @@
    workspace, or a write to another page than the run's, gets
    ``mnote_tool_permission_denied`` (nothing leaked); it forces the token's
    trace and capability scope into the envelope, emits ``tool.started`` /
-   ``tool.completed`` on the run's event stream (:func:`tool_identity`), marks tool activity for the
-   stall watchdog, and hands the envelope to the
+   ``tool.completed`` (and, for a stored suggestion, ``suggestion.created``:
+   :func:`suggestion_created`) on the run's event stream (:func:`tool_identity`), marks
+   tool activity for the stall watchdog, and hands the envelope to the
    :class:`~hermes_service.mnote.tools.ToolExecutor` (schemas, scope; then the embedded
    store's permissions, idempotency, dryRun and audit, or mnote's kernel's:
    ``mnote.page_store.kind``, docs/mnote-tools.md §The kernel adapter). Hermes never writes
@@ -29,6 +30,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
+from ..errors import is_id
 from .page_sqlite import SQLitePageStore
 from .tools import TOOLS_BY_NAME, Backend, ToolExecutor
 
@@ -160,12 +162,28 @@ class ToolGateway:
         run.touch()
         run.emit("tool.started", tool_call_id=call_id, tool_name=tool, preview=preview)
         outside = self._outside_binding(claims, envelope)
-        result = self.executor.invoke(envelope) if outside is None else \
+        result = self.executor.invoke(envelope, TOOLS_BY_NAME) if outside is None else \
             self.executor.denied(envelope, outside)
         run.touch()
+        suggestion = suggestion_created(tool, result)
+        if suggestion is not None:
+            run.emit("suggestion.created", suggestion_id=suggestion, tool_call_id=call_id,
+                     document_id=preview)
         run.emit("tool.completed", tool_call_id=call_id, tool_name=tool, preview=preview,
                  ok=result.get("ok"), error_code=(result.get("error") or {}).get("code"))
         return result
+
+
+def suggestion_created(tool: str | None, result: dict) -> str | None:
+    """The id of the suggestion an ``mnote.block.propose`` call stored (its result's
+    ``suggestionId``, an id — a kernel's answer is not trusted further), else None: a dry run,
+    a failure, another tool (docs/mnote-client.md §Suggestions)."""
+    if tool != "mnote.block.propose" or not result.get("ok") or \
+            (result.get("audit") or {}).get("effect") != "write":
+        return None
+    stored = result.get("result")
+    sid = stored.get("suggestionId") if isinstance(stored, dict) else None
+    return sid if is_id(sid) else None
 
 
 def tool_identity(envelope: dict) -> tuple[str | None, str | None]:

@@ -83,11 +83,13 @@ def check_id(kind: str, value: Any) -> str:
 
 
 def normalize_blocks(content: list[dict], existing_ids: Set[str] = frozenset()) -> list[dict]:
-    """Copy blocks as ``{id, type, text, …}``, generating missing ids; duplicate ids →
-    BadToolInput."""
+    """Copy blocks as ``{id, type, text, …}``, generating missing ids and dropping a
+    ``hash`` (page.get computes it; one copied back from there would go stale); duplicate
+    ids → BadToolInput."""
     seen, out = set(existing_ids), []
     for i, block in enumerate(content):
         block = dict(block)
+        block.pop("hash", None)
         block_id = block.pop("id", None)
         if block_id is None:
             block_id = f"blk_{secrets.token_hex(6)}"

@@ -125,7 +125,7 @@ class SQLitePageStore:
         self._local = threading.local()
 
     @contextmanager
-    def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
+    def transaction(self, write: bool) -> Iterator[sqlite3.Connection]:
         """One transaction: ``BEGIN IMMEDIATE``…``COMMIT`` to write, ``BEGIN``…``ROLLBACK`` to
         read."""
         con = self._connection()
@@ -140,7 +140,11 @@ class SQLitePageStore:
 
     # ---- permissions (contract §5: actor, member, page read, page write, artifact write)
     @staticmethod
-    def _authorize(con: sqlite3.Connection, ctx: CommandContext, need: str) -> dict:
+    def authorize(con: sqlite3.Connection, ctx: CommandContext, need: str) -> dict:
+        """The page ``ctx`` names, if its actor may ``need`` it: ``read`` (a member),
+        ``page_write`` (owner or editor, not under ``protectEditing``: an AI write),
+        ``page_review`` (owner or editor: a suggestion, or a person's answer to one) or
+        ``artifact_write``. Raises PermissionDenied (one message for unknown and unreadable)."""
         if not ctx.actor_id:
             raise PermissionDenied(MSG_NO_ACTOR)
         row = con.execute(
@@ -151,21 +155,22 @@ class SQLitePageStore:
         if row is None:
             raise PermissionDenied(MSG_NO_READ)
         page = page_from_row(row)
-        if need == "page_write":
+        if need in ("page_write", "page_review"):
             if row["role"] not in WRITER_ROLES:
                 raise PermissionDenied(MSG_NO_WRITE)
-            if page["pageOptions"]["protectEditing"]:
+            if need == "page_write" and page["pageOptions"]["protectEditing"]:
                 raise PermissionDenied(MSG_PROTECTED)
         elif need == "artifact_write" and row["role"] not in WRITER_ROLES:
             raise PermissionDenied(MSG_NO_ARTIFACT_WRITE)
         return page
 
     # ---- the write pipeline
-    def _write(self, ctx: CommandContext, command_name: str, need: str, args: dict,
-               plan: Plan) -> CommandResult:
-        """Authorize → (dryRun: plan only) → idempotency → apply → audit → idempotency record."""
-        with self._tx(write=not ctx.dry_run) as con:
-            page = self._authorize(con, ctx, need)
+    def write_command(self, ctx: CommandContext, command_name: str, need: str, args: dict,
+                      plan: Plan) -> CommandResult:
+        """One write command in one transaction (``plan``: see :data:`Plan`). Authorize →
+        (dryRun: plan only) → idempotency → apply → audit → idempotency record."""
+        with self.transaction(write=not ctx.dry_run) as con:
+            page = self.authorize(con, ctx, need)
             if ctx.dry_run:
                 diff, _, extra = plan(con, page, True)
                 return CommandResult({"dryRun": True, "diff": diff, **extra}, "dry_run")
@@ -203,12 +208,12 @@ class SQLitePageStore:
             return CommandResult(result, "write", command_id)
 
     @staticmethod
-    def _check_base(page: dict, base_revision: int | None) -> None:
+    def check_base(page: dict, base_revision: int | None) -> None:
         if base_revision is not None and base_revision != page["revision"]:
             raise Conflict(MSG_CONFLICT)
 
     @staticmethod
-    def _bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
+    def bump(con: sqlite3.Connection, page: dict, **columns: str) -> int:
         revision = page["revision"] + 1
         sets = "".join(f"{col} = ?, " for col in columns)
         con.execute(f"UPDATE documents SET {sets}revision = ?, updated_at = ? WHERE id = ?",
@@ -218,8 +223,8 @@ class SQLitePageStore:
     # ---- tool commands (contract §4)
     def page_get(self, ctx: CommandContext) -> CommandResult:
         """contract §4 ``mnote.page.get``: any member may read; unknown page ≡ unreadable."""
-        with self._tx(write=False) as con:
-            page = self._authorize(con, ctx, "read")
+        with self.transaction(write=False) as con:
+            page = self.authorize(con, ctx, "read")
         page.pop("updatedAt")
         return CommandResult(page, "read")
 
@@ -233,7 +238,7 @@ class SQLitePageStore:
         id).
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
             old = page["blocks"]
             kept = {b["id"] for b in old} if mode == "append" else set()
             blocks = normalize_blocks(content, kept)
@@ -243,11 +248,11 @@ class SQLitePageStore:
             body = blocks if mode == "replace" else old + blocks
 
             def apply():
-                revision = self._bump(con, page, body=canonical(body))
+                revision = self.bump(con, page, body=canonical(body))
                 return {"commandName": CMD_PAGE_SAVE, "revision": revision}, revision, None
             return [step], apply, {}
 
-        return self._write(ctx, CMD_PAGE_SAVE, "page_write",
+        return self.write_command(ctx, CMD_PAGE_SAVE, "page_write",
                            {"content": content, "mode": mode, "baseRevision": base_revision}, plan)
 
     def update_title(self, ctx: CommandContext, *, title: str,
@@ -257,14 +262,14 @@ class SQLitePageStore:
         Result {commandName, revision}; dryRun diff [{op: "set", field: "title"}].
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
 
             def apply():
-                revision = self._bump(con, page, title=title)
+                revision = self.bump(con, page, title=title)
                 return {"commandName": CMD_UPDATE_TITLE, "revision": revision}, revision, None
             return [{"op": "set", "field": "title"}], apply, {}
 
-        return self._write(ctx, CMD_UPDATE_TITLE, "page_write",
+        return self.write_command(ctx, CMD_UPDATE_TITLE, "page_write",
                            {"title": title, "baseRevision": base_revision}, plan)
 
     def update_options(self, ctx: CommandContext, *, options: dict[str, bool],
@@ -277,7 +282,7 @@ class SQLitePageStore:
         dryRun {dryRun, diff: [{op: "set", option, from, to}], warnings?}.
         """
         def plan(con, page, dry):
-            self._check_base(page, base_revision)
+            self.check_base(page, base_revision)
             unsupported = [k for k in options if OPTION_RUNTIME_SUPPORT.get(k) != "wired"]
             if unsupported and not dry:
                 named = ", ".join(unsupported)
@@ -294,11 +299,11 @@ class SQLitePageStore:
                 for k in unsupported]} if unsupported else {}
 
             def apply():
-                revision = self._bump(con, page, options=canonical({**current, **wired}))
+                revision = self.bump(con, page, options=canonical({**current, **wired}))
                 return {"commandName": CMD_UPDATE_OPTIONS, "revision": revision}, revision, None
             return diff, apply, extra
 
-        return self._write(ctx, CMD_UPDATE_OPTIONS, "page_write",
+        return self.write_command(ctx, CMD_UPDATE_OPTIONS, "page_write",
                            {"options": options, "baseRevision": base_revision}, plan)
 
     def create_summary(self, ctx: CommandContext, *, summary: str) -> CommandResult:
@@ -338,7 +343,7 @@ class SQLitePageStore:
                         revision, artifact_id)
             return diff, apply, {}
 
-        return self._write(ctx, CMD_SUMMARY, "artifact_write", {"summary": summary}, plan)
+        return self.write_command(ctx, CMD_SUMMARY, "artifact_write", {"summary": summary}, plan)
 
     def create_ai_note(self, ctx: CommandContext, *, content: str) -> CommandResult:
         """contract §4 ``mnote.artifact.create_ai_note`` (command ``artifact.aiNote.create``).
@@ -359,7 +364,7 @@ class SQLitePageStore:
                      {"op": "create", "edge": "reference"}]
             return steps, apply, {}
 
-        return self._write(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
+        return self.write_command(ctx, CMD_AI_NOTE, "artifact_write", {"content": content}, plan)
 
     @staticmethod
     def _insert_artifact(con, ctx: CommandContext, kind: str, content: str, now: str) -> str:
@@ -378,7 +383,7 @@ class SQLitePageStore:
     def add_workspace(self, workspace_id: str, name: str | None = None) -> None:
         """Create a workspace (or rename it when ``name`` is given). Raises StoreInputError."""
         check_id("workspace id", workspace_id)
-        with self._tx(write=True) as con:
+        with self.transaction(write=True) as con:
             con.execute("INSERT INTO workspaces (id, name, created_at) VALUES (?, ?, ?)"
                         " ON CONFLICT (id) DO UPDATE SET name = coalesce(?, name)",
                         (workspace_id, name or "", utc_now(), name))
@@ -389,7 +394,7 @@ class SQLitePageStore:
         check_id("actor id", actor_id)
         if role not in ROLES:
             raise StoreInputError(f"invalid role {role!r}: must be one of {', '.join(ROLES)}")
-        with self._tx(write=True) as con:
+        with self.transaction(write=True) as con:
             self._require_workspace(con, workspace_id)
             con.execute("INSERT INTO members VALUES (?, ?, ?)"
                         " ON CONFLICT (workspace_id, actor_id) DO UPDATE SET role = excluded.role",
@@ -413,7 +418,7 @@ class SQLitePageStore:
         except BadToolInput as exc:
             raise StoreInputError(exc.message.replace("/args/content", "/blocks")) from None
         options = canonical({**DEFAULT_PAGE_OPTIONS, **page.get("pageOptions", {})})
-        with self._tx(write=True) as con:
+        with self.transaction(write=True) as con:
             self._require_workspace(con, ws_id)
             row = con.execute("SELECT workspace_id, revision FROM documents WHERE id = ?",
                               (doc_id,)).fetchone()
@@ -434,7 +439,7 @@ class SQLitePageStore:
         """{documentId, workspaceId, title, blocks, pageOptions, revision, updatedAt,
         artifacts: [{artifactId, kind, content, revision, createdAt, updatedAt}]}."""
         check_id("document id", document_id)
-        with self._tx(write=False) as con:
+        with self.transaction(write=False) as con:
             row = con.execute("SELECT * FROM documents WHERE id = ?", (document_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"document {document_id!r} not found")
@@ -450,7 +455,7 @@ class SQLitePageStore:
         the retry window, docs/data-and-durability.md §Retention and cleanup); ``dry_run`` only
         counts them. Returns how many. A retry after its record is gone runs the command again."""
         cutoff = before.astimezone(UTC).isoformat(timespec="milliseconds")
-        with self._tx(write=not dry_run) as con:
+        with self.transaction(write=not dry_run) as con:
             if dry_run:
                 return con.execute("SELECT count(*) FROM idempotency WHERE created_at < ?",
                                    (cutoff,)).fetchone()[0]
@@ -471,7 +476,7 @@ class SQLitePageStore:
         cols = ", ".join(f"{col} AS {key}" for key, col in AUDIT_COLUMNS.items())
         where, params = (" WHERE command_id = ?", (command_id,)) if command_id is not None \
             else ("", ())
-        with self._tx(write=False) as con:
+        with self.transaction(write=False) as con:
             rows = con.execute(f"SELECT {cols} FROM audit_log{where}"
                                " ORDER BY created_at, rowid", params)
             return [dict(r) for r in rows.fetchall()]

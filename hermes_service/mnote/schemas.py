@@ -22,6 +22,14 @@ from __future__ import annotations
 from ..errors import ID_PATTERN  # one id pattern for the whole service
 
 PAGE_OPTION_KEYS = ("wideLayout", "smallText", "showToc", "protectEditing")
+#: block tools (docs/mnote-tools.md §Block tools): the most ops in one batch or suggestion
+MAX_OPS = 100
+#: the longest text of a block an op writes (characters)
+MAX_BLOCK_TEXT = 65536
+#: the longest ``reason`` of a suggestion (characters)
+MAX_REASON = 500
+#: hex digits of a block hash (:func:`hermes_service.mnote.blocks.block_hash`)
+HASH_DIGITS = 16
 
 _DRAFT = "https://json-schema.org/draft/2020-12/schema"
 _REF = {"type": "string", "minLength": 1, "maxLength": 256}
@@ -29,12 +37,15 @@ _REF = {"type": "string", "minLength": 1, "maxLength": 256}
 _ID = {"type": "string", "pattern": ID_PATTERN}
 _BOOL = {"type": "boolean"}
 
+#: a block's type
+_TYPE = {"type": "string", "minLength": 1, "maxLength": 64}
+
 BLOCK_SCHEMA = {
     "type": "object",
     "required": ["type", "text"],
     "properties": {
         "id": _ID,
-        "type": {"type": "string", "minLength": 1, "maxLength": 64},
+        "type": _TYPE,
         "text": {"type": "string"},
     },
 }
@@ -47,6 +58,59 @@ PAGE_OPTIONS_SCHEMA = {
 
 _BASE_REVISION = {"type": "integer", "minimum": 0,
                   "description": "Page revision you last read; stale -> mnote_tool_conflict."}
+
+#: block ops (docs/mnote-tools.md §Block tools): bounds as :mod:`.blocks` declares them
+_HASH = {"type": "string", "pattern": "^[0-9a-f]{%d}$" % HASH_DIGITS,
+         "description": "the block's hash from mnote.page.get"}
+_AFTER = {"type": ["string", "null"], "pattern": ID_PATTERN,
+          "description": "the block to put it after; null: at the top"}
+_TEXT = {"type": "string", "maxLength": MAX_BLOCK_TEXT}
+
+
+def _op(name: str, required: list[str], **props) -> dict:
+    return {"if": {"properties": {"op": {"const": name}}, "required": ["op"]},
+            "then": {"required": ["op", *required], "additionalProperties": False,
+                     "properties": {"op": {"const": name}, **props}}}
+
+
+BLOCK_OP_SCHEMA: dict = {
+    "type": "object", "required": ["op"],
+    "properties": {"op": {"enum": ["insert", "update", "delete", "move"]}},
+    "description": "insert {after, block: {type, text}} | update {blockId, expectHash, "
+                   "block: {type?, text}} | delete {blockId, expectHash} | move {blockId, after}",
+    "allOf": [
+        _op("insert", ["after", "block"], after=_AFTER, block={
+            "type": "object", "required": ["type", "text"], "additionalProperties": False,
+            "properties": {"type": _TYPE, "text": _TEXT}}),
+        _op("update", ["blockId", "expectHash", "block"], blockId=_ID, expectHash=_HASH,
+            block={"type": "object", "required": ["text"], "additionalProperties": False,
+                   "properties": {"type": _TYPE, "text": _TEXT}}),
+        _op("delete", ["blockId", "expectHash"], blockId=_ID, expectHash=_HASH),
+        _op("move", ["blockId", "after"], blockId=_ID, after=_AFTER, expectHash=_HASH),
+    ],
+}
+_OPS = {"type": "array", "minItems": 1, "maxItems": MAX_OPS, "items": BLOCK_OP_SCHEMA}
+#: what the model sees of an op: one plain object (some providers take no ``if``/``then`` or
+#: combinators in a function's parameters; Hermes strips them for others); the input schema
+#: checks each op kind's own fields (:data:`BLOCK_OP_SCHEMA`)
+_MODEL_OPS = {"type": "array", "minItems": 1, "maxItems": MAX_OPS, "items": {
+    "type": "object", "required": ["op"], "additionalProperties": False,
+    "description": BLOCK_OP_SCHEMA["description"],
+    "properties": {"op": BLOCK_OP_SCHEMA["properties"]["op"], "blockId": _ID, "after": _AFTER,
+                   "expectHash": _HASH,
+                   "block": {"type": "object", "required": ["text"],
+                             "additionalProperties": False,
+                             "properties": {"type": _TYPE, "text": _TEXT}}}}}
+_REVISION = {"type": "integer", "minimum": 0}
+_REQUIRED_REVISION = {**_REVISION, "description": "Refuse (mnote_tool_conflict) if the page "
+                                                  "changed at all since this revision."}
+_BASE_REVISION_MERGE = {**_REVISION, "description": "Apply on top of later changes unless a "
+                                                    "block the ops touch changed (then "
+                                                    "mnote_tool_conflict naming it)."}
+#: exactly one of requiredRevision | baseRevision (in the input schema, not the model's
+#: parameters: some providers refuse a combinator at the top of a function's parameters)
+_ONE_REVISION = {"oneOf": [{"required": ["requiredRevision"]}, {"required": ["baseRevision"]}]}
+_SUGGESTION_ID = {**_ID, "description": "the suggestion's id"}
 
 #: contract §2 unified input; per-tool ``required`` is enforced by TOOL_INPUT_SCHEMAS.
 ENVELOPE_SCHEMA: dict = {
@@ -105,7 +169,25 @@ MODEL_PARAMETERS = {
     "mnote.artifact.create_ai_note": _params({
         "content": {"type": "string", "minLength": 1},
     }, ["content"]),
+    "mnote.block.batch": _params({
+        "ops": _MODEL_OPS, "requiredRevision": _REQUIRED_REVISION,
+        "baseRevision": _BASE_REVISION_MERGE,
+    }, ["ops"]),
+    "mnote.block.propose": _params({
+        "ops": _MODEL_OPS, "requiredRevision": _REQUIRED_REVISION,
+        "baseRevision": _BASE_REVISION_MERGE,
+        "reason": {"type": "string", "minLength": 1, "maxLength": MAX_REASON, "pattern": r"\S",
+                   "description": "Why, in a sentence, for the person who reviews it."},
+    }, ["ops", "reason"]),
+    # the panel's review of suggestions (never offered to the model)
+    "mnote.suggestion.list": _params({}),
+    "mnote.suggestion.accept": _params({"suggestionId": _SUGGESTION_ID}, ["suggestionId"]),
+    "mnote.suggestion.reject": _params({"suggestionId": _SUGGESTION_ID}, ["suggestionId"]),
 }
+#: tools whose input needs exactly one of requiredRevision and baseRevision
+_REVISIONED = ("mnote.block.batch", "mnote.block.propose")
+#: the reads among the tools (everything else writes)
+READ_TOOLS = ("mnote.page.get", "mnote.suggestion.list")
 
 _READ_REQUIRED = ["workspaceId", "documentId", "sessionId", "runId", "toolCallId", "traceId"]
 _WRITE_REQUIRED = [*_READ_REQUIRED, "idempotencyKey", "dryRun"]
@@ -121,9 +203,13 @@ def _input(tool: str, required: list[str]) -> dict:
 
 #: contract §4 input schemas (envelope fields merged with args).
 TOOL_INPUT_SCHEMAS = {
-    "mnote.page.get": _input("mnote.page.get", _READ_REQUIRED),
-    **{t: _input(t, _WRITE_REQUIRED) for t in MODEL_PARAMETERS if t != "mnote.page.get"},
+    **{t: _input(t, _READ_REQUIRED) for t in READ_TOOLS},
+    **{t: _input(t, _WRITE_REQUIRED) for t in MODEL_PARAMETERS if t not in READ_TOOLS},
 }
+for _tool in _REVISIONED:
+    TOOL_INPUT_SCHEMAS[_tool].update(_ONE_REVISION)
+    TOOL_INPUT_SCHEMAS[_tool]["properties"] = {**TOOL_INPUT_SCHEMAS[_tool]["properties"],
+                                               "ops": _OPS}
 
 _NULLABLE_STR = {"type": ["string", "null"]}
 

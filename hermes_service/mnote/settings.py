@@ -92,7 +92,7 @@ class MnoteSettings:
     #: open event streams one actor may hold (null: a quarter of max_event_streams, >= 2)
     max_streams_per_actor: int | None = key(None, {"type": ["integer", "null"], "minimum": 1})
     default_capability_scope: tuple[str, ...] = key(
-        ("page.read", "page.write", "artifact.write"), STR_LIST)
+        ("page.read", "page.write", "page.suggest", "artifact.write"), STR_LIST)
     service_url: str | None = key(None, {"type": ["string", "null"]})
     #: the client routes' runner: "cli" | "acp"
     runner: str = key("acp", {"enum": ["cli", "acp"]})

@@ -1,7 +1,10 @@
 """mnote Hermes tools: registry and executor (contract ``mnote-hermes-plugin-tool-contract-v1``).
 
-:data:`TOOLS` lists the six tools of contract §4.  :class:`ToolExecutor`
-turns a unified input envelope (§2) into a unified output envelope (§3):
+:data:`TOOLS` lists the tools the model is offered: the six of contract §4 and this
+service's block tools (``mnote.block.batch``, ``mnote.block.propose``: docs/mnote-tools.md
+§Block tools); :data:`PANEL_TOOLS` the panel's review of suggestions, which only the client
+routes call.  :class:`ToolExecutor` turns a unified input envelope (§2) into a unified
+output envelope (§3):
 
     {"ok", "toolName", "toolCallId", "traceId", "result",
      "audit": {"effect", "commandId", "workspaceId", "documentId"}, "error"}
@@ -23,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +34,17 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from ..errors import json_pointer, schema_error
+from .block_store import (
+    CMD_ACCEPT,
+    CMD_BLOCK_BATCH,
+    CMD_PROPOSE,
+    CMD_REJECT,
+    BlockCommands,
+    LimitExceeded,
+    NotFoundTool,
+    SuggestionClosed,
+)
+from .blocks import with_hashes
 from .kernel.wire import KERNEL_UNAVAILABLE
 from .page_store import (
     CMD_AI_NOTE,
@@ -60,7 +74,8 @@ CODE_INTERNAL = "mnote_tool_internal_error"
 ERROR_CODES = frozenset({
     "mnote_tool_bad_request", CODE_UNKNOWN_TOOL, "mnote_tool_permission_denied",
     "mnote_tool_conflict", "mnote_tool_idempotency_conflict", "mnote_tool_unsupported_option",
-    CODE_INTERNAL, "mnote_tool_unauthorized", KERNEL_UNAVAILABLE})
+    CODE_INTERNAL, "mnote_tool_unauthorized", KERNEL_UNAVAILABLE, NotFoundTool.code,
+    SuggestionClosed.code, LimitExceeded.code})
 
 
 class _UnknownTool(ToolError):
@@ -93,11 +108,12 @@ def _spec(name: str, scope: str, command: str | None, description: str) -> ToolS
 TOOLS: list[ToolSpec] = [
     _spec("mnote.page.get", "page.read", None,
           "Read the current mnote page: title, a short bodySummary, pageOptions, the blocks "
-          "({id, type, text}) and its revision."),
+          "({id, type, text, hash}) and its revision."),
     _spec("mnote.page.save", "page.write", CMD_PAGE_SAVE,
-          "Write page body blocks. mode 'append' (default) adds blocks at the end, 'replace' "
-          "replaces the whole body. Pass baseRevision from mnote.page.get to avoid overwriting "
-          "concurrent edits."),
+          "Fallback for rewriting a page: mode 'append' (default) adds blocks at the end, "
+          "'replace' replaces the whole body. For changes to a few blocks use "
+          "mnote.block.batch instead. Pass baseRevision from mnote.page.get to avoid "
+          "overwriting concurrent edits."),
     _spec("mnote.page.update_title", "page.write", CMD_UPDATE_TITLE, "Set the page title."),
     _spec("mnote.page.update_options", "page.write", CMD_UPDATE_OPTIONS,
           "Change page layout options wideLayout, smallText, showToc. protectEditing cannot be "
@@ -106,13 +122,34 @@ TOOLS: list[ToolSpec] = [
           "Create or replace the page's single summary (a separate artifact linked to the page)."),
     _spec("mnote.artifact.create_ai_note", "artifact.write", CMD_AI_NOTE,
           "Attach a new AI note (a separate artifact linked to the page); each call adds one."),
+    _spec("mnote.block.batch", "page.write", CMD_BLOCK_BATCH,
+          "Preferred way to change a page: edit only the blocks you mean to, all ops or none. "
+          "ops: insert {after: blockId|null, block: {type, text}}, update {blockId, "
+          "expectHash, block: {type?, text}}, delete {blockId, expectHash}, move {blockId, "
+          "after}; ids and hashes from mnote.page.get. Pass baseRevision (the page.get "
+          "revision: others' edits of other blocks are kept) or requiredRevision (refuse if "
+          "anything changed). A conflict names the blocks that changed: read the page again."),
+    _spec("mnote.block.propose", "page.suggest", CMD_PROPOSE,
+          "Propose block ops (same ops and revision fields as mnote.block.batch) plus a short "
+          "reason, for the user to review and accept; nothing changes until they do. Use it "
+          "instead of mnote.block.batch when the user asked for suggestions or to review "
+          "changes first."),
+]
+#: the panel's review of suggestions: sent by the client routes, never offered to the model
+#: and refused from a run token (docs/mnote-tools.md §Suggestions)
+PANEL_TOOLS: list[ToolSpec] = [
+    _spec("mnote.suggestion.list", "page.read", None, "The page's open suggestions."),
+    _spec("mnote.suggestion.accept", "page.write", CMD_ACCEPT, "Accept a suggestion."),
+    _spec("mnote.suggestion.reject", "page.write", CMD_REJECT, "Reject a suggestion."),
 ]
 TOOLS_BY_NAME = {t.name: t for t in TOOLS}
 TOOLS_BY_WIRE_NAME = {t.wire_name: t for t in TOOLS}
+#: every tool the executor knows (the model's and the panel's)
+ALL_TOOLS = {t.name: t for t in (*TOOLS, *PANEL_TOOLS)}
 
 _ENVELOPE_VALIDATOR = Draft202012Validator(ENVELOPE_SCHEMA)
-_ARGS_VALIDATORS = {t.name: Draft202012Validator(t.model_parameters) for t in TOOLS}
-_INPUT_VALIDATORS = {t.name: Draft202012Validator(t.schema) for t in TOOLS}
+_ARGS_VALIDATORS = {n: Draft202012Validator(t.model_parameters) for n, t in ALL_TOOLS.items()}
+_INPUT_VALIDATORS = {n: Draft202012Validator(t.schema) for n, t in ALL_TOOLS.items()}
 
 
 def _first_error(validator: Draft202012Validator, instance: Any,
@@ -184,6 +221,7 @@ class StoreBackend:
 
     def __init__(self, store: PageStore):
         self.store = store
+        blocks = BlockCommands(store)   # type: ignore[arg-type]  # the SQLite store
         self._handlers: dict[str, Callable[[CommandContext, dict], CommandResult]] = {
             "mnote.page.get": lambda ctx, a: store.page_get(ctx),
             "mnote.page.save": lambda ctx, a: store.page_save(
@@ -197,6 +235,17 @@ class StoreBackend:
                 ctx, summary=a["summary"]),
             "mnote.artifact.create_ai_note": lambda ctx, a: store.create_ai_note(
                 ctx, content=a["content"]),
+            "mnote.block.batch": lambda ctx, a: blocks.block_batch(
+                ctx, ops=a["ops"], required_revision=a.get("requiredRevision"),
+                base_revision=a.get("baseRevision")),
+            "mnote.block.propose": lambda ctx, a: blocks.block_propose(
+                ctx, ops=a["ops"], reason=a["reason"],
+                required_revision=a.get("requiredRevision"), base_revision=a.get("baseRevision")),
+            "mnote.suggestion.list": lambda ctx, a: blocks.suggestions(ctx),
+            "mnote.suggestion.accept": lambda ctx, a: blocks.accept(
+                ctx, suggestion_id=a["suggestionId"]),
+            "mnote.suggestion.reject": lambda ctx, a: blocks.reject(
+                ctx, suggestion_id=a["suggestionId"]),
         }
 
     def run(self, spec: ToolSpec, env: dict, args: dict) -> CommandResult:
@@ -214,14 +263,15 @@ class StoreBackend:
     @staticmethod
     def shape_page(page: dict, args: dict) -> dict:
         """contract §4 page.get result; includeBody/includeOptions/includeBlocks drop
-        bodySummary/pageOptions/blocks.  ``revision`` is added for ``baseRevision``."""
+        bodySummary/pageOptions/blocks.  ``revision`` is added for ``baseRevision``, and each
+        block's ``hash`` (:func:`~.blocks.block_hash`) for the block tools' ``expectHash``."""
         out = {k: page[k] for k in ("documentId", "workspaceId", "title", "revision")}
         if args.get("includeBody", True):
             out["bodySummary"] = body_summary(page["blocks"])
         if args.get("includeOptions", True):
             out["pageOptions"] = page["pageOptions"]
         if args.get("includeBlocks", True):
-            out["blocks"] = page["blocks"]
+            out["blocks"] = with_hashes(page["blocks"])
         return out
 
 
@@ -247,8 +297,10 @@ class ToolExecutor:
         self.backend = backend
         self.max_content_bytes = max_content_bytes
 
-    def invoke(self, envelope: dict) -> dict:
-        """Run one tool call (contract §2 in, §3 out). Never raises.
+    def invoke(self, envelope: dict, tools: Collection[str] | None = None) -> dict:
+        """Run one tool call (contract §2 in, §3 out). Never raises. ``tools``: the tool
+        names this caller may call (None: every tool of :data:`ALL_TOOLS`; any other is
+        ``mnote_tool_unknown_tool``).
 
         Success: ``ok: true``, ``result`` per tool, ``audit.effect`` read | write | dry_run and
         ``audit.commandId`` (writes only).  A replayed idempotent call returns the stored
@@ -260,7 +312,8 @@ class ToolExecutor:
         """
         echo = self._echo(envelope)
         try:
-            spec, env, args = self._validate(envelope)
+            spec, env, args = self._validate(envelope, ALL_TOOLS if tools is None else
+                                             {n: ALL_TOOLS[n] for n in tools})
             echo["toolName"] = spec.name
             if not env.get("actorId"):
                 raise PermissionDenied(MSG_NO_ACTOR)
@@ -275,19 +328,20 @@ class ToolExecutor:
                 "code": CODE_INTERNAL, "message": "工具执行失败（内部错误），请稍后重试"})
         return self._envelope(echo, res)
 
-    def _validate(self, envelope: Any) -> tuple[ToolSpec, dict, dict]:
+    def _validate(self, envelope: Any,
+                  known: dict[str, ToolSpec]) -> tuple[ToolSpec, dict, dict]:
         if not isinstance(envelope, dict):
             raise BadToolInput("/: envelope must be a JSON object")
         env = {k: v for k, v in envelope.items() if v is not None}  # null ≡ absent
         name = env.get("toolName")
-        if isinstance(name, str) and name in TOOLS_BY_NAME:
-            env = _unflatten(TOOLS_BY_NAME[name], env)
+        if isinstance(name, str) and name in known:
+            env = _unflatten(known[name], env)
         elif isinstance(name, str) and 0 < len(name) <= 128:
             # an unknown tool is unknown in either form (§4's flat fields would otherwise be
             # reported as fields the envelope does not allow)
             raise _UnknownTool(f"未知工具 {name!r}")
         _first_error(_ENVELOPE_VALIDATOR, env, lambda p: p)
-        spec = TOOLS_BY_NAME.get(env["toolName"])
+        spec = known.get(env["toolName"])
         if spec is None:
             raise _UnknownTool(f"未知工具 {env['toolName']!r}")
         args = env.get("args", {})

@@ -52,9 +52,9 @@ MUTANTS = [
       "(prepared.max_output or limits.RESERVE_OUTPUT_TOKENS)", "(prepared.max_output or 0)",
       RESERVE),
     H("a clarify question is asked after the abort", "hermes_service/mnote/runs/questions.py",
-      "            if self.done or self.cancel.is_set():\n                return None\n"
+      "            if self.run.done or self.run.cancel.is_set():\n                return None\n"
       "            asked = Question(",
-      "            if self.done:\n                return None\n            asked = Question(",
+      "            if self.run.done:\n                return None\n            asked = Question(",
       ["tests/unit/mnote/runs/test_questions.py"]),
     H("the Hermes venv is bound read-write", LAUNCHER,
       'bargs += ["--ro-bind", root, root]', 'bargs += ["--bind", root, root]', MEANING),

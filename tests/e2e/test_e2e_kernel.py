@@ -74,7 +74,10 @@ def kernel(request, tmp_path_factory, model):
     tmp = tmp_path_factory.mktemp(f"kernel-{request.param}")
     db = seed(tmp / "kernel" / "kernel.db")
     env = {**os.environ, CRED_ENV: CRED}
-    page_store = {"credential_env": CRED_ENV, "timeout_seconds": 3}
+    # a call's budget: short, so the hanging kernels end soon — but a command kernel starts a
+    # Python per call (~1.5 s quiet, several seconds at load 15), so it gets more
+    page_store = {"credential_env": CRED_ENV,
+                  "timeout_seconds": 3 if request.param == "http" else 12}
     closers = []
     relay = None
     if request.param == "http":

@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from hermes_service.mnote.blocks import block_hash
 from hermes_service.mnote.kernel.reference import ReferenceKernel
 from hermes_service.mnote.page_sqlite import SQLitePageStore
 
@@ -81,7 +82,13 @@ class BrokenKernel(ReferenceKernel):
     * ``accepts_unknown_option`` — page.update_options with an unknown option answers ok;
     * ``accepts_malformed`` — an envelope without toolCallId, with ``args`` not an object or
       a ``dryRun`` not a boolean is answered ok;
-    * ``answers_anyone`` — no credential is asked for.
+    * ``answers_anyone`` — no credential is asked for;
+    * ``no_block_hash`` — page.get's blocks come without their ``hash``;
+    * ``answers_twice`` — a suggestion accepted or rejected already is answered ok again;
+    * ``stale_batch_applies`` — a batch refused as a conflict is applied anyway, without its
+      ``expectHash`` checks (a partial, non-atomic kernel);
+    * ``bad_suggestion_list`` — mnote.suggestion.list answers ``suggestions`` that are not a
+      list of objects.
     """
 
     def __init__(self, store_path, credential=None, flaw=None):
@@ -125,6 +132,25 @@ class BrokenKernel(ReferenceKernel):
                 out["error"]["message"] += f"（{self.store.export_page(request['documentId'])['title']}）"
             except Exception:   # noqa: BLE001 - an unknown page: nothing to leak
                 pass
+        elif flaw == "no_block_hash" and out["ok"] and request.get("toolName") == "mnote.page.get":
+            for block in out["result"].get("blocks", []):
+                block.pop("hash", None)
+        elif flaw == "bad_suggestion_list" and request.get("toolName") == "mnote.suggestion.list":
+            out["result"] = {"suggestions": [1, "x", None]}
+        elif flaw == "answers_twice" and code == "mnote_tool_suggestion_closed":
+            out = self._ok(request, {"status": "accepted"}, "write")
+        elif flaw == "stale_batch_applies" and code == "mnote_tool_conflict" and \
+                request.get("toolName") == "mnote.block.batch":
+            fresh = {op.get("blockId"): h for b in self.store.export_page(request["documentId"])
+                     ["blocks"] for op in args.get("ops", []) for h in [block_hash(b)]
+                     if op.get("blockId") == b["id"]}
+            ops = [{**op, "expectHash": fresh[op["blockId"]]} if op.get("blockId") in fresh
+                   else op for op in args.get("ops", []) if op.get("blockId") in fresh
+                   or op.get("op") == "insert"]
+            page = self.store.export_page(request["documentId"])["revision"]
+            retry = {**request, "args": {"ops": ops, "baseRevision": page}}
+            if ops:
+                status, out = super().answer(json.dumps(retry).encode())
         elif flaw == "accepts_malformed" and code == "mnote_tool_bad_request" and (
                 "toolCallId" not in request or not isinstance(request.get("args"), dict)
                 or not isinstance(request.get("dryRun", False), bool)):

@@ -18,7 +18,14 @@ that workspace (default: a fresh random actor id). Each case prints one line, ``
   refused, nothing written;
 * ``malformed_envelope`` — not JSON, not an object, no ``toolCallId``, ``args`` not an
   object, a string ``dryRun``: each answered with a failure envelope, nothing written;
-* ``credential_required`` (HTTP with a credential only) — a call without it is refused.
+* ``credential_required`` (HTTP with a credential only) — a call without it is refused;
+* the block tools and suggestions (docs/mnote-tools.md §Block tools, §Suggestions):
+  ``block_atomic`` (a batch with one stale op changes nothing; a good one inserts, with the
+  documented block hash), ``block_expect_hash`` (an update with a wrong ``expectHash`` is a
+  conflict naming the block; with the right one it applies), ``block_revisions`` (after
+  another write, ``requiredRevision`` refuses and ``baseRevision`` applies), and
+  ``suggestion_life`` (propose: the page unchanged, listed; accept applies it once, a second
+  answer is ``mnote_tool_suggestion_closed``; reject).
 
 Every answer must also be a valid envelope for its call (:func:`~.kernel_wire.read_answer`).
 """
@@ -30,10 +37,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..blocks import block_hash
+from ..schemas import READ_TOOLS
 from .adapter import KernelBackend, read_exchange, redact
 from .wire import KernelAnswer, KernelFailure, encode, parse_json
 
-SCOPE = ["page.read", "page.write", "artifact.write"]
+SCOPE = ["page.read", "page.write", "page.suggest", "artifact.write"]
 DENIED = "mnote_tool_permission_denied"
 
 
@@ -70,7 +79,7 @@ class Checker:
                 "sessionId": f"check_kernel_{self.tag}", "runId": f"check_{self.tag}",
                 "toolCallId": f"call_{self.tag}_{self._n}", "traceId": f"trace_check_{self.tag}",
                 "idempotencyKey": key if key is not None else
-                (None if tool == "mnote.page.get" else f"check_{self.tag}_{self._n}"),
+                (None if tool in READ_TOOLS else f"check_{self.tag}_{self._n}"),
                 "dryRun": dry, "capabilityScope": list(SCOPE), "args": args}
 
     def call(self, sent: dict) -> tuple[KernelAnswer, str]:
@@ -228,6 +237,104 @@ def case_credential_required(c: Checker) -> str:
     return f"a call without the credential was refused (HTTP {status})"
 
 
+# -- the block tools and suggestions -------------------------------------------------------
+def _block(page: dict, text: str) -> dict:
+    found = [b for b in page["blocks"] if isinstance(b, dict) and b.get("text") == text]
+    if len(found) != 1:
+        raise CaseFailed(f"page.get shows {len(found)} block(s) with the text {text[-24:]!r}")
+    return found[0]
+
+
+def _insert(c: Checker, text: str) -> tuple[dict, dict]:
+    """Append a marked paragraph with a batch; (the page after, the new block)."""
+    page = c.page()
+    last = page["blocks"][-1].get("id") if page["blocks"] else None
+    c.ok(c.envelope("mnote.block.batch", {"baseRevision": page.get("revision"), "ops": [
+        {"op": "insert", "after": last, "block": {"type": "paragraph", "text": text}}]}))
+    page = c.page()
+    block = _block(page, text)
+    if block.get("hash") != block_hash(block):
+        raise CaseFailed(f"page.get's block hash {str(block.get('hash'))[:20]!r} is not the "
+                         "documented hash of its type and text")
+    return page, block
+
+
+def _update(c: Checker, block: dict, text: str, expect: str, **revision) -> dict:
+    return c.envelope("mnote.block.batch", {**revision, "ops": [
+        {"op": "update", "blockId": block["id"], "expectHash": expect, "block": {"text": text}}]})
+
+
+def _refused(c: Checker, sent: dict, code: str, what: str) -> KernelAnswer:
+    answer, _ = c.call(sent)
+    if answer.ok or answer.code != code:
+        raise CaseFailed(f"{what} answered {'ok' if answer.ok else answer.code}, not {code}")
+    return answer
+
+
+def case_block_atomic(c: Checker) -> str:
+    page, block = _insert(c, c.marker("block a"))
+    before = c.snapshot()
+    _refused(c, c.envelope("mnote.block.batch", {"baseRevision": page["revision"], "ops": [
+        {"op": "insert", "after": None, "block": {"type": "paragraph",
+                                                  "text": c.marker("block b")}},
+        {"op": "delete", "blockId": block["id"], "expectHash": "0" * 16}]}),
+        "mnote_tool_conflict", "a batch with a stale op")
+    c.unchanged(before, "a refused batch")
+    return "a batch with one stale op changed nothing; an insert shows its block hash"
+
+
+def case_block_expect_hash(c: Checker) -> str:
+    page, block = _insert(c, c.marker("hash a"))
+    answer = _refused(c, _update(c, block, c.marker("hash b"), "0" * 16,
+                                 baseRevision=page["revision"]),
+                      "mnote_tool_conflict", "an update with a wrong expectHash")
+    if block["id"] not in (answer.message or ""):
+        raise CaseFailed("the conflict's message does not name the block")
+    c.ok(_update(c, block, c.marker("hash c"), block["hash"], baseRevision=page["revision"]))
+    _block(c.page(), c.marker("hash c"))
+    return "a wrong expectHash is a conflict naming the block; the right one applies"
+
+
+def case_block_revisions(c: Checker) -> str:
+    page, block = _insert(c, c.marker("rev a"))
+    c.ok(c.save(c.marker("rev other")))               # someone else's write: a new revision
+    stale = _update(c, block, c.marker("rev b"), block["hash"],
+                    requiredRevision=page["revision"])
+    _refused(c, stale, "mnote_tool_conflict", "requiredRevision after another write")
+    c.ok(_update(c, block, c.marker("rev c"), block["hash"], baseRevision=page["revision"]))
+    _block(c.page(), c.marker("rev c"))
+    return "requiredRevision refused after another write, baseRevision applied"
+
+
+def case_suggestion_life(c: Checker) -> str:
+    page, block = _insert(c, c.marker("suggest a"))
+    proposed = c.ok(c.envelope("mnote.block.propose", {
+        "baseRevision": page["revision"], "reason": "hermes-service check-kernel",
+        "ops": [{"op": "update", "blockId": block["id"], "expectHash": block["hash"],
+                 "block": {"text": c.marker("suggest b")}}]})).result or {}
+    sid = proposed.get("suggestionId")
+    if not isinstance(sid, str):
+        raise CaseFailed("mnote.block.propose answered no suggestionId")
+    _block(c.page(), c.marker("suggest a"))
+    listed = c.ok(c.envelope("mnote.suggestion.list", {})).result or {}
+    if sid not in [s.get("suggestionId") for s in listed.get("suggestions", [])
+                   if isinstance(s, dict)]:
+        raise CaseFailed("mnote.suggestion.list does not list the open suggestion")
+    c.ok(c.envelope("mnote.suggestion.accept", {"suggestionId": sid}))
+    _block(c.page(), c.marker("suggest b"))
+    for verb in ("accept", "reject"):
+        _refused(c, c.envelope(f"mnote.suggestion.{verb}", {"suggestionId": sid}),
+                 "mnote_tool_suggestion_closed", f"a second answer ({verb})")
+    other = c.ok(c.envelope("mnote.block.propose", {
+        "baseRevision": page["revision"], "reason": "hermes-service check-kernel",
+        "ops": [{"op": "insert", "after": None, "block": {
+            "type": "paragraph", "text": c.marker("suggest c")}}]})).result or {}
+    c.ok(c.envelope("mnote.suggestion.reject", {"suggestionId": other.get("suggestionId")}))
+    if c.marker("suggest c") in c.texts(c.page()):
+        raise CaseFailed("a rejected suggestion was applied")
+    return "proposed (page unchanged, listed), accepted once, a second answer refused, rejected"
+
+
 CASES: list[tuple[str, Callable[[Checker], str]]] = [
     ("read", case_read), ("write", case_write), ("dry_run", case_dry_run),
     ("idempotent_replay", case_idempotent_replay),
@@ -235,6 +342,8 @@ CASES: list[tuple[str, Callable[[Checker], str]]] = [
     ("permission_denied", case_permission_denied), ("unknown_option", case_unknown_option),
     ("malformed_envelope", case_malformed_envelope),
     ("credential_required", case_credential_required),
+    ("block_atomic", case_block_atomic), ("block_expect_hash", case_block_expect_hash),
+    ("block_revisions", case_block_revisions), ("suggestion_life", case_suggestion_life),
 ]
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..page_store import ToolError
+from ..schemas import READ_TOOLS
 
 #: the code of a tool call the kernel could not answer (down, slow, not a valid envelope)
 KERNEL_UNAVAILABLE = "mnote_tool_kernel_unavailable"
@@ -78,7 +79,7 @@ def unavailable(reason: str, envelope: dict) -> KernelToolError:
     with that key never writes twice."""
     message = REASONS.get(reason, REASONS["bad_answer"]) + "，请稍后重试"
     key = envelope.get("idempotencyKey")
-    if key and envelope.get("dryRun") is False and envelope["toolName"] != "mnote.page.get":
+    if key and envelope.get("dryRun") is False and envelope["toolName"] not in READ_TOOLS:
         message += f"；写入是否已生效未知，重试时请传 idempotencyKey: {key}（同一键不会重复写入）"
     return KernelToolError(KERNEL_UNAVAILABLE, message)
 
@@ -155,7 +156,7 @@ def parse_json(raw: bytes) -> Any:
 
 
 def _expected_effect(sent: dict) -> str:
-    if sent["toolName"] == "mnote.page.get":
+    if sent["toolName"] in READ_TOOLS:
         return "read"
     return "dry_run" if sent.get("dryRun") else "write"
 

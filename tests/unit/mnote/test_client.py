@@ -160,7 +160,8 @@ def test_models_and_tools_examples(c):
                         "models": [{"id": "hermes-agent", "label": "Hermes Agent", "provider": "hermes"}]}
     tools = c.get(f"{P}/tools", headers=A).json["tools"]
     assert {"name": "mnote.page.get", "scope": "page.read", "schemaVersion": "mnote.hermes_tool.v1"} in tools
-    assert len(tools) == 6
+    assert len(tools) == 8 and {"name": "mnote.block.propose", "scope": "page.suggest",
+                                "schemaVersion": "mnote.hermes_tool.v1"} in tools
 
 
 def test_trace_id_sources(c):

@@ -2,6 +2,7 @@
 leak-freedom, idempotency (incl. races), dryRun and audit."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import threading
@@ -30,6 +31,12 @@ WRITE_ARGS = {
     "mnote.page.update_options": {"options": {"showToc": True}},
     "mnote.artifact.create_summary": {"summary": "本页摘要"},
     "mnote.artifact.create_ai_note": {"content": "AI 笔记"},
+    "mnote.block.batch": {"ops": [{"op": "insert", "after": None,
+                                   "block": {"type": "paragraph", "text": "新段落"}}],
+                          "baseRevision": 0},
+    "mnote.block.propose": {"ops": [{"op": "insert", "after": None,
+                                     "block": {"type": "paragraph", "text": "新段落"}}],
+                            "baseRevision": 0, "reason": "补一段"},
 }
 ALT_ARGS = {  # valid but different arguments, for idempotency conflicts
     "mnote.page.save": {"content": [{"type": "paragraph", "text": "别的段落"}]},
@@ -37,12 +44,19 @@ ALT_ARGS = {  # valid but different arguments, for idempotency conflicts
     "mnote.page.update_options": {"options": {"showToc": False}},
     "mnote.artifact.create_summary": {"summary": "别的摘要"},
     "mnote.artifact.create_ai_note": {"content": "别的笔记"},
+    "mnote.block.batch": {"ops": [{"op": "insert", "after": None,
+                                   "block": {"type": "paragraph", "text": "别的段落"}}],
+                          "baseRevision": 0},
+    "mnote.block.propose": {"ops": [{"op": "insert", "after": None,
+                                     "block": {"type": "paragraph", "text": "新段落"}}],
+                            "baseRevision": 0, "reason": "别的理由"},
 }
 COMMAND_ID_PREFIX = {
     "mnote.page.save": "page_body_save_", "mnote.page.update_title": "page_head_update_title_",
     "mnote.page.update_options": "page_layout_update_options_",
     "mnote.artifact.create_summary": "artifact_summary_upsert_",
     "mnote.artifact.create_ai_note": "artifact_ai_note_create_",
+    "mnote.block.batch": "page_blocks_batch_", "mnote.block.propose": "page_suggestion_create_",
 }
 OUTPUT = Draft202012Validator(OUTPUT_ENVELOPE_SCHEMA)
 
@@ -119,6 +133,8 @@ def test_registry():
          "artifact.summary.upsert"),
         ("mnote.artifact.create_ai_note", "mnote_artifact_create_ai_note", "artifact.write",
          "artifact.aiNote.create"),
+        ("mnote.block.batch", "mnote_block_batch", "page.write", "page.blocks.batch"),
+        ("mnote.block.propose", "mnote_block_propose", "page.suggest", "page.suggestion.create"),
     ]
     assert TOOLS_BY_WIRE_NAME["mnote_page_save"] is TOOLS_BY_NAME["mnote.page.save"]
     for t in TOOLS:
@@ -177,7 +193,10 @@ def test_page_get_success_example(ex):
     subset(out, {"ok": True, "toolName": "mnote.page.get", "toolCallId": "call_get_1", "traceId": "trace_1",
                  "result": {"documentId": "doc_1", "workspaceId": "ws_1", "title": "项目计划",
                             "bodySummary": "章节一",
-                            "blocks": [{"id": "heading_1", "type": "heading", "text": "章节一"}]},
+                            "blocks": [{"id": "heading_1", "type": "heading", "text": "章节一",
+                                        # docs/mnote-tools.md §Block tools: the block hash
+                                        "hash": hashlib.sha256(b"7:heading" + "章节一".encode())
+                                        .hexdigest()[:16]}]},
                  "audit": {"effect": "read", "commandId": None}})
     assert out["result"]["pageOptions"]["wideLayout"] is True
     assert set(out["result"]) == {"documentId", "workspaceId", "title", "bodySummary", "pageOptions",
@@ -412,9 +431,10 @@ ALL_TOOLS = [t.name for t in TOOLS]
 def test_permission_matrix(ex, tool, actor, doc, code):
     out = call(ex, env(tool, actorId=actor, documentId=doc))
     if code == "viewer":  # viewers read but cannot write
-        code = None if tool == "mnote.page.get" else "无页面写权限" if tool.startswith("mnote.page.") else "无 artifact 写权限"
-    if code == "locked":  # protectEditing refuses AI page writes; artifacts are separate nodes
-        code = "页面已开启编辑保护，AI 不可写入" if tool.startswith("mnote.page.") and tool != "mnote.page.get" else None
+        code = None if tool == "mnote.page.get" else "无 artifact 写权限" if tool.startswith("mnote.artifact.") else "无页面写权限"
+    if code == "locked":  # protectEditing refuses AI page writes; artifacts are separate nodes,
+        # a suggestion is applied only when a person accepts it
+        code = "页面已开启编辑保护，AI 不可写入" if tool not in ("mnote.page.get", "mnote.block.propose") and not tool.startswith("mnote.artifact.") else None
     if code is None:
         assert out["ok"], out
     else:

@@ -139,7 +139,7 @@ def test_event_stream_documents_each_event(app_factory):
     assert events == {"run.started", "message.delta", "reasoning.delta", "tool.started",
                       "tool.completed", "run.completed", "run.failed", "abort.started",
                       "run.cancelled", "approval.request", "approval.responded",
-                      "clarify.request", "clarify.responded"}
+                      "clarify.request", "clarify.responded", "suggestion.created"}
     # the frame's data names every event's schema
     for ref in schemas["RunEvent"]["oneOf"]:
         name = ref["$ref"].rsplit("/", 1)[1]

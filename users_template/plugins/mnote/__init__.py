@@ -1,4 +1,4 @@
-"""Hermes plugin ``mnote``: the six mnote tools and the page context of mnote runs.
+"""Hermes plugin ``mnote``: the mnote tools and the page context of mnote runs.
 
 Runs inside the Hermes CLI or ``hermes acp`` (standard library only). The tool definitions
 are in ``tools.json`` next to this file, generated from hermes_service.mnote.tools (a test

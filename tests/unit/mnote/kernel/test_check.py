@@ -24,10 +24,12 @@ def db(tmp_path, monkeypatch):
 
 
 def check(*args, env_extra=None):
+    """``check-kernel`` as a command (a generous bound: against the command kernel each of its
+    ~60 calls starts a Python process, seconds each on a loaded machine)."""
     import os
     return subprocess.run([sys.executable, str(ROOT / "main.py"), "mnote", "check-kernel", *args,
                            "--actor", "user_a"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, env={**os.environ, **(env_extra or {})})
+                          timeout=600, env={**os.environ, **(env_extra or {})})
 
 
 def test_the_reference_kernel_passes_over_http(db):
@@ -47,7 +49,8 @@ def test_the_reference_kernel_command_passes(db):
 
 @pytest.mark.parametrize("flaw, failed", [
     ("wrong_call_id", set(CASES) - {"credential_required"}),
-    ("no_command_id", {"write", "idempotent_replay", "idempotency_conflict"}),
+    ("no_command_id", {"write", "idempotent_replay", "idempotency_conflict", "block_atomic",
+                       "block_expect_hash", "block_revisions", "suggestion_life"}),
     ("dry_run_writes", {"dry_run"}),
     ("no_idempotency", {"idempotent_replay", "idempotency_conflict"}),
     ("conflict_replays", {"idempotency_conflict"}),
@@ -55,6 +58,9 @@ def test_the_reference_kernel_command_passes(db):
     ("accepts_unknown_option", {"unknown_option"}),
     ("accepts_malformed", {"malformed_envelope"}),
     ("answers_anyone", {"credential_required"}),
+    ("no_block_hash", {"block_atomic", "block_expect_hash", "block_revisions", "suggestion_life"}),
+    ("answers_twice", {"suggestion_life"}),
+    ("stale_batch_applies", {"block_atomic", "block_expect_hash", "block_revisions"}),
 ])
 def test_a_kernel_breaking_one_rule_fails_that_case(db, monkeypatch, flaw, failed):
     lines = []

@@ -102,4 +102,4 @@ def test_nothing_is_asked_once_an_abort_began_even_before_the_run_ends(ask):
     r.cancel.set()
     assert not r.done
     assert ask(r) is None
-    assert r.events == [] and not r.questions and r.status == "running"
+    assert r.events == [] and not r.questions.pending and r.status == "running"
