@@ -8,11 +8,11 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-openai-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap e2fsprogs nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-openai-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
-# and bubblewrap for the sandbox of every Hermes process (docs/sandbox.md).
-setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap
+# bubblewrap for the sandbox of every Hermes process (docs/sandbox.md), e2fsprogs for home images.
+setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap e2fsprogs
 
 # What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/
 # tests, and the client generators (docs/api-description.md §Generating a client).
@@ -86,6 +86,11 @@ promtool:
 
 # Debian's btrfs-progs for tests/e2e/test_e2e_disk.py (a btrfs with quotas in a loop file,
 # made by deploy/homes-btrfs.sh, as root); without it that test skips and says why.
+# Debian's e2fsprogs (mkfs.ext4, resize2fs, e2fsck) for a home image per user, the quota the
+# kernel holds on a plain host as root (hermes.sandbox.quota auto/image: docs/sandbox.md §Home images).
+e2fsprogs:
+	$(call apt-install,[ -x /usr/sbin/mkfs.ext4 ] && [ -x /usr/sbin/resize2fs ],e2fsprogs,home images (hermes.sandbox.quota image),quota auto falls back to the watcher and the image tests skip)
+
 btrfs:
 	$(call apt-install,command -v mkfs.btrfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.btrfs ],btrfs-progs,the btrfs quota test,the btrfs quota test will skip)
 

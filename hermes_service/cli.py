@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -206,12 +207,19 @@ def _serve(config, config_path, host, port, threads, notice=None):
     log.info("serving on %s (pid %d): %s", record.data["url"], record.data["pid"],
              running(config, svc.sandbox))
     log.info("disk: %s", svc.disk.describe())
+    if svc.disk.quota_warning():
+        log.warning("disk: %s", svc.disk.quota_warning())
     try:
         server.run()
     finally:   # however the loop ends, no Hermes process outlives the service
         retention.stop()
         killed = svc.shutdown()
         record.remove()
+        try:      # the last process on the data dir unmounts the home images
+            for point in svc.disk.release():
+                log.info("disk: unmounted %s", point)
+        except Exception:  # the stop goes on; the next start uses them as they are
+            log.exception("disk: home images not unmounted")
         if killed:
             log.info("stopped; killed %d Hermes process group(s)", killed)
         from . import logs
@@ -244,6 +252,8 @@ def check_config(ctx):
     click.echo(f"sandbox: {box.describe()}")
     disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
     click.echo(f"disk: {disk.describe()}")
+    if disk.quota_warning():
+        click.echo(f"warning: {config.source}:{disk.quota_warning()}", err=True)
     from .config.sizing import explain
     for line in explain(config):      # the sizing rule with its numbers (docs/scaling.md)
         click.echo(f"sizing: {line}")
@@ -363,12 +373,54 @@ def gc(ctx, older_than, dry_run, purge_transcripts):
     except (CorruptStore, StoreUnusable) as exc:
         click.echo(f"refusing to run: {exc}", err=True)
         sys.exit(3)
-    report = collect(services, older_than=seconds, dry_run=dry_run,
-                     purge_transcripts=purge_transcripts)
+    try:
+        report = collect(services, older_than=seconds, dry_run=dry_run,
+                         purge_transcripts=purge_transcripts)
+    finally:     # home images it mounted, unless a serving process uses them
+        services.disk.release()
     for line in report.lines:
         click.echo(line)
     click.echo(report.summary())
     sys.exit(1 if report.problems else 0)
+
+
+@cli.command("home-trim")
+@click.argument("user_id")
+@click.argument("paths", nargs=-1)
+@click.pass_context
+def home_trim(ctx, user_id, paths):
+    """The way out of a home at its quota (507 home_quota_exceeded): without PATHS, print
+    what the home uses and its largest entries; with PATHS (inside the home, e.g.
+    ``big.bin`` or ``build/``), remove them — never following a symlink, never Hermes's
+    ``.hermes`` — and print the use after. Safe while the service runs. Exit 2 for a bad
+    user id or path. docs/sandbox.md §A home at its quota."""
+    from .disk.quota import Disk
+    from .disk.use import usage
+    from .errors import ServiceError
+    from .homes import trim
+    from .homes.users import UserHomes
+    config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
+    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
+    try:
+        home = UserHomes(config.paths, config.hermes).path(user_id)
+        if not os.path.isdir(home.root):
+            raise click.UsageError(f"{user_id} has no home in {home.root.parent}")
+        disk.make_folder(home.root, 0o777)        # its image mounted, when it has one
+        for path in paths:
+            gone = trim.remove(home.root, path)
+            click.echo(f"{'removed' if gone else 'not found'}: {path}")
+        used = usage(home.root, config.paths.homes / "runs" / user_id)
+        click.echo(f"{user_id}: files {used.files_mb:.1f} MiB of {disk.files_cap_mb:g}, "
+                   f"whole home {used.total_mb:.1f} MiB of {disk.max_home_mb:g} "
+                   f"(hermes.sandbox.max_home_mb)")
+        if not paths:
+            for entry in trim.largest(home.root):
+                click.echo(f"{entry.mb:10.1f} MiB  {entry.path}")
+    except (trim.BadPath, ServiceError) as exc:
+        click.echo(f"home-trim: {exc}", err=True)
+        sys.exit(2)
+    finally:
+        disk.release()
 
 
 @cli.command()

@@ -65,7 +65,7 @@ _HERMES_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 # the core's report kinds, in the order the summary lists them (the extensions' follow)
 KINDS = ("temp files", "session mappings", "transcripts", "owner links", "lock files",
-         "idempotency keys", "lock-table entries")
+         "idempotency keys", "lock-table entries", "home images")
 
 
 @dataclass
@@ -165,6 +165,7 @@ def collect(svc: Services, *, older_than: float | None, dry_run: bool = False,
     known = _Known(svc.store, report)
     _links(svc, report, dry_run, known)
     _lock_files(svc, report, dry_run, locks_dir, known)
+    _home_images(svc, report, dry_run)
     n = svc.idempotency.prune(dry_run=dry_run)
     if n:
         report.removed("idempotency keys", f"{n} expired Idempotency-Key record(s)", n)
@@ -325,6 +326,20 @@ def _links(svc, report: GcReport, dry_run: bool, known: _Known) -> None:
             report.problem(f"skipped {exc}")
         except Timeout:
             report.shard_busy(svc.store, owner)
+
+
+def _home_images(svc, report: GcReport, dry_run: bool) -> None:
+    """The image of a home an operator removed (``<homes>/users/<id>`` gone, no loop device
+    on it: docs/sandbox.md §Home images)."""
+    try:
+        found = svc.disk.images.orphans()
+    except Exception as exc:  # noqa: BLE001 - losetup missing or failing: a problem, not a crash
+        report.problem(f"home images not checked: {exc}")
+        return
+    for img in found:
+        if not dry_run:
+            img.unlink(missing_ok=True)
+        report.removed("home images", f"the image of a removed home {img}")
 
 
 def _temp_files(svc, report: GcReport, dry_run: bool) -> None:

@@ -242,7 +242,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     homes = UserHomes(config.paths, hermes)
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
     disk = Disk(hermes.sandbox, data_dir, config.paths.homes)
-    homes.make_folder = disk.make_folder
+    homes.make_folder, homes.mount = disk.make_folder, disk.mount_existing
     proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(config, homes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it
     processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=config.paths.homes / "runs",

@@ -69,7 +69,7 @@ def quota_problem(root: Path) -> str | None:
         return f"{root} is not on btrfs ({fs_type(root) or 'unknown'})"
     if shutil.which("btrfs", path=_PATH) is None:
         return "btrfs-progs is not installed (apt-get install btrfs-progs)"
-    if not _cap_sys_admin():
+    if not cap_sys_admin():
         return "the service may not set qgroup limits (needs CAP_SYS_ADMIN, e.g. root)"
     res = _btrfs("qgroup", "show", "-f", str(root))
     if res.returncode != 0:
@@ -78,16 +78,21 @@ def quota_problem(root: Path) -> str | None:
     return None
 
 
-def _cap_sys_admin() -> bool:
+def cap_sys_admin() -> bool:
+    """May this process administer file systems (``CAP_SYS_ADMIN``: qgroup limits, mounts)?"""
+    return capability(21)
+
+
+def capability(bit: int) -> bool:
+    """Is capability number ``bit`` (``linux/capability.h``) in this process's effective set
+    (``/proc/self/status`` ``CapEff``)?"""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 21))
+                return bool(int(line.split()[1], 16) & (1 << bit))
     except (OSError, ValueError):
         pass
     return False
-
-
 
 
 def _subvolume(path: Path, mode: int, limit: int | None) -> int:

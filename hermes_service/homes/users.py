@@ -66,9 +66,13 @@ class UserHomes:
     def __init__(self, paths: PathsSettings, hermes: HermesSettings):
         self.base = paths.homes / "users"
         self.locks = paths.data_dir / "locks"
-        #: ``fn(path, mode)`` making a home before it is first written (the disk's: a btrfs
-        #: subvolume with its quota, :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
+        #: ``fn(path, mode)`` called before a home is used (the disk's: a new home made a
+        #: btrfs subvolume with its quota, or its image mounted:
+        #: :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
         self.make_folder: Callable[..., None] | None = None
+        #: ``fn(path)`` called by :meth:`path`: a home that is an image is mounted before it
+        #: is read (:meth:`hermes_service.disk.quota.Disk.mount_existing`), or None
+        self.mount: Callable[[Path], None] | None = None
         self.configure(paths, hermes)
         self.base.mkdir(parents=True, exist_ok=True)
         self.locks.mkdir(parents=True, exist_ok=True)
@@ -87,9 +91,13 @@ class UserHomes:
         self.configured = self.fingerprint()     # what this configuration renders homes to
 
     def path(self, user_id: str) -> UserHome:
-        """The home's paths (nothing created). Raises BadRequest for an unsafe id."""
+        """The home's paths (nothing created; a home that is an image mounted: :attr:`mount`).
+        Raises BadRequest for an unsafe id, ``hermes_unavailable`` for an image that cannot
+        be mounted."""
         check_id(user_id, "user_id")
         root = self.base / user_id
+        if self.mount is not None:
+            self.mount(root)
         return UserHome(user_id, root, root / ".hermes")
 
     # -- rendering -------------------------------------------------------
@@ -191,6 +199,9 @@ class UserHomes:
         :class:`~hermes_service.homefs.HomeTampered` when the home folder itself is not a
         folder."""
         rendered, fp = self._rendered()
+        if self.make_folder is not None:
+            home.root.parent.mkdir(parents=True, exist_ok=True)
+            self.make_folder(home.root, 0o777)
         if self._current(home, fp):
             return home
         with FileLock(str(self.locks / f"home-{home.root.name}.lock"), timeout=60):
@@ -227,9 +238,6 @@ class UserHomes:
         template belongs is removed and the folder made; a file of the service's is replaced
         by a rename inside its pinned folder, whatever had its name; planted SQLite state
         files are removed (:func:`state_db.repair_state_files`)."""
-        if self.make_folder is not None and not os.path.lexists(home.root):
-            home.root.parent.mkdir(parents=True, exist_ok=True)
-            self.make_folder(home.root, 0o777)
         root = homefs.open_dirs(home.root.parent, home.root.name, create=True, mode=0o777)
         try:
             hfd = homefs.open_dir(home.hermes_home.name, root, create=True, repair=True,

@@ -38,7 +38,8 @@ def limit_error(which: str | None) -> RunError:
     ``home_quota`` is ``home_quota_exceeded`` (507), its ``disk`` ``storage_full`` (507)."""
     if which == "home_quota":
         return RunError("the user's home grew past its quota (hermes.sandbox.max_home_mb) "
-                        "during the turn and the turn was ended; remove files from it",
+                        "during the turn and the turn was ended; delete files from it (an "
+                        "operator: hermes-service home-trim <user_id>)",
                         code="home_quota_exceeded", status=507)
     if which == "disk":
         return RunError("the disk fell below hermes.sandbox.min_free_mb while this turn "

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..config import HermesSettings
 from ..disk.quota import Disk
-from ..errors import RunError, TooManyRuns, Unconfigured
+from ..errors import RunError, ServiceError, StorageFull, TooManyRuns, Unconfigured
 from ..files import atomic_write
 from ..instance import alive_pid, proc_start
 from ..limits import Limiter
@@ -445,20 +445,31 @@ class Processes:
             return
         self.disk.check_turn(home.root, self.run_files.root / home.user_id)
 
-    def explain(self, err: RunError, home: UserHome) -> RunError:
-        """``err`` of a failed turn, or ``token_budget_exceeded`` when its user's
-        ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the pass-through's
-        429 as a failed or empty answer); the Hermes session id it carries is kept."""
-        proxy = self.sandbox.credentials if self.sandbox is not None else None
-        if proxy is None or err.code not in _MAYBE_BUDGET:
+    def explain(self, err: RunError, home: UserHome) -> ServiceError:
+        """``err`` of a failed turn, or what made Hermes fail: ``token_budget_exceeded`` when
+        its user's ``hermes.limits.daily_tokens`` ran out during it (Hermes reports the
+        pass-through's 429 as a failed or empty answer); ``home_quota_exceeded`` /
+        ``storage_full`` (507) when its home is now at its quota (the agent filled it, and
+        Hermes could not write its record: never a 502) or the disk below the floor. The
+        Hermes session id it carries is kept."""
+        if err.code not in _MAYBE_BUDGET:
             return err
+        better: ServiceError | None = None
+        proxy = self.sandbox.credentials if self.sandbox is not None else None
         try:
-            proxy.check_budget(home.user_id)
+            if proxy is not None:
+                proxy.check_budget(home.user_id)
         except Refusal:
             better = budget_error()
-            better.hermes_session_id = getattr(err, "hermes_session_id", None)
-            return better
-        return err
+        if better is None and self.sandbox is not None and self.disk is not None:
+            try:
+                self.disk.check_turn(home.root, self.run_files.root / home.user_id)
+            except (RunError, StorageFull) as full:
+                better = full
+        if better is None:
+            return err
+        better.hermes_session_id = getattr(err, "hermes_session_id", None)
+        return better
 
     def spawn(self, args: list[str], env: dict, home: UserHome,
               max_output_bytes: int | None = None) -> CliProcess:

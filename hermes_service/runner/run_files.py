@@ -27,13 +27,14 @@ class RunFiles:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        #: ``fn(path)`` making a user's folder before it is first used (the disk's: a btrfs
-        #: subvolume with its quota, :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
+        #: ``fn(path)`` called before a user's folder is used (the disk's: a new one made a
+        #: btrfs subvolume with its quota, or a small tmpfs mounted:
+        #: :meth:`hermes_service.disk.quota.Disk.make_folder`), or None
         self.make_folder: Callable[[Path], None] | None = None
 
     def _open(self, user_id: str) -> int:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if self.make_folder is not None and not os.path.lexists(self.root / user_id):
+        if self.make_folder is not None:
             self.make_folder(self.root / user_id)
         return homefs.open_dirs(self.root, user_id, create=True, repair=True, mode=0o700)
 

@@ -68,7 +68,7 @@ class Settings:
     allow_host_tools: bool = key(False, {"type": "boolean"})
     max_home_mb: float = key(2048, POS_NUM)
     #: how max_home_mb holds during a turn (disk/quota.py)
-    quota: str = key("auto", {"enum": ["auto", "btrfs", "watch"]})
+    quota: str = key("auto", {"enum": ["auto", "btrfs", "image", "watch"]})
     #: the free-space floor of the data and homes file systems
     min_free_mb: float = key(512, {"type": "number", "minimum": 0})
     bwrap: str = key("bwrap", {"type": "string", "minLength": 1})

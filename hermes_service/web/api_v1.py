@@ -242,6 +242,8 @@ def _checks(svc) -> dict[str, str | None]:
     checks["sandbox"] = "unconfined (hermes.sandbox.mode auto found no usable sandbox)" \
         if svc.sandbox is not None and svc.sandbox.health() else None
     checks["disk"] = svc.disk.health() if svc.disk is not None else None
+    checks["quota"] = "watched only (hermes.sandbox.quota auto found no quota the kernel " \
+        "holds)" if svc.disk is not None and svc.disk.quota_warning() else None
     _health_checked[0] = (config, now, checks)
     return dict(checks)
 
@@ -257,7 +259,7 @@ def _health(svc) -> tuple[dict, int]:
         else:
             log.info("health: healthy")
     if failed:
-        node_broken = any(k not in ("provider", "sandbox") for k in failed)
+        node_broken = any(k not in ("provider", "sandbox", "quota") for k in failed)
         return {"status": "degraded", "service": "hermes-service", "multi_user": True,
                 "checks": {k: v or "ok" for k, v in checks.items()}}, 503 if node_broken else 200
     return {"status": "healthy", "service": "hermes-service", "multi_user": True}, 200

@@ -127,9 +127,9 @@ def test_make_run_installs_only_what_the_service_needs():
     assert "requirements.txt" in dry.stdout and "requirements-hermes.txt" in dry.stdout
     assert "requirements-dev.txt" not in dry.stdout and "nginx" not in dry.stdout
     # the system packages `make run` may install (as root), for the sandbox: bubblewrap and
-    # libseccomp (its seccomp filter)
-    assert set(re.findall(r"--no-install-recommends (\w+)", dry.stdout)) == {"bubblewrap",
-                                                                             "libseccomp2"}
+    # libseccomp (its seccomp filter); for the disk quota: e2fsprogs (home images)
+    assert set(re.findall(r"--no-install-recommends (\w+)", dry.stdout)) == {
+        "bubblewrap", "libseccomp2", "e2fsprogs"}
     test = subprocess.run(["make", "-n", "-B", "test"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert "requirements-dev.txt" in test.stdout and "nginx" in test.stdout

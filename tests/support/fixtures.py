@@ -64,6 +64,9 @@ def base_config(tmp: Path, model_url: str = "http://127.0.0.1:9/v1") -> dict:
         "hermes": {"command": hermes_bin(), "timeout_seconds": 120, "stall_timeout_seconds": 120,
                    "max_concurrent_runs": 2, "queue_wait_seconds": 60,
                    "extra_env": {"HERMES_STREAM_RETRIES": "0"},
+                   # the watcher only: as root, quota auto would loop-mount an image per home
+                   # in every test's data dir (tests/e2e/test_e2e_disk_image.py asks for them)
+                   "sandbox": {"quota": "watch"},
                    "model": {"provider": "custom", "base_url": model_url,
                              "default": "scripted-model", "api_key_env": PROVIDER_KEY_ENV}},
         "paths": {"data_dir": str(tmp / "data"), "users_template": str(ROOT / "users_template")},

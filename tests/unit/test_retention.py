@@ -94,7 +94,7 @@ def stale_world(make_config):
 
 EXPECTED = {"session mappings": 2, "transcripts": 0, "owner links": 1, "temp files": 1,
             "lock files": 2, "idempotency records": 1, "idempotency keys": 1, "run event logs": 0,
-            "lock-table entries": 0, "event logs": 0}
+            "lock-table entries": 0, "event logs": 0, "home images": 0}
 
 
 def test_dry_run_removes_nothing_and_says_what_would_go(stale_world):

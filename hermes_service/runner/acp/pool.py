@@ -12,7 +12,7 @@ from collections.abc import Callable
 from ... import machine
 from ...errors import RunError
 from ...hermes_site import run_binding
-from ..failures import failure_reason
+from ..failures import failure_reason, limit_error
 from ..processes import Processes, stopping_error
 from ..protocol import TurnRequest, UseCli
 from .client import APPROVAL_MARGIN, APPROVAL_TIMEOUT_ENV, CLARIFY_ENV, CLARIFY_TOOLSET
@@ -207,6 +207,9 @@ class Pool:
             proc.kill("start failed")
             log.warning("ACP process for user=%s could not start: %s %s", key[0], exc,
                         failure_reason(proc.stderr_tail.decode("utf-8", "replace")[-2000:]))
+            hit = proc.launch.limit_hit() if proc.launch is not None else None
+            if hit is not None:      # ended by a limit while it started (the disk watcher's
+                raise limit_error(hit) from None     # home_quota: 507), never a 502
             raise RunError("the Hermes ACP process could not be started (see the service log)",
                            code="hermes_failed") from None
         ready.set_result(True)

@@ -51,13 +51,19 @@ def test_a_home_is_its_files_and_hermess_record_and_a_reserve_is_kept_for_the_re
     assert d.fsize_bytes(Usage(0, 0), 8) == 8 * MIB                # file_size_mb first
 
 
-def test_a_turn_is_refused_at_the_whole_quota_or_below_the_floor_not_for_full_files(
+def test_a_turn_is_refused_at_once_at_the_whole_quota_at_the_files_cap_or_below_the_floor(
         tmp_path, monkeypatch):
     home, run = tmp_path / "data" / "users" / "u", tmp_path / "data" / "runs" / "u"
-    write(home / "files.bin", 27)                  # its files at their cap: turns go on
+    write(home / "files.bin", 20)                  # its files below their cap: turns go on
     d = make(tmp_path)
-    assert d.check_turn(home, run).files_mb >= 27
-    write(home / ".hermes" / "state.db", 3)        # the whole home at its quota: refused
+    assert d.check_turn(home, run).files_mb >= 20
+    write(home / "more.bin", 7)                    # its files at their cap (28): 507 at once
+    with pytest.raises(RunError) as err:           # (the watcher would end it at its start)
+        d.check_turn(home, run)
+    assert (err.value.status, err.value.code) == (507, "home_quota_exceeded")
+    assert "of files" in str(err.value) and "home-trim" in str(err.value)
+    (home / "more.bin").unlink()
+    write(home / ".hermes" / "state.db", 9)        # the whole home at its quota: refused
     with pytest.raises(RunError) as err:
         d.check_turn(home, run)
     assert (err.value.status, err.value.code) == (507, "home_quota_exceeded")

@@ -36,7 +36,7 @@ def test_off_it_registers_no_route_builds_nothing_and_adds_no_step(app_factory, 
     report = collect(svc, older_than=None, in_service=True)
     assert set(report.counts) == {"temp files", "session mappings", "transcripts",
                                   "owner links", "lock files", "idempotency keys",
-                                  "lock-table entries"}
+                                  "lock-table entries", "home images"}
 
 
 def test_off_the_document_has_no_mnote_route_tag_or_schema(app_factory):

@@ -26,6 +26,7 @@ from hermes_service.errors import RunError
 from hermes_service.installed import build_config
 from hermes_service.runner import Processes, UseCli
 from hermes_service.runner.acp import AcpRunner
+from hermes_service.sandbox import Launch
 from support.fixtures import base_config, deep_merge, wait_for
 
 AGENT = Path(__file__).parents[2] / "support" / "fake_acp_agent.py"
@@ -160,6 +161,20 @@ def test_a_process_closed_while_it_starts_fails_the_turn_cleanly(pool, tmp_path)
         assert err.code == "hermes_failed"
     else:
         assert not proc.dead and not proc.retired
+
+
+@pytest.mark.parametrize("limit, status, code", [("home_quota", 507, "home_quota_exceeded"),
+                                                  ("disk", 507, "storage_full")])
+def test_a_process_the_disk_watcher_ends_while_it_starts_fails_with_its_code_not_502(
+        pool, tmp_path, limit, status, code):
+    """A home at its files' cap: the watcher ends the new process at its first look
+    (docs/sandbox.md §A home at its quota) — the turn is 507, never 502 hermes_failed."""
+    runner = pool(max_processes=1)
+    runner.processes.launch = lambda args, env, home: Launch(    # its sandbox, ended at once
+        ["/bin/sh", "-c", "exit 137"], env, str(home.root), over=limit)
+    with pytest.raises(RunError) as err:
+        acquire(runner, tmp_path, "u1").result(WAIT)
+    assert (err.value.status, err.value.code) == (status, code)
 
 
 def test_a_turn_ended_by_the_shutdown_says_service_stopping(pool, tmp_path):
