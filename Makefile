@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap e2fsprogs nginx promtool btrfs run demo lint test mutation bench bench-first-token bench-openai-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap e2fsprogs nginx postgresql promtool btrfs run demo lint test mutation bench bench-first-token bench-openai-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # bubblewrap for the sandbox of every Hermes process (docs/sandbox.md), e2fsprogs for home images.
@@ -16,7 +16,7 @@ setup-service: $(VENV)/.installed $(HVENV)/.installed bubblewrap e2fsprogs
 
 # What the tests need besides (`make test`): the test tools, nginx and promtool for the deploy/
 # tests, and the client generators (docs/api-description.md §Generating a client).
-setup: setup-service $(VENV)/.dev-installed nginx promtool btrfs client-tools
+setup: setup-service $(VENV)/.dev-installed nginx postgresql promtool btrfs client-tools
 
 # the pinned lock, then this package itself (pyproject.toml; editable, no other dependency:
 # the lock decides the versions), which puts the `hermes-service` command into .venv/bin
@@ -77,6 +77,12 @@ bubblewrap:
 # Debian's nginx for tests/e2e/test_deploy_nginx.py; without it those tests skip and say why.
 nginx:
 	$(call apt-install,command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ],nginx,the deploy/nginx tests,the deploy/nginx tests will skip)
+
+# Debian's postgresql for the tests of the shared storage (tests/support/postgres.py starts a
+# temporary cluster with its initdb/pg_ctl; docs/scaling.md); without it those tests skip and
+# say why. (On a machine with systemd running, the package also starts a cluster on :5432.)
+postgresql:
+	$(call apt-install,ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1,postgresql,the shared-storage tests,the PostgreSQL tests will skip)
 
 # Debian's prometheus package for its promtool (tests/e2e/test_deploy_prometheus.py checks and
 # unit-tests deploy/prometheus/alerts.yml); without it those checks skip and say why.

@@ -15,8 +15,9 @@ import builtins
 import logging
 import threading
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
@@ -27,6 +28,10 @@ from .homes import hermes_state
 from .homes.users import UserHome, UserHomes
 from .runner import Processes, Questions, RunnerChoice, TurnListener, TurnRequest, TurnResult
 from .session_store import SessionStore, now_iso
+
+if TYPE_CHECKING:       # storage.url only (psycopg)
+    from .storage.node import SharedNode
+    from .storage.sessions import PgSessionStore
 
 log = logging.getLogger("hermes_service.conversations")
 
@@ -80,9 +85,13 @@ class SendRequest:
 class Conversations:
     """Create, list, delete sessions and run turns on them."""
 
-    def __init__(self, config: Config, store: SessionStore, homes: UserHomes,
-                 processes: Processes, runners: RunnerChoice):
+    def __init__(self, config: Config, store: SessionStore | PgSessionStore, homes: UserHomes,
+                 processes: Processes, runners: RunnerChoice, shared: SharedNode | None = None):
         self.store = store
+        #: the shared storage of several nodes (:class:`~hermes_service.storage.node.SharedNode`)
+        #: or None (a single node): then a turn holds the user's lease and ends by committing
+        #: the home's snapshot with the record, before it is acknowledged
+        self.shared = shared
         self.homes = homes
         self.processes = processes      # the Hermes command, process groups, toolsets
         self.runners = runners          # which runner takes a turn (runner.choice)
@@ -195,8 +204,9 @@ class Conversations:
         session_id, message, owner, kind = ask.session_id, ask.message, ask.owner, ask.kind
         record, wait = ask.record, ask.wait
         self.check_message(message)
-        self.get(session_id, owner, kind)
-        with self.turn_lock(session_id, self.turn_wait if wait is None else wait):
+        user_id = self.get(session_id, owner, kind)["user_id"]
+        with self._holding(user_id) as lease, \
+                self.turn_lock(session_id, self.turn_wait if wait is None else wait):
             rec = self.get(session_id, owner, kind)   # re-read: a turn may have just finished
             if record and any(rec.get(k) != v for k, v in record.items()):
                 # a durable write (fsync): only when a field changes, not on every turn
@@ -219,17 +229,37 @@ class Conversations:
                 result = self.runners.run_turn(req, clock)
             except ServiceError as err:
                 clock.finished(err.code)
+                if self.shared is not None:    # killed because the user went elsewhere?
+                    self.shared.check_held(lease, err)
                 self._after_failure(session_id, rec, home, err, message)
                 raise
+            fields = {"hermes_session_id": result.hermes_session_id
+                      or rec.get("hermes_session_id"),
+                      "message_count": rec.get("message_count", 0) + 1,
+                      "last_run_at": now_iso()}
+            if self.shared is None:
+                updated = self.store.update(session_id, **fields)
+            else:                      # acknowledged only once home + record are committed
+                try:
+                    updated = self.shared.commit_turn(lease, session_id, **fields)
+                except ServiceError as err:
+                    clock.finished(err.code)
+                    # not acknowledged: the home goes back to the last committed snapshot
+                    # (restored at the user's next request, here or on another node)
+                    self.shared.abandon(rec["user_id"])
+                    raise
             clock.finished("ok")
-            updated = self.store.update(
-                session_id,
-                hermes_session_id=result.hermes_session_id or rec.get("hermes_session_id"),
-                message_count=rec.get("message_count", 0) + 1, last_run_at=now_iso())
         if updated is None:
             raise NotFound(f"session {session_id} was deleted during the turn",
                            code="session_not_found")
         return updated, result
+
+    def _holding(self, user_id: str):
+        """With shared storage: hold ``user_id``'s lease for the turn (taken, and the home
+        restored, when this node did not hold it); else nothing."""
+        if self.shared is None:
+            return nullcontext()
+        return self.shared.ownership.using(user_id)
 
     def _reap_orphans(self) -> None:
         """Kill the Hermes processes of service processes that died (before a dead turn is

@@ -26,13 +26,16 @@ if TYPE_CHECKING:
     from .sandbox import Sandbox
     from .security import Guard
     from .session_store import SessionStore
+    from .storage.idempotency import PgIdempotencyStore
+    from .storage.node import SharedNode
+    from .storage.sessions import PgSessionStore
 
 
 class ServiceObjects(Protocol):
     """What :class:`hermes_service.services.Services` offers (its docs say what each does)."""
     config: Config
     guard: Guard
-    store: SessionStore
+    store: SessionStore | PgSessionStore
     homes: UserHomes
     processes: Processes
     runner: CliRunner
@@ -42,8 +45,9 @@ class ServiceObjects(Protocol):
     sandbox: Sandbox
     disk: Disk
     model_proxy: ModelProxy
-    idempotency: IdempotencyStore
+    idempotency: IdempotencyStore | PgIdempotencyStore
     service_url: str | None
+    shared: SharedNode | None
     extensions: dict
     retention_steps: list
     drain_sources: list

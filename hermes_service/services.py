@@ -13,6 +13,7 @@ import logging
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from . import installed, metrics
 from .config import Config
@@ -32,6 +33,11 @@ from .sandbox import Sandbox
 from .security import Guard
 from .session_store import SessionStore
 
+if TYPE_CHECKING:      # imported when storage.url is set only (psycopg)
+    from .storage.idempotency import PgIdempotencyStore
+    from .storage.node import SharedNode
+    from .storage.sessions import PgSessionStore
+
 #: ``Retry-After`` of 503 ``service_draining``, seconds: behind nginx a retry reaches another
 #: node; alone, the restarted service is usually back within a drain.
 DRAINING_RETRY_AFTER = 5
@@ -42,7 +48,7 @@ class Services:
     """The service objects shared by the blueprints (one set per app)."""
     config: Config
     guard: Guard
-    store: SessionStore
+    store: SessionStore | PgSessionStore
     homes: UserHomes
     processes: Processes               # every Hermes process: slots, groups, the launcher
     runner: CliRunner               # the CLI runner (runners.cli)
@@ -52,9 +58,11 @@ class Services:
     sandbox: Sandbox = field(repr=False)             # the launcher of Hermes processes
     disk: Disk = field(repr=False)                   # quotas, floor, the disk watcher
     model_proxy: ModelProxy = field(repr=False)      # the provider pass-through
-    idempotency: IdempotencyStore = field(repr=False)    # Idempotency-Key records
+    idempotency: IdempotencyStore | PgIdempotencyStore = field(repr=False)  # Idempotency-Keys
     #: where Hermes processes call this service back (the serve command's address), or None
     service_url: str | None = None
+    #: the shared storage of several nodes (storage.url), or None: a single node
+    shared: SharedNode | None = field(repr=False, default=None)
     #: what the enabled extensions built, by extension name (hermes_service/extensions.py)
     extensions: dict = field(repr=False, default_factory=dict)
     #: the extensions' cleanup steps (:class:`~hermes_service.extensions.RetentionStep`)
@@ -166,6 +174,8 @@ class Services:
             self.runners.acp.close()
         self.model_proxy.stop()
         self.sandbox.close()
+        if self.shared is not None:
+            self.shared.close()        # leases released: other nodes take these users at once
         return killed
 
     @contextmanager
@@ -223,6 +233,47 @@ def model_proxy_settings(config: Config, homes: UserHomes) -> dict:
 
 
 
+def shared_node(config: Config, homes: UserHomes, processes: Processes,
+                service_url: str) -> SharedNode | None:
+    """The shared storage of several nodes (:class:`~hermes_service.storage.node.SharedNode`)
+    when ``storage.url`` is set, else None (a single node: everything on its own disk). Its
+    homes' claim hook takes a user's lease (and restores the home) before the home is used;
+    a lost lease kills the user's Hermes processes here."""
+    if not config.storage.enabled:
+        return None
+    from urllib.parse import urlsplit
+
+    from .storage.node import SharedNode
+
+    def stop_user(user_id: str) -> int:
+        return processes.groups.kill_home(str(homes.path(user_id).hermes_home),
+                                          "the user's lease went to another node")
+
+    def make_folder(path) -> None:
+        """A restored home's new folder: the disk's (a btrfs subvolume with the quota), else
+        a plain one (as a new home is made)."""
+        if homes.make_folder is not None:
+            homes.make_folder(path)
+        if not path.exists():
+            path.mkdir(mode=0o700)
+
+    shared = SharedNode(config, home_of=lambda u: homes.path(u).root, stop_user=stop_user,
+                        make_folder=make_folder, port=urlsplit(service_url).port)
+    homes.claim = shared.claim
+    return shared
+
+
+def idempotency_store(config: Config, shared: SharedNode | None):
+    """The Idempotency-Key records: ``data/idempotency.db`` on a single node, the shared
+    PostgreSQL's table with ``storage.url`` (a retry on another node replays)."""
+    ttl, most = (config.service.idempotency_ttl_seconds,
+                 config.service.idempotency_max_records_per_key)
+    if shared is None:
+        return IdempotencyStore(config.data_dir / IDEMPOTENCY_DB, ttl, max_records_per_key=most)
+    from .storage.idempotency import PgIdempotencyStore
+    return PgIdempotencyStore(shared.ownership, ttl, most)
+
+
 def build_services(config: Config, service_url: str | None = None) -> Services:
     """Construct every service object for ``config``, each from its section (the same
     sections :meth:`Services.apply` hands them on reload).
@@ -238,7 +289,6 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     data_dir = config.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     hermes = config.hermes
-    store = SessionStore(data_dir)
     homes = UserHomes(config.paths, hermes)
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
     disk = Disk(hermes.sandbox, data_dir, config.paths.homes)
@@ -248,6 +298,13 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     processes = Processes(hermes, pid_dir=data_dir / "pids", run_dir=config.paths.homes / "runs",
                           sandbox=sandbox, disk=disk)
     processes.families = {f.name: f for f in installed.route_families(config)}
+    service_url = service_url or default_service_url(config)
+    shared = shared_node(config, homes, processes, service_url)
+    if shared is not None:              # the daily budget counts every node's requests
+        from .storage.usage import PgUsageStore
+        proxy.usage.close()
+        proxy.usage = PgUsageStore(shared.engine)
+    store = SessionStore(data_dir) if shared is None else shared.sessions
     families = acp_families(processes.families.values())
     def process_env(user_id: str):
         """A new warm process's home and environment, from the settings in force."""
@@ -255,18 +312,18 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
         return home, homes.cli_env(home, processes.command_path())
     acp = AcpRunner(hermes, processes, process_env) if families else None
     runners = RunnerChoice(CliRunner(processes), acp, families)
-    service_url = service_url or default_service_url(config)
     services = Services(
         config=config, guard=Guard(config.security, config.nginx), store=store, homes=homes,
         processes=processes, runner=runners.cli, runners=runners,
-        conversations=Conversations(config, store, homes, processes, runners),
+        conversations=Conversations(config, store, homes, processes, runners, shared),
         admitted=Limiter(hermes.admission_places),
         sandbox=sandbox, disk=disk, model_proxy=proxy,
-        idempotency=IdempotencyStore(
-            data_dir / IDEMPOTENCY_DB, config.service.idempotency_ttl_seconds,
-            max_records_per_key=config.service.idempotency_max_records_per_key),
-        service_url=service_url)
+        idempotency=idempotency_store(config, shared),
+        service_url=service_url, shared=shared)
     sandbox.serve_back(service_url)     # an isolated sandbox's way back to us
+    if shared is not None:              # the home chunks no snapshot names any more
+        from .extensions import RetentionStep
+        services.retention_steps.append(RetentionStep(("home chunks",), shared.collect))
     # gauges read at scrape time (docs/operations.md §Metrics)
     metrics.watch("runner_processes", lambda: processes.groups.count(CliProcess), runner="cli")
     if acp is not None:

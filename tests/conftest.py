@@ -22,6 +22,7 @@ from support.fixtures import (  # noqa: F401  (fixtures: pytest finds them by na
     stubbed_app,
 )
 from support.ordering import order
+from support.postgres import pg_url, postgres  # noqa: F401  (fixtures, as above)
 
 
 def pytest_runtest_setup(item):

@@ -77,6 +77,28 @@ def context_length(cfg: Config) -> list[str]:
     return []
 
 
+@_check("storage.url")
+def storage_url(cfg: Config) -> list[str]:
+    """``storage.url``: a ``postgresql://`` (or ``postgres://``) URL without a password; the
+    problem never repeats the URL (it may hold one)."""
+    url = cfg.storage.url
+    if url is None:
+        return []
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+    except ValueError:
+        return [f"{cfg.source}:storage.url: not a URL (postgresql://user@host:port/database)"]
+    if parts.scheme not in ("postgresql", "postgres"):
+        return [f"{cfg.source}:storage.url: must start with postgresql:// "
+                "(postgresql://user@host:port/database)"]
+    if has_password or "password=" in (parts.query or ""):
+        return [f"{cfg.source}:storage.url: holds a password; put it in the environment "
+                "variable storage.password_env names, never in this file"]
+    return []
+
+
 @_check("retention.interval_seconds")
 def retention_interval(cfg: Config) -> list[str]:
     interval = cfg.retention.interval_seconds

@@ -21,6 +21,7 @@ from .sections import (
     RetentionSettings,
     SecuritySettings,
     ServiceSettings,
+    StorageSettings,
 )
 
 #: Connections beyond those that hold a thread (idle keep-alive, queued requests).
@@ -77,6 +78,7 @@ class Config:
     cors: CorsSettings
     hermes: HermesSettings
     paths: PathsSettings
+    storage: StorageSettings
     retention: RetentionSettings
     #: the extensions' settings, by section name (each :attr:`ConfigSection.build`'s object)
     extensions: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))

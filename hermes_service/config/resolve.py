@@ -24,6 +24,7 @@ from .sections import (
     RetentionSettings,
     SecuritySettings,
     ServiceSettings,
+    StorageSettings,
 )
 from .sizing import Sizing, size_hermes
 
@@ -156,6 +157,7 @@ def resolve(raw: dict, source: str, base_dir: Path, res: Resolver,
         paths=PathsSettings(path(raw["paths"]["data_dir"]), path(raw["paths"]["users_template"]),
                             path(raw["paths"]["homes_dir"]) if raw["paths"]["homes_dir"]
                             else None),
+        storage=settings_from(StorageSettings, raw["storage"]),
         retention=settings_from(RetentionSettings, raw["retention"]),
         sizing=Sizing(m, tuple(auto)))
 

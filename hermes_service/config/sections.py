@@ -242,6 +242,30 @@ class PathsSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageSettings:
+    """``storage.*``: the PostgreSQL several nodes share (docs/scaling.md §Shared storage).
+    ``url`` null: this node keeps everything on its own disk (the single-node default) and the
+    other keys are not used. Seconds and milliseconds as config.yaml documents them."""
+    #: a libpq URL without a password (checked by ``storage_url`` in config/checks.py, which
+    #: never repeats it: it may hold one)
+    url: str | None = key(None, {"type": ["string", "null"], "minLength": 1})
+    password_env: str | None = key(None, {"type": ["string", "null"], "pattern": _ENV_NAME})
+    #: the lease holder's name; null: ``<hostname>:<service.port>``
+    node_id: str | None = key(None, {"type": ["string", "null"], "minLength": 1,
+                                     "maxLength": 128})
+    lease_ttl_seconds: float = key(15, {"type": "number", "minimum": 2, "maximum": 600})
+    pool_size: int = key(8, {"type": "integer", "minimum": 1, "maximum": 100})
+    statement_timeout_ms: int = key(10000, {"type": "integer", "minimum": 100})
+    #: a user's lease is released after this many seconds without a request (its home stays
+    #: on this node's disk as a cache, checked against the snapshot's number on the next take)
+    idle_release_seconds: float = key(120, POS_NUM)
+
+    @property
+    def enabled(self) -> bool:
+        return self.url is not None
+
+
+@dataclass(frozen=True, slots=True)
 class RetentionSettings:
     """``retention.*``."""
     interval_seconds: float = key(3600, {"type": "number", "minimum": 0})
@@ -261,7 +285,7 @@ class RetentionSettings:
 #: fields of the same names)
 CORE = {"security": SecuritySettings, "nginx": NginxSettings, "service": ServiceSettings,
         "cors": CorsSettings, "hermes": HermesSettings, "paths": PathsSettings,
-        "retention": RetentionSettings}
+        "storage": StorageSettings, "retention": RetentionSettings}
 #: the jsonschema of the core's part of a config file, read off the section classes
 SCHEMA = object_schema({name: schema_of(cls) for name, cls in CORE.items()})
 #: every default of the core's part of a config file, as the file writes it
@@ -280,5 +304,5 @@ TAIL_SECTIONS = ("retention",)
 RESTART_ONLY = (("service", "host"), ("service", "port"), ("service", "threads"),
                 ("service", "connection_limit"), ("service", "idle_timeout_seconds"),
                 ("service", "max_body_bytes"), ("service", "log_format"), ("service", "node_id"),
-                ("paths", "data_dir"), ("paths", "homes_dir"), ("cors", None),
+                ("paths", "data_dir"), ("paths", "homes_dir"), ("cors", None), ("storage", None),
                 ("hermes", "runner"))

@@ -73,6 +73,10 @@ class UserHomes:
         #: ``fn(path)`` called by :meth:`path`: a home that is an image is mounted before it
         #: is read (:meth:`hermes_service.disk.quota.Disk.mount_existing`), or None
         self.mount: Callable[[Path], None] | None = None
+        #: ``fn(user_id)`` run before a user's home is used (:meth:`ensure`, :meth:`present`):
+        #: with shared storage, take the user's lease and restore the home when this node did
+        #: not hold it (docs/scaling.md §Leases and fencing); None on a single node
+        self.claim: Callable[[str], object] | None = None
         self.configure(paths, hermes)
         self.base.mkdir(parents=True, exist_ok=True)
         self.locks.mkdir(parents=True, exist_ok=True)
@@ -184,7 +188,18 @@ class UserHomes:
         Safe across threads and processes (a file lock per user). Raises
         BadRequest (bad id) or Unconfigured (no template).
         """
-        return self._ensure(self.path(user_id))
+        home = self.path(user_id)
+        if self.claim is not None:
+            self.claim(user_id)
+        return self._ensure(home)
+
+    def present(self, user_id: str) -> UserHome:
+        """The home's paths, for reading what is in it (transcripts), once it is this node's
+        (:attr:`claim`); nothing created. Raises BadRequest for an unsafe id."""
+        home = self.path(user_id)
+        if self.claim is not None:
+            self.claim(user_id)
+        return home
 
     def ensure_system(self) -> UserHome:
         """The service's own home (``data/system-home``) for calls without a user

@@ -223,7 +223,7 @@ def list_sessions():
     svc = services()
     match = {"kind": "mnote", **({"workspace_id": ws} if ws else {}),
              **({"document_id": doc} if doc else {})}
-    home = svc.homes.path(actor)
+    home = svc.homes.present(actor)
     out = []
     for rec in svc.conversations.list(actor, **match):
         summary = session_summary(home.hermes_home, rec.get("hermes_session_id")) or {}
@@ -313,7 +313,7 @@ def get_session(session_id):
     actor = actor_id()
     rec = own_session(session_id, actor)
     check_page_args(rec, request.args.get("workspaceId"), request.args.get("documentId"))
-    home = services().homes.path(actor).hermes_home
+    home = services().homes.present(actor).hermes_home
     summary = session_summary(home, rec.get("hermes_session_id")) or {}
     inp, outp = summary.get("inputTokens", 0), summary.get("outputTokens", 0)
     messages = transcript(home, rec.get("hermes_session_id"))

@@ -63,6 +63,13 @@ EXTRA_CODES = {   # cases the contract does not cover
     "idempotency_key_in_progress": "hermes_client_idempotency_in_progress",
     # 503 the Idempotency-Key record store is locked or damaged: nothing ran, retry later
     "idempotency_unavailable": "hermes_client_idempotency_unavailable",
+    # several nodes on PostgreSQL (docs/scaling.md §Shared storage): the database unreachable,
+    # the actor served by another node, a home snapshot not saved or not restorable
+    "storage_unavailable": "hermes_client_storage_unavailable",
+    "lease_lost": "hermes_client_actor_moved",
+    "lease_busy": "hermes_client_actor_moved",
+    "home_snapshot_too_slow": "hermes_client_storage_unavailable",
+    "home_snapshot_damaged": "hermes_client_storage_unavailable",
 }
 
 

@@ -127,6 +127,8 @@ class MnoteExtension(Extension):
         config, cfg = services.config, settings(services.config)
         runs = RunManager(*run_limits(config), logs=RunLogs(config.data_dir / "run-events"))
         runs.streams_per_actor = cfg.max_streams_per_actor
+        if services.shared is not None:        # several nodes: finished runs replay anywhere
+            runs.archive = services.shared.runs
         backend = backend_for(cfg.page_store)
         store = SQLitePageStore(config.data_dir / "mnote.db") if backend is None else None
         tools = ToolGateway(store, cfg.service_url or services.service_url, backend=backend)

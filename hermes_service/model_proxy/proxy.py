@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..embedded_http import OpenConnections, stop_server
 from . import limits
@@ -20,6 +21,9 @@ from .handler import Handler, Server, Server6
 from .policy import Policy, Prepared, Refusal, max_request_bytes
 from .upstream import Connections, Upstream, upstream
 from .usage import UsageStore, budget_message, seconds_to_midnight
+
+if TYPE_CHECKING:       # storage.url only (psycopg)
+    from ..storage.usage import PgUsageStore
 
 log = logging.getLogger("hermes_service.model_proxy")
 
@@ -58,7 +62,9 @@ class ModelProxy:
         self.policy = Policy(frozenset(models), max_request_bytes(context_length))
         self.daily_tokens = daily_tokens
         self.host = host
-        self.usage = UsageStore(Path(usage_db))
+        #: per-user usage: the data dir's SQLite; the shared PostgreSQL's with storage.url
+        #: (:class:`~hermes_service.storage.usage.PgUsageStore`, set by the services)
+        self.usage: UsageStore | PgUsageStore = UsageStore(Path(usage_db))
         self.connections = Connections()
         self._creds: dict[bytes, str] = {}
         self._lock = threading.Lock()

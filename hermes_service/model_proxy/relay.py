@@ -21,7 +21,7 @@ from . import limits
 from .body_check import BodyChecker
 from .policy import Policy, Prepared, Refusal, UsageStripper, forward_headers
 from .upstream import Connections, Upstream
-from .usage import UsageReader, UsageStore
+from .usage import UsageReader
 
 # RFC 9110 §7.6.1 (plus Proxy-Connection, Keep-Alive of RFC 2068); lower-case
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
@@ -38,10 +38,18 @@ def openai_error(message: str, etype: str, code: str) -> bytes:
                                  "code": code}}).encode()
 
 
+class Usage(Protocol):
+    """Where usage is counted: :class:`~hermes_service.model_proxy.usage.UsageStore`, or the
+    shared storage's (:class:`~hermes_service.storage.usage.PgUsageStore`)."""
+    def add(self, user_id: str, prompt_tokens: int, completion_tokens: int,
+            day: str | None = None, estimated: bool = False) -> None: ...
+
+
 class Endpoint(Protocol):
     """What a request handler needs of the pass-through (:class:`~.proxy.ModelProxy`)."""
     policy: Policy
-    usage: UsageStore
+    @property
+    def usage(self) -> Usage: ...
     connections: Connections
     bodies: BodyChecker
 

@@ -201,6 +201,7 @@ class ProcessGroups:
     def __init__(self, pid_dir: Path | None):
         self.pid_dir = pid_dir
         self._live: set = set()
+        self._homes: dict = {}          # member -> its HERMES_HOME (kill_home)
         self._lock = threading.Lock()
         if pid_dir is not None:
             pid_dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +209,7 @@ class ProcessGroups:
     def add(self, member, home: str | None) -> None:
         with self._lock:
             self._live.add(member)
+            self._homes[member] = home
         if self.pid_dir is not None:
             try:            # whole or not at all: a full disk leaves no empty record
                 atomic_write(self.pid_dir / f"{member.pgid}.json", json.dumps({
@@ -220,6 +222,7 @@ class ProcessGroups:
     def forget(self, member) -> None:
         with self._lock:
             self._live.discard(member)
+            self._homes.pop(member, None)
         if self.pid_dir is not None:
             (self.pid_dir / f"{member.pgid}.json").unlink(missing_ok=True)
 
@@ -231,12 +234,14 @@ class ProcessGroups:
         """Kill every live process group at once (in parallel). Returns how many."""
         with self._lock:
             live = list(self._live)
-        threads = [threading.Thread(target=m.kill, args=(reason,)) for m in live]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10)
-        return len(live)
+        return _kill_each(live, reason)
+
+    def kill_home(self, hermes_home: str, reason: str) -> int:
+        """Kill the live groups running with ``hermes_home`` (one user's: CLI turns and warm
+        ACP processes), in parallel; returns how many (a node that lost the user's lease)."""
+        with self._lock:
+            live = [m for m in self._live if self._homes.get(m) == hermes_home]
+        return _kill_each(live, reason)
 
     def reap_orphans(self) -> int:
         """Kill process groups left by a service process that died (kill -9, crash).
@@ -276,6 +281,16 @@ class ProcessGroups:
                     pass
             record.unlink(missing_ok=True)
         return reaped
+
+
+def _kill_each(members: list, reason: str) -> int:
+    """``member.kill(reason)`` for each, in parallel (10 s each at most); how many."""
+    threads = [threading.Thread(target=m.kill, args=(reason,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return len(members)
 
 
 def kill_group(pgid: int, wait, grace: float = KILL_GRACE_SECONDS, tree: bool = False) -> None:

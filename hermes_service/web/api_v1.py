@@ -244,6 +244,8 @@ def _checks(svc) -> dict[str, str | None]:
     checks["disk"] = svc.disk.health() if svc.disk is not None else None
     checks["quota"] = "watched only (hermes.sandbox.quota auto found no quota the kernel " \
         "holds)" if svc.disk is not None and svc.disk.quota_warning() else None
+    if svc.shared is not None:         # several nodes: the shared PostgreSQL
+        checks["storage"] = svc.shared.health()
     _health_checked[0] = (config, now, checks)
     return dict(checks)
 

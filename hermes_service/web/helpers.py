@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     # blueprints use these helpers, so importing it would close a cycle (type-only imports
     # count: tests/unit/test_layers_imports.py)
     from ..service_objects import ServiceObjects
+    from ..storage.idempotency import PgIdempotencyStore
 
 log = logging.getLogger("hermes_service")
 
@@ -280,7 +281,7 @@ def render_error(err: ServiceError):
 
 
 # -- idempotent routes ------------------------------------------------------------------------
-def _claim(store: IdempotencyStore, scope: str, key: str, fp: str,
+def _claim(store: IdempotencyStore | PgIdempotencyStore, scope: str, key: str, fp: str,
            api_key: str) -> Outcome | str | None:
     """:meth:`IdempotencyStore.claim`; a store that cannot answer — locked by another process
     beyond the busy timeout, damaged, unwritable — is 503 ``idempotency_unavailable`` with
@@ -289,7 +290,7 @@ def _claim(store: IdempotencyStore, scope: str, key: str, fp: str,
         return store.claim(scope, key, fp, api_key)
     except sqlite3.Error as err:
         log.error("idempotency record store %s unusable (%s): keyed requests are refused",
-                  store.path, err)
+                  getattr(store, "path", "?"), err)
         raise ServiceError(f"the {HEADER} record store is unavailable (locked or damaged); "
                            "nothing was done, retry later", code="idempotency_unavailable",
                            status=503, headers={"Retry-After": "5"}) from None

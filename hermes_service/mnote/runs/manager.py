@@ -13,15 +13,19 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ... import instance, logs
 from ...errors import Conflict, NotFound, ServiceError, StorageFull, TooManyRuns, storage_full
 from ...limits import Limiter, share
 from .. import metrics
 from .foreign import ForeignRun, LogPoller
-from .log import RunLogs
+from .log import LogState, RunLogs, valid_run_id
 from .run import Run
 from .streams import ClientWatch, Subscription
+
+if TYPE_CHECKING:       # storage.url only (psycopg)
+    from ...storage.runs import RunArchive
 
 log = logging.getLogger("hermes_service.runs")
 
@@ -60,6 +64,9 @@ class RunManager:
         self._streams_of: dict[str, int] = {}     # actor id -> its open event streams
         #: ``mnote.max_streams_per_actor`` (None: :func:`~hermes_service.limits.share`)
         self.streams_per_actor: int | None = None
+        #: finished runs in the shared storage of several nodes
+        #: (:class:`~hermes_service.storage.runs.RunArchive`), or None (a single node)
+        self.archive: RunArchive | None = None
 
     def configure(self, retention_seconds: float, max_active: int, max_streams: int) -> None:
         """Take reloaded limits (docs/configuring.md §Reload): how long finished runs are kept, how
@@ -90,7 +97,10 @@ class RunManager:
         """Delete the run files of runs that ended more than ``events_retention_seconds``
         ago, and close runs of dead processes (:meth:`RunLogs.sweep`); the retention pass and
         ``main.py gc``. Returns how many files were (would be) deleted."""
-        return self.logs.sweep(self.retention, dry_run=dry_run) if self.logs else 0
+        n = self.logs.sweep(self.retention, dry_run=dry_run) if self.logs else 0
+        if self.archive is not None and not dry_run:    # and their rows in the shared storage
+            n += self.archive.prune(self.retention)
+        return n
 
     def close_dead(self) -> int:
         """Close every run of a dead process on the data dir (at start). Returns how many."""
@@ -119,12 +129,14 @@ class RunManager:
                                   f"{self.max_active}; retry when one has ended",
                                   headers={"Retry-After": "5"})
             run = Run("run_" + secrets.token_hex(12), session_id, actor_id, trace_id)
+            meta = {"run_id": run.run_id, "session_id": session_id, "session_key": session_key,
+                    "actor_id": actor_id, "trace_id": trace_id, "owner": self.owner,
+                    "created": time.time()}
+            if self.archive is not None:
+                run.archive = self._archiver(meta)
             if self.logs is not None:
                 run.claims = self.logs
-                run.writer = self.logs.create({
-                    "run_id": run.run_id, "session_id": session_id, "session_key": session_key,
-                    "actor_id": actor_id, "trace_id": trace_id, "owner": self.owner,
-                    "created": time.time()})
+                run.writer = self.logs.create(meta)
                 try:
                     other = self.logs.claim_session(
                         session_key, run.run_id, self.owner,
@@ -144,6 +156,21 @@ class RunManager:
         threading.Thread(target=self._work, args=(run, execute, logs.current()), name=run.run_id,
                          daemon=True).start()
         return run
+
+    def _archiver(self, meta: dict) -> Callable[[Run, dict], None]:
+        """The run's ``archive`` hook: its meta record and events into the shared storage
+        when it ends. A failure (the database unreachable) is logged: the run stays
+        replayable on this node from its file, and the turn it ran was committed already."""
+        archive = self.archive
+        assert archive is not None
+
+        def store(run: Run, terminal: dict) -> None:
+            try:
+                archive.save(run.actor_id, run.run_id, meta, [*run.events, terminal])
+            except ServiceError as err:
+                log.warning("run %s: not stored in the shared storage (%s): it replays on "
+                            "this node only", run.run_id, err.code)
+        return store
 
     def _discard_file(self, run: Run) -> None:
         """Close and remove the log of a run that did not start."""
@@ -231,6 +258,11 @@ class RunManager:
         if self.logs is None:
             return None
         state = self.logs.load(run_id)        # None for an id that is not a run id
+        if state is None and self.archive is not None and valid_run_id(run_id):
+            found = self.archive.load(run_id)  # a run another node ran and finished
+            if found is not None:
+                meta, events, ended = found
+                state = LogState(run_id, meta, events, mtime=ended)
         if state is None or state.meta.get("run_id") != run_id:
             return None
         run = ForeignRun(self, state)

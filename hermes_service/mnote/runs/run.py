@@ -73,6 +73,9 @@ class Run:
     event_bytes: int = 0            # the size of its events so far (event_bounds.RUN_EVENT_BYTES)
     overflow: bool = False          # an event did not fit: the run fails run_limit_exceeded
     foreign = False                 # owned by this process (ForeignRun: by another)
+    #: ``fn(run, terminal_payload)`` storing the finished run where every node reads it
+    #: (shared storage: :meth:`RunManager.archived`), before its terminal event is seen
+    archive: Callable[[Run, dict], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.questions = RunQuestions(self)
@@ -117,6 +120,8 @@ class Run:
             self.event_bytes += event_bounds.size(payload)
             if self.writer is not None:     # durable first; the terminal event fsynced
                 self._log(payload, durable=event in TERMINAL)
+            if terminal and self.archive is not None:
+                self.archive(self, payload)
             self.events.append(payload)
             if event in TERMINAL:
                 self.status = {"run.completed": "completed", "run.failed": "failed",

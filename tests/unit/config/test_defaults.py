@@ -144,7 +144,7 @@ def test_a_core_config_alone_has_no_extension_section():
         config.build_config({"security": {"enable_api_key": False}, "mnote": {}})
     except config.ConfigError as exc:
         assert exc.problems == ["<dict>:(top): unknown key 'mnote' (known: security, nginx, "
-                                "service, cors, hermes, paths, retention)"]
+                                "service, cors, hermes, paths, storage, retention)"]
     else:
         raise AssertionError("an extension section was accepted without its extension")
 
