@@ -250,7 +250,8 @@ def check_config(ctx):
     from .sandbox import Sandbox
     box = Sandbox(config.hermes.sandbox, config.data_dir, HERMES_SITE)
     click.echo(f"sandbox: {box.describe()}")
-    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
+    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes,
+                config.storage.enabled)
     click.echo(f"disk: {disk.describe()}")
     if disk.quota_warning():
         click.echo(f"warning: {config.source}:{disk.quota_warning()}", err=True)
@@ -400,7 +401,8 @@ def home_trim(ctx, user_id, paths):
     from .homes import trim
     from .homes.users import UserHomes
     config = _load(ctx.obj["config_path"], need_keys=False, overlay=_overlay(ctx))
-    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes)
+    disk = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes,
+                config.storage.enabled)
     try:
         home = UserHomes(config.paths, config.hermes).path(user_id)
         if not os.path.isdir(home.root):

@@ -136,13 +136,20 @@ def schema_error(err, limit: int = 300) -> tuple[list[str], str]:
     """A jsonschema ``ValidationError`` as ``(path, reason)``: the one reading of a schema
     error every caller formats (request bodies ``a/b: …``, tool envelopes and pages as JSON
     pointers, config as ``a.b: …``). ``required`` and ``additionalProperties`` errors name the
-    offending field in the path; the reason is cut at ``limit`` characters."""
+    offending field in the path, a ``oneOf``/``anyOf`` of ``required`` alone names its fields
+    (never the instance); the reason is cut at ``limit`` characters."""
     path, reason = [str(p) for p in err.absolute_path], err.message
     if err.validator == "required" and isinstance(err.instance, dict):
         missing = [p for p in err.validator_value if p not in err.instance]
         if missing:
             path.append(str(missing[0]))
             reason = "is required"
+    elif err.validator in ("oneOf", "anyOf") and isinstance(err.instance, dict) and all(
+            set(branch) == {"required"} for branch in err.validator_value):
+        # "exactly one of a, b": the default message would repeat the whole instance
+        names = ", ".join(n for branch in err.validator_value for n in branch["required"])
+        reason = (f"needs exactly one of {names}" if err.validator == "oneOf"
+                  else f"needs one of {names}")
     elif err.validator == "additionalProperties" and isinstance(err.instance, dict):
         allowed = err.schema.get("properties", {})
         extra = sorted(k for k in err.instance if k not in allowed)

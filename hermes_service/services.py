@@ -291,7 +291,7 @@ def build_services(config: Config, service_url: str | None = None) -> Services:
     hermes = config.hermes
     homes = UserHomes(config.paths, hermes)
     sandbox = Sandbox(hermes.sandbox, data_dir, HERMES_SITE)
-    disk = Disk(hermes.sandbox, data_dir, config.paths.homes)
+    disk = Disk(hermes.sandbox, data_dir, config.paths.homes, config.storage.enabled)
     homes.make_folder, homes.mount = disk.make_folder, disk.mount_existing
     proxy = ModelProxy(usage_db=usage_db_path(data_dir), **model_proxy_settings(config, homes))
     sandbox.credentials = proxy      # started by the first Hermes process that needs it

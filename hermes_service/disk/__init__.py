@@ -6,6 +6,6 @@
 * :mod:`.image` — a file system of its own per home: an ext4 image, loop-mounted;
 * :mod:`.use` — what a home takes on disk: walked, and held open unnamed by its processes.
 
-It may import :mod:`hermes_service.errors` and the sandbox (a :class:`Launch` to watch, its
-settings); the sandbox never imports it.
+It may import :mod:`hermes_service.errors`, :mod:`hermes_service.instance` and the sandbox (a
+:class:`Launch` to watch, its settings); the sandbox never imports it.
 """

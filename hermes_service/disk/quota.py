@@ -93,12 +93,18 @@ def reserve_mb(max_home_mb: float) -> float:
     return max(4.0, min(256.0, max_home_mb / 8))
 
 
-def pick_backend(mode: str, homes: Path) -> tuple[str, str | None]:
+#: why no home images are made with shared storage (``storage.url``)
+SHARED_NO_IMAGES = ("storage.url is set: a home restored from the shared storage is swapped in "
+                    "by a rename, which a mounted image refuses")
+
+
+def pick_backend(mode: str, homes: Path, shared: bool = False) -> tuple[str, str | None]:
     """The layer that holds ``max_home_mb`` for ``hermes.sandbox.quota`` ``mode`` on homes
     under ``homes``, and why no kernel's does (None when one does): ``auto`` takes btrfs
     qgroups where they can be set, then an image per home, then the watcher; ``btrfs`` and
     ``image`` take theirs or the watcher (:meth:`Disk.problems` then refuses to start);
-    ``watch`` the watcher."""
+    ``watch`` the watcher. ``shared`` (``storage.url`` set): no images — a restored home is
+    swapped in by a rename, which a mount point refuses (docs/scaling.md §Shared storage)."""
     if mode == WATCH:
         return WATCH, "hermes.sandbox.quota is watch"
     why = []
@@ -108,7 +114,7 @@ def pick_backend(mode: str, homes: Path) -> tuple[str, str | None]:
             return BTRFS, None
         why.append(no_btrfs)
     if mode in ("auto", IMAGE):
-        no_image = disk_image.image_problem(homes)
+        no_image = SHARED_NO_IMAGES if shared else disk_image.image_problem(homes)
         if no_image is None:
             return IMAGE, None
         why.append(f"no home images: {no_image}")
@@ -156,8 +162,9 @@ class Disk:
     """The disk rules of one service process (module doc). ``settings``: ``hermes.sandbox``;
     ``data_dir``: the service's state; ``homes``: ``paths.homes_dir`` (or the data dir)."""
 
-    def __init__(self, settings: Settings, data_dir: Path, homes: Path):
+    def __init__(self, settings: Settings, data_dir: Path, homes: Path, shared: bool = False):
         self.data_dir, self.homes = Path(data_dir), Path(homes)
+        self.shared = shared                      # storage.url set: no home images
         self.watcher = Watcher(self)
         self._limited: dict[Path, float] = {}      # home -> the qgroup limit set (MiB)
         self._sizes: dict[Path, tuple[float, Usage]] = {}   # home -> (reuse until, usage)
@@ -172,7 +179,7 @@ class Disk:
         self.max_home_mb = float(settings.max_home_mb)
         self.min_free = int(settings.min_free_mb * MIB)
         self.mode = mode = settings.quota
-        self.backend, self.why_not = pick_backend(mode, self.homes)
+        self.backend, self.why_not = pick_backend(mode, self.homes, self.shared)
 
     # -- what the admin is told ------------------------------------------------------------
     def quota_warning(self) -> str | None:

@@ -25,7 +25,14 @@ import secrets
 from .blocks import Planned, plan_ops
 from .page_rows import canonical, utc_now
 from .page_sqlite import SQLitePageStore
-from .page_store import MSG_CONFLICT, CommandContext, CommandResult, Conflict, ToolError
+from .page_store import (
+    MSG_CONFLICT,
+    BadToolInput,
+    CommandContext,
+    CommandResult,
+    Conflict,
+    ToolError,
+)
 
 CMD_BLOCK_BATCH = "page.blocks.batch"
 CMD_PROPOSE = "page.suggestion.create"
@@ -33,6 +40,9 @@ CMD_ACCEPT = "page.suggestion.accept"
 CMD_REJECT = "page.suggestion.reject"
 #: open suggestions one page may hold (a run could otherwise fill the store)
 MAX_OPEN_SUGGESTIONS = 100
+#: open suggestions one run may leave on a page (a prompt-injected run proposing in a loop
+#: would otherwise take the page's whole bound, and no later run could propose)
+MAX_OPEN_PER_RUN = 20
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS suggestions ("
@@ -61,14 +71,14 @@ class LimitExceeded(ToolError):
 
 
 def _since(page: dict, required: int | None, base: int | None) -> int:
-    """The revision the ops were read at; Conflict if ``required`` is not the page's revision
-    or ``base`` is later than it."""
+    """The revision the ops were read at, an int (JSON Schema's integer also takes ``1.0``);
+    Conflict if ``required`` is not the page's revision or ``base`` is later than it."""
     if required is not None and required != page["revision"]:
         raise Conflict(MSG_CONFLICT)
     since = required if required is not None else base
     if since is None or since > page["revision"]:
         raise Conflict(MSG_CONFLICT)
-    return since
+    return int(since)
 
 
 def _dry(planned: Planned) -> list[dict]:
@@ -118,7 +128,8 @@ class BlockCommands:
                       base_revision: int | None = None) -> CommandResult:
         """``mnote.block.propose``: checked as a batch would be now, then stored open.
         Result ``{commandName, suggestionId, status: "open", baseRevision, revision}`` (the
-        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS`."""
+        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS` on the page
+        or :data:`MAX_OPEN_PER_RUN` of this run on it."""
         def plan(con, page, dry):
             since = _since(page, required_revision, base_revision)
             planned = plan_ops(page["blocks"], ops, since=since)
@@ -127,6 +138,12 @@ class BlockCommands:
             if open_now >= MAX_OPEN_SUGGESTIONS:
                 raise LimitExceeded(f"本页已有 {open_now} 条待处理的建议，"
                                     f"上限 {MAX_OPEN_SUGGESTIONS}")
+            by_run = con.execute("SELECT count(*) FROM suggestions WHERE document_id = ? AND"
+                                 " run_id = ? AND status = 'open'",
+                                 (page["documentId"], ctx.run_id)).fetchone()[0]
+            if by_run >= MAX_OPEN_PER_RUN:
+                raise LimitExceeded(f"本次运行已在本页留下 {by_run} 条待处理的建议，"
+                                    f"上限 {MAX_OPEN_PER_RUN}")
 
             def apply():
                 sid = f"sug_{secrets.token_hex(8)}"
@@ -168,12 +185,18 @@ class BlockCommands:
 
     def accept(self, ctx: CommandContext, *, suggestion_id: str) -> CommandResult:
         """``mnote.suggestion.accept``: the suggestion's ops applied as ``baseRevision`` would
-        (Conflict naming the blocks, the suggestion stays open); result ``{commandName,
+        (Conflict naming the blocks, or the block bound the page has grown to since; the
+        suggestion stays open); result ``{commandName,
         suggestionId, status: "accepted", revision, blocks, ops}``."""
         def plan(con, page, dry):
             row = self._open(con, page, suggestion_id)
-            planned = plan_ops(page["blocks"], json.loads(row["ops"]),
-                               since=row["base_revision"])
+            try:
+                planned = plan_ops(page["blocks"], json.loads(row["ops"]),
+                                   since=row["base_revision"])
+            except BadToolInput as exc:
+                # checked when proposed: only the page's change since (its growth past the
+                # block bound) fails it now; the person's accept names no ops to fix
+                raise Conflict(exc.message.split(": ", 1)[-1]) from None
 
             def apply():
                 revision = self.store.bump(con, page, body=canonical(planned.blocks))

@@ -15,7 +15,8 @@ behind.
 * :mod:`.body_worker` — the memory-capped worker process that checks a costly body.
 
 It may import the core's leaves (:mod:`hermes_service.errors`, :mod:`hermes_service.metrics`,
-:mod:`hermes_service.json_cost`, :mod:`hermes_service.embedded_http`); never the sandbox, the
+:mod:`hermes_service.json_cost`, :mod:`hermes_service.embedded_http`) and the shared
+storage's usage store type (``storage``, for type checks only); never the sandbox, the
 homes, the runners or the web. This ``__init__`` imports nothing: the body worker runs as
 ``python -m hermes_service.model_proxy.body_worker`` and loads only :mod:`.policy` and
 :mod:`.request`.

@@ -12,6 +12,6 @@ docs/api-description.md).
 
 It may import the core below it (config, errors, idempotency, security, preflight, logs,
 metrics, :mod:`hermes_service.service_objects`, :mod:`hermes_service.conversations`' request,
-the runners' public surface); nothing below it
+the runners' public surface, the shared storage's store types); nothing below it
 imports the web, except the extensions (``mnote/``), which add their routes through it.
 """

@@ -10,6 +10,7 @@ H = partial(Hand, group="model_proxy")
 PX = "hermes_service/model_proxy/proxy.py"
 HD = "hermes_service/model_proxy/handler.py"
 RL = "hermes_service/model_proxy/relay.py"
+REQ = "hermes_service/model_proxy/request.py"
 MP = "hermes_service/model_proxy/policy.py"
 RULES = ["tests/unit/model_proxy/test_rules.py"]
 POLICY = ["tests/unit/model_proxy/test_policy.py", "-k", "not trickled"]
@@ -44,8 +45,8 @@ MUTANTS = [
       "if self._inflight.get(user_id, 0) >= limits.MAX_USER_REQUESTS or",
       "if self._inflight.get(user_id, 0) > limits.MAX_USER_REQUESTS or", RULES),
     H("a user's body bytes unbounded", PX,
-      "self._user_bytes.get(user_id, 0) + length > limits.USER_BODY_BUDGET:",
-      "self._user_bytes.get(user_id, 0) > limits.USER_BODY_BUDGET:", RULES),
+      "self._user_bytes.get(user_id, 0) + length > user_body_budget(self.policy):",
+      "self._user_bytes.get(user_id, 0) > user_body_budget(self.policy):", RULES),
     H("every user's body bytes unbounded", PX,
       "elif self._body_bytes + length > limits.BODY_BUDGET:",
       "elif self._body_bytes > limits.BODY_BUDGET:", RULES),
@@ -53,8 +54,8 @@ MUTANTS = [
       "                self._body_bytes -= length\n", "                pass\n", RULES),
     H("a finished request keeps its place", PX,
       "                    self._inflight[user_id] = left\n", "                    pass\n", RULES),
-    H("the budget allows one more request at its end", PX, "        if spent >= budget:",
-      "        if spent > budget:", RULES),
+    H("the budget allows one more request at its end", PX, "        if spent + held >= budget:",
+      "        if spent + held > budget:", RULES),
     H("the budget is never checked at intake", HD, "            proxy.check_budget(user)\n",
       "", POLICY),
     # -- the intake ----------------------------------------------------------------------
@@ -76,8 +77,8 @@ MUTANTS = [
     H("a route takes any method", MP, "    if method != want:", "    if False:", RULES),
     H("a route matches a prefix", MP, "    want = ROUTES.get(target)",
       '    want = next((m for t, m in ROUTES.items() if target.startswith(t)), None)', RULES),
-    H("n (several answers billed) is forwarded", MP, '    "model", "messages", "tools",',
-      '    "n", "model", "messages", "tools",', RULES),
+    H("n (several answers billed) is forwarded", REQ, '    "model": string,\n',
+      '    "model": string,\n    "n": integer(1, 128),\n', RULES),
     H("unknown fields are forwarded", MP,
       "extra = sorted(k for k in obj if k not in CHAT_FIELDS)", "extra: list = []", POLICY),
     H("any model is forwarded", MP, 'if not isinstance(model, str) or model not in self.models:',

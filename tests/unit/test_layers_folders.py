@@ -16,14 +16,14 @@ from unit.test_layers_imports import ROOT, graph
 #: folder (dotted, under hermes_service) → what its modules may import outside it
 MAY_IMPORT = {
     "web": {"config", "conversations", "errors", "idempotency", "logs", "metrics", "preflight",
-            "runner", "security", "service_objects"},
-    "homes": {"config", "errors", "homefs", "json_cost", "sandbox"},
+            "runner", "security", "service_objects", "storage"},
+    "homes": {"config", "disk", "errors", "homefs", "json_cost", "sandbox"},
     "sandbox": {"config_fields", "homefs"},
     "sandbox.net": {"hermes_site", "instance", "metrics"},
-    "disk": {"errors", "sandbox"},
-    "model_proxy": {"embedded_http", "errors", "json_cost", "metrics"},
+    "disk": {"errors", "instance", "sandbox"},
+    "model_proxy": {"embedded_http", "errors", "json_cost", "metrics", "storage"},
     "mnote.kernel": {"mnote"},
-    "mnote.runs": {"errors", "instance", "limits", "logs", "mnote"},
+    "mnote.runs": {"errors", "instance", "limits", "logs", "mnote", "storage"},
     "openai_api": {"config", "config_fields", "conversations", "errors", "extensions", "homes",
                    "model_proxy", "runner", "service_objects", "web"},
 }

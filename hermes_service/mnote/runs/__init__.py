@@ -10,5 +10,6 @@ and their events).
 * :mod:`.streams` — open event streams and the watch that frees a vanished client's.
 
 It may import the core's leaves (errors, instance, limits, logs) and the extension's metrics
-and event bounds (``mnote/``); never the runners or the web.
+and event bounds (``mnote/``), and the shared storage's run archive type (``storage``);
+never the runners or the web.
 """

@@ -213,3 +213,11 @@ def test_files_at_their_cap_are_refused_where_the_watcher_holds_them_not_on_btrf
     monkeypatch.setattr(disk_btrfs, "set_home_limits", lambda *a: None)
     on_btrfs = Disk(Settings(quota="btrfs", max_home_mb=32, min_free_mb=0), tmp_path, tmp_path)
     assert on_btrfs.check_turn(home, run).files_mb >= 27   # Hermes's room is the kernel's
+
+
+@pytest.mark.parametrize("mode", ["auto", "image"])
+def test_no_home_images_with_shared_storage(tmp_path, mode):
+    # a restored home is swapped in by a rename, which a mount point refuses
+    from hermes_service.disk.quota import SHARED_NO_IMAGES, WATCH, pick_backend
+    backend, why = pick_backend(mode, tmp_path, shared=True)
+    assert backend == WATCH and SHARED_NO_IMAGES in why

@@ -4,13 +4,14 @@ expectHash, a suggestion's life, permissions, idempotency, dryRun and hostile in
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 
 import pytest
 from jsonschema import Draft202012Validator
 
-from hermes_service.mnote.block_store import MAX_OPEN_SUGGESTIONS
-from hermes_service.mnote.blocks import block_hash
+from hermes_service.mnote.block_store import MAX_OPEN_PER_RUN, MAX_OPEN_SUGGESTIONS
+from hermes_service.mnote.blocks import MAX_PAGE_BLOCKS, block_hash
 from hermes_service.mnote.page_sqlite import SQLitePageStore
 from hermes_service.mnote.schemas import MAX_BLOCK_TEXT, MAX_OPS, OUTPUT_ENVELOPE_SCHEMA
 from hermes_service.mnote.tools import TOOLS_BY_NAME, ToolExecutor
@@ -323,9 +324,11 @@ def test_a_suggestion_of_another_page_is_not_found(ex, store):
 
 def test_open_suggestions_are_bounded(ex, store):
     ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
-    for _ in range(MAX_OPEN_SUGGESTIONS):
-        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})["ok"]
-    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})
+    for n in range(MAX_OPEN_SUGGESTIONS):
+        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+                    runId=f"run_{n}")["ok"]
+    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+               runId="run_next")
     assert out["error"]["code"] == "mnote_tool_limit_exceeded"
 
 
@@ -357,3 +360,78 @@ def test_a_hash_copied_back_into_page_save_is_not_stored(ex, store):
     assert store.export_page("doc_1")["blocks"] == [{"id": "b1", "type": "paragraph",
                                                      "text": "改过"}]
     assert page(ex)["blocks"][0]["hash"] == block_hash({"type": "paragraph", "text": "改过"})
+
+
+# ------------------------------------------------------------------ hostile callers
+def test_a_revision_given_as_a_float_is_answered_as_an_integer(ex, store):
+    """JSON Schema's integer takes 1.0 (the HTTP body parser gives a float): the revision a
+    suggestion records and answers is still the integer."""
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    for field in ("requiredRevision", "baseRevision"):
+        out = call(ex, "mnote.block.propose", {field: 1.0, "ops": ops, "reason": "r"})
+        assert out["ok"], out
+        assert type(out["result"]["baseRevision"]) is int
+        assert json.dumps(out["result"]["baseRevision"]) == "1"
+
+
+def test_neither_or_both_revisions_name_the_fields_not_the_envelope(ex):
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "SECRET-OWN-TEXT"}}]
+    for args in ({"ops": ops}, {"ops": ops, "baseRevision": 1, "requiredRevision": 1}):
+        out = call(ex, "mnote.block.batch", args, idempotencyKey="idem_should_not_echo")
+        message = out["error"]["message"]
+        assert "requiredRevision" in message and "baseRevision" in message, message
+        assert "idem_should_not_echo" not in message and "SECRET" not in message, message
+
+
+def test_two_processes_accepting_at_once_apply_it_once(ex, store):
+    """Two service processes (two stores on one file) accept one suggestion at the same
+    moment: exactly one applies it, the other is suggestion_closed."""
+    sid = propose(ex)
+    before = page(ex)["revision"]
+    stores = [SQLitePageStore(store.path) for _ in range(2)]
+    start = threading.Barrier(2)
+    outs: list = [None, None]
+
+    def accept(n: int) -> None:
+        start.wait()
+        outs[n] = review(ToolExecutor(stores[n]), "accept", sid)
+    threads = [threading.Thread(target=accept, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert sorted(bool(o["ok"]) for o in outs) == [False, True], outs
+    assert next(o for o in outs if not o["ok"])["error"]["code"] == \
+        "mnote_tool_suggestion_closed"
+    assert page(ex)["revision"] == before + 1
+    assert sum(1 for r in store.audit_rows() if r["commandName"] == "page.suggestion.accept") == 1
+
+
+def test_one_run_cannot_fill_the_pages_suggestions(ex, store):
+    """A prompt-injected run proposing in a loop stops at its own bound; the page keeps room
+    for the next run's suggestions."""
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    for _ in range(MAX_OPEN_PER_RUN):
+        assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})["ok"]
+    out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"})
+    assert out["error"]["code"] == "mnote_tool_limit_exceeded", out
+    assert call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+                runId="run_2")["ok"]
+
+
+def test_a_suggestion_the_grown_page_cannot_take_is_a_conflict(ex, store):
+    """Checked when proposed, a suggestion can only fail later because the page changed:
+    accepting it on a page since grown to the block bound is a conflict (the person cannot
+    fix their accept), not a bad request naming args the panel never sent."""
+    store.import_page({"documentId": "doc_1", "workspaceId": "ws_1", "title": "t", "blocks": [
+        {"id": f"x{i}", "type": "p", "text": "t"} for i in range(MAX_PAGE_BLOCKS - 1)]})
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "x"}}]
+    sid = call(ex, "mnote.block.propose", {"baseRevision": 2, "ops": ops,
+                                           "reason": "r"})["result"]["suggestionId"]
+    assert call(ex, "mnote.block.batch", {"baseRevision": 2, "ops": ops})["ok"]
+    out = review(ex, "accept", sid)
+    assert out["error"]["code"] == "mnote_tool_conflict", out
+    assert "/args" not in out["error"]["message"] and str(MAX_PAGE_BLOCKS) in out["error"]["message"]
+    assert [s["suggestionId"] for s in review(ex, "list")["result"]["suggestions"]] == [sid]
