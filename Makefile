@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: setup setup-service client-tools npm bubblewrap e2fsprogs nginx postgresql promtool btrfs run demo lint test mutation bench bench-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel bench-warm-cpu wrk check-config clean
+.PHONY: setup setup-service client-tools npm bubblewrap e2fsprogs nginx postgresql promtool btrfs run demo lint test mutation bench bench-first-token bench-openai-first-token bench-users bench-registry bench-streams bench-sandbox bench-network bench-requests bench-kernel wrk check-config clean
 
 # What the service needs (`make run`): .venv with requirements.txt, .hermes-venv with the CLI,
 # bubblewrap for the sandbox of every Hermes process (docs/sandbox.md), e2fsprogs for home images.
@@ -164,6 +164,12 @@ bench-warm-cpu: setup
 # alternately in one run (docs/benchmarks.md §First token); ~1 min. BENCH_ARGS="--turns 50".
 bench-first-token: setup
 	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/first_token.py $(BENCH_ARGS)
+
+# The OpenAI-compatible stream's first chunk against the panel's first message.delta on the
+# same runner, alternately in one run (docs/benchmarks.md §First token of the OpenAI-compatible
+# routes); ~1 min. BENCH_ARGS="--turns 50".
+bench-openai-first-token: setup
+	HERMES_BIN="$(CURDIR)/$(HVENV)/bin/hermes" $(VENV)/bin/python bench/openai_first_token.py $(BENCH_ARGS)
 
 # N panel users at once (8, 16, 32) with the shipped limits and a provider answering after 5 s
 # (docs/scaling.md §Sizing a node); ~5 min, ~5 GB of warm processes at 32.

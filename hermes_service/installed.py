@@ -27,7 +27,8 @@ def extensions() -> tuple[Extension, ...]:
     """The installed extensions, in order: the composition point (the one place the core
     names an extension)."""
     from .mnote import extension as mnote
-    return (mnote,)
+    from .openai_api import extension as openai_api
+    return (mnote, openai_api)
 
 
 def config_sections() -> tuple[ConfigSection, ...]:

@@ -71,24 +71,34 @@ class Guard:
         if self.ip_check and not _in(_addr(client_ip), self.allowed):
             raise Forbidden(f"client address {client_ip} is not allowed", code="ip_not_allowed")
 
-    def presented_key(self, headers) -> str | None:
-        if self.bearer:
+    def presented_key(self, headers, bearer: bool = False) -> str | None:
+        """The key the request presents: ``Authorization: Bearer`` with ``auth_method:
+        bearer``, else the ``api_key_header``; ``bearer`` (a route family whose clients send
+        only a bearer token, e.g. the OpenAI-compatible routes) reads the bearer token first,
+        then the header."""
+        if self.bearer or bearer:
             auth = headers.get("Authorization", "")
             scheme, _, token = auth.partition(" ")
-            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            if self.bearer:
+                return None
         return headers.get(self.header) or None
 
-    def check_key(self, headers, now: datetime | None = None) -> ApiKey | None:
-        """Return the matching :class:`ApiKey` (None when keys are disabled).
+    def check_key(self, headers, now: datetime | None = None,
+                  bearer: bool = False) -> ApiKey | None:
+        """Return the matching :class:`ApiKey` (None when keys are disabled); ``bearer``: as
+        :meth:`presented_key`.
 
         Raises :class:`Unauthorized` with code ``missing_api_key``,
         ``invalid_api_key`` or ``api_key_expired``.
         """
         if not self.key_check:
             return None
-        key = self.presented_key(headers)
+        key = self.presented_key(headers, bearer)
         if not key:
-            how = "Authorization: Bearer <key>" if self.bearer else f"{self.header}: <key>"
+            how = "Authorization: Bearer <key>" if self.bearer or bearer \
+                else f"{self.header}: <key>"
             raise Unauthorized(f"an API key is required ({how})", code="missing_api_key",
                                headers=self._challenge())
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -118,9 +118,15 @@ class Resolver:
                             "this key is refused (401 api_key_expired); remove it")
             scope = entry.get("capability_scope")
             scopes = entry.get("scopes")
-            keys.append(ApiKey(digest, entry.get("description"), expires, entry.get("actor_id"),
+            if entry.get("actor_id") and entry.get("user_id"):
+                self.problems.append(f"{where}: actor_id and user_id are the same binding; "
+                                     "give one")
+                continue
+            keys.append(ApiKey(digest, entry.get("description"), expires,
+                               entry.get("actor_id") or entry.get("user_id"),
                                tuple(scope) if scope is not None else None,
-                               frozenset(DEFAULT_SCOPES if scopes is None else scopes)))
+                               frozenset(DEFAULT_SCOPES if scopes is None else scopes),
+                               bool(entry.get("trusted_frontend"))))
         return tuple(keys)
 
 

@@ -29,7 +29,7 @@ from ..config_fields import (
 )
 
 #: API key scopes (docs/configuring.md §API keys): which route families a key may call.
-SCOPES = ("v1", "client", "execute", "metrics")
+SCOPES = ("v1", "client", "execute", "metrics", "openai")
 #: Scopes of a key that lists none. v1.3.0 let every key call every route; /api/v1/execute can
 #: read any user's transcripts (``sessions export``), so it must be granted explicitly.
 DEFAULT_SCOPES = ("v1", "client")
@@ -61,6 +61,9 @@ class ApiKey:
     actor_id: str | None
     capability_scope: tuple[str, ...] | None
     scopes: frozenset[str] = frozenset(DEFAULT_SCOPES)
+    #: a trusted front end (e.g. Open WebUI's server): it may name the user of each request
+    #: on the OpenAI-compatible routes (docs/openai-api.md §Who the user is)
+    trusted_frontend: bool = False
 
 
 API_KEY_ENTRY = object_schema({
@@ -70,6 +73,9 @@ API_KEY_ENTRY = object_schema({
     "description": {"type": ["string", "null"]},
     "expires_at": {"type": ["string", "null"]},
     "actor_id": {"type": ["string", "null"]},
+    # the same binding under the name the OpenAI-compatible routes' docs use; one of the two
+    "user_id": {"type": ["string", "null"]},
+    "trusted_frontend": _BOOL,
     "capability_scope": {"type": ["array", "null"], "items": {"type": "string"}},
     "scopes": {"type": "array", "uniqueItems": True, "items": {"enum": list(SCOPES)}},
 }, oneOf=[{"required": ["key"]}, {"required": ["key_sha256"]}, {"required": ["key_env"]}])

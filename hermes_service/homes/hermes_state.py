@@ -488,6 +488,20 @@ def token_counts(conn: StateConn, session_id: str) -> dict | None:
             "outputTokens": sum(r["output_tokens"] or 0 for r in chain)}
 
 
+def tokens_used(before: dict | None, after: dict | None, reported: dict | None = None) -> dict:
+    """Tokens one turn used, ``{input_tokens, output_tokens, total_tokens}``: the growth of
+    Hermes's own per-session counters between ``before`` and ``after`` (:func:`token_counts`
+    or :func:`session_summary` of the session, None: none yet) — what the provider reported
+    through the model pass-through —, or ``reported`` (the runner's own report:
+    ``{input_tokens, output_tokens}``) when the counters did not move."""
+    before, after = before or {}, after or {}
+    inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
+    out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
+    if not inp and not out and reported:
+        inp, out = reported.get("input_tokens", 0), reported.get("output_tokens", 0)
+    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out}
+
+
 @_on_record(lambda: None)
 def session_summary(conn: StateConn, session_id: str) -> dict | None:
     """``{title, model, messageCount, toolCallCount, updatedAt (unix s), preview,

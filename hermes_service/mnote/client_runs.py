@@ -12,7 +12,7 @@ from flask import Response, g, request, stream_with_context
 
 from ..conversations import SendRequest
 from ..errors import ID_SCHEMA, BadRequest, NotFound, check_id
-from ..homes.hermes_state import session_summary, token_counts
+from ..homes.hermes_state import session_summary, token_counts, tokens_used
 from ..web.helpers import Param, Reply, documented, has_body, json_body, services
 from . import event_bounds
 from .client import (
@@ -148,8 +148,9 @@ def run_turn(svc, turn: Turn, run) -> None:
             closing.append(("reasoning.delta", {"delta": result.reasoning}))
         closing += [("message.delta", {"delta": piece}) for piece in _pieces(result.answer)]
     completed = {"output": result.answer, "finish_reason": result.finish_reason,
-                 "usage": result.usage or _usage_delta(
-                     before, session_summary(home, result.hermes_session_id) or {})}
+                 "usage": result.usage or {
+                     **tokens_used(before, session_summary(home, result.hermes_session_id)),
+                     "estimated": False}}
     if result.notice:
         completed["notice"] = result.notice
     run.finish([*closing, ("run.completed", completed)])
@@ -160,15 +161,6 @@ def _pieces(text: str) -> list[str]:
     §Sizes of events), so that they add up to it whole."""
     cap = event_bounds.FIELD_CHARS["delta"]
     return [text[i:i + cap] for i in range(0, len(text), cap)]
-
-
-def _usage_delta(before: dict, after: dict) -> dict:
-    """Tokens this run used when the service counted none (no model pass-through: Hermes talks
-    to the provider itself): the growth of Hermes's own per-session counters."""
-    inp = max(0, after.get("inputTokens", 0) - before.get("inputTokens", 0))
-    out = max(0, after.get("outputTokens", 0) - before.get("outputTokens", 0))
-    return {"input_tokens": inp, "output_tokens": out, "total_tokens": inp + out,
-            "estimated": False}
 
 
 def capability_scope(svc) -> list[str]:

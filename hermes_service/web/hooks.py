@@ -90,7 +90,8 @@ def authenticate() -> None:
         return    # CORS preflight carries no credentials
     if family is not None and not family.needs_key(svc.config.security):
         return
-    ctx.api_key = key = svc.guard.check_key(req.headers)
+    ctx.api_key = key = svc.guard.check_key(req.headers,
+                                            bearer=family is not None and family.bearer)
     scope = family.scope if family is not None else None
     if key is not None and scope and scope not in key.scopes:
         raise Forbidden(f"this API key is not granted the '{scope}' scope (security.api_keys[]."

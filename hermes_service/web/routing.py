@@ -12,6 +12,8 @@ A :class:`RouteFamily` names
   description) or :data:`RUN_TOKEN` (loopback peers without proxy headers; the route checks
   its run token itself: the mnote tool endpoint);
 * ``scope`` — the ``security.api_keys[].scopes`` entry a key needs (None: any valid key);
+* ``bearer`` — its clients send the key as ``Authorization: Bearer`` whatever
+  ``security.auth_method`` says (the OpenAI-compatible routes: every OpenAI client does);
 * ``errors`` — its :class:`ErrorFamily`: the error body's schema for the API document and the
   renderer the app answers errors with.
 
@@ -71,6 +73,7 @@ class RouteFamily:
     auth: str = KEY
     scope: str | None = None
     key_setting: str | None = None
+    bearer: bool = False
 
     def __post_init__(self):
         if self.auth not in (KEY, OPEN_UNLESS, RUN_TOKEN):

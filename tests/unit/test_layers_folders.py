@@ -24,6 +24,8 @@ MAY_IMPORT = {
     "model_proxy": {"embedded_http", "errors", "json_cost", "metrics", "storage"},
     "mnote.kernel": {"mnote"},
     "mnote.runs": {"errors", "instance", "limits", "logs", "mnote", "storage"},
+    "openai_api": {"config", "config_fields", "conversations", "errors", "extensions", "homes",
+                   "model_proxy", "runner", "service_objects", "web"},
 }
 PACKAGE = "hermes_service"
 

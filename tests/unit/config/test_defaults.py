@@ -62,8 +62,8 @@ def code_defaults() -> dict:
 
 def test_the_code_defaults_hold_every_installed_extension_section():
     sections = installed.config_sections()
-    assert [s.name for s in sections] == ["mnote"]
-    assert "mnote" not in DEFAULTS                       # the core holds none of it
+    assert [s.name for s in sections] == ["mnote", "openai"]
+    assert "mnote" not in DEFAULTS and "openai" not in DEFAULTS   # the core holds none of it
     for section in sections:
         assert code_defaults()[section.name] == section.defaults
         assert set(section.defaults) == set(section.schema["properties"]), \

@@ -75,7 +75,7 @@ def test_its_keys_are_refused_with_the_same_lines_and_hints(tmp_path):
     # the sections sit before retention, in the order they are given
     assert problems(tmp_path, {"zzz": 1}) == [
         "<dict>:(top): unknown key 'zzz' (known: security, nginx, service, cors, hermes, "
-        "paths, storage, mnote, extra, retention)"]
+        "paths, storage, mnote, openai, extra, retention)"]
 
 
 def test_its_checks_run_after_the_cores_and_are_skipped_on_a_refused_key(tmp_path):
