@@ -13,7 +13,8 @@ pre-warm, ``/api/v1/execute``, ``hermes --version`` and ``gc``'s transcript dele
 * :mod:`.launcher` — :class:`Sandbox` and the :class:`Launch` of one process.
 
 It may import the core's leaves (:mod:`hermes_service.config_fields`,
-:mod:`hermes_service.homefs`) and its own :mod:`.net`; never ``disk/``, ``homes/``, the runners
+:mod:`hermes_service.homefs`), its own :mod:`.net`, and the pass-through's record of a
+turn's calls as a type (``model_proxy.calls``); never ``disk/``, ``homes/``, the runners
 or the web. What a home takes on disk is :mod:`hermes_service.disk.use`.
 """
 from .args import HOME, RUN_DIR, SITE_DIR, map_paths, proc_covers, runtime_roots

@@ -18,7 +18,7 @@ MAY_IMPORT = {
     "web": {"config", "conversations", "errors", "idempotency", "logs", "metrics", "preflight",
             "runner", "security", "service_objects", "storage"},
     "homes": {"config", "disk", "errors", "homefs", "json_cost", "sandbox"},
-    "sandbox": {"config_fields", "homefs"},
+    "sandbox": {"config_fields", "homefs", "model_proxy"},     # model_proxy: a type only
     "sandbox.net": {"hermes_site", "instance", "metrics"},
     "disk": {"errors", "instance", "sandbox"},
     "model_proxy": {"embedded_http", "errors", "json_cost", "metrics", "storage"},
