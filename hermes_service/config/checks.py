@@ -152,6 +152,16 @@ def execute_not_chat(cfg: Config) -> list[str]:
             if cfg.valid(f"hermes.execute.allowed.{i}") and argv and argv[0] == "chat"]
 
 
+@_check("hermes.approvals.unattended")
+def unattended_families(cfg: Config) -> list[str]:
+    """Each name of ``hermes.approvals.unattended`` is a route family whose turns run here:
+    ``v1`` or an installed extension's (its section's name); a typo would leave ``deny``."""
+    known = {"v1", *(s.name for s in cfg.extension_sections)}
+    return [f"{cfg.source}:hermes.approvals.unattended.{name}: not a route family of this "
+            f"service (one of {', '.join(sorted(known))})"
+            for name in cfg.hermes.approvals.unattended if name not in known]
+
+
 def run_checks(cfg: Config) -> list[str]:
     """The problems of every :data:`CHECKS` entry whose keys validated, in order, then of the
     checks of ``cfg``'s extension sections (:attr:`ConfigSection.checks`)."""
