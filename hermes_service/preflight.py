@@ -70,8 +70,8 @@ def disk_problem(config: Config) -> str | None:
     """``hermes.sandbox.quota: btrfs`` where it cannot hold; a ``paths.homes_dir`` apart from
     the data dir while the homes are still in the data dir (:meth:`Disk.problems`)."""
     from .disk.quota import Disk
-    found = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes).problems(
-        config.source)
+    found = Disk(config.hermes.sandbox, config.data_dir, config.paths.homes,
+                 config.storage.enabled).problems(config.source)
     return "; ".join(found) if found else None
 
 
@@ -82,6 +82,18 @@ def store_problem(config: Config) -> str | None:
     from .session_store import SessionStore
     found = SessionStore.check(config.data_dir)
     return "; ".join(found) if found else None
+
+
+def storage_problem(config: Config) -> str | None:
+    """With ``storage.url``: one connection to the shared PostgreSQL must be made, or why
+    not (refused, unknown role, bad password …; docs/scaling.md §Shared storage)."""
+    if not config.storage.enabled:
+        return None
+    from .storage.engine import Engine, password_from
+    st = config.storage
+    why = Engine(str(st.url), password=password_from(st.password_env)).reach()
+    return None if why is None else (f"{config.source}:storage.url: cannot connect to the "
+                                     f"shared PostgreSQL: {why}")
 
 
 def fds_needed(config: Config) -> int:
@@ -124,7 +136,7 @@ def problems(config: Config, store: bool = True, invalid: frozenset = frozenset(
     validate; the checks of those are skipped (the file's own problem names them)."""
     checks = [(check, key) for check, key in _CHECKS]
     if store:
-        checks.append((store_problem, "paths.data_dir"))
+        checks += [(store_problem, "paths.data_dir"), (storage_problem, "storage")]
     return [p for p in (check(config) for check, key in checks if not is_invalid(key, invalid))
             if p]
 

@@ -77,7 +77,7 @@ class Engine:
         }
         if password is not None:
             kwargs["password"] = password
-        self.url = url
+        self.url, self.kwargs = url, kwargs
         self.pool_wait_seconds = pool_wait_seconds
         self.pool = ConnectionPool(url, kwargs=kwargs, min_size=min_size, max_size=max_size,
                                    open=False, check=ConnectionPool.check_connection,
@@ -86,6 +86,16 @@ class Engine:
     def open(self) -> Engine:
         self.pool.open(wait=False)
         return self
+
+    def reach(self) -> str | None:
+        """Why one connection of the pool's settings cannot be made now (the server's or the
+        driver's first line: refused, unknown role, bad password …), None when it can: what
+        the start and ``check-config`` tell an operator, where a pool only times out."""
+        try:
+            psycopg.connect(self.url, **self.kwargs).close()
+        except psycopg.Error as exc:
+            return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return None
 
     def close(self) -> None:
         self.pool.close()

@@ -57,7 +57,12 @@ class SharedNode:
         self.name = node_name(config, port)
         self.engine = Engine(st.url, password=password_from(st.password_env),
                              max_size=st.pool_size, statement_timeout_ms=st.statement_timeout_ms,
-                             application_name=f"hermes-service {self.name}"[:63]).open()
+                             application_name=f"hermes-service {self.name}"[:63])
+        why = self.engine.reach()
+        if why is not None:
+            raise CorruptStore(f"storage.url: cannot connect to the shared PostgreSQL: {why} "
+                               "(docs/scaling.md §Shared storage)")
+        self.engine.open()
         try:
             applied = schema.migrate(self.engine)
         except (StorageUnavailable, schema.SchemaTooNew) as exc:

@@ -83,3 +83,13 @@ def test_other_database_errors_are_not_disguised(pg_url):
             conn.execute("SELECT * FROM no_such_table")
     finally:
         eng.close()
+
+
+def test_reach_names_why_no_connection_can_be_made(pg_url):
+    # the start and check-config say this where a pool would only time out
+    assert Engine(pg_url, password=password_from(PASSWORD_ENV)).reach() is None
+    bad_password = Engine(pg_url, password="not-the-password").reach()
+    assert bad_password and "password" in bad_password and "not-the-password" not in bad_password
+    closed = Engine(f"postgresql://hermes@127.0.0.1:{_free_port()}/hermes",
+                    connect_timeout=2).reach()
+    assert closed and ("refused" in closed.lower() or "connect" in closed.lower())

@@ -59,3 +59,16 @@ def test_a_snapshot_failing_mid_way_leaves_nothing_and_lets_the_user_go(node, tm
     assert node.sessions.get("s2").get("message_count") is None
     node.abandon("ben")
     assert "ben" in node.stopped and "ben" not in node.ownership.held()
+
+
+def test_check_config_and_the_start_name_why_postgresql_cannot_be_reached(make_config,
+                                                                          tmp_path):
+    from hermes_service import preflight
+    from hermes_service.session_store import CorruptStore
+    from support.postgres import _free_port
+    config = make_config({"storage": {"url": f"postgresql://hermes@127.0.0.1:{_free_port()}"
+                                             "/hermes", "node_id": "n1"}})
+    [problem] = [p for p in preflight.problems(config) if "storage.url" in p]
+    assert "cannot connect to the shared PostgreSQL" in problem
+    with pytest.raises(CorruptStore, match="cannot connect to the shared PostgreSQL"):
+        SharedNode(config, home_of=lambda u: tmp_path / u, stop_user=lambda u: None)
