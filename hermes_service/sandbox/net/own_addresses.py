@@ -67,17 +67,28 @@ def _attrs(data: bytes, at: int, end: int) -> dict[int, bytes]:
     return attrs
 
 
-def parse_routes(data: bytes) -> tuple[set[IPNetwork], bool]:
-    """The prefixes of the ``local`` routes (``RTN_LOCAL``) in one ``recv`` of an
-    ``RTM_GETROUTE`` dump, and whether it was the last. Messages cut short end the parse."""
-    found: set[IPNetwork] = set()
+def _messages(data: bytes) -> tuple[list[tuple[int, int, int]], bool]:
+    """The netlink messages in one ``recv``: ``(kind, offset, length)`` each, and whether the
+    dump ended there (``NLMSG_DONE`` or an error). A message cut short ends the list."""
+    out: list[tuple[int, int, int]] = []
     off = 0
     while off + _HEADER.size <= len(data):
         length, kind, _flags, _seq, _pid = _HEADER.unpack_from(data, off)
         if length < _HEADER.size or off + length > len(data):
             break
         if kind in (_NLMSG_DONE, _NLMSG_ERROR):
-            return found, True
+            return out, True
+        out.append((kind, off, length))
+        off += (length + 3) & ~3
+    return out, False
+
+
+def parse_routes(data: bytes) -> tuple[set[IPNetwork], bool]:
+    """The prefixes of the ``local`` routes (``RTN_LOCAL``) in one ``recv`` of an
+    ``RTM_GETROUTE`` dump, and whether it was the last. Messages cut short end the parse."""
+    found: set[IPNetwork] = set()
+    messages, done = _messages(data)
+    for kind, off, length in messages:
         if kind == _RTM_NEWROUTE and length >= _HEADER.size + _RTMSG.size:
             family, dst_len, *_, rtype, _f = _RTMSG.unpack_from(data, off + _HEADER.size)
             raw = _attrs(data, off + _HEADER.size + _RTMSG.size, off + length).get(_RTA_DST)
@@ -88,29 +99,22 @@ def parse_routes(data: bytes) -> tuple[set[IPNetwork], bool]:
                     if raw is not None and len(raw) == size:
                         found.add(ipaddress.ip_network((ipaddress.ip_address(raw), dst_len),
                                                        strict=False))
-        off += (length + 3) & ~3
-    return found, False
+    return found, done
 
 
 def parse_dump(data: bytes) -> tuple[set[IPAddress], bool]:
     """The addresses in one ``recv`` of an ``RTM_GETADDR`` dump, and whether it was the last
     (``NLMSG_DONE`` or an error). Messages cut short end the parse."""
     found: set[IPAddress] = set()
-    off = 0
-    while off + _HEADER.size <= len(data):
-        length, kind, _flags, _seq, _pid = _HEADER.unpack_from(data, off)
-        if length < _HEADER.size or off + length > len(data):
-            break
-        if kind in (_NLMSG_DONE, _NLMSG_ERROR):
-            return found, True
+    messages, done = _messages(data)
+    for kind, off, length in messages:
         if kind == _RTM_NEWADDR and length >= _HEADER.size + 8:
             family = data[off + _HEADER.size]
             attrs = _attrs(data, off + _HEADER.size + 8, off + length)
             raw = attrs.get(_IFA_LOCAL) or attrs.get(_IFA_ADDRESS) or b""
             if (family, len(raw)) in ((socket.AF_INET, 4), (socket.AF_INET6, 16)):
                 found.add(ipaddress.ip_address(raw))
-        off += (length + 3) & ~3
-    return found, False
+    return found, done
 
 
 def _dump(kind: int, body: bytes, parse) -> set:
