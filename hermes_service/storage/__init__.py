@@ -9,4 +9,9 @@
 
 Without a ``storage`` section none of this is used: the node keeps everything on its own disk
 (the single-node default).
+
+It may import the core's leaves (config, errors, homefs, instance, the session registry's and
+idempotency's record types) and what it snapshots or counts (``homes.state_db``,
+``disk.use``, ``model_proxy.usage``); never the runners, the web or the extensions, which
+use it through :class:`.node.SharedNode` built in ``services.py``.
 """

@@ -23,6 +23,8 @@ MAY_IMPORT = {
     "disk": {"errors", "instance", "sandbox"},
     "model_proxy": {"embedded_http", "errors", "json_cost", "metrics", "storage"},
     "mnote.kernel": {"mnote"},
+    "storage": {"config", "disk", "errors", "homefs", "homes", "idempotency", "instance",
+                "model_proxy", "session_store"},
     "mnote.runs": {"errors", "instance", "limits", "logs", "mnote", "storage"},
     "openai_api": {"config", "config_fields", "conversations", "errors", "extensions", "homes",
                    "model_proxy", "runner", "service_objects", "web"},
