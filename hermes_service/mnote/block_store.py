@@ -43,6 +43,9 @@ MAX_OPEN_SUGGESTIONS = 100
 #: open suggestions one run may leave on a page (a prompt-injected run proposing in a loop
 #: would otherwise take the page's whole bound, and no later run could propose)
 MAX_OPEN_PER_RUN = 20
+#: bytes of ops (their canonical JSON) the open suggestions of one page may hold together: the
+#: panel's list carries them all (100 suggestions of 240 KB each would be a 24 MB answer)
+MAX_OPEN_BYTES = 2 * 1024 * 1024
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS suggestions ("
@@ -128,8 +131,8 @@ class BlockCommands:
                       base_revision: int | None = None) -> CommandResult:
         """``mnote.block.propose``: checked as a batch would be now, then stored open.
         Result ``{commandName, suggestionId, status: "open", baseRevision, revision}`` (the
-        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS` on the page
-        or :data:`MAX_OPEN_PER_RUN` of this run on it."""
+        page's revision, unchanged); LimitExceeded past :data:`MAX_OPEN_SUGGESTIONS` on the page,
+        :data:`MAX_OPEN_PER_RUN` of this run on it, or :data:`MAX_OPEN_BYTES` of open ops."""
         def plan(con, page, dry):
             since = _since(page, required_revision, base_revision)
             planned = plan_ops(page["blocks"], ops, since=since)
@@ -144,6 +147,12 @@ class BlockCommands:
             if by_run >= MAX_OPEN_PER_RUN:
                 raise LimitExceeded(f"本次运行已在本页留下 {by_run} 条待处理的建议，"
                                     f"上限 {MAX_OPEN_PER_RUN}")
+
+            held = con.execute("SELECT coalesce(sum(length(CAST(ops AS BLOB))), 0) FROM"
+                               " suggestions WHERE document_id = ? AND status = 'open'",
+                               (page["documentId"],)).fetchone()[0]
+            if held + len(canonical(ops).encode()) > MAX_OPEN_BYTES:
+                raise LimitExceeded(f"本页待处理的建议已有 {held} 字节，上限 {MAX_OPEN_BYTES}")
 
             def apply():
                 sid = f"sug_{secrets.token_hex(8)}"

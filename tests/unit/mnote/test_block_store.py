@@ -435,3 +435,19 @@ def test_a_suggestion_the_grown_page_cannot_take_is_a_conflict(ex, store):
     assert out["error"]["code"] == "mnote_tool_conflict", out
     assert "/args" not in out["error"]["message"] and str(MAX_PAGE_BLOCKS) in out["error"]["message"]
     assert [s["suggestionId"] for s in review(ex, "list")["result"]["suggestions"]] == [sid]
+
+
+def test_the_open_suggestions_of_a_page_hold_a_bounded_number_of_bytes(ex, store, monkeypatch):
+    """The panel's list carries every open suggestion's ops: their bytes together are
+    bounded, whatever the number of runs proposing."""
+    from hermes_service.mnote import block_store
+    monkeypatch.setattr(block_store, "MAX_OPEN_BYTES", 20_000)
+    ops = [{"op": "insert", "after": None, "block": {"type": "p", "text": "长" * 2000}}]
+    made = 0
+    for run in range(10):                   # 6 kB of UTF-8 each, every one from another run
+        out = call(ex, "mnote.block.propose", {"baseRevision": 1, "ops": ops, "reason": "r"},
+                   runId=f"run_{run}")
+        if not out["ok"]:
+            break
+        made += 1
+    assert made == 3 and out["error"]["code"] == "mnote_tool_limit_exceeded", out
