@@ -17,7 +17,10 @@ MESSAGE = {
     "type": "object", "required": ["role"],
     "properties": {
         "role": {"enum": ["system", "developer", "user", "assistant", "tool", "function"]},
-        "content": {"type": ["string", "array", "null"], "items": _TEXT_PART},
+        # one branch per type (a type list with items is read as a union with an untyped
+        # string by client generators)
+        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART},
+                              {"type": "null"}]},
         "name": {"type": "string"}}}
 CHAT_REQUEST = {
     "type": "object", "required": ["model", "messages"],
@@ -30,8 +33,8 @@ CHAT_REQUEST = {
         "stream_options": {"type": ["object", "null"],
                            "properties": {"include_usage": {"type": ["boolean", "null"]}}},
         "n": {"type": ["integer", "null"], "minimum": 1},
-        "tools": {"type": ["array", "null"]},
-        "functions": {"type": ["array", "null"]},
+        "tools": {"type": ["array", "null"], "items": {"type": "object"}},
+        "functions": {"type": ["array", "null"], "items": {"type": "object"}},
         "metadata": {"type": ["object", "null"]},
     }}
 
@@ -56,7 +59,8 @@ CHAT_COMPLETION = {
                             "properties": {"role": {"const": "assistant"},
                                            "content": {"type": "string"},
                                            "refusal": {"type": "null"},
-                                           "annotations": {"type": "array"}}},
+                                           "annotations": {"type": "array",
+                                                           "items": {"type": "object"}}}},
                 "logprobs": {"type": "null"},
                 "finish_reason": _FINISH}}},
         "usage": USAGE}}

@@ -108,7 +108,7 @@ def test_make_demo_walks_through_the_panel_with_no_provider(demo, tmp_path):
     data = tmp_path / "data" / "demo"
     [start] = [l for l in lines if "serving on" in l]
     assert f"serving on http://127.0.0.1:{url.rsplit(':', 1)[1]} " in start
-    assert "runner acp (panel acp), model demo-model at 127.0.0.1:" in start and f"data dir {data}" in start
+    assert "runner acp (panel acp) (openai acp), model demo-model at 127.0.0.1:" in start and f"data dir {data}" in start
     assert not any("no model provider" in l for l in lines)      # the demo needs none
     assert export_page(config)["title"] == "项目计划"               # seeded: examples/page.json
 

@@ -21,5 +21,5 @@ def test_a_service_without_mnote_serves_v1(start_service, tmp_path):
     assert res.status_code == 404 and res.json()["code"] == "not_found"
     paths = svc.get("/openapi.json").json()["paths"]
     assert "/api/v1/sessions" in paths and not [p for p in paths if p.startswith("/api/hermes/")]
-    assert "(panel" not in svc.wait_log("runner cli, model ")       # the start line
+    assert "(panel" not in svc.wait_log("runner cli (openai acp), model ")       # the start line
     assert not (tmp_path / "data" / "mnote.db").exists()

@@ -275,5 +275,5 @@ def test_tool_activity_as_opt_in_comments(svc):
 
 
 def test_an_agent_that_inflates_its_token_counters_is_capped(svc, model):
-    usage = inflated_turn(sdk(svc, BOB), model, svc.data_dir / "users" / "bob", "oainflate")
+    usage = inflated_turn(sdk(svc, BOB), model, svc.data_dir / "users" / "bob", "oacounters")
     assert 0 < usage.total_tokens < 100000

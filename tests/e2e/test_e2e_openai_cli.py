@@ -70,5 +70,5 @@ def test_a_client_that_goes_away_ends_the_turns_process(svc, model, stream):
 
 
 def test_an_agent_that_inflates_its_token_counters_is_capped(svc, model):
-    usage = inflated_turn(sdk(svc), model, svc.data_dir / "users" / "clara", "oainflatecli")
+    usage = inflated_turn(sdk(svc), model, svc.data_dir / "users" / "clara", "oacounterscli")
     assert 0 < usage.total_tokens < 100000

@@ -168,7 +168,7 @@ def test_a_queued_run_and_a_reload_during_the_drain(start_service, model, tmp_pa
     wait_for(lambda: "reloaded " in svc.log(), "the reload", log=svc.log)
     assert svc.get("/health").json()["status"] == "draining"
     late = svc.post("/api/v1/sessions", json={"user_id": "dave"}).json()["session_id"]
-    res = svc.post(f"/api/v1/sessions/{late}/messages", json={"message": "late"})
+    res = svc.post(f"/api/v1/sessions/{late}/messages", json={"message": "late-in-drain"})
     assert res.status_code == 503 and res.json()["code"] == "service_draining", res.text
     os.kill(svc.proc.pid, signal.SIGTERM)
     assert svc.proc.wait(30) == 0
@@ -177,5 +177,5 @@ def test_a_queued_run_and_a_reload_during_the_drain(start_service, model, tmp_pa
     assert v1["res"].status_code == 503 and v1["res"].json()["code"] == "service_stopping"
     assert frames and frames[-1][1]["event"] == "run.failed", frames
     assert frames[-1][1]["code"] == "hermes_client_service_stopping", frames
-    assert not model.requests_with("queued-b") and not model.requests_with("late")
+    assert not model.requests_with("queued-b") and not model.requests_with("late-in-drain")
     assert hermes_processes(str(tmp_path / "data" / "users")) == []

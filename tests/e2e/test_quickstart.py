@@ -165,11 +165,12 @@ def test_make_prints_the_development_key_only_when_it_generates_it(tmp_path):
 
 
 def test_the_shipped_config_streams_the_panel_on_acp_and_keeps_v1_on_the_cli():
-    """The client routes use the warm ACP runner out of the box (their answers stream as
-    they are written); the v1 API keeps ``hermes chat -q … --source tool`` (docs/runners.md)."""
+    """The client routes and the OpenAI-compatible routes use the warm ACP runner out of the
+    box (their answers stream as they are written); the v1 API keeps ``hermes chat -q …
+    --source tool`` (docs/runners.md)."""
     from hermes_service.installed import build_config, route_families
     from hermes_service.runner import acp_families
     raw = yaml.safe_load(shipped_text("config.yaml"))
     raw["security"]["api_keys"] = [{"key": "k" * 20}]
-    assert acp_families(route_families(build_config(raw))) == {"mnote"}
-    assert acp_families(route_families(build_config({"security": {"api_keys": [{"key": "k" * 20}]}}))) == {"mnote"}
+    assert acp_families(route_families(build_config(raw))) == {"mnote", "openai"}
+    assert acp_families(route_families(build_config({"security": {"api_keys": [{"key": "k" * 20}]}}))) == {"mnote", "openai"}

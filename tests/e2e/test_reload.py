@@ -251,7 +251,7 @@ def test_the_start_and_reload_lines_say_what_runs_and_the_readme_quotes_them(sta
     from hermes_service.lifecycle import no_provider
     svc = start_service()
     host = svc.cfg["hermes"]["model"]["base_url"].split("//")[1].split("/")[0]
-    said = f"serving on {svc.url} (pid {svc.proc.pid}): runner cli (panel cli), "
+    said = f"serving on {svc.url} (pid {svc.proc.pid}): runner cli (panel cli) (openai acp), "
     [start] = [line for line in svc.wait_log(" serving on ").splitlines() if " serving on " in line]
     assert f" INFO hermes_service {said}model scripted-model at {host}, sandbox " in start
     assert start.endswith(f", data dir {svc.data_dir}")

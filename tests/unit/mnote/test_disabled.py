@@ -44,7 +44,9 @@ def test_off_the_document_has_no_mnote_route_tag_or_schema(app_factory):
     doc = build_document(app, app.extensions["hermes_service"].config)
     assert app.test_client().get("/openapi.json", headers=H).json == doc
     assert doc["paths"] and not [p for p in doc["paths"] if p.startswith(MNOTE_PREFIXES)]
-    assert {t["name"] for t in doc["tags"]} == {"v1", "health", "operations", "docs"}
+    # (the OpenAI-compatible routes are an extension of their own: openai.enabled)
+    assert {t["name"] for t in doc["tags"]} - {"openai"} == {"v1", "health", "operations",
+                                                            "docs"}
     schemas = doc["components"]["schemas"]
     assert "ClientError" not in schemas and not [n for n in schemas if n.startswith("Run")]
     # nor in its words: the description names only the v1 API, and no run-token scheme
@@ -72,8 +74,8 @@ def test_off_the_start_line_names_only_the_v1_runner(make_config, tmp_path):
     from hermes_service.sandbox import Sandbox
     config = make_config(OFF)
     box = Sandbox(config.hermes.sandbox, config.data_dir, tmp_path)
-    assert running(config, box).startswith("runner cli, model ")
-    assert running(make_config(), box).startswith("runner cli (panel cli), model ")
+    assert running(config, box).startswith("runner cli (openai acp), model ")
+    assert running(make_config(), box).startswith("runner cli (panel cli) (openai acp), model ")
 
 
 def test_the_key_is_a_boolean_fixed_for_the_process(tmp_path):
