@@ -137,7 +137,8 @@ def test_two_sandboxes_of_one_user_share_one_image(start_service, homes):
     for t in threads:
         t.join()
     assert peak <= QUOTA_MB + SLACK_MB, peak
-    wrote = 0
+    # what the two held at once is the peak above; what each wrote is bounded alone (the
+    # sum is not: a writer whose turn ends first frees its parked files for the other)
     for _sid, res in results.items():
         if res.status_code == 507:                      # the watcher's backstop
             assert res.json()["code"] == "home_quota_exceeded", res.text
@@ -145,8 +146,7 @@ def test_two_sandboxes_of_one_user_share_one_image(start_service, homes):
         assert res.status_code == 200, res.text[-800:]
         got = checks(res.json()["response"])
         assert got["park10_err"] == "ENOSPC", got
-        wrote += int(got["park10_mb"])
-    assert wrote <= QUOTA_MB + SLACK_MB, results
+        assert int(got["park10_mb"]) <= QUOTA_MB + SLACK_MB, got
 
 
 P = "/api/hermes/client"
